@@ -1,0 +1,23 @@
+# Two entry points for a fresh machine: `make demo` (the main job on built-in defaults) and `make test`.
+# Both create or refresh the virtual environment .venv inside the repo from constraints.txt first.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PYTHON) examples/offload_training/toy_model.py
+
+test: setup
+	$(PYTHON) -m pytest -q tests
+
+bench: setup
+	$(PYTHON) scripts/bench_offload.py

@@ -1,0 +1,3 @@
+"""diffsynth: low-VRAM fine-tuning of large diffusion models."""
+
+__version__ = "0.1.0"

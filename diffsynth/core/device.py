@@ -1,0 +1,110 @@
+"""The one place that touches accelerator-only APIs (pinned memory, synchronisation, memory statistics).
+
+Everything above this module takes a ``torch.device`` and calls these helpers, so the offload logic runs unchanged on
+a CPU-only machine: pinned host memory falls back to pageable memory (said once in the log), synchronisation and
+memory statistics become no-ops or zeros.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Logs ``message`` at warning level the first time ``key`` is seen in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+
+
+def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:
+    """Parses and checks a device argument.
+
+    Args:
+        device: A device string such as ``"cpu"``, ``"cuda"`` or ``"cuda:1"``, or a ``torch.device``.
+        name: The argument's name, used in the error message.
+
+    Returns:
+        The device, with the current CUDA index filled in for a bare ``"cuda"``.
+
+    Raises:
+        ValueError: The string is not a device, or names an accelerator that this machine does not have.
+    """
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{name}={device!r} is not a device; use 'cpu', 'cuda' or 'cuda:N' ({error})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} but CUDA is not available on this machine; use 'cpu'")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        if resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif resolved.type not in ("cpu", "meta"):
+        raise ValueError(f"{name}={device!r}: only 'cpu' and 'cuda' devices are supported")
+    return resolved
+
+
+@functools.lru_cache(maxsize=None)
+def pinned_memory_available() -> bool:
+    """Whether page-locked host memory can be allocated (it needs a CUDA device)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+def allocate_host_bytes(nbytes: int, pinned: bool = True) -> torch.Tensor:
+    """Allocates a flat uint8 host buffer, page-locked when asked and possible.
+
+    Pinned memory makes host-to-device copies asynchronous and about twice as fast, at the cost of memory the OS can
+    never swap out. Where it cannot be had the buffer is pageable, and the fallback is logged once.
+    """
+    if pinned:
+        if pinned_memory_available():
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        warn_once("pinned", "pinned host memory is unavailable (no CUDA device); falling back to pageable memory")
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Returns a new copy of ``tensor`` on ``device``, even when it is already there.
+
+    The copy is non-blocking when the source is pinned and the target is an accelerator: it is ordered on the current
+    stream, so kernels launched afterwards see the data. Always copying (also CPU to CPU) keeps the offload mechanics
+    identical on every device, which is what lets the CPU tests exercise them.
+    """
+    non_blocking = device.type != "cpu" and tensor.is_pinned()
+    copy = torch.empty_like(tensor, device=device)
+    copy.copy_(tensor, non_blocking=non_blocking)
+    return copy
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for all work queued on ``device``; a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Starts a new peak-memory measurement on ``device``; a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """Peak bytes allocated on ``device`` since the last reset, or None where the device keeps no statistics."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return None

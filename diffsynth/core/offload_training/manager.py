@@ -1,0 +1,368 @@
+"""``OffloadTrainingManager``: train a model whose weights live in host memory, one unit on the device at a time.
+
+The manager plans offload units (``placement.py``), gives every tensor an offloader (``offloader.py``) with its host
+master in a pinned arena (``memory_buffer.py``), and brackets each unit with hooks:
+
+- forward: load before the unit's call, unload after it;
+- backward: load when the gradient of the unit's output arrives, unload when the gradient of its inputs has been
+  computed (an identity autograd node on the unit's inputs marks that moment exactly, keyword arguments included);
+  a unit whose inputs need no gradient has no such moment and stays loaded until ``after_backward()``;
+- gradient checkpointing: a unit re-run inside backward keeps its weights until its own backward is done
+  (``_in_recompute``), so each weight is loaded once for recompute and backward together.
+
+While the root module runs, a saved-tensor hook replaces every weight that autograd saves for backward by a small
+reference that is resolved against the reloaded copy in backward. Without it, autograd's saved views (``weight.t()``
+in ``linear``) would keep every unit's device copy alive until backward, and the device would end up holding the
+whole model even though each unit was unloaded.
+
+Call ``after_backward()`` after every backward and before ``optimizer.step()``: it unloads what is still loaded and
+hands the host gradients of optimizer-offloaded parameters to ``param.grad``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..device import resolve_device
+from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
+from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
+                        TensorOffloader, TrainableParamOffloader)
+from .placement import UnitSpec, plan_units
+
+logger = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+
+
+@dataclasses.dataclass
+class OffloadTrainingConfig:
+    """What the manager does, checked at construction.
+
+    Args:
+        target_device: The compute device.
+        enable_optimizer_cpu_offload: Keep trainable weights (and so the optimizer and gradients) on the host too.
+        cpu_offload_split_threshold: In MB; keep modules up to this size whole as one unit. None: one unit per leaf.
+    """
+
+    target_device: str | torch.device
+    enable_optimizer_cpu_offload: bool = False
+    cpu_offload_split_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self.target_device = resolve_device(self.target_device, "target_device")
+        threshold = self.cpu_offload_split_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not threshold > 0):
+            raise ValueError(f"cpu_offload_split_threshold={threshold!r} must be a positive size in MB "
+                             "(--cpu_offload_split_threshold), or None for one unit per leaf module")
+
+    @property
+    def split_threshold_bytes(self) -> int | None:
+        if self.cpu_offload_split_threshold is None:
+            return None
+        return int(self.cpu_offload_split_threshold * MB)
+
+
+class _UnitBoundary(torch.autograd.Function):
+    """Identity on a unit's inputs whose backward runs once the unit's input gradients are complete."""
+
+    @staticmethod
+    def forward(ctx: Any, on_backward_done: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.on_backward_done = on_backward_done
+        return tensors
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ctx.on_backward_done()
+        return (None, *grads)
+
+
+@dataclasses.dataclass(eq=False)
+class _SavedWeight:
+    offloader: TensorOffloader
+    size: torch.Size
+    stride: tuple[int, ...]
+    storage_offset: int
+
+
+class OffloadUnit:
+    """Runtime state of one unit: its offloaders and why it is loaded."""
+
+    def __init__(self, name: str, module: torch.nn.Module, offloaders: list[TensorOffloader]) -> None:
+        self.name = name
+        self.module = module
+        self.offloaders = offloaders
+        self.frozen_nbytes = sum(o.nbytes for o in offloaders if o.counts_as_frozen)
+        self.is_loaded = False
+        self.pending_backward = 0
+        self.last_call_wrapped = False
+        self.loaded_until_after_backward = False
+
+    def load(self) -> None:
+        if not self.is_loaded:
+            self.is_loaded = True
+            for offloader in self.offloaders:
+                offloader.onload()
+
+    def unload(self) -> None:
+        if self.is_loaded:
+            self.is_loaded = False
+            for offloader in self.offloaders:
+                offloader.offload()
+
+
+def _iter_tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _iter_tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _iter_tensors(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for item in dataclasses.fields(value):
+            yield from _iter_tensors(getattr(value, item.name))
+
+
+def _inside_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+class OffloadTrainingManager:
+    """Keeps a model's weights in host memory and moves each unit to the compute device only while it computes.
+
+    Args:
+        model: The model, normally on the CPU. Frozen parameters and buffers move into host masters; trainable
+            parameters stay on the device, or on the host with ``enable_optimizer_cpu_offload``.
+        target_device: The compute device (``"cuda"``, ``"cuda:1"``, or ``"cpu"`` to run the mechanism on the CPU).
+        enable_optimizer_cpu_offload: Also keep trainable weights on the host, so the optimizer and its state run
+            there. Saves device memory for full fine-tuning; costs a transfer of each trainable weight per pass and
+            a host optimizer step.
+        cpu_offload_split_threshold: In MB. None (default) makes one unit per leaf module: the least device memory,
+            the most transfers. A threshold keeps modules up to that size whole: fewer, larger transfers, more memory.
+        pool: Where host masters live; by default a pinned arena planned from the model.
+
+    Raises:
+        ValueError: A bad device or threshold, or optimizer offload on a model with nothing to train.
+    """
+
+    def __init__(self, model: torch.nn.Module, target_device: str | torch.device,
+                 enable_optimizer_cpu_offload: bool = False, cpu_offload_split_threshold: float | None = None,
+                 pool: BaseBufferPool | None = None) -> None:
+        self.config = OffloadTrainingConfig(target_device, enable_optimizer_cpu_offload, cpu_offload_split_threshold)
+        if enable_optimizer_cpu_offload and not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("enable_optimizer_cpu_offload=True but the model has no trainable parameter; make some "
+                             "parameters trainable (or inject a LoRA) first, or drop --enable_optimizer_cpu_offload")
+        self.model = model
+        self.device = self.config.target_device
+        self.meter = ResidencyMeter()
+        self.pool = pool if pool is not None else PinnedArenaPool.from_model(model)
+        placement = plan_units(model, self.config.split_threshold_bytes)
+        self._buffer_keys: dict[tuple[int, str], int] = {}
+        self._offloaders = self._make_offloaders(placement.units + [placement.resident])
+        self.units = [OffloadUnit(spec.name, spec.module, self._offloaders_of(spec)) for spec in placement.units]
+        self._resident = self._offloaders_of(placement.resident)
+        for offloader in self._resident:
+            offloader.onload()
+        if self._resident:
+            logger.info("%d tensor(s) held directly by the root module stay on %s", len(self._resident), self.device)
+        self._in_recompute: set[str] = set()
+        self._loaded_on_demand: list[TensorOffloader] = []
+        self._pushed_saved_tensor_hooks = 0
+        self._handles: list[Any] = []
+        self._register_hooks()
+
+    # ---- construction -------------------------------------------------------------------------------------------
+
+    def _make_offloaders(self, specs: list[UnitSpec]) -> dict[int, TensorOffloader]:
+        params: dict[int, torch.nn.Parameter] = {}
+        buffers: dict[int, tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]] = {}
+        for spec in specs:
+            for param in spec.params:
+                params[id(param)] = param
+            for module, name in spec.buffers:
+                tensor = module._buffers[name]
+                self._buffer_keys[(id(module), name)] = id(tensor)
+                slots = buffers.setdefault(id(tensor), (tensor, []))[1]
+                if (module, name) not in slots:
+                    slots.append((module, name))
+        offloaders: dict[int, TensorOffloader] = {}
+        frozen = [p for p in params.values() if not p.requires_grad] + [b for b, _ in buffers.values()]
+        # Largest first: the order in which the arena was planned, so every master lands in its planned slot.
+        for tensor in sorted(frozen, key=tensor_nbytes, reverse=True):
+            if isinstance(tensor, torch.nn.Parameter):
+                offloaders[id(tensor)] = StaticParamOffloader(tensor, self.device, self.meter, self.pool)
+            else:
+                offloaders[id(tensor)] = BufferOffloader(tensor, buffers[id(tensor)][1], self.device, self.meter,
+                                                         self.pool)
+        trainable_kind = (TrainableParamOffloader if self.config.enable_optimizer_cpu_offload
+                          else AlwaysOnDeviceParamOffloader)
+        for param in params.values():
+            if param.requires_grad:
+                offloaders[id(param)] = trainable_kind(param, self.device, self.meter)
+        return offloaders
+
+    def _offloaders_of(self, spec: UnitSpec) -> list[TensorOffloader]:
+        ids = [id(p) for p in spec.params] + [self._buffer_keys[(id(module), name)] for module, name in spec.buffers]
+        return [self._offloaders[i] for i in dict.fromkeys(ids)]
+
+    def _register_hooks(self) -> None:
+        for unit in self.units:
+            self._handles.append(unit.module.register_forward_pre_hook(
+                self._make_pre_hook(unit), with_kwargs=True))
+            self._handles.append(unit.module.register_forward_hook(self._make_post_hook(unit)))
+        self._handles.append(self.model.register_forward_pre_hook(self._push_saved_tensor_hooks, prepend=True))
+        self._handles.append(self.model.register_forward_hook(self._pop_saved_tensor_hooks, always_call=True))
+
+    # ---- forward and backward hooks -----------------------------------------------------------------------------
+
+    def _make_pre_hook(self, unit: OffloadUnit) -> Any:
+        def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            unit.load()
+            if _inside_backward():
+                self._in_recompute.add(unit.name)
+                return None
+            unit.last_call_wrapped = False
+            if not torch.is_grad_enabled():
+                return None
+            return self._wrap_inputs(unit, args, kwargs)
+        return pre_hook
+
+    def _wrap_inputs(self, unit: OffloadUnit, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+        if not positions and not keys:
+            return None
+        unit.pending_backward += 1
+        unit.last_call_wrapped = True
+        wrapped = _UnitBoundary.apply(lambda: self._on_backward_done(unit),
+                                      *[args[i] for i in positions], *[kwargs[k] for k in keys])
+        args, kwargs = list(args), dict(kwargs)
+        for i, tensor in zip(positions + keys, wrapped):
+            if isinstance(i, int):
+                args[i] = tensor
+            else:
+                kwargs[i] = tensor
+        return tuple(args), kwargs
+
+    def _make_post_hook(self, unit: OffloadUnit) -> Any:
+        def post_hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            if unit.name in self._in_recompute:
+                return
+            if torch.is_grad_enabled():
+                needs_backward = False
+                for tensor in _iter_tensors(output):
+                    if tensor.requires_grad and tensor.grad_fn is not None:
+                        tensor.register_hook(lambda grad: self._on_backward_start(unit))
+                        needs_backward = True
+                if needs_backward and not unit.last_call_wrapped:
+                    unit.loaded_until_after_backward = True
+            unit.unload()
+        return post_hook
+
+    def _on_backward_start(self, unit: OffloadUnit) -> None:
+        unit.load()
+
+    def _on_backward_done(self, unit: OffloadUnit) -> None:
+        unit.pending_backward -= 1
+        if unit.pending_backward == 0 and not unit.loaded_until_after_backward:
+            unit.unload()
+            self._in_recompute.discard(unit.name)
+
+    # ---- saved weights ------------------------------------------------------------------------------------------
+
+    def _push_saved_tensor_hooks(self, module: torch.nn.Module, args: tuple) -> None:
+        outer_pack, outer_unpack = torch._C._autograd._top_saved_tensors_default_hooks(False) or (None, None)
+
+        def pack(tensor: torch.Tensor) -> Any:
+            offloader = self._offloader_of_device_copy(tensor)
+            if offloader is not None:
+                return _SavedWeight(offloader, tensor.size(), tensor.stride(), tensor.storage_offset())
+            return (outer_unpack, outer_pack(tensor)) if outer_pack is not None else (None, tensor)
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if isinstance(packed, _SavedWeight):
+                return self._resolve_saved_weight(packed)
+            outer, value = packed
+            return outer(value) if outer is not None else value
+
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+        self._pushed_saved_tensor_hooks += 1
+
+    def _pop_saved_tensor_hooks(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if self._pushed_saved_tensor_hooks:
+            self._pushed_saved_tensor_hooks -= 1
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _offloader_of_device_copy(self, tensor: torch.Tensor) -> TensorOffloader | None:
+        if tensor.layout != torch.strided or tensor.device != self.device:
+            return None
+        offloader = self.meter.copies.get(tensor.untyped_storage().data_ptr())
+        if offloader is None or offloader.device_copy.dtype != tensor.dtype:
+            return None
+        return offloader
+
+    def _resolve_saved_weight(self, saved: _SavedWeight) -> torch.Tensor:
+        offloader = saved.offloader
+        if offloader.device_copy is None:
+            offloader.onload()
+            self._loaded_on_demand.append(offloader)
+        return offloader.device_copy.as_strided(saved.size, saved.stride, saved.storage_offset)
+
+    # ---- public API ---------------------------------------------------------------------------------------------
+
+    def after_backward(self) -> None:
+        """Ends a backward pass: unloads every unit and moves the gradients of host-trained weights to ``.grad``.
+
+        Call it after each ``backward()`` and before ``optimizer.step()``. Called with no backward since the last
+        call it changes nothing (a documented no-op).
+        """
+        for unit in self.units:
+            unit.pending_backward = 0
+            unit.loaded_until_after_backward = False
+            unit.unload()
+        self._in_recompute.clear()
+        for offloader in self._loaded_on_demand:
+            offloader.offload()
+        self._loaded_on_demand.clear()
+        for offloader in self._offloaders.values():
+            if isinstance(offloader, TrainableParamOffloader):
+                offloader.publish_grad()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of frozen weights and buffers currently copied to the device by this manager."""
+        return self.meter.current
+
+    @property
+    def peak_resident_bytes(self) -> int:
+        """The most ``resident_bytes`` has been since construction or ``reset_peak_resident_bytes()``."""
+        return self.meter.peak
+
+    def reset_peak_resident_bytes(self) -> None:
+        self.meter.reset_peak()
+
+    def live_device_copy_bytes(self) -> int:
+        """Bytes of device copies still alive anywhere, autograd's saved tensors included (a diagnostic)."""
+        return sum(o.live_copy_bytes() for o in self._offloaders.values() if o.counts_as_frozen)
+
+    def remove(self) -> None:
+        """Detaches every hook and turns every parameter and buffer back into an ordinary tensor.
+
+        Tensors go back to the device they were on when the manager was built; host gradients are kept.
+        """
+        self.after_backward()
+        for offloader in self._resident:
+            offloader.offload()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for offloader in self._offloaders.values():
+            offloader.restore()
+        self._offloaders.clear()
+        self.units.clear()

@@ -1,0 +1,249 @@
+"""Per-tensor offloaders: where a parameter or buffer lives between uses, and how it gets to the compute device.
+
+Four kinds, chosen by the manager:
+
+| tensor                                    | offloader                     | between uses            | on load         |
+|-------------------------------------------|-------------------------------|-------------------------|-----------------|
+| frozen parameter                          | ``StaticParamOffloader``      | empty device placeholder| copy of master  |
+| trainable parameter, optimizer offloaded  | ``TrainableParamOffloader``   | host tensor (the master)| copy of master  |
+| trainable parameter, optimizer on device  | ``AlwaysOnDeviceParamOffloader``| on the device         | nothing         |
+| buffer                                    | ``BufferOffloader``           | host master             | copy of master  |
+
+Frozen weights are never copied back (they do not change). Trainable weights change only on the host, where the
+optimizer steps; their gradients are moved to the host as soon as autograd has accumulated them. Persistent buffers of
+a module in training mode (BatchNorm running statistics) are written back to their master when unloaded.
+
+A tensor shared by several units (tied weights) has one offloader; it loads on its first user and unloads when the
+last user is done (reference counting).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..device import copy_to_device
+from .memory_buffer import BaseBufferPool, tensor_nbytes
+
+
+class ResidencyMeter:
+    """Counts the bytes of frozen weights and buffers currently copied to the compute device, and their peak.
+
+    It also indexes every live device copy by its storage address, so that a tensor autograd is about to save can be
+    recognised as (a view of) a managed weight in constant time.
+    """
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+        self.copies: dict[int, TensorOffloader] = {}
+
+    def add(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def sub(self, nbytes: int) -> None:
+        self.current -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+
+class TensorOffloader:
+    """Base class: reference-counted loading of one tensor onto the compute device.
+
+    Subclasses implement ``_load``, ``_unload`` and ``restore``; ``device_copy`` is the tensor the model computes
+    with while loaded (the manager uses it to recognise saved weights in autograd's graph).
+    """
+
+    counts_as_frozen = False
+
+    def __init__(self, tensor: torch.Tensor, device: torch.device, meter: ResidencyMeter) -> None:
+        self.device = device
+        self.nbytes = tensor_nbytes(tensor)
+        self.original_device = tensor.device
+        self.users = 0
+        self.device_copy: torch.Tensor | None = None
+        self._meter = meter
+        self._copies: list[StorageWeakRef] = []
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.users > 0
+
+    def onload(self) -> None:
+        """Makes the tensor usable on the compute device (a no-op for the second and later users)."""
+        self.users += 1
+        if self.users == 1:
+            self._load()
+            if self.device_copy is not None:
+                storage = self.device_copy.untyped_storage()
+                self._meter.copies[storage.data_ptr()] = self
+                self._copies = [ref for ref in self._copies if not ref.expired()]
+                self._copies.append(StorageWeakRef(storage))
+            if self.counts_as_frozen:
+                self._meter.add(self.nbytes)
+
+    def offload(self) -> None:
+        """Releases one use; the last one moves the tensor back to its resting place."""
+        if self.users == 0:
+            return
+        self.users -= 1
+        if self.users == 0:
+            self._unload()
+            if self.device_copy is not None:
+                self._meter.copies.pop(self.device_copy.untyped_storage().data_ptr(), None)
+                self.device_copy = None
+            if self.counts_as_frozen:
+                self._meter.sub(self.nbytes)
+
+    def live_copy_bytes(self) -> int:
+        """Bytes of device copies made by this offloader that are still alive anywhere (autograd included)."""
+        return self.nbytes * sum(not ref.expired() for ref in self._copies)
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _unload(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Turns the tensor back into an ordinary tensor on its original device."""
+        raise NotImplementedError
+
+
+class StaticParamOffloader(TensorOffloader):
+    """A frozen parameter: one host master, an empty placeholder on the device between uses, no copy back."""
+
+    counts_as_frozen = True
+
+    def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter,
+                 pool: BaseBufferPool) -> None:
+        super().__init__(param, device, meter)
+        self.param = param
+        self.master = pool.allocate_like(param.data)
+        self.placeholder = torch.empty(0, dtype=param.dtype, device=device)
+        param.data = self.placeholder
+
+    def _load(self) -> None:
+        self.device_copy = copy_to_device(self.master, self.device)
+        self.param.data = self.device_copy
+
+    def _unload(self) -> None:
+        self.param.data = self.placeholder
+
+    def restore(self) -> None:
+        self.param.data = torch.empty_like(self.master, device=self.original_device).copy_(self.master)
+
+
+class TrainableParamOffloader(TensorOffloader):
+    """A trainable parameter whose optimizer runs on the host.
+
+    The host tensor is the master that the optimizer updates; the device copy is read-only and simply dropped after
+    use. Gradients are accumulated on the host: autograd's gradient is moved there as soon as it is accumulated, so
+    gradient accumulation over several backward passes works.
+    """
+
+    def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter) -> None:
+        super().__init__(param, device, meter)
+        self.param = param
+        host = torch.device("cpu")
+        if param.device != host:
+            param.data = param.data.to(host)
+            if param.grad is not None:
+                param.grad = param.grad.to(host)
+        self.master = param.data
+        self.host_grad: torch.Tensor | None = None
+        self._hook = param.register_post_accumulate_grad_hook(self._move_grad_to_host)
+
+    def _load(self) -> None:
+        if self.param.grad is not None:
+            self.host_grad, self.param.grad = self.param.grad, None
+        self.device_copy = copy_to_device(self.master, self.device)
+        self.param.data = self.device_copy
+
+    def _unload(self) -> None:
+        self.param.data = self.master
+
+    def _move_grad_to_host(self, param: torch.nn.Parameter) -> None:
+        grad = param.grad.to(self.master.device)
+        param.grad = None
+        self.host_grad = grad if self.host_grad is None else self.host_grad.add_(grad)
+
+    def publish_grad(self) -> None:
+        """Hands the host gradient to ``param.grad`` for the optimizer (the weight must be unloaded)."""
+        if self.host_grad is not None and not self.is_loaded:
+            self.param.grad, self.host_grad = self.host_grad, None
+
+    def restore(self) -> None:
+        self.publish_grad()
+        self._hook.remove()
+        if self.original_device != self.master.device:
+            self.param.data = self.master.to(self.original_device)
+            if self.param.grad is not None:
+                self.param.grad = self.param.grad.to(self.original_device)
+
+
+class AlwaysOnDeviceParamOffloader(TensorOffloader):
+    """A trainable parameter (or an unmanageable tensor) that moves to the device once and stays there.
+
+    Right for LoRA: the trainable weights are small, and keeping them and their optimizer state on the device
+    avoids a transfer per step.
+    """
+
+    def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter) -> None:
+        super().__init__(param, device, meter)
+        self.param = param
+        param.data = param.data.to(device)
+        if param.grad is not None:
+            param.grad = param.grad.to(device)
+
+    def _load(self) -> None:
+        pass
+
+    def _unload(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        self.param.data = self.param.data.to(self.original_device)
+        if self.param.grad is not None:
+            self.param.grad = self.param.grad.to(self.original_device)
+
+
+class BufferOffloader(TensorOffloader):
+    """A module buffer: a host master, re-pointed to a device copy while in use.
+
+    Args:
+        slots: Every ``(module, name)`` under which this buffer is registered.
+        resident: Keep a device copy for good (for buffers whose module's forward is never called).
+    """
+
+    counts_as_frozen = True
+
+    def __init__(self, buffer: torch.Tensor, slots: list[tuple[torch.nn.Module, str]], device: torch.device,
+                 meter: ResidencyMeter, pool: BaseBufferPool) -> None:
+        super().__init__(buffer, device, meter)
+        self.slots = slots
+        self.master = pool.allocate_like(buffer)
+        self._point_slots_at(self.master)
+
+    def _point_slots_at(self, tensor: torch.Tensor) -> None:
+        for module, name in self.slots:
+            module._buffers[name] = tensor
+
+    def _load(self) -> None:
+        self.device_copy = copy_to_device(self.master, self.device)
+        self._point_slots_at(self.device_copy)
+
+    def _unload(self) -> None:
+        if self._may_have_changed():
+            self.master.copy_(self.device_copy)
+        self._point_slots_at(self.master)
+
+    def _may_have_changed(self) -> bool:
+        # In-place running-statistics updates (BatchNorm) do not bump the version counter, so persistent buffers of
+        # modules in training mode are written back unconditionally; caches (non-persistent buffers) never change.
+        return any(module.training and name not in module._non_persistent_buffers_set for module, name in self.slots)
+
+    def restore(self) -> None:
+        self._point_slots_at(torch.empty_like(self.master, device=self.original_device).copy_(self.master))
