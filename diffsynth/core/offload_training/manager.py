@@ -96,7 +96,7 @@ class OffloadUnit:
         self.name = name
         self.module = module
         self.offloaders = offloaders
-        self.frozen_nbytes = sum(o.nbytes for o in offloaders if o.counts_as_frozen)
+        self.offloaded_nbytes = sum(o.nbytes for o in offloaders if o.counts_toward_residency)
         self.is_loaded = False
         self.pending_backward = 0
         self.last_call_wrapped = False
@@ -336,7 +336,7 @@ class OffloadTrainingManager:
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of frozen weights and buffers currently copied to the device by this manager."""
+        """Bytes of weights and buffers currently copied to the device by this manager (moved per use)."""
         return self.meter.current
 
     @property
@@ -349,7 +349,7 @@ class OffloadTrainingManager:
 
     def live_device_copy_bytes(self) -> int:
         """Bytes of device copies still alive anywhere, autograd's saved tensors included (a diagnostic)."""
-        return sum(o.live_copy_bytes() for o in self._offloaders.values() if o.counts_as_frozen)
+        return sum(o.live_copy_bytes() for o in self._offloaders.values())
 
     def remove(self) -> None:
         """Detaches every hook and turns every parameter and buffer back into an ordinary tensor.

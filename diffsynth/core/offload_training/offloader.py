@@ -27,7 +27,10 @@ from .memory_buffer import BaseBufferPool, tensor_nbytes
 
 
 class ResidencyMeter:
-    """Counts the bytes of frozen weights and buffers currently copied to the compute device, and their peak.
+    """Counts the bytes of weights and buffers the manager has currently copied to the device, and their peak.
+
+    Trainable weights kept on the device for good (``AlwaysOnDeviceParamOffloader``) are not counted: they are not
+    moved per use.
 
     It also indexes every live device copy by its storage address, so that a tensor autograd is about to save can be
     recognised as (a view of) a managed weight in constant time.
@@ -56,7 +59,7 @@ class TensorOffloader:
     with while loaded (the manager uses it to recognise saved weights in autograd's graph).
     """
 
-    counts_as_frozen = False
+    counts_toward_residency = False
 
     def __init__(self, tensor: torch.Tensor, device: torch.device, meter: ResidencyMeter) -> None:
         self.device = device
@@ -81,7 +84,7 @@ class TensorOffloader:
                 self._meter.copies[storage.data_ptr()] = self
                 self._copies = [ref for ref in self._copies if not ref.expired()]
                 self._copies.append(StorageWeakRef(storage))
-            if self.counts_as_frozen:
+            if self.counts_toward_residency:
                 self._meter.add(self.nbytes)
 
     def offload(self) -> None:
@@ -94,7 +97,7 @@ class TensorOffloader:
             if self.device_copy is not None:
                 self._meter.copies.pop(self.device_copy.untyped_storage().data_ptr(), None)
                 self.device_copy = None
-            if self.counts_as_frozen:
+            if self.counts_toward_residency:
                 self._meter.sub(self.nbytes)
 
     def live_copy_bytes(self) -> int:
@@ -115,7 +118,7 @@ class TensorOffloader:
 class StaticParamOffloader(TensorOffloader):
     """A frozen parameter: one host master, an empty placeholder on the device between uses, no copy back."""
 
-    counts_as_frozen = True
+    counts_toward_residency = True
 
     def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter,
                  pool: BaseBufferPool) -> None:
@@ -143,6 +146,8 @@ class TrainableParamOffloader(TensorOffloader):
     use. Gradients are accumulated on the host: autograd's gradient is moved there as soon as it is accumulated, so
     gradient accumulation over several backward passes works.
     """
+
+    counts_toward_residency = True
 
     def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter) -> None:
         super().__init__(param, device, meter)
@@ -218,7 +223,7 @@ class BufferOffloader(TensorOffloader):
         resident: Keep a device copy for good (for buffers whose module's forward is never called).
     """
 
-    counts_as_frozen = True
+    counts_toward_residency = True
 
     def __init__(self, buffer: torch.Tensor, slots: list[tuple[torch.nn.Module, str]], device: torch.device,
                  meter: ResidencyMeter, pool: BaseBufferPool) -> None:

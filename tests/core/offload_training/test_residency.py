@@ -43,7 +43,7 @@ def one_step(model, manager, live_after_forward=None):
 
 
 def chain_bytes(manager, unit):
-    return sum(u.frozen_nbytes for u in manager.units if encloses(u.name, unit.name))
+    return sum(u.offloaded_nbytes for u in manager.units if encloses(u.name, unit.name))
 
 
 @pytest.mark.parametrize("optimizer_offload", [False, True])
@@ -77,9 +77,9 @@ def test_gradient_checkpointing_holds_one_block_between_recompute_and_backward(m
     for _, loaded, _ in snapshots:
         blocks = {u.name.split(".")[1] for u in loaded if u.name.startswith("blocks.")}
         assert len(blocks) <= 1, f"units of blocks {blocks} loaded at once"
-    block_bytes = max(sum(u.frozen_nbytes for u in manager.units if encloses(f"blocks.{i}", u.name))
+    block_bytes = max(sum(u.offloaded_nbytes for u in manager.units if encloses(f"blocks.{i}", u.name))
                       for i in range(len(model.blocks)))
-    root_bytes = sum(u.frozen_nbytes for u in manager.units if u.name == "")
+    root_bytes = sum(u.offloaded_nbytes for u in manager.units if u.name == "")
     largest_unit = max(chain_bytes(manager, u) for u in manager.units)
     assert manager.peak_resident_bytes <= max(block_bytes + root_bytes, largest_unit)
 
