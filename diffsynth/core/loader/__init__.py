@@ -1,0 +1,30 @@
+"""Model loading: ``ModelConfig``, the model flags, download-when-missing, and meta-device loading of shards.
+
+Typical use::
+
+    pattern = "transformer/diffusion_pytorch_model*.safetensors"
+    dit = load_model(ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern=pattern), torch.bfloat16, "cpu")
+
+The tiny-model builders live in ``diffsynth.core.loader.tiny_models`` (imported on demand: tests and scripts only).
+"""
+
+from .config import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, parse_model_paths
+from .errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
+from .loading import load_component, load_model, load_model_from_files, load_tokenizer
+from .resolve import model_base_path, resolve_files
+
+__all__ = [
+    "ModelConfig",
+    "ModelConfigError",
+    "ModelFilesNotFoundError",
+    "ModelLoadError",
+    "load_component",
+    "load_model",
+    "load_model_from_files",
+    "load_tokenizer",
+    "model_base_path",
+    "parse_model_configs",
+    "parse_model_id_with_origin_paths",
+    "parse_model_paths",
+    "resolve_files",
+]

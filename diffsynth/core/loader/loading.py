@@ -1,0 +1,279 @@
+"""Builds the diffusers / transformers class a folder's ``config.json`` names and loads its safetensors shards.
+
+The model is built with its parameters on the meta device (``accelerate.init_empty_weights``), so building costs no
+memory, then every shard is assigned into it in the requested dtype and on the requested device: the weights are
+allocated once, where they will live. Buffers computed in ``__init__`` (rotary tables) are built for real, under the
+requested default dtype, exactly as ``from_pretrained`` of both libraries builds them, so a model loaded here equals
+the one the libraries load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..device import resolve_device
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .resolve import incomplete_reason, resolve_files
+from .state_dict import assign_shards, meta_tensor_names, plan_keys, read_headers, transformers_key_renamer
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "tokenizer.model")
+_DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+def resolve_dtype(torch_dtype: torch.dtype | str, name: str = "torch_dtype") -> torch.dtype:
+    """Parses a floating dtype given as a ``torch.dtype`` or a name such as ``"bfloat16"``."""
+    dtype = _DTYPE_NAMES.get(torch_dtype.lower()) if isinstance(torch_dtype, str) else torch_dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{name}={torch_dtype!r} is not a floating dtype; use one of {sorted(set(_DTYPE_NAMES))}")
+    return dtype
+
+
+def weight_files(files: list[Path]) -> list[Path]:
+    """The safetensors files among ``files`` (a folder contributes every ``*.safetensors`` directly inside it)."""
+    found: list[Path] = []
+    for path in files:
+        if path.is_dir():
+            found += sorted(path.glob("*.safetensors"))
+        elif path.name.endswith(".safetensors"):
+            found.append(path)
+        elif path.suffix in (".bin", ".pt", ".pth", ".ckpt"):
+            raise ModelLoadError(
+                f"{path} is a pickle checkpoint; only safetensors files are loaded (pickles can run code). Convert it "
+                "with safetensors.torch.save_file, or use the repository's .safetensors files"
+            )
+    return found
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """Reads ``folder/config.json``, with an error that names the file."""
+    path = folder / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(
+            f"{path} is missing: it names the model class to build; copy the repository's config.json next to the "
+            "weights (or include it in the download pattern's folder)"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"{path} is not valid JSON ({error}); restore the repository's config.json") from None
+
+
+def find_model_class(model_config: dict[str, Any], config_path: Path) -> tuple[str, type[torch.nn.Module]]:
+    """Looks up the class a ``config.json`` names: ``_class_name`` in diffusers, ``architectures[0]`` in transformers.
+
+    Returns:
+        ``("diffusers" | "transformers", class)``.
+
+    Raises:
+        ModelLoadError: The config names no class, or a class the installed library lacks.
+    """
+    if "_class_name" in model_config:
+        library, name = "diffusers", model_config["_class_name"]
+    elif model_config.get("architectures"):
+        library, name = "transformers", model_config["architectures"][0]
+    else:
+        raise ModelLoadError(
+            f"{config_path} names no class: a diffusers config has '_class_name', a transformers config has "
+            "'architectures'; use the config.json of a diffusers or transformers repository"
+        )
+    module = __import__(library)
+    cls = getattr(module, str(name), None) if isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise ModelLoadError(
+            f"{config_path} names {library} class {name!r}, which {library} {module.__version__} does not provide; "
+            f"check the class name, or upgrade {library}"
+        )
+    return library, cls
+
+
+def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """Builds ``cls`` from ``folder/config.json`` with every parameter on the meta device.
+
+    Only parameters go to meta: buffers and plain tensors computed in ``__init__`` (RoPE frequencies) are small and
+    are not in the checkpoint, so they are built for real, under ``dtype`` as the default dtype like
+    ``from_pretrained`` does.
+    """
+    from accelerate import init_empty_weights
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with init_empty_weights(include_buffers=False):
+            if library == "diffusers":
+                return cls.from_config(cls.load_config(str(folder)))
+            from transformers import AutoConfig
+
+            model_config = AutoConfig.from_pretrained(str(folder))
+            model_config.dtype = dtype
+            return cls(model_config)
+    except ModelLoadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a config the class rejects
+        raise ModelLoadError(
+            f"cannot build {cls.__name__} from {folder / 'config.json'} ({type(error).__name__}: {error}); the config "
+            f"does not fit the installed {library}"
+        ) from error
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _fp32_modules(library: str, model: torch.nn.Module, dtype: torch.dtype) -> tuple[str, ...]:
+    """Modules each library keeps in float32 at ``dtype``, following its own ``from_pretrained`` rule."""
+    if dtype == torch.float32:
+        return ()
+    if library == "diffusers":  # diffusers keeps them in float32 for any requested dtype
+        return tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    modules = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:  # transformers: the non-strict list guards only fp16 overflow
+        modules |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    return tuple(sorted(modules))
+
+
+def _tie_weights(model: torch.nn.Module, missing: set[str]) -> None:
+    tie = getattr(model, "tie_weights", None)
+    if tie is None:
+        return
+    # transformers 5 ties symmetrically when told which keys the checkpoint lacked, and refuses to tie two tensors
+    # that are both present but differ; older versions take no argument
+    if "missing_keys" in inspect.signature(tie).parameters:
+        tie(missing_keys=missing)
+    else:
+        tie()
+
+
+def load_model_from_files(
+    files: list[Path], torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+) -> torch.nn.Module:
+    """Loads one model from its safetensors shards and the ``config.json`` beside them.
+
+    Args:
+        files: Shard files, or a folder holding them.
+        torch_dtype: Floating dtype of the weights (modules the class keeps in float32 stay float32).
+        device: Where the weights are allocated; they are cast on the CPU first, so the device holds only the
+            final copy.
+
+    Returns:
+        The model, in eval mode, with no tensor left on the meta device.
+
+    Raises:
+        ModelLoadError: No safetensors file, a missing shard or config, an unknown class, a corrupt file, or
+            missing / unexpected / mis-shaped weights.
+    """
+    dtype = resolve_dtype(torch_dtype)
+    target = resolve_device(device, name="device")
+    started = time.perf_counter()
+    shards = weight_files([Path(f) for f in files])
+    if not shards:
+        raise ModelLoadError(
+            f"no .safetensors file among {[str(f) for f in files]}; check the pattern (e.g. "
+            "'transformer/diffusion_pytorch_model*.safetensors'), or load a tokenizer folder with load_tokenizer"
+        )
+    folders = sorted({s.parent for s in shards})
+    if len(folders) > 1:
+        raise ModelLoadError(
+            f"the files come from several folders {[str(f) for f in folders]}; one model is one folder, give "
+            "each model its own entry"
+        )
+    folder = folders[0]
+    reason = incomplete_reason(shards)
+    if reason is not None:
+        raise ModelLoadError(f"cannot load {folder}: {reason}; download or copy the missing files")
+    library, cls = find_model_class(read_config(folder), folder / "config.json")
+    model = build_empty_model(library, cls, folder, dtype)
+    expected = model.state_dict()
+    rename = transformers_key_renamer(model) if library == "transformers" else None
+    ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+    plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
+    assign_shards(model, plan, dtype, target, fp32_modules=_fp32_modules(library, model, dtype))
+    if library == "transformers":
+        _tie_weights(model, set(expected) - set(plan))
+    missing = meta_tensor_names(model)
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise ModelLoadError(
+            f"{cls.__name__} from {folder}: {len(missing)} weight(s) missing from the checkpoint: {shown}{more}; the "
+            "pattern may leave shards out, or the weights belong to a different config"
+        )
+    model.to(target)  # the parameters are already there; this moves the buffers built in __init__
+    if library == "transformers" and hasattr(model, "config"):
+        model.config.dtype = dtype
+    model.eval()
+    logger.info(
+        "loaded %s from %d shard(s) in %s (%s on %s) in %.2f s",
+        cls.__name__, len(shards), folder, dtype, target, time.perf_counter() - started,
+    )  # fmt: skip
+    return model
+
+
+def load_model(
+    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+) -> torch.nn.Module:
+    """Resolves a ``ModelConfig`` (downloading only missing files) and loads the model it names.
+
+    Args:
+        config: The model's files, e.g. ``ModelConfig(model_id="Qwen/Qwen-Image",
+            origin_file_pattern="transformer/diffusion_pytorch_model*.safetensors")``.
+        torch_dtype: Floating dtype of the weights.
+        device: Where the weights are allocated.
+
+    Returns:
+        The diffusers / transformers model named by the folder's ``config.json``.
+    """
+    return load_model_from_files(resolve_files(config), torch_dtype=torch_dtype, device=device)
+
+
+def _tokenizer_folder(files: list[Path]) -> Path | None:
+    for path in files:
+        folder = path if path.is_dir() else path.parent
+        if any((folder / name).is_file() for name in TOKENIZER_FILES):
+            return folder
+    return None
+
+
+def load_tokenizer(config: ModelConfig):
+    """Resolves a tokenizer folder (e.g. pattern ``"tokenizer/"``) and loads it with ``AutoTokenizer``.
+
+    Raises:
+        ModelLoadError: The folder holds no tokenizer files, or transformers cannot read them.
+    """
+    files = resolve_files(config)
+    folder = _tokenizer_folder(files)
+    if folder is None:
+        raise ModelLoadError(
+            f"{config.describe()} resolved to {[str(f) for f in files]}, which hold none of {TOKENIZER_FILES}; point "
+            "the pattern at the tokenizer folder, e.g. 'tokenizer/'"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # noqa: BLE001 - tokenizer errors come in many types
+        raise ModelLoadError(
+            f"cannot load the tokenizer in {folder} ({type(error).__name__}: {error}); restore the repository's "
+            "tokenizer files"
+        ) from error
+
+
+def load_component(
+    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+):
+    """Loads whatever a config names: a model when its files hold safetensors weights, else a tokenizer."""
+    files = resolve_files(config)
+    if weight_files(files):
+        return load_model_from_files(files, torch_dtype=torch_dtype, device=device)
+    return load_tokenizer(config)

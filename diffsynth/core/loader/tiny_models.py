@@ -1,0 +1,296 @@
+"""Tiny random-weight Qwen-Image and Wan repositories, written in the real repositories' layout.
+
+The models are the real diffusers / transformers classes with tiny configs, saved the way the real diffusers repos
+are (sharded safetensors with an index, ``config.json`` per component, ``tokenizer/``, ``scheduler/`` and a root
+``model_index.json``), so both this package's loader and diffusers' own ``QwenImagePipeline.from_pretrained`` /
+``WanPipeline.from_pretrained`` read them. They build in about a second and are identical for a given seed.
+
+No tokenizer files exist offline, so the tokenizers are built from scratch: a byte-level BPE ``Qwen2Tokenizer``
+without merges (one token per byte, plus the Qwen chat/vision special tokens) and a small unigram ``T5Tokenizer``.
+
+CLI::
+
+    python -m diffsynth.core.loader.tiny_models --output ./models
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+QWEN_IMAGE_MODEL_ID = "Qwen/Qwen-Image"
+WAN_MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+TINY_MARKER = ".diffsynth_tiny_model"
+
+# Patterns that select each component of the repos written here, as given to --model_id_with_origin_paths.
+QWEN_IMAGE_PATTERNS = {
+    "dit": "transformer/diffusion_pytorch_model*.safetensors",
+    "text_encoder": "text_encoder/model*.safetensors",
+    "vae": "vae/diffusion_pytorch_model.safetensors",
+    "tokenizer": "tokenizer/",
+}
+WAN_PATTERNS = {
+    "dit": "transformer/diffusion_pytorch_model*.safetensors",
+    "text_encoder": "text_encoder/model*.safetensors",
+    "vae": "vae/diffusion_pytorch_model.safetensors",
+    "tokenizer": "tokenizer/",
+}
+
+# scheduler/scheduler_config.json of Qwen/Qwen-Image (the released repository's values).
+QWEN_IMAGE_SCHEDULER_CONFIG = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "invert_sigmas": False,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+    "use_beta_sigmas": False,
+    "use_dynamic_shifting": True,
+    "use_exponential_sigmas": False,
+    "use_karras_sigmas": False,
+}
+# scheduler/scheduler_config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (UniPC in flow-prediction mode, shift 3).
+WAN_SCHEDULER_CONFIG = {
+    "_class_name": "UniPCMultistepScheduler",
+    "beta_end": 0.02,
+    "beta_schedule": "linear",
+    "beta_start": 0.0001,
+    "disable_corrector": [],
+    "dynamic_thresholding_ratio": 0.995,
+    "final_sigmas_type": "zero",
+    "flow_shift": 3.0,
+    "lower_order_final": True,
+    "num_train_timesteps": 1000,
+    "predict_x0": True,
+    "prediction_type": "flow_prediction",
+    "rescale_betas_zero_snr": False,
+    "sample_max_value": 1.0,
+    "solver_order": 2,
+    "solver_p": None,
+    "solver_type": "bh2",
+    "steps_offset": 0,
+    "thresholding": False,
+    "timestep_spacing": "linspace",
+    "trained_betas": None,
+    "use_beta_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_flow_sigmas": True,
+    "use_karras_sigmas": False,
+}
+QWEN_SPECIAL_TOKENS = (
+    "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+# Shard limits small enough that each sharded component is written in at least two files, like the real repos.
+_SHARD_SIZE = "100KB"
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Seeds torch's global generator for one component without disturbing the caller's random state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def _prepare_repo(root: Path, model_id: str) -> Path:
+    """Creates an empty repo folder; refuses to delete a folder this module did not write (it may hold real weights)."""
+    repo = Path(root) / model_id
+    if repo.exists():
+        if not (repo / TINY_MARKER).is_file():
+            raise FileExistsError(
+                f"{repo} exists and is not a tiny model written by this module (no {TINY_MARKER}); it may hold the "
+                "real weights. Choose another --output folder, or delete it yourself"
+            )
+        shutil.rmtree(repo)
+    repo.mkdir(parents=True)
+    (repo / TINY_MARKER).write_text("random-weight test model written by diffsynth.core.loader.tiny_models\n")
+    return repo
+
+
+def _model_index(pipeline: str, components: dict[str, tuple[str, str]]) -> dict:
+    import diffusers
+
+    index = {"_class_name": pipeline, "_diffusers_version": diffusers.__version__}
+    index.update({name: [library, cls] for name, (library, cls) in components.items()})
+    return index
+
+
+def build_qwen_tokenizer():
+    """A byte-level ``Qwen2Tokenizer``: one token per byte, ``<|endoftext|>`` and the chat/vision special tokens."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: index for index, char in enumerate(bytes_to_unicode().values())}
+    vocab["<|endoftext|>"] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
+    return tokenizer
+
+
+def build_t5_tokenizer():
+    """A small unigram ``T5Tokenizer``: pad/eos/unk, the word-start piece, letters, digits and a few words."""
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(char, -4.0) for char in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
+    words = ("a", "the", "of", "and", "in", "on", "with", "cat", "dog", "man", "woman", "red", "blue", "photo", "video")
+    pieces += [("\u2581" + word, -3.0) for word in words]
+    return T5Tokenizer(vocab=pieces, extra_ids=0)
+
+
+def _padded(size: int, multiple: int = 8) -> int:
+    return (size + multiple - 1) // multiple * multiple
+
+
+def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed: int = 0) -> Path:
+    """Writes a tiny Qwen-Image repo at ``root/<model_id>`` and returns its folder.
+
+    Layout: ``transformer/`` (QwenImageTransformer2DModel, sharded), ``vae/`` (AutoencoderKLQwenImage, one file),
+    ``text_encoder/`` (Qwen2_5_VLForConditionalGeneration, sharded), ``tokenizer/``, ``scheduler/`` and
+    ``model_index.json``. Weights are float32.
+    """
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    repo = _prepare_repo(root, model_id)
+    tokenizer = build_qwen_tokenizer()
+    tokenizer.save_pretrained(repo / "tokenizer")
+    token = tokenizer.convert_tokens_to_ids
+    hidden = 32  # the text encoder's hidden size is the transformer's joint_attention_dim
+    text_config = {
+        "hidden_size": hidden, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": _padded(len(tokenizer)),
+        "bos_token_id": token("<|endoftext|>"), "eos_token_id": token("<|im_end|>"),
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    }  # fmt: skip
+    vision_config = {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": hidden,
+        "fullatt_block_indexes": [0],
+    }  # fmt: skip
+    with _seeded(seed):
+        text_encoder = Qwen2_5_VLForConditionalGeneration(
+            Qwen2_5_VLConfig(
+                text_config=text_config,
+                vision_config=vision_config,
+                image_token_id=token("<|image_pad|>"),
+                video_token_id=token("<|video_pad|>"),
+                vision_start_token_id=token("<|vision_start|>"),
+                vision_end_token_id=token("<|vision_end|>"),
+            )
+        )
+    text_encoder.save_pretrained(repo / "text_encoder", max_shard_size=_SHARD_SIZE)
+    with _seeded(seed + 1):
+        transformer = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=hidden, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+        )  # fmt: skip
+    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
+    with _seeded(seed + 2):
+        vae = AutoencoderKLQwenImage(
+            base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * 16, latents_std=[1.0] * 16,
+        )  # fmt: skip
+    vae.save_pretrained(repo / "vae")
+    _write_json(repo / "scheduler" / "scheduler_config.json", QWEN_IMAGE_SCHEDULER_CONFIG)
+    components = {
+        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+        "tokenizer": ("transformers", "Qwen2Tokenizer"),
+        "transformer": ("diffusers", "QwenImageTransformer2DModel"),
+        "vae": ("diffusers", "AutoencoderKLQwenImage"),
+    }
+    _write_json(repo / "model_index.json", _model_index("QwenImagePipeline", components))
+    return repo
+
+
+def build_tiny_wan(root: Path, model_id: str = WAN_MODEL_ID, seed: int = 0) -> Path:
+    """Writes a tiny Wan2.1 text-to-video repo at ``root/<model_id>`` and returns its folder.
+
+    Layout: ``transformer/`` (WanTransformer3DModel, sharded), ``vae/`` (AutoencoderKLWan, one file),
+    ``text_encoder/`` (UMT5EncoderModel, sharded; ``shared.weight`` and ``encoder.embed_tokens.weight`` are tied, so
+    only the first is stored), ``tokenizer/``, ``scheduler/`` and ``model_index.json``. Weights are float32.
+    """
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    repo = _prepare_repo(root, model_id)
+    tokenizer = build_t5_tokenizer()
+    tokenizer.save_pretrained(repo / "tokenizer")
+    text_dim = 32  # the text encoder's d_model is the transformer's text_dim
+    with _seeded(seed):
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=_padded(len(tokenizer)), d_model=text_dim, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0,
+            )
+        )  # fmt: skip
+    text_encoder.save_pretrained(repo / "text_encoder", max_shard_size="50KB")
+    with _seeded(seed + 1):
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,
+            text_dim=text_dim, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        )  # fmt: skip
+    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
+    with _seeded(seed + 2):
+        vae = AutoencoderKLWan(
+            base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True]
+        )
+    vae.save_pretrained(repo / "vae")
+    _write_json(repo / "scheduler" / "scheduler_config.json", WAN_SCHEDULER_CONFIG)
+    components = {
+        "scheduler": ("diffusers", "UniPCMultistepScheduler"),
+        "text_encoder": ("transformers", "UMT5EncoderModel"),
+        "tokenizer": ("transformers", "T5TokenizerFast"),
+        "transformer": ("diffusers", "WanTransformer3DModel"),
+        "vae": ("diffusers", "AutoencoderKLWan"),
+    }
+    _write_json(repo / "model_index.json", _model_index("WanPipeline", components))
+    return repo
+
+
+BUILDERS = {"qwen_image": build_tiny_qwen_image, "wan": build_tiny_wan}
+
+
+def build_tiny_models(root: Path, seed: int = 0, only: tuple[str, ...] | None = None) -> dict[str, Path]:
+    """Builds the tiny repos under ``root`` (a ``DIFFSYNTH_MODEL_BASE_PATH``); returns ``{name: repo folder}``.
+
+    Suits a session-scoped pytest fixture: ``build_tiny_models(tmp_path_factory.mktemp("models"))``.
+    """
+    names = only or tuple(BUILDERS)
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        raise ValueError(f"--only {unknown} is not a tiny model; choose from {sorted(BUILDERS)}")
+    return {name: BUILDERS[name](Path(root), seed=seed) for name in names}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: writes the tiny repos under ``--output``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="./models", help="base folder (a DIFFSYNTH_MODEL_BASE_PATH)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--only", nargs="+", choices=sorted(BUILDERS), help="build only these repos")
+    args = parser.parse_args(argv)
+    for name, repo in build_tiny_models(Path(args.output), seed=args.seed, only=args.only).items():
+        print(f"{name}: {repo}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
