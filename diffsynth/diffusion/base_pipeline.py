@@ -1,0 +1,173 @@
+"""``BasePipeline``: units, a denoiser, a scheduler and a decode step, plus model placement and the stage split.
+
+A concrete pipeline (Qwen-Image, Wan) subclasses ``BasePipeline`` and provides:
+
+- its models as attributes named ``dit``, ``vae``, ``text_encoder``, ... (``None`` while not loaded);
+- ``self.units``: the units (``PipelineUnit``) that turn user inputs into the denoiser's inputs, in run order;
+- ``model_fn(**inputs)``: one denoiser prediction from the merged state and ``timestep``;
+- ``self.scheduler``: an object with ``timesteps`` and ``step(model_output, timestep, sample) -> sample``;
+- ``decode(inputs_shared, inputs_posi, inputs_nega)``: turns the final latents into the output.
+
+``denoise`` then runs the whole inference loop with classifier-free guidance, and training runs ``run_units`` and
+``model_fn`` through the same code, so the two cannot drift apart. The classes the pipeline is built from live in
+``pipeline_unit.py`` and ``unit_graph.py`` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ..core.device import resolve_device
+from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
+from .unit_graph import (PruneCacheUnit, StateKey, UnitAccess, required_cache_keys, split_pipeline_units,
+                         stage_one_units, unit_access)
+
+__all__ = ["SCOPES", "BasePipeline", "PipelineUnit", "PipelineUnitRunner", "PruneCacheUnit", "StateKey",
+           "UnitAccess", "required_cache_keys", "split_pipeline_units", "stage_one_units", "unit_access"]
+
+_MISSING = object()
+
+
+class BasePipeline(torch.nn.Module):
+    """Shared machinery of all pipelines; see the module docstring for what a subclass provides.
+
+    Args:
+        device: The compute device; intermediate tensors and onloaded models go here.
+        torch_dtype: The dtype for intermediate tensors.
+        offload_device: Where models not in use wait (normally the CPU).
+        manage_model_devices: Let ``load_models_to_device`` move models. Turn it off when something else owns
+            placement (an ``OffloadTrainingManager``, or everything fits and should stay put): moving whole models
+            per unit saves device memory at the cost of a host-to-device copy of each model every time it is used.
+    """
+
+    #: Models onloaded for the denoising loop.
+    denoising_model_names: tuple[str, ...] = ("dit",)
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
+                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
+        super().__init__()
+        self.device = resolve_device(device, "device")
+        self.offload_device = resolve_device(offload_device, "offload_device")
+        if not isinstance(torch_dtype, torch.dtype):
+            raise TypeError(f"torch_dtype={torch_dtype!r} is not a torch.dtype; use e.g. torch.bfloat16")
+        self.torch_dtype = torch_dtype
+        self.manage_model_devices = manage_model_devices
+        self.units: list[PipelineUnit] = []
+        self.unit_runner = PipelineUnitRunner()
+        self.scheduler: Any = None
+
+    def model_names(self) -> list[str]:
+        """The names of the models this pipeline holds (its child modules)."""
+        return [name for name, _ in self.named_children()]
+
+    def load_models_to_device(self, model_names: Iterable[str]) -> None:
+        """Moves the named models to ``device`` and every other model to ``offload_device``.
+
+        Does nothing while ``manage_model_devices`` is off. Names of slots that hold no model (``None``, or a
+        tokenizer) are accepted and skipped, so stage 2 can run without the models it does not need. Models already
+        in place are not touched.
+
+        Raises:
+            ValueError: A name is not an attribute of the pipeline at all (a typo in ``onload_model_names``).
+        """
+        if not self.manage_model_devices:
+            return
+        if isinstance(model_names, str):
+            raise TypeError(f"model_names={model_names!r} is a string; pass a list, e.g. [{model_names!r}]")
+        wanted = set(model_names)
+        unknown = sorted(name for name in wanted if getattr(self, name, _MISSING) is _MISSING)
+        if unknown:
+            raise ValueError(f"unknown model names {unknown}; {type(self).__name__} holds {self.model_names()} "
+                             "(fix the unit's onload_model_names)")
+        # Offload first, so the device never holds the outgoing and the incoming models at once.
+        children = list(self.named_children())
+        for name, model in children:
+            if name not in wanted:
+                self._place(model, self.offload_device)
+        for name, model in children:
+            if name in wanted:
+                self._place(model, self.device)
+
+    @staticmethod
+    def _place(model: torch.nn.Module, device: torch.device) -> None:
+        tensors = itertools.chain(model.parameters(), model.buffers())
+        # resolve_device filled in a bare "cuda" index, so this compares like with like.
+        if any(tensor.device != device for tensor in tensors):
+            model.to(device)
+
+    def run_units(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                  units: Sequence[PipelineUnit] | None = None) -> tuple[dict, dict, dict]:
+        """Runs ``units`` (default: all of ``self.units``) in order through ``self.unit_runner``."""
+        for unit in self.units if units is None else units:
+            inputs_shared, inputs_posi, inputs_nega = self.unit_runner(unit, self, inputs_shared, inputs_posi,
+                                                                       inputs_nega)
+        return inputs_shared, inputs_posi, inputs_nega
+
+    def model_fn(self, **inputs: Any) -> torch.Tensor:
+        """One denoiser prediction; receives the merged state (shared, then one branch) and ``timestep``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement model_fn(**inputs)")
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> Any:
+        """Turns the state after denoising (``inputs_shared["latents"]``) into the pipeline's output."""
+        raise NotImplementedError(f"{type(self).__name__} must implement decode(inputs_shared, inputs_posi, "
+                                  "inputs_nega)")
+
+    def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                      timestep: Any) -> torch.Tensor:
+        """The guided prediction ``nega + cfg_scale * (posi - nega)``, or just ``posi`` when ``cfg_scale`` is 1.
+
+        CFG doubles the denoiser's work per step, which is why a scale of exactly 1 skips the negative pass.
+        """
+        prediction = self.model_fn(**_merge(inputs_shared, inputs_posi, "inputs_posi", timestep))
+        cfg_scale = inputs_shared.get("cfg_scale", 1)
+        if cfg_scale == 1:
+            return prediction
+        negative = self.model_fn(**_merge(inputs_shared, inputs_nega, "inputs_nega", timestep))
+        return negative + cfg_scale * (prediction - negative)
+
+    @torch.no_grad()
+    def denoise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                latents_key: str = "latents") -> Any:
+        """Inference: run the units, step the scheduler over its timesteps, decode.
+
+        Args:
+            inputs_shared: User inputs for both branches, including ``cfg_scale`` (default 1).
+            inputs_posi: Positive-branch inputs (e.g. ``{"prompt": ...}``).
+            inputs_nega: Negative-branch inputs (e.g. ``{"negative_prompt": ...}``).
+            latents_key: The shared key the units leave the initial latents under.
+
+        Returns:
+            Whatever ``decode`` returns.
+
+        Raises:
+            ValueError: No scheduler is set, or the units left no ``latents_key``.
+        """
+        if self.scheduler is None:
+            raise ValueError(f"{type(self).__name__}.scheduler is None; set it to an object with timesteps and "
+                             "step(model_output, timestep, sample) before denoising")
+        inputs_shared, inputs_posi, inputs_nega = self.run_units(inputs_shared, inputs_posi, inputs_nega)
+        if inputs_shared.get(latents_key) is None:
+            raise ValueError(f"no {latents_key!r} in inputs_shared after the units ran; a unit must output it, "
+                             f"or pass latents_key= the key that holds the latents")
+        self.load_models_to_device(self.denoising_model_names)
+        for timestep in self.scheduler.timesteps:
+            prediction = self.predict_noise(inputs_shared, inputs_posi, inputs_nega, timestep)
+            inputs_shared[latents_key] = self.scheduler.step(prediction, timestep, inputs_shared[latents_key])
+        return self.decode(inputs_shared, inputs_posi, inputs_nega)
+
+    def split_pipeline_units(self, model_names: Iterable[str], final_keys: Iterable[str | StateKey] = ()
+                             ) -> tuple[list[PipelineUnit], list[PipelineUnit]]:
+        """``(related, unrelated)`` units of this pipeline; see ``unit_graph.split_pipeline_units``."""
+        return split_pipeline_units(self.units, model_names, final_keys)
+
+
+def _merge(inputs_shared: dict, branch: dict, branch_name: str, timestep: Any) -> dict:
+    overlap = sorted((set(inputs_shared) & set(branch)) | ({"timestep"} & (set(inputs_shared) | set(branch))))
+    if overlap:
+        raise ValueError(f"keys {overlap} appear twice among inputs_shared, {branch_name} and the loop's timestep; "
+                         "keep each key in one place so model_fn gets one unambiguous value")
+    return {**inputs_shared, **branch, "timestep": timestep}
