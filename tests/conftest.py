@@ -1,5 +1,12 @@
+"""Suite-wide fixtures: GPU tests skipped without CUDA, the tiny model repos, and no network access."""
+
+from pathlib import Path
+
 import pytest
 import torch
+
+from diffsynth.core.loader import resolve
+from diffsynth.core.loader.tiny_models import build_tiny_models
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,3 +16,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    """A model base folder holding the tiny Qwen-Image and Wan repos. Read-only: copy before editing."""
+    root = tmp_path_factory.mktemp("models")
+    build_tiny_models(root, seed=0)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """No test may reach a hub: both downloaders raise unless a test replaces them with its own fake."""
+
+    def refuse(model_id, local_dir, allow_patterns):
+        raise AssertionError(f"unexpected download of {model_id} {allow_patterns} into {local_dir}")
+
+    monkeypatch.setattr(resolve, "download_from_modelscope", refuse)
+    monkeypatch.setattr(resolve, "download_from_huggingface", refuse)
+    for name in (resolve.SKIP_DOWNLOAD_ENV, resolve.DOWNLOAD_SOURCE_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def base(tiny_root, monkeypatch) -> Path:
+    """Points DIFFSYNTH_MODEL_BASE_PATH at the shared tiny repos."""
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tiny_root))
+    return tiny_root
