@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
@@ -118,7 +119,7 @@ class BasePipeline(torch.nn.Module):
 
     def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                       timestep: Any) -> torch.Tensor:
-        """The guided prediction ``nega + cfg_scale * (posi - nega)``, or just ``posi`` when ``cfg_scale`` is 1.
+        """The guided prediction (``guide``), or just the positive one when ``cfg_scale`` is 1.
 
         CFG doubles the denoiser's work per step, which is why a scale of exactly 1 skips the negative pass.
         """
@@ -127,11 +128,18 @@ class BasePipeline(torch.nn.Module):
         if cfg_scale == 1:
             return prediction
         negative = self.model_fn(**_merge(inputs_shared, inputs_nega, "inputs_nega", timestep))
-        return negative + cfg_scale * (prediction - negative)
+        return self.guide(prediction, negative, cfg_scale)
+
+    def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+        """Combines the two CFG predictions: ``negative + cfg_scale * (positive - negative)``.
+
+        Pipelines whose reference rescales the result (Qwen-Image) override this.
+        """
+        return negative + cfg_scale * (positive - negative)
 
     @torch.no_grad()
     def denoise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
-                latents_key: str = "latents") -> Any:
+                latents_key: str = "latents", progress_bar: bool = False) -> Any:
         """Inference: run the units, step the scheduler over its timesteps, decode.
 
         Args:
@@ -139,6 +147,7 @@ class BasePipeline(torch.nn.Module):
             inputs_posi: Positive-branch inputs (e.g. ``{"prompt": ...}``).
             inputs_nega: Negative-branch inputs (e.g. ``{"negative_prompt": ...}``).
             latents_key: The shared key the units leave the initial latents under.
+            progress_bar: Show a tqdm bar over the denoising steps.
 
         Returns:
             Whatever ``decode`` returns.
@@ -154,7 +163,7 @@ class BasePipeline(torch.nn.Module):
             raise ValueError(f"no {latents_key!r} in inputs_shared after the units ran; a unit must output it, "
                              f"or pass latents_key= the key that holds the latents")
         self.load_models_to_device(self.denoising_model_names)
-        for timestep in self.scheduler.timesteps:
+        for timestep in tqdm(self.scheduler.timesteps, desc="denoising", disable=not progress_bar):
             prediction = self.predict_noise(inputs_shared, inputs_posi, inputs_nega, timestep)
             inputs_shared[latents_key] = self.scheduler.step(prediction, timestep, inputs_shared[latents_key])
         return self.decode(inputs_shared, inputs_posi, inputs_nega)

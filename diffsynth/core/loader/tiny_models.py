@@ -203,7 +203,8 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
     with _seeded(seed + 2):
         vae = AutoencoderKLQwenImage(
             base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * 16, latents_std=[1.0] * 16,
+            latents_mean=[round(-0.4 + 0.05 * i, 2) for i in range(16)],
+            latents_std=[round(0.6 + 0.05 * i, 2) for i in range(16)],
         )  # fmt: skip
     vae.save_pretrained(repo / "vae")
     _write_json(repo / "scheduler" / "scheduler_config.json", QWEN_IMAGE_SCHEDULER_CONFIG)

@@ -1,0 +1,318 @@
+"""Qwen-Image text-to-image (and image-to-image) as declared units over the diffusers / transformers models.
+
+Models, by pipeline name: ``dit`` (``QwenImageTransformer2DModel``), ``vae`` (``AutoencoderKLQwenImage``),
+``text_encoder`` (``Qwen2_5_VLForConditionalGeneration``) and ``tokenizer``. The computation follows diffusers'
+``QwenImagePipeline`` step for step (prompt template, latent packing, flow-matching schedule with Qwen-Image's
+resolution-dependent shift, CFG with norm rescaling, latent de-normalisation), so both produce the same image from
+the same weights and seed. Latents live in the state unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn``
+packs them into 2x2 patches for the transformer and unpacks its prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..core.device import resolve_device
+from ..core.loader import ModelConfig, load_component
+from ..core.loader.loading import resolve_dtype
+from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
+from ..diffusion.flow_match import FlowMatchScheduler
+
+__all__ = ["ModelConfig", "QwenImagePipeline"]
+
+logger = logging.getLogger(__name__)
+
+# The Qwen2.5-VL chat template the model was trained with; its first 34 tokens (the system turn and the user
+# header) are dropped from the encoder output.
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+PROMPT_TEMPLATE_DROP_TOKENS = 34
+TOKENIZER_MAX_LENGTH = 1024
+# Pixels per latent token side: the VAE downsamples by 8 and the transformer packs 2x2 latent patches.
+SIZE_MULTIPLE = 16
+VAE_SCALE = 8
+
+# Pipeline name of each model class.
+MODEL_ROLES = {
+    "QwenImageTransformer2DModel": "dit",
+    "AutoencoderKLQwenImage": "vae",
+    "Qwen2_5_VLForConditionalGeneration": "text_encoder",
+}
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """``(B, C, H, W)`` latents to ``(B, H/2 * W/2, C * 4)`` tokens of 2x2 patches, as the transformer reads them."""
+    batch, channels, height, width = latents.shape
+    patches = latents.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of ``pack_latents`` for a latent grid of ``height x width``."""
+    batch, _, features = tokens.shape
+    channels = features // 4
+    patches = tokens.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, channels, height, width)
+
+
+def image_to_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB PIL image as a ``(1, 3, H, W)`` float32 tensor in ``[-1, 1]``."""
+    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
+
+
+def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
+    """``(B, 3, H, W)`` values in ``[0, 1]`` to PIL images, rounded like diffusers' ``numpy_to_pil``."""
+    array = (images.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype("uint8")
+    return [Image.fromarray(frame) for frame in array]
+
+
+def round_size(value: int) -> int:
+    """``value`` rounded to the nearest multiple of 16 (halves up), at least 16."""
+    return max(SIZE_MULTIPLE, (int(value) + SIZE_MULTIPLE // 2) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+
+
+class ShapeCheckUnit(PipelineUnit):
+    """Rounds ``height`` and ``width`` to the nearest multiple of 16 (at least 16), warning when it changes them."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("height", "width"), output_params=("height", "width"))
+
+    def process(self, pipe: QwenImagePipeline, height: int, width: int) -> dict:
+        rounded = {}
+        for name, value in (("height", height), ("width", width)):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive number of pixels, e.g. {name}=1328")
+            rounded[name] = round_size(value)
+            if rounded[name] != value:
+                logger.warning("%s=%d is not a multiple of %d; using %d", name, value, SIZE_MULTIPLE, rounded[name])
+        return rounded
+
+
+class NoiseUnit(PipelineUnit):
+    """Draws the initial noise ``(1, 16, height / 8, width / 8)``, from ``seed`` on ``rand_device`` when given."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("height", "width", "seed", "rand_device"), output_params=("noise",))
+
+    def process(self, pipe: QwenImagePipeline, height: int, width: int, seed: int | None,
+                rand_device: str | torch.device | None) -> dict:
+        rand_device = resolve_device(rand_device or "cpu", "rand_device")
+        generator = None if seed is None else torch.Generator(rand_device).manual_seed(seed)
+        shape = (1, pipe.latent_channels, height // VAE_SCALE, width // VAE_SCALE)
+        noise = torch.randn(shape, generator=generator, device=rand_device, dtype=pipe.torch_dtype)
+        return {"noise": noise.to(pipe.device)}
+
+
+class InputImageEmbedderUnit(PipelineUnit):
+    """Encodes ``input_image`` with the VAE into normalised latents (training targets, image-to-image start).
+
+    The image is resized to ``height x width`` if it differs. The VAE's distribution mode is used rather than a
+    sample, so a cached latent equals the one a single-stage run computes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
+                         onload_model_names=("vae",))
+
+    def process(self, pipe: QwenImagePipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
+        if input_image is None:
+            return {}
+        if input_image.size != (width, height):
+            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
+        pixels = image_to_tensor(input_image).to(pipe.device, pipe.vae.dtype).unsqueeze(2)
+        latents = pipe.vae.encode(pixels).latent_dist.mode()[:, :, 0]
+        mean, inverse_std = pipe.latent_statistics(latents)
+        return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
+
+
+class LatentsUnit(PipelineUnit):
+    """The latents the denoising loop starts from: the noise, or the input image noised to the first timestep."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("noise", "input_latents", "denoising_strength"), output_params=("latents",))
+
+    def process(self, pipe: QwenImagePipeline, noise: torch.Tensor, input_latents: torch.Tensor | None,
+                denoising_strength: float | None) -> dict:
+        if input_latents is None or denoising_strength in (None, 1.0):
+            return {"latents": noise}
+        return {"latents": pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.timesteps[0])}
+
+
+class PromptEmbedderUnit(PipelineUnit):
+    """Encodes the prompt (and, with CFG, the negative prompt) with Qwen2.5-VL through the chat template.
+
+    Outputs the last hidden states after the template's system turn, at most ``max_sequence_length`` tokens, and a
+    mask that is ``None`` when no token is padding (always, for one prompt).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
+                         output_params=("prompt_emb", "prompt_emb_mask"), onload_model_names=("text_encoder",))
+
+    def process(self, pipe: QwenImagePipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+        if pipe.text_encoder is None or pipe.tokenizer is None:
+            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
+                             "'Qwen/Qwen-Image:text_encoder/model*.safetensors' to the model configs")
+        texts = [PROMPT_TEMPLATE.format(prompt or "")]
+        tokens = pipe.tokenizer(texts, max_length=TOKENIZER_MAX_LENGTH + PROMPT_TEMPLATE_DROP_TOKENS, padding=True,
+                                truncation=True, return_tensors="pt").to(pipe.device)
+        output = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                                   output_hidden_states=True)
+        hidden, mask = output.hidden_states[-1], tokens.attention_mask.bool()
+        kept = [states[row_mask][PROMPT_TEMPLATE_DROP_TOKENS:] for states, row_mask in zip(hidden, mask)]
+        length = max(len(states) for states in kept)
+        embeddings = torch.stack([torch.cat([s, s.new_zeros(length - len(s), s.shape[1])]) for s in kept])
+        embeddings_mask = torch.stack([torch.arange(length, device=pipe.device) < len(s) for s in kept]).long()
+        limit = max_sequence_length or 512
+        embeddings, embeddings_mask = embeddings[:, :limit], embeddings_mask[:, :limit]
+        return {"prompt_emb": embeddings.to(pipe.torch_dtype),
+                "prompt_emb_mask": None if bool(embeddings_mask.all()) else embeddings_mask}
+
+
+class QwenImagePipeline(BasePipeline):
+    """Qwen-Image generation and the computation its training shares.
+
+    Build it with ``from_pretrained``; call it with a prompt to get an image. ``model_fn`` is also what training
+    calls, on the state the units produce.
+    """
+
+    denoising_model_names = ("dit",)
+    latent_channels = 16
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
+                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
+        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
+                         manage_model_devices=manage_model_devices)
+        self.dit: torch.nn.Module | None = None
+        self.vae: torch.nn.Module | None = None
+        self.text_encoder: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+        self.scheduler = FlowMatchScheduler.from_preset("qwen_image")
+        self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
+
+    @classmethod
+    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
+                        offload_device: str | torch.device = "cpu") -> QwenImagePipeline:
+        """Loads the models the configs name and assigns each to its slot by class.
+
+        Models are loaded onto ``offload_device`` and moved to ``device`` only while a unit computes with them, so
+        the device never holds the text encoder and the transformer at once; pass ``offload_device=device`` to keep
+        everything resident (faster when it fits).
+
+        Args:
+            torch_dtype: Weight and activation dtype.
+            device: The compute device.
+            model_configs: One config per model (transformer, text encoder, VAE; any subset).
+            tokenizer_config: The tokenizer folder; defaults to ``Qwen/Qwen-Image:tokenizer/`` when a text encoder is
+                loaded and no config names a tokenizer.
+            offload_device: Where models wait while not in use.
+
+        Raises:
+            ValueError: A config loads a model class this pipeline has no slot for, or two configs fill one slot.
+        """
+        dtype = resolve_dtype(torch_dtype)
+        pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
+        for config in model_configs:
+            pipe._assign(load_component(config, torch_dtype=dtype, device=pipe.offload_device), config)
+        if pipe.text_encoder is not None and pipe.tokenizer is None:
+            config = tokenizer_config or ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
+            pipe._assign(load_component(config), config)
+        return pipe
+
+    def _assign(self, component: Any, config: ModelConfig) -> None:
+        name = MODEL_ROLES.get(type(component).__name__)
+        if name is None and not isinstance(component, torch.nn.Module):
+            name = "tokenizer"
+        if name is None:
+            raise ValueError(f"{config.describe()} loads {type(component).__name__}, which QwenImagePipeline has no "
+                             f"slot for; it takes {sorted(MODEL_ROLES)} and a tokenizer")
+        if getattr(self, name) is not None:
+            raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
+        setattr(self, name, component)
+
+    def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""
+        shape = (1, -1) + (1,) * (like.dim() - 2)
+        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+        inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
+        return mean, inverse_std
+
+    def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
+                 prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+        """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
+
+        Extra state keys are accepted and ignored, since the loop passes the whole state.
+        """
+        batch, _, height, width = latents.shape
+        timestep = torch.as_tensor(timestep, device=latents.device).to(latents.dtype).reshape(-1).expand(batch)
+        prediction = self.dit(hidden_states=pack_latents(latents), timestep=timestep / 1000,
+                              encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
+                              img_shapes=[[(1, height // 2, width // 2)]] * batch, return_dict=False)[0]
+        return unpack_latents(prediction, height, width)
+
+    def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+        """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule)."""
+        height, width = positive.shape[-2:]
+        positive, negative = pack_latents(positive), pack_latents(negative)
+        combined = negative + cfg_scale * (positive - negative)
+        rescaled = combined * (torch.norm(positive, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
+        return unpack_latents(rescaled, height, width)
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
+        """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``."""
+        self.load_models_to_device(["vae"])
+        latents = inputs_shared["latents"].unsqueeze(2).to(self.vae.dtype)
+        mean, inverse_std = self.latent_statistics(latents)
+        images = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
+        return (images / 2 + 0.5).clamp(0, 1)
+
+    @torch.no_grad()
+    def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,
+                 input_image: Image.Image | None = None, denoising_strength: float = 1.0, height: int = 1328,
+                 width: int = 1328, seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30,
+                 max_sequence_length: int = 512, output_type: str = "pil",
+                 progress_bar: bool = True) -> Image.Image | torch.Tensor:
+        """Generates one image.
+
+        Args:
+            prompt: What to draw.
+            negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
+            cfg_scale: Classifier-free guidance scale; 1 turns CFG off and halves the work per step.
+            input_image: Start from this image instead of pure noise (image-to-image).
+            denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
+            height: Output height in pixels, rounded to a multiple of 16.
+            width: Output width in pixels, rounded to a multiple of 16.
+            seed: Noise seed; ``None`` draws from torch's global generator.
+            rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
+            num_inference_steps: Denoising steps.
+            max_sequence_length: Prompt tokens kept after the template (at most 1024).
+            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
+            progress_bar: Show a progress bar over the steps.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
+        if output_type not in ("pil", "pt"):
+            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
+        if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
+            raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        image_seq_len = (round_size(height) // SIZE_MULTIPLE) * (round_size(width) // SIZE_MULTIPLE)
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
+        inputs_shared = {
+            "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
+            "height": height, "width": width, "seed": seed, "rand_device": rand_device,
+            "max_sequence_length": max_sequence_length,
+        }  # fmt: skip
+        images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
+                              progress_bar=progress_bar)
+        return images if output_type == "pt" else tensor_to_images(images)[0]
