@@ -23,6 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
+from ..core.loader import ModelConfig, load_component, load_skeleton
+from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (PruneCacheUnit, StateKey, UnitAccess, required_cache_keys, split_pipeline_units,
                          stage_one_units, unit_access)
@@ -45,8 +47,14 @@ class BasePipeline(torch.nn.Module):
             per unit saves device memory at the cost of a host-to-device copy of each model every time it is used.
     """
 
+    #: Pipeline slot of each model class, e.g. ``{"QwenImageTransformer2DModel": "dit"}``.
+    model_roles: dict[str, str] = {}
+    #: Where the tokenizer comes from when a text encoder is loaded and no config names a tokenizer.
+    default_tokenizer_config: ModelConfig | None = None
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
+    #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).
+    model_fn_params: tuple[str, ...] = ()
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -60,6 +68,54 @@ class BasePipeline(torch.nn.Module):
         self.units: list[PipelineUnit] = []
         self.unit_runner = PipelineUnitRunner()
         self.scheduler: Any = None
+
+    @classmethod
+    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
+                        offload_device: str | torch.device = "cpu",
+                        skeleton_configs: Sequence[ModelConfig] = ()) -> BasePipeline:
+        """Loads the models the configs name and puts each in its slot by class (``model_roles``).
+
+        Models are loaded onto ``offload_device`` and moved to ``device`` only while a unit computes with them, so
+        the device never holds the text encoder and the transformer at once; pass ``offload_device=device`` to keep
+        everything resident (faster when it fits).
+
+        Args:
+            torch_dtype: Weight and activation dtype.
+            device: The compute device.
+            model_configs: One config per model (any subset of the pipeline's models).
+            tokenizer_config: The tokenizer folder; defaults to ``default_tokenizer_config`` when a text encoder is
+                loaded and no config names a tokenizer.
+            offload_device: Where models wait while not in use.
+            skeleton_configs: Entries of ``model_configs`` to build without weights (on the meta device), for
+                models held but never computed with (``--offload_models`` in split training).
+
+        Raises:
+            ValueError: A config loads a model class this pipeline has no slot for, or two configs fill one slot.
+        """
+        dtype = resolve_dtype(torch_dtype)
+        pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
+        for config in model_configs:
+            if config in skeleton_configs:
+                pipe._assign(load_skeleton(config, torch_dtype=dtype), config)
+            else:
+                pipe._assign(load_component(config, torch_dtype=dtype, device=pipe.offload_device), config)
+        if getattr(pipe, "text_encoder", None) is not None and getattr(pipe, "tokenizer", None) is None:
+            config = tokenizer_config or cls.default_tokenizer_config
+            if config is not None:
+                pipe._assign(load_component(config), config)
+        return pipe
+
+    def _assign(self, component: Any, config: ModelConfig) -> None:
+        name = self.model_roles.get(type(component).__name__)
+        if name is None and not isinstance(component, torch.nn.Module):
+            name = "tokenizer"
+        if name is None:
+            raise ValueError(f"{config.describe()} loads {type(component).__name__}, which {type(self).__name__} has "
+                             f"no slot for; it takes {sorted(self.model_roles)} and a tokenizer")
+        if getattr(self, name, None) is not None:
+            raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
+        setattr(self, name, component)
 
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""
@@ -107,6 +163,11 @@ class BasePipeline(torch.nn.Module):
             inputs_shared, inputs_posi, inputs_nega = self.unit_runner(unit, self, inputs_shared, inputs_posi,
                                                                        inputs_nega)
         return inputs_shared, inputs_posi, inputs_nega
+
+    def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
+                                latent_shape: tuple[int, ...]) -> None:
+        """Sets the scheduler's sampling schedule for latents of ``latent_shape`` (some shifts depend on size)."""
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength)
 
     def model_fn(self, **inputs: Any) -> torch.Tensor:
         """One denoiser prediction; receives the merged state (shared, then one branch) and ``timestep``."""

@@ -19,8 +19,7 @@ import torch
 from PIL import Image
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, load_component
-from ..core.loader.loading import resolve_dtype
+from ..core.loader import ModelConfig
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
 from ..diffusion.flow_match import FlowMatchScheduler
 
@@ -187,6 +186,11 @@ class QwenImagePipeline(BasePipeline):
     """
 
     denoising_model_names = ("dit",)
+    model_roles = MODEL_ROLES
+    default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask")
+    #: Dataset columns a training sample needs; ``image`` is a file column.
+    training_columns = ("image", "prompt")
     latent_channels = 16
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
@@ -200,53 +204,33 @@ class QwenImagePipeline(BasePipeline):
         self.scheduler = FlowMatchScheduler.from_preset("qwen_image")
         self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
 
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu") -> QwenImagePipeline:
-        """Loads the models the configs name and assigns each to its slot by class.
-
-        Models are loaded onto ``offload_device`` and moved to ``device`` only while a unit computes with them, so
-        the device never holds the text encoder and the transformer at once; pass ``offload_device=device`` to keep
-        everything resident (faster when it fits).
-
-        Args:
-            torch_dtype: Weight and activation dtype.
-            device: The compute device.
-            model_configs: One config per model (transformer, text encoder, VAE; any subset).
-            tokenizer_config: The tokenizer folder; defaults to ``Qwen/Qwen-Image:tokenizer/`` when a text encoder is
-                loaded and no config names a tokenizer.
-            offload_device: Where models wait while not in use.
-
-        Raises:
-            ValueError: A config loads a model class this pipeline has no slot for, or two configs fill one slot.
-        """
-        dtype = resolve_dtype(torch_dtype)
-        pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
-        for config in model_configs:
-            pipe._assign(load_component(config, torch_dtype=dtype, device=pipe.offload_device), config)
-        if pipe.text_encoder is not None and pipe.tokenizer is None:
-            config = tokenizer_config or ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
-            pipe._assign(load_component(config), config)
-        return pipe
-
-    def _assign(self, component: Any, config: ModelConfig) -> None:
-        name = MODEL_ROLES.get(type(component).__name__)
-        if name is None and not isinstance(component, torch.nn.Module):
-            name = "tokenizer"
-        if name is None:
-            raise ValueError(f"{config.describe()} loads {type(component).__name__}, which QwenImagePipeline has no "
-                             f"slot for; it takes {sorted(MODEL_ROLES)} and a tokenizer")
-        if getattr(self, name) is not None:
-            raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
-        setattr(self, name, component)
-
     def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""
         shape = (1, -1) + (1,) * (like.dim() - 2)
         mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
         inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
         return mean, inverse_std
+
+    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
+        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).
+
+        Training runs without CFG and at the image's own size (the dataset already cropped it to a multiple of 16).
+        """
+        image = sample["image"]
+        if isinstance(image, list):
+            image = image[0]
+        inputs_shared = {
+            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
+            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": 512,
+            **{name: sample[name] for name in extra_inputs},
+        }  # fmt: skip
+        return inputs_shared, {"prompt": sample["prompt"]}, {}
+
+    def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
+                                latent_shape: tuple[int, ...]) -> None:
+        """Qwen-Image's shift grows with the token count, ``(latent height / 2) * (latent width / 2)``."""
+        image_seq_len = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
@@ -306,8 +290,8 @@ class QwenImagePipeline(BasePipeline):
             raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
         if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
             raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
-        image_seq_len = (round_size(height) // SIZE_MULTIPLE) * (round_size(width) // SIZE_MULTIPLE)
-        self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
+        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,

@@ -237,6 +237,21 @@ def load_model(
     return load_model_from_files(resolve_files(config), torch_dtype=torch_dtype, device=device)
 
 
+def load_skeleton(config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16) -> torch.nn.Module:
+    """Builds the model a config names with its parameters on the meta device: no weights are read.
+
+    For models a stage holds but never computes with (``--offload_models``): the pipeline keeps the slot, its config
+    and its module names (so a LoRA can be described), at no memory cost.
+    """
+    dtype = resolve_dtype(torch_dtype)
+    shards = weight_files(resolve_files(config))
+    if not shards:
+        raise ModelLoadError(f"{config.describe()} holds no .safetensors file, so it names no model to build")
+    folder = shards[0].parent
+    library, cls = find_model_class(read_config(folder), folder / "config.json")
+    return build_empty_model(library, cls, folder, dtype).eval()
+
+
 def _tokenizer_folder(files: list[Path]) -> Path | None:
     for path in files:
         folder = path if path.is_dir() else path.parent

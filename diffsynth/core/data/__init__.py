@@ -1,0 +1,48 @@
+"""Training data: ``UnifiedDataset`` over a metadata file, the file operators, and the stage-1 cache.
+
+Typical use::
+
+    dataset = UnifiedDataset("data/example", "data/example/metadata.csv", repeat=50, max_pixels=1024 * 1024)
+    sample = dataset[0]  # {"image": PIL.Image, "prompt": "..."}
+
+Stage 1 of split training writes each sample's state with ``save_cache_sample`` to ``cache_file_path(...)``;
+stage 2 reads them back through ``CacheDataset``. The example-dataset builder lives in
+``diffsynth.core.data.example_dataset`` (imported on demand, so ``python -m`` can run it without a warning).
+"""
+
+from .cache import (CACHE_FORMAT_VERSION, CACHE_INFO_FILE, CacheDataset, cache_file_path, is_cached,
+                    list_cache_files, load_cache_sample, make_cache_info, read_cache_info, save_cache_sample,
+                    write_cache_info)
+from .cache_codec import STATE_KEYS, decode_state, encode_state
+from .dataset import UnifiedDataset, check_dataset, check_repeat, read_metadata
+from .errors import CacheError, DataFileNotFoundError, DatasetError
+from .operators import FILE_OPERATORS, FileOperator, ResizeConfig, operator_for, resize_and_crop
+
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "CACHE_INFO_FILE",
+    "FILE_OPERATORS",
+    "STATE_KEYS",
+    "CacheDataset",
+    "CacheError",
+    "DataFileNotFoundError",
+    "DatasetError",
+    "FileOperator",
+    "ResizeConfig",
+    "UnifiedDataset",
+    "cache_file_path",
+    "check_dataset",
+    "check_repeat",
+    "decode_state",
+    "encode_state",
+    "is_cached",
+    "list_cache_files",
+    "load_cache_sample",
+    "make_cache_info",
+    "operator_for",
+    "read_cache_info",
+    "read_metadata",
+    "resize_and_crop",
+    "save_cache_sample",
+    "write_cache_info",
+]

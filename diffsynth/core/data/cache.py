@@ -1,0 +1,252 @@
+"""The stage-1 cache of split training: one safetensors file per sample, and the dataset that reads them back.
+
+Stage 1 (``--task sft:data_process``) runs the units that need no trainable model and saves each sample's state to
+``<output_path>/<process_index>/<sample_index>.safetensors``. Each file holds the state's tensors under their paths
+and, in its metadata, the tagged JSON structure (``cache_codec``) and the cache info: what made the cache (format
+version, model files, units, keys). The same info sits in ``<output_path>/cache_info.json``; stage 2
+(``--task sft:train``) compares it with what it expects, so a cache made for another model or another unit split fails
+at start-up instead of training on wrong inputs.
+
+Files are written atomically, so a killed stage 1 leaves only complete files: its rerun skips every sample for which
+``is_cached`` is true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+from torch.utils.data import Dataset
+
+from ..files import atomic_save_safetensors, atomic_write_json
+from .cache_codec import decode_state, encode_state
+from .dataset import check_repeat
+from .errors import CacheError, DataFileNotFoundError
+
+CACHE_FORMAT_VERSION = 1
+CACHE_INFO_FILE = "cache_info.json"
+_STRUCTURE_KEY = "diffsynth.cache.structure"
+_INFO_KEY = "diffsynth.cache.info"
+_VERSION_KEY = "diffsynth.cache.format_version"
+_RERUN = ("rerun `--task sft:data_process` for this model and these units into a fresh --output_path, or point "
+          "--dataset_base_path at the cache made for them")
+
+
+def make_cache_info(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The info that identifies a cache: ``fields`` as plain JSON, plus ``format_version``.
+
+    Args:
+        fields: What stage 1 was run with and stage 2 must match, e.g. ``{"model_files": [...], "units": [...],
+            "keys": [...]}``. Tuples become lists so the info compares equal after a JSON round trip.
+
+    Raises:
+        CacheError: A value is not JSON-serialisable.
+    """
+    try:
+        normalised = json.loads(json.dumps(dict(fields), sort_keys=True))
+    except (TypeError, ValueError) as error:
+        raise CacheError(f"cache info must be plain JSON (str, numbers, lists, dicts): {error}") from error
+    return {**normalised, "format_version": CACHE_FORMAT_VERSION}
+
+
+def cache_file_path(output_path: str | os.PathLike, process_index: int, sample_index: int) -> Path:
+    """``<output_path>/<process_index>/<sample_index>.safetensors``: one folder per process, so processes never race."""
+    for name, value in (("process_index", process_index), ("sample_index", sample_index)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CacheError(f"{name}={value!r} must be a non-negative integer")
+    return Path(output_path) / str(process_index) / f"{sample_index}.safetensors"
+
+
+def save_cache_sample(path: str | os.PathLike, state: Mapping[str, Any], info: Mapping[str, Any]) -> Path:
+    """Writes one sample's state atomically (tensors moved to the CPU first).
+
+    Args:
+        path: The file, usually from ``cache_file_path``.
+        state: ``{"shared": {...}, "posi": {...}, "nega": {...}}`` (see ``cache_codec``).
+        info: The cache info (``make_cache_info``); stored so that each file can be traced to the run that made it.
+
+    Raises:
+        CacheError: The state holds a value the cache cannot store; the message names its path.
+    """
+    tensors, structure = encode_state(state)
+    metadata = {
+        "format": "pt",
+        _VERSION_KEY: str(CACHE_FORMAT_VERSION),
+        _STRUCTURE_KEY: json.dumps(structure),
+        _INFO_KEY: json.dumps(make_cache_info(info), sort_keys=True),
+    }
+    return atomic_save_safetensors(tensors, path, metadata=metadata)
+
+
+def _corrupt(path: Path, error: BaseException) -> CacheError:
+    return CacheError(
+        f"cache file {path} is corrupt or not a diffsynth cache file ({type(error).__name__}: {error}); delete it and "
+        "rerun `--task sft:data_process` with the same --output_path, which redoes only the missing samples"
+    )
+
+
+def _checked_metadata(path: Path, handle: Any) -> dict[str, str]:
+    """The open file's metadata, checked to be a cache file of a format this version reads."""
+    metadata = handle.metadata() or {}
+    version = int(metadata[_VERSION_KEY])
+    if version > CACHE_FORMAT_VERSION:
+        raise CacheError(f"cache file {path} has format version {version}, newer than this diffsynth reads "
+                         f"({CACHE_FORMAT_VERSION}); upgrade diffsynth or rerun stage 1 with this version")
+    return metadata
+
+
+def is_cached(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a complete cache file (its header reads); a resumed stage 1 skips such samples.
+
+    Only the header is read, so checking every sample of a large cache is quick. Writes are atomic, so a readable
+    header means the whole file was written.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            _checked_metadata(path, handle)
+    except (SafetensorError, OSError, KeyError, ValueError):
+        return False
+    return True
+
+
+def load_cache_sample(path: str | os.PathLike, expected_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Reads one sample's state, tensors on the CPU.
+
+    Args:
+        path: A file written by ``save_cache_sample``.
+        expected_info: When given, the file's stored info must equal it (a file copied in from another cache fails).
+
+    Raises:
+        CacheError: The file is corrupt (the message says to delete it and rerun stage 1) or its info differs.
+    """
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = _checked_metadata(path, handle)
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        info = json.loads(metadata[_INFO_KEY])
+        state = decode_state(tensors, json.loads(metadata[_STRUCTURE_KEY]))
+    except CacheError:
+        raise
+    except (SafetensorError, OSError, KeyError, ValueError, TypeError) as error:
+        raise _corrupt(path, error) from error
+    if expected_info is not None and info != make_cache_info(expected_info):
+        difference = _describe_difference(info, expected_info)
+        raise CacheError(f"cache file {path} was made by another stage-1 run: {difference}; delete it and {_RERUN}")
+    return state
+
+
+def _describe_difference(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
+    expected = make_cache_info(expected)
+    missing = object()
+    parts = []
+    for field in sorted(set(stored) | set(expected)):
+        was, now = stored.get(field, missing), expected.get(field, missing)
+        if was != now:
+            was = "(absent)" if was is missing else _short(was)
+            now = "(absent)" if now is missing else _short(now)
+            parts.append(f"{field}: cache has {was}, this run expects {now}")
+    return "; ".join(parts)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def write_cache_info(output_path: str | os.PathLike, info: Mapping[str, Any]) -> Path:
+    """Writes ``<output_path>/cache_info.json`` at the start of stage 1; a resumed run must match the existing one.
+
+    Raises:
+        CacheError: The folder already holds a cache made with different info; resuming into it would mix samples of
+            two models.
+    """
+    path = Path(output_path) / CACHE_INFO_FILE
+    info = make_cache_info(info)
+    if path.is_file():
+        stored = read_cache_info(output_path)
+        if stored != info:
+            raise CacheError(
+                f"{output_path} already holds a stage-1 cache made with other settings "
+                f"({_describe_difference(stored, info)}); choose a fresh --output_path or delete that folder"
+            )
+        return path
+    return atomic_write_json(path, info)
+
+
+def read_cache_info(folder: str | os.PathLike) -> dict[str, Any]:
+    """The info in ``<folder>/cache_info.json``.
+
+    Raises:
+        CacheError: The file is missing or is not JSON.
+    """
+    path = Path(folder) / CACHE_INFO_FILE
+    if not path.is_file():
+        raise CacheError(f"{folder} has no {CACHE_INFO_FILE}, so it is not a stage-1 cache; run "
+                         f"`--task sft:data_process` with --output_path {folder}, or point --dataset_base_path at the "
+                         "--output_path of the stage-1 run")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CacheError(f"{path} is not valid JSON ({error}); delete the cache folder and rerun stage 1") from error
+
+
+def list_cache_files(folder: str | os.PathLike) -> list[Path]:
+    """The cache files under ``folder``, ordered by (sample index, process index) as numbers, not as text.
+
+    Stage 1 names each file by the sample's index in the whole dataset, so this order is the dataset's order however
+    many processes wrote the cache, and stage 2 sees the samples one-stage training would.
+    """
+    found = []
+    for path in Path(folder).glob("*/[0-9]*.safetensors"):
+        if path.parent.name.isdigit() and path.stem.isdigit():
+            found.append((int(path.stem), int(path.parent.name), path))
+    return [path for _, _, path in sorted(found)]
+
+
+class CacheDataset(Dataset):
+    """The samples of a stage-1 cache, read lazily for stage 2.
+
+    Args:
+        folder: The stage-1 ``--output_path`` (given to stage 2 as ``--dataset_base_path``).
+        expected_info: What this run needs the cache to have been made with (``make_cache_info`` fields); None
+            accepts any cache.
+        repeat: How many times each sample appears per epoch (``--dataset_repeat``).
+
+    Raises:
+        DataFileNotFoundError: ``folder`` does not exist.
+        CacheError: No ``cache_info.json``, no cache files, or the stored info differs from ``expected_info``.
+    """
+
+    def __init__(self, folder: str | os.PathLike, expected_info: Mapping[str, Any] | None = None,
+                 repeat: int = 1) -> None:
+        check_repeat(repeat)
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise DataFileNotFoundError(f"--dataset_base_path {folder} is not a folder; for --task sft:train point it "
+                                        "at the --output_path of the `--task sft:data_process` run")
+        self.info = read_cache_info(self.folder)
+        if expected_info is not None and self.info != make_cache_info(expected_info):
+            raise CacheError(f"the cache in {folder} does not fit this run: "
+                             f"{_describe_difference(self.info, expected_info)}; {_RERUN}")
+        self.files = list_cache_files(self.folder)
+        if not self.files:
+            raise CacheError(f"{folder} has no cache files (<process>/<sample>.safetensors); stage 1 has not finished "
+                             f"a sample there: run `--task sft:data_process` with --output_path {folder}")
+        self.repeat = repeat
+
+    def __len__(self) -> int:
+        return len(self.files) * self.repeat
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """The state ``{"shared", "posi", "nega"}`` of file ``index % files``, tensors on the CPU."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for a cache of {len(self)} samples")
+        return load_cache_sample(self.files[index % len(self.files)], expected_info=self.info)

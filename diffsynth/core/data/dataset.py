@@ -1,0 +1,254 @@
+"""``UnifiedDataset``: the rows of a metadata file, with their data-file columns loaded by the file operators.
+
+A metadata file (``.csv``, ``.json`` holding a list of objects, or ``.jsonl`` with one object a line) has one row per
+sample. Columns named in ``data_file_keys`` hold a path relative to ``--dataset_base_path`` (or a list of paths); they
+are replaced by the loaded file when a sample is read. Every other column passes through unchanged (CSV cells are
+strings).
+
+Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
+columns and cells, and the header of every data file. A typo in row 9,000 therefore fails in seconds, not after an
+hour of training; decoding waits for ``__getitem__`` so that construction stays cheap in every dataloader worker.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from .errors import DataFileNotFoundError, DatasetError
+from .operators import DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, ResizeConfig, operator_for
+
+METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")
+DEFAULT_DATA_FILE_KEYS = ("image", "video")
+DEFAULT_REQUIRED_COLUMNS = ("prompt",)
+
+
+def read_metadata(metadata_path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """Reads the rows of a ``.csv``, ``.json`` or ``.jsonl`` metadata file.
+
+    Args:
+        metadata_path: The file (``--dataset_metadata_path``).
+
+    Returns:
+        The rows, and the column names in the order first seen (for CSV, the header).
+
+    Raises:
+        DataFileNotFoundError: The file does not exist.
+        DatasetError: Unsupported extension, undecodable text, malformed JSON or CSV.
+    """
+    path = Path(metadata_path)
+    extension = path.suffix.lower()
+    if extension not in METADATA_EXTENSIONS:
+        raise DatasetError(
+            f"--dataset_metadata_path {path} has extension {extension or '(none)'!r}; use a .csv file, a .json list "
+            "of objects, or a .jsonl file with one object per line"
+        )
+    if not path.is_file():
+        raise DataFileNotFoundError(f"--dataset_metadata_path {path} does not exist; check the path")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets often prepend a byte-order mark
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"metadata {path} is not UTF-8 text ({error}); re-save it as UTF-8") from error
+    if extension == ".csv":
+        rows, columns = _read_csv(path, text)
+    else:
+        rows = _read_json(path, text) if extension == ".json" else _read_jsonl(path, text)
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    return rows, columns
+
+
+def _read_csv(path: Path, text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    # Spaces after the commas of a hand-written header would otherwise become part of the column names.
+    columns = [name.strip() for name in reader.fieldnames or []]
+    reader.fieldnames = columns
+    rows = []
+    for number, row in enumerate(reader, start=1):
+        if None in row:
+            raise DatasetError(
+                f"metadata {path} row {number} has more cells than the header ({', '.join(columns)}); quote cells "
+                'that contain commas ("a cat, sitting") or add the missing column to the header'
+            )
+        rows.append(row)
+    return rows, columns
+
+
+def _read_json(path: Path, text: str) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DatasetError(f"metadata {path} is not valid JSON ({error}); fix the file") from error
+    if not isinstance(rows, list):
+        raise DatasetError(
+            f"metadata {path} holds a JSON {type(rows).__name__}; it must be a list of objects such as "
+            '[{"image": "1.jpg", "prompt": "a cat"}]'
+        )
+    for number, row in enumerate(rows, start=1):
+        _check_object(path, number, row)
+    return rows
+
+
+def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
+    rows = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            message = f"metadata {path} line {line_number} is not valid JSON ({error}); fix that line"
+            raise DatasetError(message) from error
+        rows.append(_check_object(path, len(rows) + 1, row))
+    return rows
+
+
+def _check_object(path: Path, number: int, row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DatasetError(
+            f"metadata {path} row {number} is a JSON {type(row).__name__}; every row must be an object such as "
+            '{"image": "1.jpg", "prompt": "a cat"}'
+        )
+    return row
+
+
+def check_repeat(repeat: int) -> None:
+    """Rejects a ``--dataset_repeat`` that is not an integer of at least 1."""
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise DatasetError(f"--dataset_repeat {repeat!r} must be an integer of at least 1 (1 reads each sample once)")
+
+
+def _is_blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike,
+                  data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
+                  required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
+                  resize: ResizeConfig | None = None) -> list[dict[str, Any]]:
+    """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
+
+    Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
+    pixel data is truncated still passes and fails later, when it is decoded.
+
+    Args:
+        base_path: The folder data-file paths are relative to (``--dataset_base_path``).
+        metadata_path: The metadata file (``--dataset_metadata_path``).
+        data_file_keys: Columns holding data-file paths (``--data_file_keys``).
+        required_columns: Columns every row must fill.
+        resize: The sizing rule; each image must give a non-empty target size under it. Default ``ResizeConfig()``.
+
+    Returns:
+        The metadata rows.
+
+    Raises:
+        DataFileNotFoundError: The base folder, the metadata file or a data file is missing.
+        DatasetError: Any other problem; the message names the file, the row, the column and the fix.
+    """
+    resize = resize or ResizeConfig()
+    base = Path(base_path)
+    if not base.is_dir():
+        raise DataFileNotFoundError(f"--dataset_base_path {base} is not a folder; point it at the dataset's folder")
+    rows, columns = read_metadata(metadata_path)
+    if not rows:
+        raise DatasetError(f"metadata {metadata_path} has no rows; add one row per training sample")
+    missing = [column for column in required_columns if column not in columns]
+    if missing:
+        raise DatasetError(
+            f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
+            f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it"
+        )
+    for number, row in enumerate(rows, start=1):
+        where = f"metadata {metadata_path} row {number}"
+        for column in required_columns:
+            if _is_blank(row.get(column)):
+                raise DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
+        for key in data_file_keys:
+            if key in row:
+                for relative in _file_list(row[key], where, key):
+                    _check_file(base / relative, where, key, resize)
+    return rows
+
+
+def _file_list(value: Any, where: str, key: str) -> list[str]:
+    """A data-file cell as a list of paths; a cell holds one path or (JSON only) a list of them."""
+    values = value if isinstance(value, list) else [value]
+    if not values or any(_is_blank(item) or not isinstance(item, str) for item in values):
+        raise DatasetError(
+            f"{where} column {key!r} holds {value!r}; it must be a file path relative to --dataset_base_path (or a "
+            f"list of them). Fill it in, remove the row, or leave {key!r} out of --data_file_keys"
+        )
+    return values
+
+
+def _check_file(path: Path, where: str, key: str, resize: ResizeConfig) -> None:
+    try:
+        operator = operator_for(path, key)
+        if not path.is_file():
+            raise DataFileNotFoundError(
+                f"{path} does not exist; fix the path (relative to --dataset_base_path) or remove the row"
+            )
+        operator.check(path, resize)
+    except (DatasetError, DataFileNotFoundError) as error:
+        raise type(error)(f"{where} column {key!r}: {error}") from error
+
+
+class UnifiedDataset(Dataset):
+    """Samples from a metadata file; data-file columns are decoded lazily, other columns pass through.
+
+    Args:
+        base_path: The folder data-file paths are relative to (``--dataset_base_path``).
+        metadata_path: The metadata file (``--dataset_metadata_path``): ``.csv``, ``.json`` or ``.jsonl``.
+        repeat: How many times each row appears per epoch (``--dataset_repeat``); saves the per-epoch overhead on
+            small datasets.
+        data_file_keys: Columns holding data-file paths (``--data_file_keys``); absent ones are ignored.
+        height: Fixed image height (``--height``), with ``width``; otherwise sizes follow ``max_pixels``.
+        width: Fixed image width (``--width``).
+        max_pixels: Pixel budget for images without a fixed size (``--max_pixels``).
+        required_columns: Columns every row must fill.
+        division_factor: Every image side is a multiple of this.
+
+    Raises:
+        DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1.
+    """
+
+    def __init__(self, base_path: str | os.PathLike, metadata_path: str | os.PathLike, repeat: int = 1,
+                 data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS, height: int | None = None,
+                 width: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
+                 division_factor: int = DEFAULT_DIVISION_FACTOR) -> None:
+        check_repeat(repeat)
+        if isinstance(data_file_keys, str) or isinstance(required_columns, str):
+            raise DatasetError("data_file_keys and required_columns take a list of column names, not one string")
+        self.resize = ResizeConfig(height=height, width=width, max_pixels=max_pixels, division_factor=division_factor)
+        self.base_path = Path(base_path)
+        self.metadata_path = Path(metadata_path)
+        self.repeat = repeat
+        self.data_file_keys = tuple(data_file_keys)
+        self.rows = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
+                                  self.resize)
+
+    def __len__(self) -> int:
+        return len(self.rows) * self.repeat
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Row ``index % rows`` with its data files decoded (PIL images, or lists of them)."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
+        sample = dict(self.rows[index % len(self.rows)])
+        for key in self.data_file_keys:
+            if key in sample:
+                value = sample[key]
+                loaded = [self._load(relative, key) for relative in (value if isinstance(value, list) else [value])]
+                sample[key] = loaded if isinstance(value, list) else loaded[0]
+        return sample
+
+    def _load(self, relative: str, key: str) -> Any:
+        path = self.base_path / relative
+        return operator_for(path, key).load(path, self.resize)

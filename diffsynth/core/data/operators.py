@@ -1,0 +1,194 @@
+"""File operators: turn one data file named by a metadata row into what a pipeline consumes.
+
+Images are opened with PIL, converted to RGB and brought to a size the VAE accepts, either a fixed
+``--height`` x ``--width`` or, when those are not given, their own aspect ratio capped at ``--max_pixels`` with
+each side rounded down to a multiple of 16. Resizing always scales to cover the target and then centre-crops, so the
+aspect ratio is never distorted; at most a thin border is lost.
+
+Operators are looked up by file extension in ``FILE_OPERATORS``. Video support (Wan) registers its extensions there
+too; until then a video file fails at dataset construction with the list of supported extensions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageOps
+
+from .errors import DatasetError
+
+DEFAULT_MAX_PIXELS = 1024 * 1024
+DEFAULT_DIVISION_FACTOR = 16
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ResizeConfig:
+    """How images are sized, validated at construction.
+
+    Attributes:
+        height: Fixed output height (``--height``). Give it together with ``width`` or not at all.
+        width: Fixed output width (``--width``).
+        max_pixels: Without a fixed size, images larger than this many pixels are scaled down to it
+            (``--max_pixels``). Bigger images cost quadratically more attention memory in the DiT.
+        division_factor: Every output side is a multiple of this (16: VAE downsampling 8 x patch size 2).
+    """
+
+    height: int | None = None
+    width: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    division_factor: int = DEFAULT_DIVISION_FACTOR
+
+    def __post_init__(self) -> None:
+        if not _is_positive_int(self.division_factor):
+            raise DatasetError(f"division_factor={self.division_factor!r} must be a positive integer (default 16)")
+        factor = self.division_factor
+        for flag, value in (("--height", self.height), ("--width", self.width)):
+            if value is None:
+                continue
+            if not _is_positive_int(value) or value % factor:
+                suggestion = max(factor, round(value / factor) * factor) if _is_positive_int(value) else factor * 64
+                raise DatasetError(
+                    f"{flag} {value!r} must be a positive multiple of {factor} (the VAE and patch size need it); "
+                    f"try {flag} {suggestion}"
+                )
+        if (self.height is None) != (self.width is None):
+            given, missing = ("--height", "--width") if self.width is None else ("--width", "--height")
+            raise DatasetError(
+                f"{given} was given without {missing}; pass both for a fixed size, or neither to keep each image's "
+                "aspect ratio under --max_pixels"
+            )
+        if not _is_positive_int(self.max_pixels) or self.max_pixels < factor * factor:
+            raise DatasetError(
+                f"--max_pixels {self.max_pixels!r} must be an integer of at least {factor * factor} "
+                f"({factor}x{factor}); the default is {DEFAULT_MAX_PIXELS} (1024x1024)"
+            )
+
+    @property
+    def fixed(self) -> bool:
+        """True when every image is brought to ``width`` x ``height``."""
+        return self.height is not None
+
+    def target_size(self, width: int, height: int, source: str | os.PathLike) -> tuple[int, int]:
+        """The ``(width, height)`` an image of the given size is brought to.
+
+        Args:
+            width: The image's width in pixels.
+            height: The image's height in pixels.
+            source: The image's file, named in the error.
+
+        Raises:
+            DatasetError: Without a fixed size, a side would round down to 0 (a very thin image).
+        """
+        if self.fixed:
+            return self.width, self.height
+        scale = min(1.0, math.sqrt(self.max_pixels / (width * height)))
+        factor = self.division_factor
+        scaled = (int(width * scale), int(height * scale))
+        target = (scaled[0] // factor * factor, scaled[1] // factor * factor)
+        if 0 in target:
+            raise DatasetError(
+                f"image {source} is {width}x{height} pixels; fitted under --max_pixels {self.max_pixels} it is "
+                f"{scaled[0]}x{scaled[1]}, and a side under {factor} pixels rounds down to 0. Crop it to a less "
+                "extreme aspect ratio, remove its row from the metadata, or pass --height and --width to bring every "
+                "image to a fixed size"
+            )
+        return target
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def resize_and_crop(image: Image.Image, width: int, height: int) -> Image.Image:
+    """Scales ``image`` to cover ``width`` x ``height`` keeping its aspect ratio, then centre-crops to exactly that.
+
+    Args:
+        image: Any PIL image.
+        width: Output width in pixels.
+        height: Output height in pixels.
+
+    Returns:
+        A new image of size ``(width, height)``, or ``image`` itself when it already has that size.
+    """
+    if image.size == (width, height):
+        return image
+    scale = max(width / image.width, height / image.height)
+    # Rounding, not ceil: the side that sets the scale is then exactly its target even when the float product lands
+    # a hair above it, and max() keeps the other side from rounding below its target.
+    scaled = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+    image = image.resize(scaled, Image.Resampling.BICUBIC)
+    left, top = (scaled[0] - width) // 2, (scaled[1] - height) // 2
+    return image.crop((left, top, left + width, top + height))
+
+
+def check_image(path: Path, resize: ResizeConfig) -> None:
+    """Reads only the header of ``path``: PIL must identify it and its size must give a non-empty target."""
+    try:
+        with Image.open(path) as image:
+            size = image.size
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise DatasetError(
+            f"{path} is not an image PIL can read ({error}); replace the file or remove its row from the metadata"
+        ) from error
+    resize.target_size(*size, source=path)
+
+
+def load_image(path: Path, resize: ResizeConfig) -> Image.Image:
+    """Decodes ``path`` as RGB, upright per its EXIF orientation, resized and cropped as ``resize`` says."""
+    try:
+        with Image.open(path) as opened:
+            # Phones store photos sideways with an orientation tag; captions describe the upright picture.
+            image = ImageOps.exif_transpose(opened).convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise DatasetError(
+            f"could not decode image {path} ({error}); the file may be truncated: replace it or remove its row"
+        ) from error
+    return resize_and_crop(image, *resize.target_size(*image.size, source=path))
+
+
+@dataclass(frozen=True)
+class FileOperator:
+    """The two things the dataset does with a data file of one kind.
+
+    Attributes:
+        kind: What the file holds, for messages (``"image"``).
+        check: Fails fast on a file that cannot be loaded, reading as little of it as possible.
+        load: Returns the decoded, resized content.
+    """
+
+    kind: str
+    check: Callable[[Path, ResizeConfig], None]
+    load: Callable[[Path, ResizeConfig], Any]
+
+
+IMAGE_OPERATOR = FileOperator(kind="image", check=check_image, load=load_image)
+
+# Extension (lower case, with the dot) -> operator. Later file kinds (video for Wan) add their extensions here.
+FILE_OPERATORS: dict[str, FileOperator] = {extension: IMAGE_OPERATOR for extension in IMAGE_EXTENSIONS}
+
+
+def operator_for(path: str | os.PathLike, key: str) -> FileOperator:
+    """The operator for ``path`` by its extension.
+
+    Args:
+        path: A data file.
+        key: The metadata column that named it, for the error message.
+
+    Raises:
+        DatasetError: No operator handles the extension.
+    """
+    extension = Path(path).suffix.lower()
+    operator = FILE_OPERATORS.get(extension)
+    if operator is None:
+        supported = ", ".join(sorted(FILE_OPERATORS))
+        raise DatasetError(
+            f"{path} (column {key!r}) has extension {extension or '(none)'!r}, which no file operator loads; "
+            f"supported extensions: {supported}. Convert the file or remove {key!r} from data_file_keys"
+        )
+    return operator

@@ -1,0 +1,118 @@
+"""Training losses over a pipeline's state: flow-matching SFT and direct distillation.
+
+A loss receives the three state dicts after the training stage's units have run and returns a scalar. Randomness
+(timesteps, noise) comes only from the ``generator`` the runner passes, seeded per optimizer step and process, so a
+run draws the same values whether it computes the state itself or reads it from a stage-1 cache, and a resumed run
+draws what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .base_pipeline import BasePipeline, StateKey
+
+
+def _model_inputs(inputs_shared: dict, inputs_posi: dict, **overrides: Any) -> dict:
+    return {**inputs_shared, **inputs_posi, **overrides}
+
+
+def _noise_like(latents: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Noise drawn on the generator's device (the CPU by default, the same on every machine), moved to the latents."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    noise = torch.randn(latents.shape, generator=generator, device=device, dtype=torch.float32)
+    return noise.to(latents.device, latents.dtype)
+
+
+def _input_latents(inputs_shared: dict) -> torch.Tensor:
+    latents = inputs_shared.get("input_latents")
+    if latents is None:
+        raise ValueError("the training state holds no 'input_latents': each sample needs an image (or video) to "
+                         "learn from; check the dataset's file columns and --data_file_keys")
+    return latents
+
+
+@dataclasses.dataclass
+class FlowMatchSFTLoss:
+    """Flow-matching velocity regression, weighted over timesteps like the reference trainer.
+
+    Each call draws one timestep from the scheduler's training grid between the boundaries and fresh noise, noises
+    ``input_latents`` to it, and regresses ``model_fn``'s prediction on the velocity ``noise - input_latents``.
+
+    Args:
+        min_timestep_boundary: Lower end of the drawn part of the training grid, as a fraction (0: noisiest end).
+        max_timestep_boundary: Upper end, as a fraction.
+    """
+
+    min_timestep_boundary: float = 0.0
+    max_timestep_boundary: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_timestep_boundary < self.max_timestep_boundary <= 1.0:
+            raise ValueError(f"min_timestep_boundary={self.min_timestep_boundary}, max_timestep_boundary="
+                             f"{self.max_timestep_boundary}: need 0 <= min < max <= 1")
+
+    @staticmethod
+    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
+        """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""
+        return (("shared", "input_latents"), *model_fn_keys(pipe))
+
+    def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """The weighted loss of one sample; ``inputs_nega`` is unused (training runs without CFG)."""
+        input_latents = _input_latents(inputs_shared)
+        timestep = pipe.scheduler.sample_training_timestep(generator, self.min_timestep_boundary,
+                                                           self.max_timestep_boundary)
+        noise = _noise_like(input_latents, generator)
+        timestep = timestep.to(input_latents.device)
+        noisy = pipe.scheduler.add_noise(input_latents, noise, timestep)
+        target = pipe.scheduler.training_target(input_latents, noise, timestep)
+        prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=noisy, timestep=timestep))
+        loss = torch.nn.functional.mse_loss(prediction.float(), target.float())
+        return loss * pipe.scheduler.training_weight(timestep).to(loss.device).reshape(())
+
+
+@dataclasses.dataclass
+class DirectDistillLoss:
+    """Trains a few-step sampler: run the whole short denoising loop with gradients, match the clean latents.
+
+    Memory grows with the number of steps, since every step's activations are kept for backward; use gradient
+    checkpointing for more than a handful.
+
+    Args:
+        num_inference_steps: Steps of the distilled sampler.
+    """
+
+    num_inference_steps: int = 8
+
+    def __post_init__(self) -> None:
+        if self.num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps={self.num_inference_steps} must be at least 1")
+
+    @staticmethod
+    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
+        """See ``FlowMatchSFTLoss.required_keys``; the sample size comes from ``input_latents``."""
+        return (("shared", "input_latents"), *model_fn_keys(pipe))
+
+    def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        input_latents = _input_latents(inputs_shared)
+        pipe.set_inference_timesteps(self.num_inference_steps, latent_shape=tuple(input_latents.shape))
+        latents = _noise_like(input_latents, generator)
+        for timestep in pipe.scheduler.timesteps:
+            timestep = timestep.to(latents.device)
+            prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=latents,
+                                                       timestep=timestep))
+            latents = pipe.scheduler.step(prediction, timestep, latents)
+        return torch.nn.functional.mse_loss(latents.float(), input_latents.float())
+
+
+def model_fn_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
+    """The keys ``pipe.model_fn`` reads, in the shared and the positive scope (the merged state holds both)."""
+    return tuple((scope, name) for name in pipe.model_fn_params for scope in ("shared", "posi"))
+
+
+LOSSES = {"sft": FlowMatchSFTLoss, "direct_distill": DirectDistillLoss}

@@ -1,0 +1,407 @@
+"""The trainer's command line: one argparse group per concern, cross-flag checks, and a Markdown flag table.
+
+Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged. Flags
+beyond the reference (seeding, schedulers, clipping, mixed precision, resuming, a step budget) default to doing
+nothing, so a reference command trains exactly as it did there.
+
+Only checks that need nothing but the flags live here. Whether model files exist, and whether a LoRA target matches
+a module, is the loader's and the training module's business: they know the files and the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("sft", "sft:data_process", "sft:train", "direct_distill", "direct_distill:data_process",
+         "direct_distill:train")
+LR_SCHEDULERS = ("constant", "linear", "cosine", "constant_with_warmup")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+TORCH_DTYPES = ("bfloat16", "float16", "float32")
+# VAE downsampling (8) times the transformer's 2x2 patching, for both Qwen-Image and Wan.
+SIZE_MULTIPLE = 16
+MIN_PIXELS = 256
+
+
+class FlagError(ValueError):
+    """One or more flags conflict; ``problems`` holds one message per conflict, each naming flag, value and fix."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def split_csv(value: str | None) -> list[str]:
+    """Splits a comma list such as ``"q, k,,v"`` into ``["q", "k", "v"]``; None or blanks give ``[]``."""
+    if not value:
+        return []
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def task_stage(task: str) -> tuple[str, str | None]:
+    """Splits a ``--task`` value into its family and split-training stage.
+
+    Args:
+        task: One of :data:`TASKS`, e.g. ``"sft:train"``.
+
+    Returns:
+        ``(family, stage)``: ``("sft", "train")``, or ``("sft", None)`` for an unsplit run.
+
+    Raises:
+        ValueError: ``task`` is not one of :data:`TASKS`.
+    """
+    if task not in TASKS:
+        raise ValueError(f"--task {task!r} is not a known task; choose one of {', '.join(TASKS)}")
+    family, _, stage = task.partition(":")
+    return family, stage or None
+
+
+def add_dataset_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the dataset flags: where the samples are, how often they repeat, how many loader workers read them."""
+    group = parser.add_argument_group("Dataset")
+    group.add_argument("--dataset_base_path", type=str, default="",
+                       help="Folder the metadata's file paths are relative to; for a *:train task, the stage-1 "
+                            "cache folder (the --output_path of the *:data_process run).")
+    group.add_argument("--dataset_metadata_path", type=str, default=None,
+                       help="Metadata file (.csv, .json or .jsonl) listing the samples and their prompts.")
+    group.add_argument("--dataset_repeat", type=int, default=1,
+                       help="Times each epoch walks the dataset; use 1 for a *:data_process run.")
+    group.add_argument("--dataset_num_workers", type=int, default=0,
+                       help="DataLoader worker processes; 0 reads in the training process.")
+    group.add_argument("--data_file_keys", type=str, default="image,video",
+                       help="Comma list of metadata columns that hold file paths to load.")
+    return parser
+
+
+def _add_size_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--height", type=int, default=None,
+                       help="Fixed sample height in pixels (a multiple of 16); unset resizes each sample to fit "
+                            "--max_pixels, keeping its aspect ratio.")
+    group.add_argument("--width", type=int, default=None,
+                       help="Fixed sample width in pixels (a multiple of 16); give it together with --height.")
+    group.add_argument("--max_pixels", type=int, default=1024 * 1024,
+                       help="Pixel budget per frame when --height/--width are unset; larger samples are scaled down.")
+
+
+def add_image_size_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the image size flags: a fixed height and width, or a pixel budget."""
+    _add_size_flags(parser.add_argument_group("Image size"))
+    return parser
+
+
+def add_video_size_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the video size flags: the image size flags plus the frame count."""
+    group = parser.add_argument_group("Video size")
+    _add_size_flags(group)
+    group.add_argument("--num_frames", type=int, default=81,
+                       help="Frames per video sample; 4k+1 (e.g. 49, 81), as the video VAE compresses time by 4.")
+    return parser
+
+
+def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags that name the model files and where they are built."""
+    group = parser.add_argument_group("Model")
+    group.add_argument("--model_paths", type=str, default=None,
+                       help='JSON list of local model files, an entry per model; a list entry holds the shards of '
+                            'one model, e.g. \'["vae.safetensors", ["dit-1.safetensors", "dit-2.safetensors"]]\'.')
+    group.add_argument("--model_id_with_origin_paths", type=str, default=None,
+                       help="Comma list of model_id:file_pattern entries, resolved under DIFFSYNTH_MODEL_BASE_PATH "
+                            "and downloaded only when missing.")
+    group.add_argument("--tokenizer_path", type=str, default=None,
+                       help="Tokenizer folder; unset takes it from the model repository.")
+    group.add_argument("--extra_inputs", type=str, default=None,
+                       help="Comma list of extra metadata columns passed to the pipeline (e.g. edit_image).")
+    group.add_argument("--offload_models", type=str, default=None,
+                       help="Models (same format as --model_id_with_origin_paths) that this stage never runs; they "
+                            "stay on the CPU, as in split training.")
+    group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
+                       help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
+    group.add_argument("--initialize_model_on_cpu", action="store_true",
+                       help="Build the models on the CPU and move them later; slower start, lower peak VRAM.")
+    return parser
+
+
+def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the optimisation flags: task, learning rate and schedule, epochs, accumulation, precision, resuming."""
+    group = parser.add_argument_group("Training")
+    group.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate of AdamW.")
+    group.add_argument("--num_epochs", type=int, default=1, help="Epochs to train.")
+    group.add_argument("--trainable_models", type=str, default=None,
+                       help="Comma list of pipeline models trained in full (e.g. dit); unset trains only the LoRA.")
+    group.add_argument("--find_unused_parameters", action="store_true",
+                       help="Let DDP tolerate parameters that get no gradient; costs a graph walk per step.")
+    group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay.")
+    group.add_argument("--task", type=str, default="sft", choices=TASKS,
+                       help="Training task; a :data_process / :train suffix runs one stage of split training.")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1,
+                       help="Batches per optimizer step; more steps give a larger effective batch at no VRAM cost.")
+    group.add_argument("--seed", type=int, default=None,
+                       help="Seed of the random number generators; unset leaves them unseeded, as the reference "
+                            "trainer does. Set it for a reproducible run.")
+    group.add_argument("--lr_scheduler", type=str, default="constant", choices=LR_SCHEDULERS,
+                       help="Learning-rate schedule over the optimizer steps.")
+    group.add_argument("--lr_warmup_steps", type=int, default=0,
+                       help="Optimizer steps of linear warm-up; needs a schedule other than constant.")
+    group.add_argument("--max_grad_norm", type=float, default=None,
+                       help="Clip the gradient norm to this value; unset clips nothing, as the reference trainer.")
+    group.add_argument("--mixed_precision", type=str, default="no", choices=MIXED_PRECISIONS,
+                       help="Mixed precision passed to accelerate's Accelerator; no trains in the weights' dtype.")
+    group.add_argument("--resume_from_checkpoint", type=str, default=None,
+                       help='Training-state folder to resume from, or "latest" for the newest one in --output_path.')
+    group.add_argument("--max_train_steps", type=int, default=None,
+                       help="Stop after this many optimizer steps, even within an epoch; unset runs all epochs.")
+    return parser
+
+
+def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags that say where checkpoints go, how they are named and how often they are written."""
+    group = parser.add_argument_group("Output")
+    group.add_argument("--output_path", type=str, default="./models",
+                       help="Folder for checkpoints, LoRA files, logs and training_args.json.")
+    group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
+                       help="Prefix removed from the weight names saved, so files load into the bare model.")
+    group.add_argument("--save_steps", type=int, default=None,
+                       help="Also save every N optimizer steps; unset saves at the end of each epoch only.")
+    return parser
+
+
+def add_lora_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the LoRA flags: which model and layers get adapters, their rank and scale, a LoRA to start from."""
+    group = parser.add_argument_group("LoRA")
+    group.add_argument("--lora_base_model", type=str, default=None,
+                       help="Pipeline model that gets the LoRA (e.g. dit); unset trains no LoRA.")
+    group.add_argument("--lora_target_modules", type=str, default="q,k,v,o,ffn.0,ffn.2",
+                       help="Comma list of layer names (suffixes) in --lora_base_model that get adapters. The default is "
+                            "the reference's; diffusers models name their layers e.g. to_q,to_k,to_v,to_out.0.")
+    group.add_argument("--lora_rank", type=int, default=32,
+                       help="LoRA rank; higher learns more, with more trainable weights and optimizer memory.")
+    group.add_argument("--lora_alpha", type=float, default=None,
+                       help="LoRA scale numerator (the update is scaled by alpha / rank); unset equals the rank.")
+    group.add_argument("--lora_checkpoint", type=str, default=None,
+                       help="LoRA .safetensors file whose weights start the training.")
+    return parser
+
+
+def add_gradient_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the activation-memory flags: gradient checkpointing, optionally with its activations on the CPU."""
+    group = parser.add_argument_group("Gradient checkpointing")
+    group.add_argument("--use_gradient_checkpointing", action="store_true",
+                       help="Recompute activations in the backward pass: much less VRAM, about a third slower.")
+    group.add_argument("--use_gradient_checkpointing_offload", action="store_true",
+                       help="Also keep the checkpointed activations in CPU memory; implies "
+                            "--use_gradient_checkpointing. Least VRAM, slower still.")
+    return parser
+
+
+def add_offload_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the offload-training flags: weights streamed from CPU memory layer by layer."""
+    group = parser.add_argument_group("Offload training")
+    group.add_argument("--enable_model_cpu_offload", action="store_true",
+                       help="Keep the weights on the CPU and move each layer to the GPU only while it runs; "
+                            "2-10x slower, weight VRAM of one layer.")
+    group.add_argument("--enable_optimizer_cpu_offload", action="store_true",
+                       help="With --enable_model_cpu_offload, also keep trainable weights, gradients and optimizer "
+                            "state on the CPU; for full fine-tunes that do not fit otherwise.")
+    group.add_argument("--cpu_offload_split_threshold", type=float, default=None,
+                       help="Experimental (MB): modules larger than this are offloaded piece by piece rather than "
+                            "as a whole; unset offloads leaf layers.")
+    return parser
+
+
+def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the metric-logging flags: CSV, TensorBoard and Weights & Biases."""
+    group = parser.add_argument_group("Logging")
+    group.add_argument("--enable_tensorboard_log", action="store_true",
+                       help="Write TensorBoard events under <output_path>/logs (needs: pip install tensorboard).")
+    group.add_argument("--enable_csv_log", action="store_true",
+                       help="Append step, loss and learning rate to <output_path>/logs/metrics.csv.")
+    group.add_argument("--enable_wandb_log", action="store_true",
+                       help="Log metrics to Weights & Biases (needs: pip install wandb).")
+    group.add_argument("--wandb_project", type=str, default="diffsynth", help="Weights & Biases project name.")
+    return parser
+
+
+def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model.",
+                 video: bool = False) -> argparse.ArgumentParser:
+    """Builds the full trainer parser; ``video`` swaps the image size group for the video one (adds --num_frames)."""
+    parser = argparse.ArgumentParser(description=description)
+    add_dataset_config(parser)
+    (add_video_size_config if video else add_image_size_config)(parser)
+    for add in (add_model_config, add_training_config, add_output_config, add_lora_config, add_gradient_config,
+                add_offload_training_config, add_logging_config):
+        add(parser)
+    return parser
+
+
+# (flag, bound, whether the bound itself is allowed, an example fix); unset optional flags are not checked.
+_LOWER_BOUNDS = (
+    ("learning_rate", 0, False, "--learning_rate 1e-4"),
+    ("num_epochs", 1, True, "--num_epochs 1"),
+    ("dataset_repeat", 1, True, "--dataset_repeat 1"),
+    ("dataset_num_workers", 0, True, "--dataset_num_workers 0"),
+    ("gradient_accumulation_steps", 1, True, "--gradient_accumulation_steps 1"),
+    ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
+    ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
+    ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
+    ("max_grad_norm", 0, False, "--max_grad_norm 1.0, or drop it to clip nothing"),
+    ("weight_decay", 0, True, "--weight_decay 0.01"),
+    ("lora_rank", 1, True, "--lora_rank 32"),
+    ("lora_alpha", 0, False, "--lora_alpha 32, or drop it to use the rank"),
+    ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
+)
+
+
+def _bound_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    for name, bound, inclusive, example in _LOWER_BOUNDS:
+        value = getattr(args, name, None)
+        if value is None or value > bound or (inclusive and value == bound):
+            continue
+        relation = f"at least {bound}" if inclusive else f"greater than {bound}"
+        problems.append(f"--{name} {value} must be {relation}; pass e.g. {example}")
+    return problems
+
+
+def _offload_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.enable_optimizer_cpu_offload and not args.enable_model_cpu_offload:
+        problems.append("--enable_optimizer_cpu_offload only works together with --enable_model_cpu_offload; "
+                        "add --enable_model_cpu_offload, or drop --enable_optimizer_cpu_offload")
+    threshold = args.cpu_offload_split_threshold
+    if threshold is not None and not args.enable_model_cpu_offload:
+        problems.append(f"--cpu_offload_split_threshold {threshold} has no effect without --enable_model_cpu_offload; "
+                        f"add --enable_model_cpu_offload, or drop --cpu_offload_split_threshold")
+    if threshold is not None and threshold <= 0:
+        problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
+                        f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
+    return problems
+
+
+def _size_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    height, width = args.height, args.width
+    if (height is None) != (width is None):
+        given, missing = ("--height", "--width") if width is None else ("--width", "--height")
+        problems.append(f"{given} {height if width is None else width} was given without {missing}; pass both for "
+                        f"a fixed size, or neither to size samples by --max_pixels")
+    for flag, value in (("--height", height), ("--width", width)):
+        if value is not None and (value <= 0 or value % SIZE_MULTIPLE):
+            nearest = max(SIZE_MULTIPLE, round(value / SIZE_MULTIPLE) * SIZE_MULTIPLE)
+            problems.append(f"{flag} {value} must be a positive multiple of {SIZE_MULTIPLE} (the VAE and patch "
+                            f"stride); pass e.g. {flag} {nearest}")
+    frames = getattr(args, "num_frames", None)
+    if frames is not None and (frames < 1 or frames % 4 != 1):
+        suggestion = max(1, round((frames - 1) / 4) * 4 + 1)
+        problems.append(f"--num_frames {frames} must be 4k+1 (the video VAE compresses time by 4); pass e.g. "
+                        f"--num_frames {suggestion}")
+    return problems
+
+
+def _task_problems(args: argparse.Namespace) -> list[str]:
+    if args.task not in TASKS:  # argparse rejects it already; this covers a Namespace built in code
+        return [f"--task {args.task!r} is not a known task; choose one of {', '.join(TASKS)}"]
+    problems = []
+    family, stage = task_stage(args.task)
+    if stage != "data_process" and not args.trainable_models and not args.lora_base_model:
+        problems.append(f"--task {args.task} has nothing to train: neither --trainable_models nor --lora_base_model "
+                        f"is set (--lora_target_modules {args.lora_target_modules!r} picks layers, not a model); "
+                        f"add --lora_base_model dit for a LoRA, or --trainable_models dit for a full fine-tune")
+    if stage == "train" and not args.dataset_base_path:
+        problems.append(f"--task {args.task} reads the stage-1 cache, but --dataset_base_path is empty; pass the "
+                        f"--output_path of the {family}:data_process run as --dataset_base_path")
+    if stage == "train" and args.dataset_metadata_path:
+        problems.append(f"--task {args.task} reads the stage-1 cache in --dataset_base_path, not a metadata file; "
+                        f"drop --dataset_metadata_path {args.dataset_metadata_path!r} (or use --task {family} to "
+                        f"train from the raw dataset)")
+    if stage != "train" and not args.dataset_metadata_path:
+        problems.append(f"--task {args.task} reads a dataset, but --dataset_metadata_path is unset; pass the "
+                        f"metadata .csv / .json / .jsonl (columns such as image,prompt)")
+    if stage == "data_process" and args.enable_optimizer_cpu_offload:
+        logger.warning("--enable_optimizer_cpu_offload is ignored by --task %s: stage 1 trains nothing, so there is "
+                       "no optimizer to offload", args.task)
+    return problems
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Checks the flags against each other, collecting every conflict before raising.
+
+    ``--use_gradient_checkpointing_offload`` implies ``--use_gradient_checkpointing`` (as in the reference trainer,
+    where offloading the checkpointed activations is a kind of checkpointing); ``args`` is updated to say so.
+
+    Returns:
+        ``args`` (the parsed flags of :func:`build_parser`), with implied flags set.
+
+    Raises:
+        FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
+    """
+    problems = _bound_problems(args) + _offload_problems(args) + _size_problems(args) + _task_problems(args)
+    if not args.model_paths and not args.model_id_with_origin_paths:
+        problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
+                        "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")
+    if Path(args.output_path).is_file():
+        problems.append(f"--output_path {args.output_path!r} is a file, but checkpoints go into a folder; pass a "
+                        f"folder path (it is created if missing)")
+    if args.lr_warmup_steps > 0 and args.lr_scheduler == "constant":
+        problems.append(f"--lr_warmup_steps {args.lr_warmup_steps} has no effect with --lr_scheduler constant; pass "
+                        f"--lr_scheduler constant_with_warmup (or linear, cosine), or drop --lr_warmup_steps")
+    if problems:
+        raise FlagError(problems)
+    if args.use_gradient_checkpointing_offload and not args.use_gradient_checkpointing:
+        logger.info("--use_gradient_checkpointing_offload implies --use_gradient_checkpointing; enabling it")
+        args.use_gradient_checkpointing = True
+    return args
+
+
+def parse_args(argv: Sequence[str] | None = None, video: bool = False,
+               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """Parses and validates the trainer flags; on a conflict prints usage and every problem, then exits (status 2).
+
+    Args:
+        argv: The arguments without the program name; None reads ``sys.argv``.
+        video: Build the video parser (adds ``--num_frames``); ignored when ``parser`` is given.
+        parser: A parser from :func:`build_parser`, possibly with extra model-specific flags.
+
+    Returns:
+        The validated flags.
+    """
+    parser = parser or build_parser(video=video)
+    args = parser.parse_args(argv)
+    try:
+        return validate_args(args)
+    except FlagError as error:
+        parser.error("\n  " + "\n  ".join(error.problems))
+
+
+def _format_default(default: object) -> str:
+    text = json.dumps(default) if isinstance(default, str) else str(default)
+    return "unset" if default is None else f"`{_table_cell(text)}`"
+
+
+def _table_cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def flag_table(parser: argparse.ArgumentParser) -> str:
+    """Renders the parser's flags as Markdown: a ``###`` heading and a flag/default/description table per group.
+
+    The docs embed this output, and a test compares them, so the docs cannot drift from the code.
+    """
+    sections = []
+    for group in parser._action_groups:
+        actions = [action for action in group._group_actions if not isinstance(action, argparse._HelpAction)]
+        if not actions:
+            continue
+        rows = ["| Flag | Default | Description |", "| --- | --- | --- |"]
+        for action in actions:
+            description = action.help or ""
+            if action.choices:
+                description += f" Choices: {', '.join(map(str, action.choices))}."
+            flag = action.option_strings[0] if action.option_strings else action.dest
+            rows.append(f"| `{flag}` | {_format_default(action.default)} | {_table_cell(description)} |")
+        sections.append(f"### {group.title}\n\n" + "\n".join(rows))
+    return "\n\n".join(sections) + "\n"

@@ -1,0 +1,232 @@
+"""Runs one task stage under accelerate: stage-1 caching (``launch_data_process_task``) and training
+(``launch_training_task``).
+
+Model placement differs from a plain accelerate script in one way: with ``--enable_model_cpu_offload`` the models
+stay in host memory under one ``OffloadTrainingManager`` each, so the training module is neither moved nor
+prepared (only the optimizer and the dataloader are), and ``after_backward()`` runs before every optimizer step.
+Without offload, only the models the stage computes with move to the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from tqdm.auto import tqdm
+
+from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
+from ..core.offload_training import OffloadTrainingManager
+from .checkpoint import save_training_state
+from .logger import ModelLogger
+from .training_module import DiffusionTrainingModule
+
+logger = logging.getLogger(__name__)
+
+
+def _first(batch: list[Any]) -> Any:
+    """One sample per step: samples differ in size, so they are not stacked."""
+    return batch[0]
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation of the dataset per epoch, drawn from ``(seed, epoch)`` alone.
+
+    Every process draws the same order (accelerate then deals the batches out), and a resumed run redraws the order
+    of the epoch it stopped in without any saved generator state.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        yield from torch.randperm(self.size, generator=generator).tolist()
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def step_generator(seed: int, micro_step: int, process_index: int) -> torch.Generator:
+    """The CPU generator for one micro-batch's timestep and noise, a function of the run's position only."""
+    (state,) = np.random.SeedSequence([seed, micro_step, process_index]).generate_state(1, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state))
+
+
+def place_models(module: DiffusionTrainingModule, device: torch.device, args: argparse.Namespace
+                 ) -> list[OffloadTrainingManager]:
+    """Puts the stage's models where they compute: on the device, or under offload managers.
+
+    One manager per model rather than one over the pipeline: the pipeline object itself is never called, and each
+    manager needs its model's own forward to bracket the saved-tensor hooks.
+    """
+    pipe = module.pipe
+    pipe.manage_model_devices = False
+    names = module.active_model_names()
+    if not args.enable_model_cpu_offload:
+        for name in names:
+            getattr(pipe, name).to(device)
+        return []
+    managers = []
+    for name in names:
+        model = getattr(pipe, name)
+        trains = any(param.requires_grad for param in model.parameters())
+        managers.append(OffloadTrainingManager(
+            model, device, enable_optimizer_cpu_offload=bool(args.enable_optimizer_cpu_offload and trains),
+            cpu_offload_split_threshold=args.cpu_offload_split_threshold,
+        ))
+    return managers
+
+
+def launch_data_process_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
+                             args: argparse.Namespace) -> int:
+    """Stage 1: runs the stage's units on every sample and writes one cache file per sample.
+
+    Processes take every ``num_processes``-th sample. Files already complete are skipped, so rerunning an
+    interrupted stage 1 resumes it.
+
+    Returns:
+        The number of samples this process computed (not counting those it skipped).
+    """
+    place_models(module, accelerator.device, args)
+    info = module.cache_info()
+    if accelerator.is_main_process:
+        write_cache_info(args.output_path, info)
+    accelerator.wait_for_everyone()
+    mine = range(accelerator.process_index, len(dataset), accelerator.num_processes)
+    todo = [index for index in mine if not is_cached(cache_file_path(args.output_path, accelerator.process_index,
+                                                                     index))]
+    if len(todo) < len(mine):
+        logger.info("process %d: %d of %d samples already cached; computing the other %d",
+                    accelerator.process_index, len(mine) - len(todo), len(mine), len(todo))
+    loader = DataLoader(Subset(dataset, todo), batch_size=1, collate_fn=_first, num_workers=args.dataset_num_workers)
+    bar = tqdm(zip(todo, loader), total=len(todo), desc="caching", disable=not accelerator.is_local_main_process)
+    for index, sample in bar:
+        state = module.process_sample(sample)
+        save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info)
+    accelerator.wait_for_everyone()
+    return len(todo)
+
+
+def _trainable_state(accelerator: Any, module: DiffusionTrainingModule):
+    return lambda: accelerator.unwrap_model(module).trainable_state_dict()
+
+
+def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
+                         model_logger: ModelLogger, args: argparse.Namespace,
+                         resume: tuple[dict, dict, dict] | None = None) -> dict[str, Any]:
+    """Trains ``module`` on ``dataset`` for ``--num_epochs`` (or ``--max_train_steps``) optimizer steps.
+
+    Args:
+        accelerator: The run's ``accelerate.Accelerator``.
+        dataset: Raw samples (one-stage) or the stage-1 cache (``sft:train``).
+        module: The training module; trainable weights already restored when resuming.
+        model_logger: Writes LoRA files, metrics and the flags.
+        args: The parsed flags; ``args.seed`` must be set.
+        resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
+
+    Returns:
+        ``{"global_step", "losses"}``: the optimizer steps done and the mean loss of each.
+    """
+    from diffusers.optimization import get_scheduler
+
+    managers = place_models(module, accelerator.device, args)
+    params = [param for param in module.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+    sampler = EpochShuffleSampler(len(dataset), args.seed)
+    dataloader = DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=_first,
+                            num_workers=args.dataset_num_workers)
+    if managers:
+        trained = module
+        optimizer, dataloader = accelerator.prepare(optimizer, dataloader)
+    else:
+        trained = accelerator.prepare_model(module, device_placement=False)
+        optimizer, dataloader = accelerator.prepare(optimizer, dataloader)
+    steps_per_epoch = math.ceil(len(dataloader) / args.gradient_accumulation_steps)
+    total_steps = steps_per_epoch * args.num_epochs
+    if args.max_train_steps is not None:
+        total_steps = min(total_steps, args.max_train_steps)
+    # Stepped once per optimizer step by hand: accelerate's wrapper would step it once per process.
+    lr_scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.lr_warmup_steps,
+                                 num_training_steps=total_steps)
+    progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": args.seed}
+    if resume is not None:
+        optimizer_state, scheduler_state, saved = resume
+        optimizer.load_state_dict(optimizer_state)
+        lr_scheduler.load_state_dict(scheduler_state)
+        progress.update({key: saved[key] for key in ("global_step", "micro_step", "epoch", "batch_in_epoch")})
+
+    saved_step = progress["global_step"]
+
+    def checkpoint() -> None:
+        nonlocal saved_step
+        saved_step = progress["global_step"]
+        if accelerator.is_main_process:
+            save_training_state(args.output_path, _trainable_state(accelerator, module)(), optimizer.state_dict(),
+                                lr_scheduler.state_dict(), progress)
+        accelerator.wait_for_everyone()
+
+    bar = tqdm(total=total_steps, initial=progress["global_step"], desc="training",
+               disable=not accelerator.is_local_main_process)
+    losses: list[float] = []
+    step_started = time.perf_counter()
+    while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
+        # Data: this epoch's order, skipping the batches a resumed run already consumed.
+        sampler.set_epoch(progress["epoch"])
+        skip = progress["batch_in_epoch"]
+        batches = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+        for sample in batches:
+            # Forward and backward, accumulating over micro-batches.
+            with accelerator.accumulate(trained):
+                generator = step_generator(args.seed, progress["micro_step"], accelerator.process_index)
+                with accelerator.autocast():
+                    loss = trained(sample, generator=generator)
+                accelerator.backward(loss)
+                # Offload: unload what is left and hand host gradients to .grad before the step.
+                for manager in managers:
+                    manager.after_backward()
+                if accelerator.sync_gradients and args.max_grad_norm is not None:
+                    accelerator.clip_grad_norm_(params, args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            progress["micro_step"] += 1
+            progress["batch_in_epoch"] += 1
+            if not accelerator.sync_gradients:
+                continue
+            # Bookkeeping: schedule, averaged loss, progress bar, logs and checkpoints.
+            lr_scheduler.step()
+            progress["global_step"] += 1
+            mean_loss = accelerator.reduce(loss.detach().float(), reduction="mean").item()
+            losses.append(mean_loss)
+            seconds = time.perf_counter() - step_started
+            bar.update(1)
+            bar.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{seconds:.2f}")
+            lr = lr_scheduler.get_last_lr()[0]
+            model_logger.on_step_end(progress["global_step"], mean_loss, lr, _trainable_state(accelerator, module))
+            if args.save_steps and progress["global_step"] % args.save_steps == 0:
+                checkpoint()
+            step_started = time.perf_counter()
+            if progress["global_step"] >= total_steps:
+                break
+        if progress["batch_in_epoch"] >= len(dataloader):
+            # The epoch ran to its end: save it and move the data position to the next one.
+            model_logger.on_epoch_end(progress["epoch"], _trainable_state(accelerator, module))
+            progress["epoch"] += 1
+            progress["batch_in_epoch"] = 0
+            checkpoint()
+    bar.close()
+    if saved_step != progress["global_step"]:
+        checkpoint()  # a run cut short by --max_train_steps can be continued from here
+    model_logger.on_train_end(progress["global_step"], _trainable_state(accelerator, module))
+    for manager in managers:
+        manager.remove()
+    return {"global_step": progress["global_step"], "losses": losses}

@@ -1,0 +1,130 @@
+"""The generic trainer entry: flags -> dataset -> pipeline -> training module -> task stage.
+
+Each model's ``examples/<model>/model_training/train.py`` calls ``main`` with its pipeline class. Everything that
+can be checked cheaply (flags, dataset files, cache presence) is checked before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.data import CacheDataset, UnifiedDataset
+from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths
+from .base_pipeline import BasePipeline
+from .checkpoint import load_training_state, read_progress, resolve_checkpoint
+from .logger import ModelLogger
+from .parsers import FlagError, parse_args, split_csv, task_stage
+from .runner import launch_data_process_task, launch_training_task
+from .training_module import DiffusionTrainingModule
+
+logger = logging.getLogger(__name__)
+
+
+def make_accelerator(args: argparse.Namespace) -> Any:
+    """The run's ``Accelerator``: accumulation, mixed precision, and DDP's unused-parameter search."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    return Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps, mixed_precision=args.mixed_precision,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=args.find_unused_parameters)],
+    )
+
+
+def agree_on_seed(accelerator: Any, seed: int | None) -> int:
+    """``seed``, or one drawn on the main process and shared, so every process shuffles the data alike."""
+    from accelerate.utils import broadcast_object_list
+
+    if seed is not None:
+        return seed
+    drawn = [random.SystemRandom().randrange(2**31)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]
+
+
+def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> UnifiedDataset:
+    """The metadata dataset, with every referenced file checked (headers only) before any model loads."""
+    extra_inputs = split_csv(args.extra_inputs)
+    return UnifiedDataset(
+        args.dataset_base_path, args.dataset_metadata_path, repeat=args.dataset_repeat,
+        data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
+        max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
+    )  # fmt: skip
+
+
+def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], device: Any) -> BasePipeline:
+    """Loads the models the flags name; ``--offload_models`` entries are built without weights."""
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
+    skeletons = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
+    unmatched = [config.describe() for config in skeletons if config not in configs]
+    if unmatched:
+        raise FlagError([f"--offload_models entries {unmatched} are not among the models loaded; copy them exactly "
+                         "from --model_id_with_origin_paths"])
+    tokenizer = ModelConfig(path=args.tokenizer_path) if args.tokenizer_path else None
+    # Offloaded training streams weights from host memory, so they are loaded there.
+    load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
+    return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
+                                          tokenizer_config=tokenizer, offload_device=load_device,
+                                          skeleton_configs=skeletons)
+
+
+def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
+    """Runs the task the flags describe with ``pipeline_class``.
+
+    Returns:
+        For training: ``{"global_step", "losses"}``; for stage 1: ``{"cached": samples computed here}``.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Flags and environment: everything cheap is checked before the models load.
+    args = parse_args(argv, video=video)
+    _, stage = task_stage(args.task)
+    accelerator = make_accelerator(args)
+    if accelerator.num_processes > 1 and args.enable_model_cpu_offload:
+        raise FlagError([f"--enable_model_cpu_offload runs on one process for now, got {accelerator.num_processes}; "
+                         "launch one process, or train without offload"])
+    checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
+        if args.resume_from_checkpoint else None
+    if checkpoint is not None and args.seed is None:
+        args.seed = read_progress(checkpoint)["seed"]  # an unseeded run resumes with the seed it drew
+    args.seed = agree_on_seed(accelerator, args.seed)
+    from accelerate.utils import set_seed
+
+    set_seed(args.seed)
+    dataset = CacheDataset(args.dataset_base_path) if stage == "train" else build_raw_dataset(args, pipeline_class)
+    # Models and the training module.
+    pipe = load_pipeline(args, pipeline_class, accelerator.device)
+    # The LoRA's initial weights come from the seed alone, whatever loading drew before.
+    set_seed(args.seed)
+    module = DiffusionTrainingModule(
+        pipe, task=args.task, trainable_models=split_csv(args.trainable_models),
+        lora_base_model=args.lora_base_model, lora_target_modules=split_csv(args.lora_target_modules),
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_checkpoint=args.lora_checkpoint,
+        use_gradient_checkpointing=args.use_gradient_checkpointing,
+        use_gradient_checkpointing_offload=args.use_gradient_checkpointing_offload,
+        extra_inputs=split_csv(args.extra_inputs),
+    )  # fmt: skip
+    if stage == "data_process":
+        return {"cached": launch_data_process_task(accelerator, dataset, module, args)}
+    if stage == "train":
+        dataset = CacheDataset(args.dataset_base_path, expected_info=module.cache_info(), repeat=args.dataset_repeat)
+    # Resume point, logger, then the loop.
+    resume = None
+    if checkpoint is not None:
+        trainable, optimizer_state, scheduler_state, progress = load_training_state(checkpoint)
+        module.load_trainable_state_dict(trainable)
+        resume = (optimizer_state, scheduler_state, progress)
+        logger.info("resuming from %s (optimizer step %d)", checkpoint, progress["global_step"])
+    model_logger = ModelLogger.from_args(args, is_main_process=accelerator.is_main_process)
+    model_logger.save_training_args(args)
+    try:
+        result = launch_training_task(accelerator, dataset, module, model_logger, args, resume)
+    finally:
+        model_logger.close()
+    if accelerator.is_main_process:
+        print(f"LoRA / weights written to {args.output_path}")
+    return result

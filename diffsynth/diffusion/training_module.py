@@ -1,0 +1,252 @@
+"""``DiffusionTrainingModule``: a pipeline prepared for training one task stage.
+
+It freezes every model, then makes trainable what the flags ask for (whole models, or a peft LoRA on one model),
+turns on gradient checkpointing, picks the units of the task's stage from the unit-graph split, and computes the loss
+of one sample. The runner sees only this module.
+
+Stages: ``sft`` runs every unit and the loss each step; ``sft:data_process`` runs only the units that do not depend on
+a trained model and returns the (pruned) state for the cache; ``sft:train`` runs the remaining units on a cached state,
+then the loss. The split is computed from the unit declarations with the loss's keys as final readers, so both stages
+see exactly the values one-stage training computes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.gradient import gradient_checkpoint_forward
+from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
+from .loss import LOSSES
+from .parsers import task_stage
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+
+
+def move_to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor inside dicts, lists and tuples moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {key: move_to_device(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(move_to_device(item, device) for item in value)
+    return value
+
+
+class DiffusionTrainingModule(torch.nn.Module):
+    """A pipeline, its trainable parameters, its stage's units and its loss.
+
+    Args:
+        pipe: The pipeline, with its models loaded.
+        task: ``sft`` / ``direct_distill``, optionally with ``:data_process`` or ``:train``.
+        trainable_models: Models trained in full (``--trainable_models``).
+        lora_base_model: The model that gets a LoRA (``--lora_base_model``).
+        lora_target_modules: Module name suffixes the LoRA wraps.
+        lora_rank: LoRA rank.
+        lora_alpha: LoRA alpha (scale ``alpha / rank``); defaults to the rank.
+        lora_checkpoint: A LoRA file to continue training from.
+        use_gradient_checkpointing: Recompute each transformer block in backward instead of keeping activations.
+        use_gradient_checkpointing_offload: Also keep the block inputs saved for recompute on the CPU.
+        extra_inputs: Dataset columns passed into the pipeline state as they are.
+        prune_cache: Stage 1 keeps only the keys stage 2 reads.
+
+    Raises:
+        ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
+            trainable in a training stage.
+    """
+
+    def __init__(self, pipe: BasePipeline, task: str = "sft", trainable_models: Sequence[str] = (),
+                 lora_base_model: str | None = None, lora_target_modules: Sequence[str] = (), lora_rank: int = 32,
+                 lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
+                 use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
+                 extra_inputs: Sequence[str] = (), prune_cache: bool = True) -> None:
+        super().__init__()
+        self.task = task
+        self.family, self.stage = task_stage(task)
+        self.pipe = pipe
+        self.loss = LOSSES[self.family]()
+        self.extra_inputs = tuple(extra_inputs)
+        self.trainable_models = tuple(trainable_models)
+        self.lora_base_model = lora_base_model
+        self.trained_model_names = tuple(name for name in dict.fromkeys([*trainable_models, lora_base_model]) if name)
+        self.lora_config: dict[str, Any] = {}
+        pipe.requires_grad_(False)
+        pipe.eval()
+        if self.stage != "data_process":
+            self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
+            self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
+        final_keys = self.loss.required_keys(pipe)
+        related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
+        self.cache_keys = sorted(required_cache_keys(related, final_keys))
+        self.related_units: list[PipelineUnit] = related
+        self.unrelated_units: list[PipelineUnit] = unrelated
+        if self.stage == "data_process":
+            self.unrelated_units = stage_one_units(pipe.units, self.trained_model_names, final_keys, prune_cache)
+            self.related_units = []
+        elif self.stage == "train":
+            self.unrelated_units = []
+        self._check_skeletons()
+
+    def active_model_names(self) -> list[str]:
+        """The models this stage computes with: its units' models, and the trained models outside stage 1."""
+        names = [name for unit in (*self.unrelated_units, *self.related_units) for name in unit.onload_model_names]
+        if self.stage != "data_process":
+            names += [*self.trained_model_names, *self.pipe.denoising_model_names]
+        return [name for name in dict.fromkeys(names) if isinstance(getattr(self.pipe, name, None), torch.nn.Module)]
+
+    def _check_skeletons(self) -> None:
+        """Models built without weights (``--offload_models``) must be ones this stage never computes with."""
+        for name in self.active_model_names():
+            if any(param.is_meta for param in getattr(self.pipe, name).parameters()):
+                raise ValueError(f"--offload_models includes the {name} model, but --task {self.task} computes with "
+                                 f"it; remove its entry from --offload_models")
+
+    # ---- set-up -------------------------------------------------------------------------------------------------
+
+    def _model(self, name: str, flag: str) -> torch.nn.Module:
+        model = getattr(self.pipe, name, None)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{flag} names {name!r}, but the pipeline holds no such model; it holds "
+                             f"{self.pipe.model_names()} (load it with --model_id_with_origin_paths or --model_paths)")
+        return model
+
+    def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,
+                        lora_checkpoint: str | Path | None) -> None:
+        for name in self.trainable_models:
+            self._model(name, "--trainable_models").requires_grad_(True).train()
+        if self.lora_base_model is not None:
+            self._inject_lora(self._model(self.lora_base_model, "--lora_base_model"), list(lora_target_modules),
+                              lora_rank, lora_rank if lora_alpha is None else lora_alpha, lora_checkpoint)
+        if not any(p.requires_grad for p in self.parameters()):
+            raise ValueError(f"--task {self.task} has nothing to train; set --lora_base_model (e.g. dit) with "
+                             "--lora_target_modules, or --trainable_models")
+
+    def _inject_lora(self, model: torch.nn.Module, target_modules: list[str], rank: int, alpha: float,
+                     checkpoint: str | Path | None) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        if not target_modules:
+            raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
+                             "'to_q,to_k,to_v,to_out.0'")
+        names = [name for name, _ in model.named_modules()]
+        unmatched = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if unmatched:
+            raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {self.lora_base_model} "
+                             f"({type(model).__name__}); name modules by their path suffix, e.g. 'to_q' or "
+                             "'img_mlp.net.2'")
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
+                                           init_lora_weights=True), model)
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                # LoRA weights train in float32 whatever the base dtype: bf16 updates of small factors lose most bits.
+                param.data = param.data.float()
+                param.requires_grad_(True)
+        self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
+                            "lora_base_model": self.lora_base_model}
+        if checkpoint is not None:
+            self._load_lora_checkpoint(model, Path(checkpoint))
+
+    def _load_lora_checkpoint(self, model: torch.nn.Module, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        if not path.is_file():
+            raise FileNotFoundError(f"--lora_checkpoint {path} does not exist; pass a LoRA .safetensors file")
+        state = load_file(str(path))
+        own = {name: param for name, param in model.named_parameters() if ".lora_" in name}
+        loaded = {}
+        for key, value in state.items():
+            name = key.removeprefix("transformer.").removeprefix("diffusion_model.")
+            name = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight",
+                                                                                    ".lora_B.default.weight")
+            if name not in own:
+                raise ValueError(f"--lora_checkpoint {path}: key {key!r} matches no LoRA weight of "
+                                 f"{self.lora_base_model}; train it with the same --lora_target_modules")
+            if own[name].shape != value.shape:
+                raise ValueError(f"--lora_checkpoint {path}: {key!r} has shape {tuple(value.shape)}, the LoRA "
+                                 f"expects {tuple(own[name].shape)}; use the same --lora_rank")
+            loaded[name] = value
+        missing = sorted(set(own) - set(loaded))
+        if missing:
+            raise ValueError(f"--lora_checkpoint {path} lacks {len(missing)} LoRA weight(s), e.g. {missing[0]!r}; "
+                             "train it with the same --lora_target_modules")
+        with torch.no_grad():
+            for name, value in loaded.items():
+                own[name].copy_(value)
+
+    def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
+        if not enabled:
+            return
+        checkpoint = functools.partial(_checkpoint_block, offload=offload)
+        for name in self.trained_model_names:
+            model = self._model(name, "--use_gradient_checkpointing")
+            if not getattr(model, "_supports_gradient_checkpointing", False):
+                raise ValueError(f"--use_gradient_checkpointing: {type(model).__name__} ({name}) does not support it")
+            model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint)
+
+    # ---- running ------------------------------------------------------------------------------------------------
+
+    def cache_info(self) -> dict[str, Any]:
+        """What a stage-1 cache must agree on with stage 2: pipeline, stage-2 units, keys and trained models."""
+        configs = {}
+        for name in self.trained_model_names:
+            model = getattr(self.pipe, name, None)
+            config = getattr(model, "config", None)
+            if config is not None:
+                configs[name] = {k: v for k, v in dict(config).items() if not k.startswith("_")}
+        split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss.required_keys(self.pipe))
+        return {
+            "format": CACHE_FORMAT_VERSION, "pipeline": type(self.pipe).__name__, "task": self.family,
+            "trained_models": list(self.trained_model_names), "stage_two_units": [type(u).__name__ for u in split[0]],
+            "cache_keys": [list(key) for key in self.cache_keys], "model_configs": configs,
+        }  # fmt: skip
+
+    def pipeline_inputs(self, sample: dict[str, Any]) -> tuple[dict, dict, dict]:
+        """The initial state of one sample: a dataset row, or a cached state in stage 2 (moved to the device)."""
+        if self.stage == "train":
+            return tuple(move_to_device(dict(sample[scope]), self.pipe.device) for scope in ("shared", "posi", "nega"))
+        return self.pipe.training_inputs(sample, self.extra_inputs)
+
+    @torch.no_grad()
+    def process_sample(self, sample: dict[str, Any]) -> dict[str, dict]:
+        """Stage 1: runs the stage's units on one dataset row and returns the state to cache."""
+        state = self.pipe.run_units(*self.pipeline_inputs(sample), units=self.unrelated_units)
+        return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
+                                                                                           state)}
+
+    def forward(self, sample: dict[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
+        """The loss of one sample; ``generator`` supplies the timestep and noise draws."""
+        if self.stage == "data_process":
+            raise RuntimeError("a data_process task computes no loss; call process_sample")
+        state = self.pipeline_inputs(sample)
+        with torch.no_grad():
+            # Units independent of the trained models need no graph: this is the work stage 1 caches.
+            state = self.pipe.run_units(*state, units=self.unrelated_units)
+        state = self.pipe.run_units(*state, units=self.related_units)
+        return self.loss(self.pipe, *state, generator=generator)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Trainable weights named from this module (``pipe.dit....``), detached, on the CPU."""
+        return {name: param.detach().cpu() for name, param in self.named_parameters() if param.requires_grad}
+
+    def load_trainable_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restores what ``trainable_state_dict`` returned (resuming); every trainable weight must be present."""
+        own = {name: param for name, param in self.named_parameters() if param.requires_grad}
+        if set(state) != set(own):
+            missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            raise ValueError(f"the checkpoint's trainable weights differ from this run's (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}); resume with the same LoRA and trainable-model flags")
+        with torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value)
+
+
+def _checkpoint_block(block: torch.nn.Module, *args: Any, offload: bool) -> Any:
+    return gradient_checkpoint_forward(block, True, offload, *args)

@@ -1,0 +1,200 @@
+"""The trainer flags: reference defaults, every cross-flag check, comma lists, tasks and the Markdown flag table."""
+
+import argparse
+import logging
+
+import pytest
+
+from diffsynth.diffusion import parsers
+from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, flag_table, parse_args, split_csv, task_stage,
+                                         validate_args)
+
+# The reference trainer's flags and defaults; a reference command must mean the same here.
+REFERENCE_DEFAULTS = {
+    "dataset_base_path": "", "dataset_metadata_path": None, "dataset_repeat": 1, "dataset_num_workers": 0,
+    "data_file_keys": "image,video",
+    "height": None, "width": None, "max_pixels": 1048576,
+    "model_paths": None, "model_id_with_origin_paths": None, "tokenizer_path": None, "extra_inputs": None,
+    "offload_models": None, "initialize_model_on_cpu": False,
+    "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
+    "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1,
+    "output_path": "./models", "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
+    "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
+    "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False,
+    "enable_model_cpu_offload": False, "enable_optimizer_cpu_offload": False, "cpu_offload_split_threshold": None,
+    "enable_tensorboard_log": False, "enable_csv_log": False, "enable_wandb_log": False, "wandb_project": "diffsynth",
+}  # fmt: skip
+# Flags beyond the reference: each defaults to changing nothing.
+EXTRA_DEFAULTS = {
+    "seed": None, "lr_scheduler": "constant", "lr_warmup_steps": 0, "max_grad_norm": None, "mixed_precision": "no",
+    "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16",
+}  # fmt: skip
+VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
+         "--dataset_metadata_path", "data/metadata.csv"]
+STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
+
+
+def test_defaults_match_the_reference_and_extras_change_nothing():
+    args = build_parser().parse_args([])
+    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS}
+    video = build_parser(video=True).parse_args([])
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, "num_frames": 81}
+
+
+def test_a_valid_command_parses_with_its_types():
+    args = parse_args(VALID + ["--learning_rate", "2e-5", "--height", "512", "--width", "768", "--lora_alpha", "16",
+                               "--cpu_offload_split_threshold", "64.5", "--enable_model_cpu_offload"])
+    assert (args.learning_rate, args.height, args.width, args.lora_alpha) == (2e-5, 512, 768, 16.0)
+    assert args.cpu_offload_split_threshold == 64.5
+
+
+def test_every_task_is_accepted_and_an_unknown_one_lists_the_choices(capsys):
+    for task in TASKS:
+        command = STAGE_TWO + ["--dataset_base_path", "cache"] if task.endswith(":train") else VALID
+        assert parse_args(command + ["--task", task]).task == task
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(VALID + ["--task", "sft:everything"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--task" in error and "sft:everything" in error and all(task in error for task in TASKS)
+
+
+def test_task_stage_and_split_csv():
+    assert task_stage("sft") == ("sft", None)
+    assert task_stage("sft:data_process") == ("sft", "data_process")
+    assert task_stage("direct_distill:train") == ("direct_distill", "train")
+    with pytest.raises(ValueError, match=r"--task 'dpo'.*sft, sft:data_process"):
+        task_stage("dpo")
+    assert split_csv("to_q, to_k,,to_out.0 ,") == ["to_q", "to_k", "to_out.0"]
+    assert split_csv(None) == split_csv("") == split_csv(" , ") == []
+
+
+# (extra flags, fragments the message must hold: the flag, the value, and the fix).
+CONFLICTS = [
+    (["--enable_optimizer_cpu_offload"], ["--enable_optimizer_cpu_offload", "add --enable_model_cpu_offload"]),
+    (["--cpu_offload_split_threshold", "128"], ["--cpu_offload_split_threshold 128", "add --enable_model_cpu_offload"]),
+    (["--enable_model_cpu_offload", "--cpu_offload_split_threshold", "0"],
+     ["--cpu_offload_split_threshold 0", "positive size in MB", "--cpu_offload_split_threshold 256"]),
+    (["--lora_rank", "0"], ["--lora_rank 0", "at least 1", "--lora_rank 32"]),
+    (["--lora_alpha", "-1"], ["--lora_alpha -1", "greater than 0", "drop it"]),
+    (["--learning_rate", "0"], ["--learning_rate 0", "greater than 0", "--learning_rate 1e-4"]),
+    (["--num_epochs", "0"], ["--num_epochs 0", "at least 1", "--num_epochs 1"]),
+    (["--dataset_repeat", "0"], ["--dataset_repeat 0", "at least 1"]),
+    (["--dataset_num_workers", "-2"], ["--dataset_num_workers -2", "at least 0"]),
+    (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps 0", "at least 1"]),
+    (["--save_steps", "0"], ["--save_steps 0", "at least 1", "drop it to save once per epoch"]),
+    (["--lr_warmup_steps", "-1"], ["--lr_warmup_steps -1", "at least 0"]),
+    (["--lr_warmup_steps", "100"], ["--lr_warmup_steps 100", "--lr_scheduler constant", "constant_with_warmup"]),
+    (["--max_train_steps", "0"], ["--max_train_steps 0", "at least 1"]),
+    (["--max_grad_norm", "0"], ["--max_grad_norm 0", "greater than 0", "--max_grad_norm 1.0"]),
+    (["--height", "512"], ["--height 512", "without --width", "pass both"]),
+    (["--width", "512"], ["--width 512", "without --height"]),
+    (["--height", "500", "--width", "512"], ["--height 500", "multiple of 16", "--height 496"]),
+    (["--height", "512", "--width", "0"], ["--width 0", "positive multiple of 16", "--width 16"]),
+    (["--max_pixels", "255"], ["--max_pixels 255", "at least 256", "--max_pixels 1048576"]),
+    (["--task", "sft:train"], ["--task sft:train", "--dataset_base_path is empty", "sft:data_process"]),
+    (["--task", "direct_distill:train"], ["--dataset_base_path", "direct_distill:data_process run"]),
+]
+
+
+@pytest.mark.parametrize("extra,fragments", CONFLICTS, ids=[" ".join(case[0]) for case in CONFLICTS])
+def test_each_conflict_names_flag_value_and_fix(extra, fragments, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(VALID + extra)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in error
+
+
+def test_nothing_to_train_and_no_model():
+    args = build_parser().parse_args(["--lora_target_modules", "to_q,to_k", "--dataset_metadata_path", "m.csv"])
+    with pytest.raises(FlagError) as error:
+        validate_args(args)
+    nothing, no_model = error.value.problems
+    assert "--task sft has nothing to train" in nothing and "'to_q,to_k'" in nothing
+    assert "add --lora_base_model dit" in nothing and "--trainable_models dit" in nothing
+    assert no_model.startswith("no model given") and "--model_id_with_origin_paths" in no_model
+    # A full fine-tune trains without a LoRA; stage 1 of a split run trains nothing at all.
+    model = ["--model_paths", '["dit.safetensors"]', "--dataset_metadata_path", "m.csv"]
+    assert parse_args(model + ["--trainable_models", "dit"]).lora_base_model is None
+    assert parse_args(model + ["--task", "sft:data_process"]).task == "sft:data_process"
+
+
+def test_dataset_flags_must_fit_the_stage():
+    with pytest.raises(FlagError, match="--dataset_metadata_path is unset"):
+        validate_args(build_parser().parse_args(STAGE_TWO))
+    with pytest.raises(FlagError, match=r"drop --dataset_metadata_path 'data/metadata.csv'"):
+        validate_args(build_parser().parse_args(VALID + ["--task", "sft:train", "--dataset_base_path", "cache"]))
+
+
+def test_all_conflicts_are_reported_at_once():
+    args = build_parser().parse_args(VALID + ["--num_epochs", "0", "--lora_rank", "0", "--width", "8"])
+    with pytest.raises(FlagError) as error:
+        validate_args(args)
+    assert len(error.value.problems) == 4  # epochs, rank, width alone, width not a multiple of 16
+    assert isinstance(error.value, ValueError) and str(error.value).count("\n") == 3
+
+
+def test_output_path_that_is_a_file(tmp_path, capsys):
+    existing = tmp_path / "weights.safetensors"
+    existing.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--output_path", str(existing)])
+    assert f"--output_path {str(existing)!r} is a file" in capsys.readouterr().err
+    assert parse_args(VALID + ["--output_path", str(tmp_path / "new")]).output_path == str(tmp_path / "new")
+
+
+def test_num_frames_must_be_4k_plus_1(capsys):
+    assert parse_args(VALID + ["--num_frames", "49"], video=True).num_frames == 49
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--num_frames", "80"], video=True)
+    error = capsys.readouterr().err
+    assert "--num_frames 80 must be 4k+1" in error and "--num_frames 81" in error
+
+
+def test_checkpointing_offload_implies_checkpointing():
+    args = parse_args(VALID + ["--use_gradient_checkpointing_offload"])
+    assert args.use_gradient_checkpointing and args.use_gradient_checkpointing_offload
+    assert not parse_args(VALID).use_gradient_checkpointing
+
+
+def test_optimizer_offload_in_stage_one_only_warns(caplog):
+    argv = VALID + ["--task", "sft:data_process", "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload"]
+    with caplog.at_level(logging.WARNING, logger=parsers.__name__):
+        parse_args(argv)
+    assert "--enable_optimizer_cpu_offload is ignored by --task sft:data_process" in caplog.text
+
+
+def test_a_namespace_built_in_code_with_an_unknown_task_is_a_flag_error():
+    args = build_parser().parse_args(VALID)
+    args.task = "pretrain"
+    with pytest.raises(FlagError, match="--task 'pretrain' is not a known task; choose one of sft"):
+        validate_args(args)
+
+
+def test_flag_table_lists_every_flag_under_its_group():
+    parser = build_parser(video=True)
+    table = flag_table(parser)
+    flags = [option for action in parser._actions for option in action.option_strings[:1]
+             if not isinstance(action, argparse._HelpAction)]
+    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + 1
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == flags
+    assert "--help" not in table
+    for title in ("Dataset", "Video size", "Model", "Training", "Output", "LoRA", "Gradient checkpointing",
+                  "Offload training", "Logging"):
+        assert f"### {title}\n\n| Flag | Default | Description |\n| --- | --- | --- |" in table
+    assert "| `--dataset_base_path` | `\"\"` |" in table and "| `--lora_rank` | `32` |" in table
+    assert "| `--seed` | unset |" in table and "| `--enable_csv_log` | `False` |" in table
+    assert "Choices: constant, linear, cosine, constant_with_warmup." in table
+    assert "### Image size" in flag_table(build_parser()) and "--num_frames" not in flag_table(build_parser())
+
+
+def test_flag_table_escapes_pipes_and_handles_extra_flags():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="a|b", help="one | two\n   lines")
+    parser.add_argument("target", help="positional")
+    table = flag_table(parser)
+    assert '| `--mode` | `"a\\|b"` | one \\| two lines |' in table
+    assert "| `target` | unset | positional |" in table
