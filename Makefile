@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: setup
-	$(PYTHON) examples/offload_training/toy_model.py
+	PYTHON=$(PYTHON) bash scripts/demo.sh demo_output
 
 test: setup
 	$(PYTHON) -m pytest -q tests

@@ -1,5 +1,6 @@
-"""Model-agnostic machinery: offload training, gradient checkpointing, model loading, LoRA, device helpers."""
+"""Model-agnostic machinery: offload training, gradient checkpointing, model loading, data, LoRA, device helpers."""
 
+from .data import CacheDataset, UnifiedDataset
 from .gradient import gradient_checkpoint_forward
 from .loader import (ModelConfig, load_model, load_tokenizer, parse_model_id_with_origin_paths, parse_model_paths,
                      resolve_files)
@@ -7,7 +8,7 @@ from .lora import load_lora
 from .offload_training import OffloadTrainingConfig, OffloadTrainingManager, PinnedArenaPool
 
 __all__ = [
-    "ModelConfig", "OffloadTrainingConfig", "OffloadTrainingManager", "PinnedArenaPool", "gradient_checkpoint_forward",
-    "load_lora", "load_model", "load_tokenizer", "parse_model_id_with_origin_paths", "parse_model_paths",
-    "resolve_files",
+    "CacheDataset", "ModelConfig", "OffloadTrainingConfig", "OffloadTrainingManager", "PinnedArenaPool",
+    "UnifiedDataset", "gradient_checkpoint_forward", "load_lora", "load_model", "load_tokenizer",
+    "parse_model_id_with_origin_paths", "parse_model_paths", "resolve_files",
 ]

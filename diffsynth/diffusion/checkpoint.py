@@ -37,8 +37,13 @@ def checkpoint_folder(output_path: str | os.PathLike, step: int) -> Path:
 
 def save_training_state(output_path: str | os.PathLike, trainable: Mapping[str, torch.Tensor],
                         optimizer_state: Mapping[str, Any], scheduler_state: Mapping[str, Any],
-                        progress: Mapping[str, Any]) -> Path:
+                        progress: Mapping[str, Any], keep_last: int | None = None) -> Path:
     """Writes one checkpoint folder for ``progress["global_step"]``, replacing one of the same step.
+
+    Args:
+        keep_last: Delete all but this many newest checkpoints afterwards (``--checkpoints_total_limit``); None
+            keeps all. A full fine-tune's checkpoint holds the weights and two optimizer moments, so keeping every
+            one fills a disk quickly.
 
     Returns:
         The checkpoint folder.
@@ -55,14 +60,21 @@ def save_training_state(output_path: str | os.PathLike, trainable: Mapping[str, 
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
+    if keep_last is not None:
+        for _, old in sorted(_complete_checkpoints(output_path))[:-keep_last]:
+            shutil.rmtree(old)
     return folder
+
+
+def _complete_checkpoints(output_path: str | os.PathLike) -> list[tuple[int, Path]]:
+    root = Path(output_path) / CHECKPOINTS_DIR
+    return [(int(path.name[len(_PREFIX):]), path) for path in root.glob(f"{_PREFIX}*")
+            if path.name[len(_PREFIX):].isdigit() and (path / "progress.json").is_file()]
 
 
 def latest_checkpoint(output_path: str | os.PathLike) -> Path | None:
     """The complete checkpoint with the highest step under ``output_path``, or None."""
-    root = Path(output_path) / CHECKPOINTS_DIR
-    steps = [(int(path.name[len(_PREFIX):]), path) for path in root.glob(f"{_PREFIX}*")
-             if path.name[len(_PREFIX):].isdigit() and (path / "progress.json").is_file()]
+    steps = _complete_checkpoints(output_path)
     return max(steps)[1] if steps else None
 
 

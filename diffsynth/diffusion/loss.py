@@ -35,8 +35,17 @@ def _input_latents(inputs_shared: dict) -> torch.Tensor:
     return latents
 
 
+class LatentsLoss:
+    """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``__call__``."""
+
+    @staticmethod
+    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
+        """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""
+        return (("shared", "input_latents"), *model_fn_keys(pipe))
+
+
 @dataclasses.dataclass
-class FlowMatchSFTLoss:
+class FlowMatchSFTLoss(LatentsLoss):
     """Flow-matching velocity regression, weighted over timesteps like the reference trainer.
 
     Each call draws one timestep from the scheduler's training grid between the boundaries and fresh noise, noises
@@ -55,11 +64,6 @@ class FlowMatchSFTLoss:
             raise ValueError(f"min_timestep_boundary={self.min_timestep_boundary}, max_timestep_boundary="
                              f"{self.max_timestep_boundary}: need 0 <= min < max <= 1")
 
-    @staticmethod
-    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
-        """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""
-        return (("shared", "input_latents"), *model_fn_keys(pipe))
-
     def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """The weighted loss of one sample; ``inputs_nega`` is unused (training runs without CFG)."""
@@ -76,7 +80,7 @@ class FlowMatchSFTLoss:
 
 
 @dataclasses.dataclass
-class DirectDistillLoss:
+class DirectDistillLoss(LatentsLoss):
     """Trains a few-step sampler: run the whole short denoising loop with gradients, match the clean latents.
 
     Memory grows with the number of steps, since every step's activations are kept for backward; use gradient
@@ -91,11 +95,6 @@ class DirectDistillLoss:
     def __post_init__(self) -> None:
         if self.num_inference_steps < 1:
             raise ValueError(f"num_inference_steps={self.num_inference_steps} must be at least 1")
-
-    @staticmethod
-    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
-        """See ``FlowMatchSFTLoss.required_keys``; the sample size comes from ``input_latents``."""
-        return (("shared", "input_latents"), *model_fn_keys(pipe))
 
     def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                  generator: torch.Generator | None = None) -> torch.Tensor:

@@ -117,8 +117,8 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     group.add_argument("--extra_inputs", type=str, default=None,
                        help="Comma list of extra metadata columns passed to the pipeline (e.g. edit_image).")
     group.add_argument("--offload_models", type=str, default=None,
-                       help="Models (same format as --model_id_with_origin_paths) that this stage never runs; they "
-                            "stay on the CPU, as in split training.")
+                       help="Entries of --model_id_with_origin_paths that this stage never computes with (split "
+                            "training); they are built without weights, so they cost no memory or load time.")
     group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
                        help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
     group.add_argument("--initialize_model_on_cpu", action="store_true",
@@ -167,6 +167,9 @@ def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                        help="Prefix removed from the weight names saved, so files load into the bare model.")
     group.add_argument("--save_steps", type=int, default=None,
                        help="Also save every N optimizer steps; unset saves at the end of each epoch only.")
+    group.add_argument("--checkpoints_total_limit", type=int, default=2,
+                       help="Training-state checkpoints (for --resume_from_checkpoint) kept in "
+                            "output_path/checkpoints; older ones are deleted. LoRA files are always kept.")
     return parser
 
 
@@ -246,6 +249,7 @@ _LOWER_BOUNDS = (
     ("dataset_num_workers", 0, True, "--dataset_num_workers 0"),
     ("gradient_accumulation_steps", 1, True, "--gradient_accumulation_steps 1"),
     ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
+    ("checkpoints_total_limit", 1, True, "--checkpoints_total_limit 2"),
     ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
     ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
     ("max_grad_norm", 0, False, "--max_grad_norm 1.0, or drop it to clip nothing"),
@@ -383,7 +387,8 @@ def _format_default(default: object) -> str:
 
 
 def _table_cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    # Angle brackets would read as HTML tags in rendered Markdown.
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:

@@ -114,6 +114,9 @@ def launch_data_process_task(accelerator: Any, dataset: Dataset, module: Diffusi
         state = module.process_sample(sample)
         save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info)
     accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        print(f"stage-1 cache written to {args.output_path}; train from it with --task "
+              f"{args.task.split(':')[0]}:train --dataset_base_path {args.output_path}")
     return len(todo)
 
 
@@ -135,7 +138,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
-        ``{"global_step", "losses"}``: the optimizer steps done and the mean loss of each.
+        ``{"global_step", "losses"}``: the optimizer steps done and the mean loss of each (over its micro-batches
+        and the processes).
     """
     from diffusers.optimization import get_scheduler
 
@@ -172,18 +176,22 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         saved_step = progress["global_step"]
         if accelerator.is_main_process:
             save_training_state(args.output_path, _trainable_state(accelerator, module)(), optimizer.state_dict(),
-                                lr_scheduler.state_dict(), progress)
+                                lr_scheduler.state_dict(), progress, keep_last=args.checkpoints_total_limit)
         accelerator.wait_for_everyone()
 
     bar = tqdm(total=total_steps, initial=progress["global_step"], desc="training",
                disable=not accelerator.is_local_main_process)
     losses: list[float] = []
+    micro_losses: list[torch.Tensor] = []
     step_started = time.perf_counter()
     while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
         # Data: this epoch's order, skipping the batches a resumed run already consumed.
-        sampler.set_epoch(progress["epoch"])
         skip = progress["batch_in_epoch"]
         batches = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+        # accelerate's loaders count epochs themselves and pass their count to the sampler; a loader made to skip
+        # batches starts counting at 0, so both are told the epoch explicitly.
+        batches.set_epoch(progress["epoch"])
+        sampler.set_epoch(progress["epoch"])
         for sample in batches:
             # Forward and backward, accumulating over micro-batches.
             with accelerator.accumulate(trained):
@@ -191,6 +199,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 with accelerator.autocast():
                     loss = trained(sample, generator=generator)
                 accelerator.backward(loss)
+                micro_losses.append(loss.detach().float())
                 # Offload: unload what is left and hand host gradients to .grad before the step.
                 for manager in managers:
                     manager.after_backward()
@@ -205,7 +214,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
             # Bookkeeping: schedule, averaged loss, progress bar, logs and checkpoints.
             lr_scheduler.step()
             progress["global_step"] += 1
-            mean_loss = accelerator.reduce(loss.detach().float(), reduction="mean").item()
+            mean_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+            micro_losses.clear()
             losses.append(mean_loss)
             seconds = time.perf_counter() - step_started
             bar.update(1)

@@ -25,12 +25,15 @@ logger = logging.getLogger(__name__)
 
 
 def make_accelerator(args: argparse.Namespace) -> Any:
-    """The run's ``Accelerator``: accumulation, mixed precision, and DDP's unused-parameter search."""
+    """The run's ``Accelerator``: accumulation, mixed precision, DDP's unused-parameter search, CPU fallback."""
+    import torch
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
+    # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs.
     return Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps, mixed_precision=args.mixed_precision,
+        cpu=not torch.cuda.is_available(), gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=args.find_unused_parameters)],
     )
 
@@ -48,10 +51,19 @@ def agree_on_seed(accelerator: Any, seed: int | None) -> int:
 
 
 def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> UnifiedDataset:
-    """The metadata dataset, with every referenced file checked (headers only) before any model loads."""
+    """The metadata dataset, with every referenced file checked (headers only) before any model loads.
+
+    Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
+    ``--dataset_repeat``.
+    """
     extra_inputs = split_csv(args.extra_inputs)
+    repeat = args.dataset_repeat
+    if task_stage(args.task)[1] == "data_process" and repeat > 1:
+        logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
+                       "to the training stage", repeat, args.task)
+        repeat = 1
     return UnifiedDataset(
-        args.dataset_base_path, args.dataset_metadata_path, repeat=args.dataset_repeat,
+        args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
     )  # fmt: skip
@@ -77,7 +89,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     """Runs the task the flags describe with ``pipeline_class``.
 
     Returns:
-        For training: ``{"global_step", "losses"}``; for stage 1: ``{"cached": samples computed here}``.
+        For training: ``{"global_step", "losses", "module"}`` (the trained ``DiffusionTrainingModule``); for stage 1:
+        ``{"cached": samples computed here}``.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
@@ -111,7 +124,12 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args)}
     if stage == "train":
-        dataset = CacheDataset(args.dataset_base_path, expected_info=module.cache_info(), repeat=args.dataset_repeat)
+        expected = module.cache_info()
+        # Stage 1 may have left the trained model out entirely (it never runs it); then there is no config to match.
+        stored = dataset.info.get("model_configs", {})
+        expected["model_configs"] = {name: config for name, config in expected["model_configs"].items()
+                                     if name in stored}
+        dataset = CacheDataset(args.dataset_base_path, expected_info=expected, repeat=args.dataset_repeat)
     # Resume point, logger, then the loop.
     resume = None
     if checkpoint is not None:
@@ -127,4 +145,4 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         model_logger.close()
     if accelerator.is_main_process:
         print(f"LoRA / weights written to {args.output_path}")
-    return result
+    return {**result, "module": module}

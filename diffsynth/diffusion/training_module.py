@@ -187,9 +187,11 @@ class DiffusionTrainingModule(torch.nn.Module):
         checkpoint = functools.partial(_checkpoint_block, offload=offload)
         for name in self.trained_model_names:
             model = self._model(name, "--use_gradient_checkpointing")
-            if not getattr(model, "_supports_gradient_checkpointing", False):
-                raise ValueError(f"--use_gradient_checkpointing: {type(model).__name__} ({name}) does not support it")
-            model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint)
+            if getattr(model, "_supports_gradient_checkpointing", False):
+                model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint)
+            else:
+                logger.warning("--use_gradient_checkpointing: %s (%s) has no checkpointed blocks; it trains without",
+                               type(model).__name__, name)
 
     # ---- running ------------------------------------------------------------------------------------------------
 

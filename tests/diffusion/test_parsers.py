@@ -27,7 +27,7 @@ REFERENCE_DEFAULTS = {
 # Flags beyond the reference: each defaults to changing nothing.
 EXTRA_DEFAULTS = {
     "seed": None, "lr_scheduler": "constant", "lr_warmup_steps": 0, "max_grad_norm": None, "mixed_precision": "no",
-    "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16",
+    "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# LoRA on the Qwen-Image transformer, trained in one stage. Run from the repository root.
+#
+# The dataset is a folder of images plus metadata.csv (columns image,prompt). To try the command on a small
+# procedurally drawn one:  python -m diffsynth.core.data.example_dataset --output data/example_image_dataset
+# The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing.
+# The LoRA is written to the --output_path as epoch-<e>.safetensors (diffusers format); try it with
+# examples/qwen_image/model_training/validate_lora/Qwen-Image.py.
+set -e
+
+accelerate launch examples/qwen_image/model_training/train.py \
+  --dataset_base_path data/example_image_dataset \
+  --dataset_metadata_path data/example_image_dataset/metadata.csv \
+  --max_pixels 1048576 \
+  --dataset_repeat 50 \
+  --model_id_with_origin_paths "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/Qwen-Image_lora" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --dataset_num_workers 8 \
+  --find_unused_parameters

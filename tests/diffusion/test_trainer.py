@@ -1,0 +1,317 @@
+"""The CLI trainer end to end on the tiny Qwen-Image: stages, offload modes, resume, LoRA output, loss, bad input.
+
+Runs go through ``trainer.main`` with a real argv (the entry every ``train.py`` calls); one test launches
+``train.py`` itself with ``accelerate launch`` on two processes.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_dataset import build_example_dataset
+from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.diffusion.parsers import FlagError
+from diffsynth.diffusion.trainer import main
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
+PATTERN = {name: f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}
+ALL_MODELS = ",".join(PATTERN.values())
+COMMON = [
+    "--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit",
+    "--lora_target_modules", "to_q,to_k,to_v,add_q_proj,to_out.0,img_mlp.net.2,txt_mod.1", "--lora_rank", "4",
+    "--learning_rate", "1e-3", "--torch_dtype", "float32", "--seed", "3", "--max_pixels", "4096",
+    "--use_gradient_checkpointing", "--remove_prefix_in_ckpt", "pipe.dit.",
+]  # fmt: skip
+OFFLOAD_MODES = {"plain": [], "offload": ["--enable_model_cpu_offload"],
+                 "optimizer_offload": ["--enable_model_cpu_offload", "--enable_optimizer_cpu_offload"]}
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state(base):
+    """Each in-process run builds its own Accelerator, as a separate launch would."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dataset")
+    build_example_dataset(folder, num_images=3)
+    return folder
+
+
+def raw(dataset, *extra):
+    return ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv"), *extra]
+
+
+def one_stage(dataset, output, *extra):
+    return main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(output), "--dataset_repeat", "2",
+                                    "--num_epochs", "2", *extra])
+
+
+def two_stage(dataset, output, *extra):
+    cache = output.parent / f"{output.name}_cache"
+    stage_one = main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(cache), "--task",
+                                         "sft:data_process", "--offload_models", PATTERN["dit"], *extra])
+    stage_two = main(QwenImagePipeline, [
+        "--dataset_base_path", str(cache), *COMMON, "--output_path", str(output), "--task", "sft:train",
+        "--dataset_repeat", "2", "--num_epochs", "2", "--offload_models",
+        f"{PATTERN['text_encoder']},{PATTERN['vae']}", *extra,
+    ])  # fmt: skip
+    return stage_one, stage_two
+
+
+def lora(output, name="epoch-1"):
+    return load_file(str(output / f"{name}.safetensors"))
+
+
+def max_difference(first, second):
+    assert first.keys() == second.keys()
+    return max((first[key] - second[key]).abs().max().item() for key in first)
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory, tiny_root):
+    """One-stage plain training: the LoRA every other way of training must reproduce."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        output = tmp_path_factory.mktemp("reference") / "out"
+        result = one_stage(dataset, output)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return output, result
+
+
+def test_one_stage_writes_a_lora_per_epoch_and_the_run_record(reference):
+    output, result = reference
+    assert result["global_step"] == 12 and len(result["losses"]) == 12
+    assert (output / "epoch-0.safetensors").is_file() and (output / "training_args.json").is_file()
+    weights = lora(output)
+    assert all(key.startswith("transformer.transformer_blocks.") for key in weights)
+    # The trained LoRA is no longer its initialisation (lora_B starts at zero).
+    assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["offload", "optimizer_offload"])
+def test_offloaded_training_gives_the_plain_lora(reference, dataset, tmp_path, mode):
+    one_stage(dataset, tmp_path / "out", *OFFLOAD_MODES[mode])
+    assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
+
+
+def test_gradient_accumulation_works_with_optimizer_offload(dataset, tmp_path):
+    for mode in ("plain", "optimizer_offload"):
+        result = one_stage(dataset, tmp_path / mode, "--gradient_accumulation_steps", "2", "--num_epochs", "1",
+                           *OFFLOAD_MODES[mode])
+        assert result["global_step"] == 3
+    assert max_difference(lora(tmp_path / "plain", "epoch-0"), lora(tmp_path / "optimizer_offload", "epoch-0")) < 1e-6
+
+
+@pytest.mark.parametrize("mode", list(OFFLOAD_MODES))
+def test_two_stage_training_gives_the_one_stage_lora(reference, dataset, tmp_path, mode):
+    stage_one, _ = two_stage(dataset, tmp_path / "out", *OFFLOAD_MODES[mode])
+    assert stage_one["cached"] == 3
+    cache_files = sorted(p.name for p in (tmp_path / "out_cache" / "0").iterdir())
+    assert cache_files == ["0.safetensors", "1.safetensors", "2.safetensors"]
+    assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
+
+
+def test_stage_one_may_leave_out_the_trained_model(reference, dataset, tmp_path):
+    without_dit = [*COMMON]
+    without_dit[1] = f"{PATTERN['text_encoder']},{PATTERN['vae']}"
+    main(QwenImagePipeline, [*raw(dataset), *without_dit, "--output_path", str(tmp_path / "cache"), "--task",
+                             "sft:data_process"])
+    main(QwenImagePipeline, stage_two_argv(tmp_path / "cache", tmp_path / "out", "--dataset_repeat", "2",
+                                           "--num_epochs", "2"))
+    assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
+
+
+def test_rerunning_stage_one_skips_cached_samples(dataset, tmp_path):
+    # A repeat in stage 1 would only write identical files; each row is cached once.
+    argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "cache"), "--task", "sft:data_process",
+            "--dataset_repeat", "3"]
+    assert main(QwenImagePipeline, argv)["cached"] == 3
+    (tmp_path / "cache" / "0" / "1.safetensors").unlink()
+    assert main(QwenImagePipeline, argv)["cached"] == 1
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(reference, dataset, tmp_path):
+    output = tmp_path / "out"
+    stopped = one_stage(dataset, output, "--max_train_steps", "5")
+    assert stopped["global_step"] == 5 and (output / "checkpoints" / "step-5").is_dir()
+    resumed = one_stage(dataset, output, "--resume_from_checkpoint", "latest")
+    assert resumed["global_step"] == 12 and len(resumed["losses"]) == 7
+    assert resumed["losses"] == pytest.approx(reference[1]["losses"][5:], abs=1e-6)
+    assert max_difference(lora(output), lora(reference[0])) < 1e-6
+
+
+def test_the_lora_loads_into_diffusers_and_changes_its_output(reference, tiny_root):
+    from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
+
+    pipe = DiffusersQwenImagePipeline.from_pretrained(str(tiny_root / QWEN_IMAGE_MODEL_ID), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+
+    def generate():
+        return pipe("a red square", height=32, width=32, num_inference_steps=2, true_cfg_scale=1.0,
+                    generator=torch.Generator().manual_seed(0), output_type="pt").images
+
+    before = generate()
+    pipe.load_lora_weights(str(reference[0] / "epoch-1.safetensors"))
+    loaded = {name for name, _ in pipe.transformer.named_parameters() if "lora_A" in name}
+    assert len(loaded) == len([key for key in lora(reference[0]) if "lora_A" in key])
+    assert (generate() - before).abs().max() > 1e-4
+
+
+def test_the_loss_falls_when_overfitting_one_image(dataset, tmp_path, tiny_root):
+    from diffsynth.core import ModelConfig, load_lora
+    from diffsynth.core.data import UnifiedDataset
+    from diffsynth.diffusion.loss import FlowMatchSFTLoss
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "metadata.csv").write_text("image,prompt\nimage_000.png,a shape\n")
+    (tmp_path / "one" / "image_000.png").write_bytes((dataset / "image_000.png").read_bytes())
+    output = tmp_path / "out"
+    main(QwenImagePipeline, [*raw(tmp_path / "one"), *COMMON, "--output_path", str(output), "--dataset_repeat", "60",
+                             "--learning_rate", "1e-2"])
+    # The same timesteps and noise before and after: only the LoRA differs.
+    configs = [ModelConfig(model_id=QWEN_IMAGE_MODEL_ID, origin_file_pattern=QWEN_IMAGE_PATTERNS[name])
+               for name in ("dit", "text_encoder", "vae")]
+    pipe = QwenImagePipeline.from_pretrained(torch.float32, "cpu", configs)
+    sample = UnifiedDataset(tmp_path / "one", tmp_path / "one" / "metadata.csv", max_pixels=4096)[0]
+    state = pipe.run_units(*pipe.training_inputs(sample))
+
+    def mean_loss():
+        with torch.no_grad():
+            return sum(FlowMatchSFTLoss()(pipe, *state, generator=torch.Generator().manual_seed(i)).item()
+                       for i in range(16)) / 16
+
+    before = mean_loss()
+    load_lora(pipe.dit, output / "epoch-0.safetensors")
+    assert mean_loss() < 0.8 * before
+
+
+def test_two_processes_train_identical_weights(dataset, tmp_path, tiny_root):
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from safetensors.torch import save_file\n"
+        "from diffsynth.diffusion.trainer import main\n"
+        "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
+        "result = main(QwenImagePipeline, sys.argv[1:])\n"
+        "rank = torch.distributed.get_rank()\n"
+        "save_file(result['module'].trainable_state_dict(), sys.argv[sys.argv.index('--output_path') + 1]"
+        " + f'/rank{rank}.safetensors')\n"
+    )
+    output = tmp_path / "out"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+               *raw(dataset), *COMMON, "--output_path", str(output), "--num_epochs", "1", "--dataset_repeat", "2"]
+    env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = load_file(str(output / "rank0.safetensors")), load_file(str(output / "rank1.safetensors"))
+    assert max_difference(first, second) == 0
+    assert max(first[k].abs().max().item() for k in first if "lora_B" in k) > 1e-4
+    # Six samples over two processes: three optimizer steps, each averaging both ranks' gradients.
+    assert (output / "epoch-0.safetensors").is_file() and "training: 100%" in done.stderr
+
+
+def write_dataset(folder, metadata, images=("a.png",)):
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in images:
+        Image.new("RGB", (64, 64), "red").save(folder / name)
+    (folder / "metadata.csv").write_text(metadata)
+    return folder
+
+
+@pytest.mark.parametrize("metadata, images, fragments", [
+    ("image,caption\na.png,red\n", ["a.png"], ["prompt", "caption"]),
+    ("image,prompt\nmissing.png,red\n", [], ["missing.png"]),
+    ("image,prompt\n", [], ["metadata.csv", "no rows"]),
+])  # fmt: skip
+def test_bad_datasets_fail_before_any_model_loads(tmp_path, monkeypatch, metadata, images, fragments):
+    from diffsynth.core.loader import loading
+
+    data = write_dataset(tmp_path / "data", metadata, images)
+    monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises((ValueError, FileNotFoundError)) as error:
+        main(QwenImagePipeline, [*raw(data), *COMMON, "--output_path", str(tmp_path / "out")])
+    assert all(fragment in str(error.value) for fragment in fragments), str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_image_is_named(tmp_path):
+    data = write_dataset(tmp_path / "data", "image,prompt\nbroken.png,red\n", [])
+    (data / "broken.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="broken.png"):
+        main(QwenImagePipeline, [*raw(data), *COMMON, "--output_path", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--task", "sft:everything"], "invalid choice: 'sft:everything'"),
+    (["--output_path", "FILE"], "is a file"),
+    (["--enable_optimizer_cpu_offload"], "add --enable_model_cpu_offload"),
+])  # fmt: skip
+def test_bad_flags_exit_with_the_flag_named(dataset, tmp_path, capsys, argv, fragment):
+    (tmp_path / "FILE").write_text("")
+    argv = [str(tmp_path / "FILE") if item == "FILE" else item for item in argv]
+    with pytest.raises(SystemExit):
+        main(QwenImagePipeline, [*raw(dataset), *COMMON, *argv])
+    assert fragment in capsys.readouterr().err
+
+
+def stage_two_argv(cache, output, *extra):
+    return ["--dataset_base_path", str(cache), *COMMON, "--output_path", str(output), "--task", "sft:train", *extra]
+
+
+@pytest.fixture(scope="module")
+def cache(dataset, tmp_path_factory, tiny_root):
+    from accelerate.state import AcceleratorState, GradientState
+
+    folder = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(folder), "--task", "sft:data_process"])
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return folder
+
+
+def test_a_cache_made_for_other_units_is_refused(cache, tmp_path):
+    from diffsynth.core.data import CacheError
+
+    # Training the VAE too makes the image encoder a stage-2 unit, so this cache lacks what stage 2 would read.
+    with pytest.raises(CacheError, match="stage_two_units") as error:
+        main(QwenImagePipeline, stage_two_argv(cache, tmp_path / "out", "--trainable_models", "vae"))
+    assert "sft:data_process" in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cache_made_for_another_model_is_refused(cache, tmp_path):
+    import json
+    import shutil
+
+    from diffsynth.core.data import CacheError
+
+    other = tmp_path / "other_cache"
+    shutil.copytree(cache, other)
+    info = json.loads((other / "cache_info.json").read_text())
+    info["model_configs"]["dit"]["num_layers"] += 1
+    (other / "cache_info.json").write_text(json.dumps(info))
+    with pytest.raises(CacheError, match="model_configs"):
+        main(QwenImagePipeline, stage_two_argv(other, tmp_path / "out"))
+    with pytest.raises(FileNotFoundError, match="--dataset_base_path"):
+        main(QwenImagePipeline, stage_two_argv(tmp_path / "nowhere", tmp_path / "out"))

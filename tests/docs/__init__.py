@@ -1,0 +1,1 @@
+"""Tests that the user docs agree with the code."""

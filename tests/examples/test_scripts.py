@@ -1,0 +1,87 @@
+"""Every ``accelerate launch ... train.py`` command in the example shell scripts parses and validates.
+
+The scripts are read, not run: line continuations are joined, each command is split as the shell would split it,
+and the words after ``train.py`` go through the trainer's own parser and cross-flag checks. A renamed flag or a
+conflicting combination therefore fails here instead of in a user's terminal.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from diffsynth.core.loader import parse_model_id_with_origin_paths
+from diffsynth.diffusion.parsers import FlagError, build_parser, validate_args
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "examples").rglob("*.sh"))
+
+
+def launch_commands(text: str) -> list[list[str]]:
+    """The words of each ``accelerate launch`` command in a shell script, continuations joined, comments dropped."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    commands = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:2] == ["accelerate", "launch"]:
+            commands.append(words)
+    return commands
+
+
+def trainer_argv(words: list[str]) -> tuple[Path, list[str]]:
+    """The training script a command launches and the arguments passed to it."""
+    index = next((i for i, word in enumerate(words) if word.endswith("train.py")), None)
+    assert index is not None, f"no train.py in command {shlex.join(words)}"
+    return REPO / words[index], words[index + 1:]
+
+
+def _cases() -> list:
+    cases = []
+    for script in SCRIPTS:
+        for number, words in enumerate(launch_commands(script.read_text()), start=1):
+            cases.append(pytest.param(script, words, id=f"{script.relative_to(REPO / 'examples')}#{number}"))
+    return cases
+
+
+def test_expected_scripts_exist():
+    names = {str(script.relative_to(REPO / "examples")) for script in SCRIPTS}
+    training = "qwen_image/model_training"
+    assert {f"{training}/lora/Qwen-Image.sh", f"{training}/special/offload_training/Qwen-Image-LoRA.sh",
+            f"{training}/special/split_training/Qwen-Image-LoRA.sh"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: str(path.relative_to(REPO / "examples")))
+def test_script_stops_on_error_and_launches_training(script):
+    text = script.read_text()
+    assert re.search(r"^set -e", text, re.MULTILINE), f"{script} lacks `set -e`"
+    assert launch_commands(text), f"{script} holds no `accelerate launch ... train.py` command"
+
+
+def test_split_script_has_both_stages():
+    script = REPO / "examples/qwen_image/model_training/special/split_training/Qwen-Image-LoRA.sh"
+    tasks = [build_parser().parse_args(trainer_argv(words)[1]).task for words in launch_commands(script.read_text())]
+    assert tasks == ["sft:data_process", "sft:train"]
+
+
+@pytest.mark.parametrize(("script", "words"), _cases())
+def test_command_parses_and_validates(script, words, capsys):
+    train_py, argv = trainer_argv(words)
+    assert train_py.is_file(), f"{script} launches {train_py}, which does not exist"
+    parser = build_parser(video="video=True" in train_py.read_text())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"{script}: the trainer rejects the command:\n{capsys.readouterr().err}")
+    try:
+        validate_args(args)
+    except FlagError as error:
+        pytest.fail(f"{script}: conflicting flags:\n" + "\n".join(error.problems))
+    # The trainer makes this check only after the dataset is read; a script can be checked now.
+    if args.offload_models:
+        models = parse_model_id_with_origin_paths(args.model_id_with_origin_paths)
+        stray = [config.describe() for config in parse_model_id_with_origin_paths(args.offload_models)
+                 if config not in models]
+        assert not stray, f"{script}: --offload_models entries {stray} are not in --model_id_with_origin_paths"
