@@ -51,6 +51,8 @@ class BasePipeline(torch.nn.Module):
     model_roles: dict[str, str] = {}
     #: Where the tokenizer comes from when a text encoder is loaded and no config names a tokenizer.
     default_tokenizer_config: ModelConfig | None = None
+    #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names.
+    lora_target_aliases: dict[str, str] = {}
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).
@@ -84,8 +86,8 @@ class BasePipeline(torch.nn.Module):
             torch_dtype: Weight and activation dtype.
             device: The compute device.
             model_configs: One config per model (any subset of the pipeline's models).
-            tokenizer_config: The tokenizer folder; defaults to ``default_tokenizer_config`` when a text encoder is
-                loaded and no config names a tokenizer.
+            tokenizer_config: The tokenizer folder. When a text encoder is loaded and no config names a tokenizer,
+                the ``tokenizer/`` folder of the text encoder's repository is used, else ``default_tokenizer_config``.
             offload_device: Where models wait while not in use.
             skeleton_configs: Entries of ``model_configs`` to build without weights (on the meta device), for
                 models held but never computed with (``--offload_models`` in split training).
@@ -95,18 +97,22 @@ class BasePipeline(torch.nn.Module):
         """
         dtype = resolve_dtype(torch_dtype)
         pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
+        text_encoder_config = None
         for config in model_configs:
             if config in skeleton_configs:
-                pipe._assign(load_skeleton(config, torch_dtype=dtype), config)
+                component = load_skeleton(config, torch_dtype=dtype)
             else:
-                pipe._assign(load_component(config, torch_dtype=dtype, device=pipe.offload_device), config)
-        if getattr(pipe, "text_encoder", None) is not None and getattr(pipe, "tokenizer", None) is None:
-            config = tokenizer_config or cls.default_tokenizer_config
+                component = load_component(config, torch_dtype=dtype, device=pipe.offload_device)
+            if pipe._assign(component, config) == "text_encoder":
+                text_encoder_config = config
+        if text_encoder_config is not None and getattr(pipe, "tokenizer", None) is None:
+            config = tokenizer_config or _sibling_tokenizer(text_encoder_config) or cls.default_tokenizer_config
             if config is not None:
                 pipe._assign(load_component(config), config)
         return pipe
 
-    def _assign(self, component: Any, config: ModelConfig) -> None:
+    def _assign(self, component: Any, config: ModelConfig) -> str:
+        """Puts ``component`` in its slot and returns the slot's name."""
         name = self.model_roles.get(type(component).__name__)
         if name is None and not isinstance(component, torch.nn.Module):
             name = "tokenizer"
@@ -116,6 +122,7 @@ class BasePipeline(torch.nn.Module):
         if getattr(self, name, None) is not None:
             raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
         setattr(self, name, component)
+        return name
 
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""
@@ -233,6 +240,13 @@ class BasePipeline(torch.nn.Module):
                              ) -> tuple[list[PipelineUnit], list[PipelineUnit]]:
         """``(related, unrelated)`` units of this pipeline; see ``unit_graph.split_pipeline_units``."""
         return split_pipeline_units(self.units, model_names, final_keys)
+
+
+def _sibling_tokenizer(text_encoder_config: ModelConfig) -> ModelConfig | None:
+    """The ``tokenizer/`` folder of the repository the text encoder came from, when it is a repository."""
+    if text_encoder_config.model_id is None:
+        return None
+    return ModelConfig(model_id=text_encoder_config.model_id, origin_file_pattern="tokenizer/")
 
 
 def _merge(inputs_shared: dict, branch: dict, branch_name: str, timestep: Any) -> dict:

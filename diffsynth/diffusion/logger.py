@@ -177,10 +177,14 @@ class ModelLogger:
             self._wandb_run = wandb.init(project=wandb_project, dir=str(self.output_path))
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, is_main_process: bool = True) -> ModelLogger:
-        """Builds the logger from the trainer flags (see :mod:`diffsynth.diffusion.parsers`)."""
-        lora_metadata = None
-        if args.lora_base_model:
+    def from_args(cls, args: argparse.Namespace, is_main_process: bool = True,
+                  lora_metadata: Mapping[str, Any] | None = None) -> ModelLogger:
+        """Builds the logger from the trainer flags (see :mod:`diffsynth.diffusion.parsers`).
+
+        ``lora_metadata`` overrides the LoRA settings read from the flags (the training module knows the module
+        names the targets resolved to).
+        """
+        if lora_metadata is None and args.lora_base_model:
             lora_metadata = {key: getattr(args, key) for key in
                              ("lora_rank", "lora_alpha", "lora_target_modules", "lora_base_model")}
         return cls(args.output_path, args.remove_prefix_in_ckpt, lora_metadata, enable_csv_log=args.enable_csv_log,

@@ -153,6 +153,10 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="Mixed precision passed to accelerate's Accelerator; no trains in the weights' dtype.")
     group.add_argument("--resume_from_checkpoint", type=str, default=None,
                        help='Training-state folder to resume from, or "latest" for the newest one in --output_path.')
+    group.add_argument("--min_timestep_boundary", type=float, default=0.0,
+                       help="Lower end of the drawn training timesteps, as a fraction of the noisiest-first grid.")
+    group.add_argument("--max_timestep_boundary", type=float, default=1.0,
+                       help="Upper end of the drawn training timesteps; e.g. 0.5 trains on the noisier half only.")
     group.add_argument("--max_train_steps", type=int, default=None,
                        help="Stop after this many optimizer steps, even within an epoch; unset runs all epochs.")
     return parser
@@ -350,6 +354,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if Path(args.output_path).is_file():
         problems.append(f"--output_path {args.output_path!r} is a file, but checkpoints go into a folder; pass a "
                         f"folder path (it is created if missing)")
+    if not 0.0 <= args.min_timestep_boundary < args.max_timestep_boundary <= 1.0:
+        problems.append(f"--min_timestep_boundary {args.min_timestep_boundary} and --max_timestep_boundary "
+                        f"{args.max_timestep_boundary} must satisfy 0 <= min < max <= 1; e.g. --min_timestep_boundary "
+                        "0 --max_timestep_boundary 1")
     if args.lr_warmup_steps > 0 and args.lr_scheduler == "constant":
         problems.append(f"--lr_warmup_steps {args.lr_warmup_steps} has no effect with --lr_scheduler constant; pass "
                         f"--lr_scheduler constant_with_warmup (or linear, cosine), or drop --lr_warmup_steps")

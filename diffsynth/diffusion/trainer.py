@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.data import CacheDataset, UnifiedDataset
+from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state, read_progress, resolve_checkpoint
@@ -66,6 +66,7 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
+        num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
     )  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         use_gradient_checkpointing=args.use_gradient_checkpointing,
         use_gradient_checkpointing_offload=args.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
+        timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
     )  # fmt: skip
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args)}
@@ -137,7 +139,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         module.load_trainable_state_dict(trainable)
         resume = (optimizer_state, scheduler_state, progress)
         logger.info("resuming from %s (optimizer step %d)", checkpoint, progress["global_step"])
-    model_logger = ModelLogger.from_args(args, is_main_process=accelerator.is_main_process)
+    model_logger = ModelLogger.from_args(args, is_main_process=accelerator.is_main_process,
+                                         lora_metadata=module.lora_config or None)
     model_logger.save_training_args(args)
     try:
         result = launch_training_task(accelerator, dataset, module, model_logger, args, resume)

@@ -22,7 +22,7 @@ import torch
 
 from ..core.gradient import gradient_checkpoint_forward
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
-from .loss import LOSSES
+from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import task_stage
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         use_gradient_checkpointing_offload: Also keep the block inputs saved for recompute on the CPU.
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
+        timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -67,12 +68,13 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_base_model: str | None = None, lora_target_modules: Sequence[str] = (), lora_rank: int = 32,
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
-                 extra_inputs: Sequence[str] = (), prune_cache: bool = True) -> None:
+                 extra_inputs: Sequence[str] = (), prune_cache: bool = True,
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = LOSSES[self.family]()
+        self.loss = FlowMatchSFTLoss(*timestep_boundaries) if self.family == "sft" else LOSSES[self.family]()
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
@@ -136,6 +138,11 @@ class DiffusionTrainingModule(torch.nn.Module):
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")
+        aliases = self.pipe.lora_target_aliases
+        renamed = {target: aliases[target] for target in target_modules if target in aliases}
+        if renamed:
+            logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
+        target_modules = list(dict.fromkeys(aliases.get(target, target) for target in target_modules))
         names = [name for name, _ in model.named_modules()]
         unmatched = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
         if unmatched:

@@ -14,14 +14,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 
-from ..core.device import resolve_device
 from ..core.loader import ModelConfig
-from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
-from ..diffusion.flow_match import FlowMatchScheduler
+from ..diffusion.base_pipeline import PipelineUnit
+from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
+                     tensor_to_images)
 
 __all__ = ["ModelConfig", "QwenImagePipeline"]
 
@@ -35,8 +34,6 @@ PROMPT_TEMPLATE = (
 )
 PROMPT_TEMPLATE_DROP_TOKENS = 34
 TOKENIZER_MAX_LENGTH = 1024
-# Pixels per latent token side: the VAE downsamples by 8 and the transformer packs 2x2 latent patches.
-SIZE_MULTIPLE = 16
 VAE_SCALE = 8
 
 # Pipeline name of each model class.
@@ -62,40 +59,6 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     return patches.reshape(batch, channels, height, width)
 
 
-def image_to_tensor(image: Image.Image) -> torch.Tensor:
-    """An RGB PIL image as a ``(1, 3, H, W)`` float32 tensor in ``[-1, 1]``."""
-    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-    return torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
-
-
-def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
-    """``(B, 3, H, W)`` values in ``[0, 1]`` to PIL images, rounded like diffusers' ``numpy_to_pil``."""
-    array = (images.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype("uint8")
-    return [Image.fromarray(frame) for frame in array]
-
-
-def round_size(value: int) -> int:
-    """``value`` rounded to the nearest multiple of 16 (halves up), at least 16."""
-    return max(SIZE_MULTIPLE, (int(value) + SIZE_MULTIPLE // 2) // SIZE_MULTIPLE * SIZE_MULTIPLE)
-
-
-class ShapeCheckUnit(PipelineUnit):
-    """Rounds ``height`` and ``width`` to the nearest multiple of 16 (at least 16), warning when it changes them."""
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("height", "width"), output_params=("height", "width"))
-
-    def process(self, pipe: QwenImagePipeline, height: int, width: int) -> dict:
-        rounded = {}
-        for name, value in (("height", height), ("width", width)):
-            if not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive number of pixels, e.g. {name}=1328")
-            rounded[name] = round_size(value)
-            if rounded[name] != value:
-                logger.warning("%s=%d is not a multiple of %d; using %d", name, value, SIZE_MULTIPLE, rounded[name])
-        return rounded
-
-
 class NoiseUnit(PipelineUnit):
     """Draws the initial noise ``(1, 16, height / 8, width / 8)``, from ``seed`` on ``rand_device`` when given."""
 
@@ -104,11 +67,8 @@ class NoiseUnit(PipelineUnit):
 
     def process(self, pipe: QwenImagePipeline, height: int, width: int, seed: int | None,
                 rand_device: str | torch.device | None) -> dict:
-        rand_device = resolve_device(rand_device or "cpu", "rand_device")
-        generator = None if seed is None else torch.Generator(rand_device).manual_seed(seed)
         shape = (1, pipe.latent_channels, height // VAE_SCALE, width // VAE_SCALE)
-        noise = torch.randn(shape, generator=generator, device=rand_device, dtype=pipe.torch_dtype)
-        return {"noise": noise.to(pipe.device)}
+        return {"noise": draw_noise(pipe, shape, seed, rand_device)}
 
 
 class InputImageEmbedderUnit(PipelineUnit):
@@ -131,19 +91,6 @@ class InputImageEmbedderUnit(PipelineUnit):
         latents = pipe.vae.encode(pixels).latent_dist.mode()[:, :, 0]
         mean, inverse_std = pipe.latent_statistics(latents)
         return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
-
-
-class LatentsUnit(PipelineUnit):
-    """The latents the denoising loop starts from: the noise, or the input image noised to the first timestep."""
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("noise", "input_latents", "denoising_strength"), output_params=("latents",))
-
-    def process(self, pipe: QwenImagePipeline, noise: torch.Tensor, input_latents: torch.Tensor | None,
-                denoising_strength: float | None) -> dict:
-        if input_latents is None or denoising_strength in (None, 1.0):
-            return {"latents": noise}
-        return {"latents": pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.timesteps[0])}
 
 
 class PromptEmbedderUnit(PipelineUnit):
@@ -178,7 +125,7 @@ class PromptEmbedderUnit(PipelineUnit):
                 "prompt_emb_mask": None if bool(embeddings_mask.all()) else embeddings_mask}
 
 
-class QwenImagePipeline(BasePipeline):
+class QwenImagePipeline(TextToLatentPipeline):
     """Qwen-Image generation and the computation its training shares.
 
     Build it with ``from_pretrained``; call it with a prompt to get an image. ``model_fn`` is also what training
@@ -191,25 +138,13 @@ class QwenImagePipeline(BasePipeline):
     model_fn_params = ("prompt_emb", "prompt_emb_mask")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")
-    latent_channels = 16
+    scheduler_preset = "qwen_image"
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
         super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
                          manage_model_devices=manage_model_devices)
-        self.dit: torch.nn.Module | None = None
-        self.vae: torch.nn.Module | None = None
-        self.text_encoder: torch.nn.Module | None = None
-        self.tokenizer: Any = None
-        self.scheduler = FlowMatchScheduler.from_preset("qwen_image")
         self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
-
-    def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""
-        shape = (1, -1) + (1,) * (like.dim() - 2)
-        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
-        inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
-        return mean, inverse_std
 
     def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
         """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).

@@ -28,6 +28,7 @@ REFERENCE_DEFAULTS = {
 EXTRA_DEFAULTS = {
     "seed": None, "lr_scheduler": "constant", "lr_warmup_steps": 0, "max_grad_norm": None, "mixed_precision": "no",
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
+    "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
@@ -76,6 +77,8 @@ CONFLICTS = [
     (["--enable_model_cpu_offload", "--cpu_offload_split_threshold", "0"],
      ["--cpu_offload_split_threshold 0", "positive size in MB", "--cpu_offload_split_threshold 256"]),
     (["--lora_rank", "0"], ["--lora_rank 0", "at least 1", "--lora_rank 32"]),
+    (["--min_timestep_boundary", "0.6", "--max_timestep_boundary", "0.5"],
+     ["--min_timestep_boundary 0.6", "--max_timestep_boundary 0.5", "0 <= min < max <= 1"]),
     (["--lora_alpha", "-1"], ["--lora_alpha -1", "greater than 0", "drop it"]),
     (["--learning_rate", "0"], ["--learning_rate 0", "greater than 0", "--learning_rate 1e-4"]),
     (["--num_epochs", "0"], ["--num_epochs 0", "at least 1", "--num_epochs 1"]),

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 

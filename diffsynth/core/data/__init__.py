@@ -4,6 +4,8 @@ Typical use::
 
     dataset = UnifiedDataset("data/example", "data/example/metadata.csv", repeat=50, max_pixels=1024 * 1024)
     sample = dataset[0]  # {"image": PIL.Image, "prompt": "..."}
+    videos = UnifiedDataset("data/clips", "data/clips/metadata.csv", num_frames=49)
+    sample = videos[0]  # {"video": [PIL.Image] * 49, "prompt": "..."}
 
 Stage 1 of split training writes each sample's state with ``save_cache_sample`` to ``cache_file_path(...)``;
 stage 2 reads them back through ``CacheDataset``. The example-dataset builder lives in
@@ -17,21 +19,26 @@ from .cache_codec import STATE_KEYS, decode_state, encode_state
 from .dataset import UnifiedDataset, check_dataset, check_repeat, read_metadata
 from .errors import CacheError, DataFileNotFoundError, DatasetError
 from .operators import FILE_OPERATORS, FileOperator, ResizeConfig, operator_for, resize_and_crop
+from .video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, LoadVideo, check_num_frames, probe_video
 
 __all__ = [
     "CACHE_FORMAT_VERSION",
     "CACHE_INFO_FILE",
+    "DEFAULT_NUM_FRAMES",
     "FILE_OPERATORS",
     "STATE_KEYS",
+    "VIDEO_EXTENSIONS",
     "CacheDataset",
     "CacheError",
     "DataFileNotFoundError",
     "DatasetError",
     "FileOperator",
+    "LoadVideo",
     "ResizeConfig",
     "UnifiedDataset",
     "cache_file_path",
     "check_dataset",
+    "check_num_frames",
     "check_repeat",
     "decode_state",
     "encode_state",
@@ -40,6 +47,7 @@ __all__ = [
     "load_cache_sample",
     "make_cache_info",
     "operator_for",
+    "probe_video",
     "read_cache_info",
     "read_metadata",
     "resize_and_crop",

@@ -2,12 +2,13 @@
 
 A metadata file (``.csv``, ``.json`` holding a list of objects, or ``.jsonl`` with one object a line) has one row per
 sample. Columns named in ``data_file_keys`` hold a path relative to ``--dataset_base_path`` (or a list of paths); they
-are replaced by the loaded file when a sample is read. Every other column passes through unchanged (CSV cells are
-strings).
+are replaced by the loaded file when a sample is read: an image becomes a PIL image, a video a list of PIL frames.
+Every other column passes through unchanged (CSV cells are strings).
 
 Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
-columns and cells, and the header of every data file. A typo in row 9,000 therefore fails in seconds, not after an
-hour of training; decoding waits for ``__getitem__`` so that construction stays cheap in every dataloader worker.
+columns and cells, and the header of every data file (for a video, also its frame count against ``--num_frames``). A
+typo in row 9,000 therefore fails in seconds, not after an hour of training; decoding waits for ``__getitem__`` so
+that construction stays cheap in every dataloader worker.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataFileNotFoundError, DatasetError
 from .operators import DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, ResizeConfig, operator_for
+from .video import DEFAULT_NUM_FRAMES, LoadVideo
 
 METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")
 DEFAULT_DATA_FILE_KEYS = ("image", "video")
@@ -131,11 +133,13 @@ def _is_blank(value: Any) -> bool:
 def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike,
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
-                  resize: ResizeConfig | None = None) -> list[dict[str, Any]]:
+                  resize: ResizeConfig | None = None,
+                  file_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
-    pixel data is truncated still passes and fails later, when it is decoded.
+    pixel data is truncated still passes and fails later, when it is decoded. A video whose container stores no frame
+    count (webm, mkv) has its packets counted, which reads more of the file but still decodes nothing.
 
     Args:
         base_path: The folder data-file paths are relative to (``--dataset_base_path``).
@@ -143,6 +147,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         data_file_keys: Columns holding data-file paths (``--data_file_keys``).
         required_columns: Columns every row must fill.
         resize: The sizing rule; each image must give a non-empty target size under it. Default ``ResizeConfig()``.
+        file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
+            ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
 
     Returns:
         The metadata rows.
@@ -172,7 +178,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         for key in data_file_keys:
             if key in row:
                 for relative in _file_list(row[key], where, key):
-                    _check_file(base / relative, where, key, resize)
+                    _check_file(base / relative, where, key, resize, file_options)
     return rows
 
 
@@ -187,14 +193,15 @@ def _file_list(value: Any, where: str, key: str) -> list[str]:
     return values
 
 
-def _check_file(path: Path, where: str, key: str, resize: ResizeConfig) -> None:
+def _check_file(path: Path, where: str, key: str, resize: ResizeConfig,
+                file_options: Mapping[str, Any] | None) -> None:
     try:
         operator = operator_for(path, key)
         if not path.is_file():
             raise DataFileNotFoundError(
                 f"{path} does not exist; fix the path (relative to --dataset_base_path) or remove the row"
             )
-        operator.check(path, resize)
+        operator.check(path, resize, **operator.settings(file_options))
     except (DatasetError, DataFileNotFoundError) as error:
         raise type(error)(f"{where} column {key!r}: {error}") from error
 
@@ -213,32 +220,41 @@ class UnifiedDataset(Dataset):
         max_pixels: Pixel budget for images without a fixed size (``--max_pixels``).
         required_columns: Columns every row must fill.
         division_factor: Every image side is a multiple of this.
+        num_frames: Frames per video sample (``--num_frames``), of the form 4k+1: the first ``num_frames`` frames of
+            each video. Ignored for images.
+        allow_shorter_videos: Trim a video with fewer than ``num_frames`` frames to its largest 4k+1 count instead of
+            failing at construction; samples may then differ in length.
 
     Raises:
-        DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1.
+        DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
+            of the form 4k+1, and a video shorter than ``num_frames`` unless ``allow_shorter_videos``.
     """
 
     def __init__(self, base_path: str | os.PathLike, metadata_path: str | os.PathLike, repeat: int = 1,
                  data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS, height: int | None = None,
                  width: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
                  required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
-                 division_factor: int = DEFAULT_DIVISION_FACTOR) -> None:
+                 division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
+                 allow_shorter_videos: bool = False) -> None:
         check_repeat(repeat)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
             raise DatasetError("data_file_keys and required_columns take a list of column names, not one string")
         self.resize = ResizeConfig(height=height, width=width, max_pixels=max_pixels, division_factor=division_factor)
+        # Validated even for an image-only dataset: a bad --num_frames is a typo worth reporting before files are read.
+        video = LoadVideo(num_frames=num_frames, allow_shorter=allow_shorter_videos)
+        self.file_options = {"num_frames": video.num_frames, "allow_shorter": video.allow_shorter}
         self.base_path = Path(base_path)
         self.metadata_path = Path(metadata_path)
         self.repeat = repeat
         self.data_file_keys = tuple(data_file_keys)
         self.rows = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                  self.resize)
+                                  self.resize, self.file_options)
 
     def __len__(self) -> int:
         return len(self.rows) * self.repeat
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Row ``index % rows`` with its data files decoded (PIL images, or lists of them)."""
+        """Row ``index % rows`` with its data files decoded: a PIL image per image, a list of PIL frames per video."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
         sample = dict(self.rows[index % len(self.rows)])
@@ -251,4 +267,5 @@ class UnifiedDataset(Dataset):
 
     def _load(self, relative: str, key: str) -> Any:
         path = self.base_path / relative
-        return operator_for(path, key).load(path, self.resize)
+        operator = operator_for(path, key)
+        return operator.load(path, self.resize, **operator.settings(self.file_options))

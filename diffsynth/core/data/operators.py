@@ -5,15 +5,17 @@ Images are opened with PIL, converted to RGB and brought to a size the VAE accep
 each side rounded down to a multiple of 16. Resizing always scales to cover the target and then centre-crops, so the
 aspect ratio is never distorted; at most a thin border is lost.
 
-Operators are looked up by file extension in ``FILE_OPERATORS``. Video support (Wan) registers its extensions there
-too; until then a video file fails at dataset construction with the list of supported extensions.
+Operators are looked up by file extension in ``FILE_OPERATORS``: images here, videos (Wan) in ``video.py``. The
+lookup ignores the column, so a ``.gif`` loads as a video (a list of frames) in any column. An operator that needs
+settings beyond the size (a video's ``num_frames``) names them in ``FileOperator.options`` and receives them as
+keyword arguments.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 from PIL import Image, ImageOps
 
 from .errors import DatasetError
+from .video import VIDEO_EXTENSIONS, check_video, load_video
 
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_DIVISION_FACTOR = 16
@@ -74,13 +77,14 @@ class ResizeConfig:
         """True when every image is brought to ``width`` x ``height``."""
         return self.height is not None
 
-    def target_size(self, width: int, height: int, source: str | os.PathLike) -> tuple[int, int]:
-        """The ``(width, height)`` an image of the given size is brought to.
+    def target_size(self, width: int, height: int, source: str | os.PathLike, kind: str = "image") -> tuple[int, int]:
+        """The ``(width, height)`` an image (or every frame of a video) of the given size is brought to.
 
         Args:
             width: The image's width in pixels.
             height: The image's height in pixels.
             source: The image's file, named in the error.
+            kind: What the file holds (``"image"``, ``"video"``), named in the error.
 
         Raises:
             DatasetError: Without a fixed size, a side would round down to 0 (a very thin image).
@@ -93,10 +97,10 @@ class ResizeConfig:
         target = (scaled[0] // factor * factor, scaled[1] // factor * factor)
         if 0 in target:
             raise DatasetError(
-                f"image {source} is {width}x{height} pixels; fitted under --max_pixels {self.max_pixels} it is "
+                f"{kind} {source} is {width}x{height} pixels; fitted under --max_pixels {self.max_pixels} it is "
                 f"{scaled[0]}x{scaled[1]}, and a side under {factor} pixels rounds down to 0. Crop it to a less "
                 "extreme aspect ratio, remove its row from the metadata, or pass --height and --width to bring every "
-                "image to a fixed size"
+                f"{kind} to a fixed size"
             )
         return target
 
@@ -156,21 +160,35 @@ def load_image(path: Path, resize: ResizeConfig) -> Image.Image:
 class FileOperator:
     """The two things the dataset does with a data file of one kind.
 
+    Both are called as ``check(path, resize, **settings)`` and ``load(path, resize, **settings)``, where
+    ``settings`` holds the dataset options this operator names in ``options``.
+
     Attributes:
         kind: What the file holds, for messages (``"image"``).
         check: Fails fast on a file that cannot be loaded, reading as little of it as possible.
         load: Returns the decoded, resized content.
+        options: Names of the dataset options (``"num_frames"``, ...) passed to ``check`` and ``load`` as keyword
+            arguments; empty for operators that need only the size.
     """
 
     kind: str
-    check: Callable[[Path, ResizeConfig], None]
-    load: Callable[[Path, ResizeConfig], Any]
+    check: Callable[..., None]
+    load: Callable[..., Any]
+    options: tuple[str, ...] = ()
+
+    def settings(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The entries of a dataset's ``options`` this operator takes; missing ones keep the operator's defaults."""
+        return {name: options[name] for name in self.options if options and name in options}
 
 
 IMAGE_OPERATOR = FileOperator(kind="image", check=check_image, load=load_image)
+VIDEO_OPERATOR = FileOperator(kind="video", check=check_video, load=load_video, options=("num_frames", "allow_shorter"))
 
-# Extension (lower case, with the dot) -> operator. Later file kinds (video for Wan) add their extensions here.
-FILE_OPERATORS: dict[str, FileOperator] = {extension: IMAGE_OPERATOR for extension in IMAGE_EXTENSIONS}
+# Extension (lower case, with the dot) -> operator.
+FILE_OPERATORS: dict[str, FileOperator] = {
+    **{extension: IMAGE_OPERATOR for extension in IMAGE_EXTENSIONS},
+    **{extension: VIDEO_OPERATOR for extension in VIDEO_EXTENSIONS},
+}
 
 
 def operator_for(path: str | os.PathLike, key: str) -> FileOperator:

@@ -242,10 +242,10 @@ def test_a_file_pil_cannot_identify_names_the_file_and_row(folder):
     expect_error(folder, DatasetError, ["row 3", "'image'", "c.png", "not an image"])
 
 
-def test_a_video_file_before_video_support_lists_the_supported_extensions(folder):
-    (folder / "clip.mp4").write_bytes(b"\x00" * 64)
-    write_metadata(folder / "metadata.jsonl", [{"video": "clip.mp4", "prompt": "a clip"}])
-    expect_error(folder, DatasetError, ["row 1", "'video'", "clip.mp4", ".png"], "metadata.jsonl")
+def test_an_unsupported_extension_lists_the_supported_extensions(folder):
+    (folder / "clip.flv").write_bytes(b"\x00" * 64)
+    write_metadata(folder / "metadata.jsonl", [{"video": "clip.flv", "prompt": "a clip"}])
+    expect_error(folder, DatasetError, ["row 1", "'video'", "clip.flv", ".png", ".mp4"], "metadata.jsonl")
 
 
 def test_an_image_too_thin_for_max_pixels_fails_at_construction(folder):

@@ -156,7 +156,7 @@ def test_image_extensions_map_to_the_image_operator(extension):
     assert operator_for(f"a/b{extension}", "image").kind == "image"
 
 
-@pytest.mark.parametrize("name", ["clip.mp4", "notes.txt", "no_extension"])
+@pytest.mark.parametrize("name", ["clip.flv", "notes.txt", "no_extension"])
 def test_unsupported_extension_names_the_file_key_and_supported_list(name):
     with pytest.raises(DatasetError) as error:
         operator_for(f"data/{name}", "video")

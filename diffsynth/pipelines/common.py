@@ -1,0 +1,102 @@
+"""Pieces every pipeline family shares: size rounding, noise, image tensors and the starting-latents unit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..core.device import resolve_device
+from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
+from ..diffusion.flow_match import FlowMatchScheduler
+
+logger = logging.getLogger(__name__)
+
+# Pixels per latent token side: the VAEs downsample by 8 and the transformers patch 2x2 latents.
+SIZE_MULTIPLE = 16
+
+
+def round_size(value: int) -> int:
+    """``value`` rounded to the nearest multiple of 16 (halves up), at least 16."""
+    return max(SIZE_MULTIPLE, (int(value) + SIZE_MULTIPLE // 2) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+
+
+def image_to_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB PIL image as a ``(1, 3, H, W)`` float32 tensor in ``[-1, 1]``."""
+    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
+
+
+def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
+    """``(B, 3, H, W)`` values in ``[0, 1]`` to PIL images, rounded like diffusers' ``numpy_to_pil``."""
+    array = (images.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype("uint8")
+    return [Image.fromarray(frame) for frame in array]
+
+
+def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, rand_device: Any) -> torch.Tensor:
+    """Gaussian noise of ``shape`` in the pipeline's dtype, drawn on ``rand_device`` (CPU noise is the same on every
+    machine) from ``seed`` or torch's global generator, then moved to the compute device."""
+    rand_device = resolve_device(rand_device or "cpu", "rand_device")
+    generator = None if seed is None else torch.Generator(rand_device).manual_seed(seed)
+    noise = torch.randn(shape, generator=generator, device=rand_device, dtype=pipe.torch_dtype)
+    return noise.to(pipe.device)
+
+
+class ShapeCheckUnit(PipelineUnit):
+    """Rounds ``height`` and ``width`` to the nearest multiple of 16 (at least 16), warning when it changes them."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("height", "width"), output_params=("height", "width"))
+
+    def process(self, pipe: BasePipeline, height: int, width: int) -> dict:
+        rounded = {}
+        for name, value in (("height", height), ("width", width)):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive number of pixels, e.g. {name}=1328")
+            rounded[name] = round_size(value)
+            if rounded[name] != value:
+                logger.warning("%s=%d is not a multiple of %d; using %d", name, value, SIZE_MULTIPLE, rounded[name])
+        return rounded
+
+
+class LatentsUnit(PipelineUnit):
+    """The latents the denoising loop starts from: the noise, or the input noised to the first timestep."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("noise", "input_latents", "denoising_strength"), output_params=("latents",))
+
+    def process(self, pipe: BasePipeline, noise: torch.Tensor, input_latents: torch.Tensor | None,
+                denoising_strength: float | None) -> dict:
+        if input_latents is None or denoising_strength in (None, 1.0):
+            return {"latents": noise}
+        return {"latents": pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.timesteps[0])}
+
+
+class TextToLatentPipeline(BasePipeline):
+    """The shape Qwen-Image and Wan share: a ``dit``, a ``vae`` with normalised latents, a text encoder and tokenizer.
+
+    Subclasses set ``scheduler_preset`` and ``self.units``.
+    """
+
+    scheduler_preset = ""
+    latent_channels = 16
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
+                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
+        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
+                         manage_model_devices=manage_model_devices)
+        self.dit: torch.nn.Module | None = None
+        self.vae: torch.nn.Module | None = None
+        self.text_encoder: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+        self.scheduler = FlowMatchScheduler.from_preset(self.scheduler_preset)
+
+    def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""
+        shape = (1, -1) + (1,) * (like.dim() - 2)
+        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+        inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
+        return mean, inverse_std
