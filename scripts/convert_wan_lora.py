@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with safe_open(args.input, framework="pt") as handle:
         metadata = handle.metadata() or {}
-    # diffusers' adapter config names diffusers modules, so it would mislead a loader of the original naming.
+    # Both entries name diffusers modules, so they would mislead a loader of the original naming.
     metadata.pop("lora_adapter_metadata", None)
+    metadata.pop("lora_target_modules", None)
     atomic_save_safetensors(lora_to_original_wan(load_file(args.input)), args.output, metadata)
     print(f"wrote {args.output}")
 

@@ -254,3 +254,17 @@ class DiffusersScheduler:
     def step(self, model_output: torch.Tensor, timestep: torch.Tensor | float, sample: torch.Tensor) -> torch.Tensor:
         """The scheduler's ``step``, returning the tensor only."""
         return self.scheduler.step(model_output, timestep, sample, return_dict=False)[0]
+
+    def add_noise(self, original: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor | float) -> torch.Tensor:
+        """Noises ``original`` to ``timestep`` the scheduler's way (image- and video-to-video starts).
+
+        Raises:
+            NotImplementedError: The scheduler has neither ``scale_noise`` (flow-match Euler) nor ``add_noise``.
+        """
+        timestep = torch.as_tensor(timestep, device=original.device).reshape(1)
+        if hasattr(self.scheduler, "scale_noise"):
+            return self.scheduler.scale_noise(original, timestep, noise)
+        if hasattr(self.scheduler, "add_noise"):
+            return self.scheduler.add_noise(original, noise, timestep)
+        raise NotImplementedError(f"{type(self.scheduler).__name__} cannot noise an input; use FlowMatchScheduler for "
+                                  "image- or video-to-video")

@@ -100,6 +100,9 @@ def add_video_size_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add_size_flags(group)
     group.add_argument("--num_frames", type=int, default=81,
                        help="Frames per video sample; 4k+1 (e.g. 49, 81), as the video VAE compresses time by 4.")
+    group.add_argument("--allow_shorter_videos", action="store_true",
+                       help="Trim clips shorter than --num_frames to their largest 4k+1 frame count instead of "
+                            "refusing them (samples then differ in length).")
     return parser
 
 

@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
 from ..core.offload_training import OffloadTrainingManager
 from .checkpoint import save_training_state
+from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
+                                make_optimizer, release_unused_models)
 from .logger import ModelLogger
 from .training_module import DiffusionTrainingModule
 
@@ -56,9 +58,14 @@ class EpochShuffleSampler(Sampler[int]):
         return self.size
 
 
-def step_generator(seed: int, micro_step: int, process_index: int) -> torch.Generator:
-    """The CPU generator for one micro-batch's timestep and noise, a function of the run's position only."""
-    (state,) = np.random.SeedSequence([seed, micro_step, process_index]).generate_state(1, dtype=np.uint64)
+def step_generator(seed: int, sample_index: int) -> torch.Generator:
+    """The CPU generator for one sample's timestep and noise, a function of the run's position only.
+
+    ``sample_index`` counts samples across all processes (``micro_step * num_processes + process_index``, the order
+    in which accelerate deals batches out), so P processes draw what one process accumulating P micro-batches
+    would, and the two runs train the same weights.
+    """
+    (state,) = np.random.SeedSequence([seed, sample_index]).generate_state(1, dtype=np.uint64)
     return torch.Generator().manual_seed(int(state))
 
 
@@ -121,7 +128,13 @@ def launch_data_process_task(accelerator: Any, dataset: Dataset, module: Diffusi
 
 
 def _trainable_state(accelerator: Any, module: DiffusionTrainingModule):
-    return lambda: accelerator.unwrap_model(module).trainable_state_dict()
+    params = [param for param in module.parameters() if param.requires_grad]
+
+    def collect() -> dict[str, torch.Tensor]:
+        with gathered_parameters(params):
+            return module.trainable_state_dict()
+
+    return collect
 
 
 def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
@@ -143,13 +156,22 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     """
     from diffusers.optimization import get_scheduler
 
-    managers = place_models(module, accelerator.device, args)
+    deepspeed = deepspeed_config(accelerator) is not None
+    if deepspeed:
+        # DeepSpeed places and partitions the weights itself; it must not meet models this stage never runs.
+        release_unused_models(module)
+        managers = []
+    else:
+        managers = place_models(module, accelerator.device, args)
     params = [param for param in module.parameters() if param.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
     sampler = EpochShuffleSampler(len(dataset), args.seed)
     dataloader = DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=_first,
                             num_workers=args.dataset_num_workers)
-    if managers:
+    if deepspeed:
+        trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
+        initialize_deepspeed_gradient_checkpointing(accelerator)
+    elif managers:
         trained = module
         optimizer, dataloader = accelerator.prepare(optimizer, dataloader)
     else:
@@ -174,6 +196,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     def checkpoint() -> None:
         nonlocal saved_step
         saved_step = progress["global_step"]
+        if deepspeed:
+            return  # ZeRO partitions the optimizer states; resuming under DeepSpeed is refused at start-up
         if accelerator.is_main_process:
             save_training_state(args.output_path, _trainable_state(accelerator, module)(), optimizer.state_dict(),
                                 lr_scheduler.state_dict(), progress, keep_last=args.checkpoints_total_limit)
@@ -195,14 +219,15 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         for sample in batches:
             # Forward and backward, accumulating over micro-batches.
             with accelerator.accumulate(trained):
-                generator = step_generator(args.seed, progress["micro_step"], accelerator.process_index)
+                sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
+                generator = step_generator(args.seed, sample_index)
                 with accelerator.autocast():
                     loss = trained(sample, generator=generator)
                 accelerator.backward(loss)
                 micro_losses.append(loss.detach().float())
                 # Offload: unload what is left and hand host gradients to .grad before the step.
                 for manager in managers:
-                    manager.after_backward()
+                    manager.after_backward(sync_gradients=accelerator.sync_gradients)
                 if accelerator.sync_gradients and args.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()

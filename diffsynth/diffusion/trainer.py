@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
-from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths
+from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state, read_progress, resolve_checkpoint
+from .deepspeed_support import deepspeed_config, without_zero3_init
 from .logger import ModelLogger
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .runner import launch_data_process_task, launch_training_task
@@ -30,9 +32,12 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs.
+    # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs. Under a
+    # DeepSpeed launch the flag would switch DeepSpeed off, so DeepSpeed picks its (CPU) accelerator itself.
+    deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     return Accelerator(
-        cpu=not torch.cuda.is_available(), gradient_accumulation_steps=args.gradient_accumulation_steps,
+        cpu=not torch.cuda.is_available() and not deepspeed_launch,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=args.find_unused_parameters)],
     )
@@ -48,6 +53,21 @@ def agree_on_seed(accelerator: Any, seed: int | None) -> int:
     if accelerator.num_processes > 1:
         broadcast_object_list(drawn)
     return drawn[0]
+
+
+def refuse_with_deepspeed(args: argparse.Namespace) -> None:
+    """Flags that cannot work when accelerate runs DeepSpeed, each with its fix."""
+    problems = []
+    if args.enable_model_cpu_offload:
+        problems.append("--enable_model_cpu_offload and DeepSpeed both decide where the weights live; drop "
+                        "--enable_model_cpu_offload (ZeRO-3's offload_param keeps the weights in CPU memory), or "
+                        "launch without the DeepSpeed accelerate config")
+    if args.resume_from_checkpoint:
+        problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
+                        "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
+                        "with --lora_checkpoint instead")
+    if problems:
+        raise FlagError(problems)
 
 
 def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> UnifiedDataset:
@@ -67,11 +87,16 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
+        allow_shorter_videos=getattr(args, "allow_shorter_videos", False),
     )  # fmt: skip
 
 
-def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], device: Any) -> BasePipeline:
-    """Loads the models the flags name; ``--offload_models`` entries are built without weights."""
+def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
+    """Loads the models the flags name; ``--offload_models`` entries are built without weights.
+
+    Missing files are downloaded once per machine: the local main process fetches them while the others wait at a
+    barrier, then every process loads from disk.
+    """
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
     skeletons = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
     unmatched = [config.describe() for config in skeletons if config not in configs]
@@ -79,11 +104,16 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
         raise FlagError([f"--offload_models entries {unmatched} are not among the models loaded; copy them exactly "
                          "from --model_id_with_origin_paths"])
     tokenizer = ModelConfig(path=args.tokenizer_path) if args.tokenizer_path else None
+    with accelerator.local_main_process_first():
+        for config in [*configs, *([tokenizer] if tokenizer else [])]:
+            resolve_files(config)
+    device = accelerator.device
     # Offloaded training streams weights from host memory, so they are loaded there.
     load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
-    return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
-                                          tokenizer_config=tokenizer, offload_device=load_device,
-                                          skeleton_configs=skeletons)
+    with without_zero3_init(accelerator):
+        return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
+                                              tokenizer_config=tokenizer, offload_device=load_device,
+                                              skeleton_configs=skeletons)
 
 
 def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
@@ -98,9 +128,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     args = parse_args(argv, video=video)
     _, stage = task_stage(args.task)
     accelerator = make_accelerator(args)
-    if accelerator.num_processes > 1 and args.enable_model_cpu_offload:
-        raise FlagError([f"--enable_model_cpu_offload runs on one process for now, got {accelerator.num_processes}; "
-                         "launch one process, or train without offload"])
+    if deepspeed_config(accelerator) is not None:
+        refuse_with_deepspeed(args)
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
         if args.resume_from_checkpoint else None
     if checkpoint is not None and args.seed is None:
@@ -111,7 +140,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     set_seed(args.seed)
     dataset = CacheDataset(args.dataset_base_path) if stage == "train" else build_raw_dataset(args, pipeline_class)
     # Models and the training module.
-    pipe = load_pipeline(args, pipeline_class, accelerator.device)
+    pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(

@@ -65,13 +65,14 @@ def video_to_tensor(frames: Sequence[Image.Image]) -> torch.Tensor:
 
 
 def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, quality: int = 8) -> Path:
-    """Writes frames as an H.264 ``.mp4`` (PyAV) or an animated ``.gif`` (Pillow), chosen by the suffix.
+    """Writes frames as an ``.mp4`` (PyAV; H.264, or MPEG-4 Part 2 where FFmpeg lacks libx264) or an animated
+    ``.gif`` (Pillow), chosen by the suffix.
 
     Args:
         frames: PIL images of one size.
         path: Output file; ``.mp4`` or ``.gif``.
         fps: Frames per second.
-        quality: For mp4, 0 (largest file) to 10 (best); mapped to the encoder's CRF.
+        quality: For H.264, 0 (smallest file) to 10 (best); mapped to the encoder's CRF.
     """
     from ..core.files import atomic_write
 
@@ -86,10 +87,14 @@ def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, q
         import av
 
         with av.open(str(temporary), mode="w", format="mp4") as container:
-            stream = container.add_stream("libx264", rate=fps)
+            try:
+                stream = container.add_stream("libx264", rate=fps)
+            except (ValueError, av.error.FFmpegError):  # an FFmpeg build without libx264
+                stream = container.add_stream("mpeg4", rate=fps)
             stream.width, stream.height = frames[0].size
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": str(round(51 - 4.6 * quality))}
+            if stream.codec_context.name == "libx264":
+                stream.options = {"crf": str(round(51 - 4.6 * quality))}
             for frame in frames:
                 container.mux(stream.encode(av.VideoFrame.from_image(frame.convert("RGB"))))
             container.mux(stream.encode())

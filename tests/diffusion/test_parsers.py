@@ -39,7 +39,7 @@ def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
     assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS}
     video = build_parser(video=True).parse_args([])
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, "num_frames": 81}
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, "num_frames": 81, "allow_shorter_videos": False}
 
 
 def test_a_valid_command_parses_with_its_types():
@@ -181,7 +181,7 @@ def test_flag_table_lists_every_flag_under_its_group():
     table = flag_table(parser)
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
-    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + 1
+    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + 2  # plus --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table

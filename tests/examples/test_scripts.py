@@ -7,6 +7,7 @@ conflicting combination therefore fails here instead of in a user's terminal.
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -46,11 +47,17 @@ def _cases() -> list:
     return cases
 
 
-def test_expected_scripts_exist():
+def parser_for(train_py: Path) -> argparse.ArgumentParser:
+    """The parser of the trainer ``train_py`` runs: the video one (with ``--num_frames``) for a ``video=True`` entry."""
+    return build_parser(video="video=True" in train_py.read_text())
+
+
+@pytest.mark.parametrize(("training", "name"), [("qwen_image/model_training", "Qwen-Image"),
+                                                ("wanvideo/model_training", "Wan2.1-T2V-1.3B")])
+def test_expected_scripts_exist(training, name):
     names = {str(script.relative_to(REPO / "examples")) for script in SCRIPTS}
-    training = "qwen_image/model_training"
-    assert {f"{training}/lora/Qwen-Image.sh", f"{training}/special/offload_training/Qwen-Image-LoRA.sh",
-            f"{training}/special/split_training/Qwen-Image-LoRA.sh"} <= names
+    assert {f"{training}/lora/{name}.sh", f"{training}/special/offload_training/{name}-LoRA.sh",
+            f"{training}/special/split_training/{name}-LoRA.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: str(path.relative_to(REPO / "examples")))
@@ -60,17 +67,34 @@ def test_script_stops_on_error_and_launches_training(script):
     assert launch_commands(text), f"{script} holds no `accelerate launch ... train.py` command"
 
 
-def test_split_script_has_both_stages():
-    script = REPO / "examples/qwen_image/model_training/special/split_training/Qwen-Image-LoRA.sh"
-    tasks = [build_parser().parse_args(trainer_argv(words)[1]).task for words in launch_commands(script.read_text())]
+@pytest.mark.parametrize("script", ["qwen_image/model_training/special/split_training/Qwen-Image-LoRA.sh",
+                                    "wanvideo/model_training/special/split_training/Wan2.1-T2V-1.3B-LoRA.sh"])
+def test_split_script_has_both_stages(script):
+    tasks = []
+    for words in launch_commands((REPO / "examples" / script).read_text()):
+        train_py, argv = trainer_argv(words)
+        tasks.append(parser_for(train_py).parse_args(argv).task)
     assert tasks == ["sft:data_process", "sft:train"]
+
+
+def test_wan_commands_that_read_videos_name_the_frame_count():
+    commands = [words for script in SCRIPTS if script.is_relative_to(REPO / "examples/wanvideo")
+                for words in launch_commands(script.read_text())]
+    assert commands, "no Wan training command found"
+    for words in commands:
+        train_py, argv = trainer_argv(words)
+        args = parser_for(train_py).parse_args(argv)
+        assert hasattr(args, "num_frames"), f"{train_py} does not build the video parser"
+        # The default (81 frames) is rarely what a script means. Stage 2 reads latents stage 1 already sized.
+        if not args.task.endswith(":train"):
+            assert "--num_frames" in argv, f"no --num_frames in {shlex.join(words)}"
 
 
 @pytest.mark.parametrize(("script", "words"), _cases())
 def test_command_parses_and_validates(script, words, capsys):
     train_py, argv = trainer_argv(words)
     assert train_py.is_file(), f"{script} launches {train_py}, which does not exist"
-    parser = build_parser(video="video=True" in train_py.read_text())
+    parser = parser_for(train_py)
     try:
         args = parser.parse_args(argv)
     except SystemExit:

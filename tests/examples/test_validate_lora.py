@@ -6,7 +6,6 @@ the merged weights visibly change the image.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,39 +14,23 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.diffusion import trainer
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples/qwen_image/model_training/validate_lora/Qwen-Image.py"
+from .helpers import load_script as load_script_at, train_lora
+
+SCRIPT = "examples/qwen_image/model_training/validate_lora/Qwen-Image.py"
 MODELS = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
 RENDER = ["--height", "64", "--width", "48", "--steps", "2", "--device", "cpu", "--torch_dtype", "float32"]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("validate_qwen_image_lora", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script_at(SCRIPT, "validate_qwen_image_lora")
 
 
 @pytest.fixture
 def lora_file(base, tmp_path) -> Path:
-    from accelerate.state import AcceleratorState, GradientState
-
     metadata = build_example_dataset(tmp_path / "dataset", num_images=2)
-    output = tmp_path / "train"
-    argv = [
-        "--dataset_base_path", str(metadata.parent), "--dataset_metadata_path", str(metadata),
-        "--max_pixels", "4096", "--model_id_with_origin_paths", MODELS, "--lora_base_model", "dit",
-        "--lora_target_modules", "to_q,to_k,to_v", "--lora_rank", "4", "--learning_rate", "1e-2",
-        "--torch_dtype", "float32", "--seed", "0", "--num_epochs", "1", "--output_path", str(output),
-    ]  # fmt: skip
-    try:
-        trainer.main(QwenImagePipeline, argv)
-    finally:  # the next in-process run builds its own Accelerator, as a separate launch would
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-    return output / "epoch-0.safetensors"
+    return train_lora(QwenImagePipeline, metadata, MODELS, tmp_path / "train", "to_q,to_k,to_v")
 
 
 def test_default_models_are_the_trained_ones():

@@ -130,3 +130,15 @@ def test_original_wan_names_select_diffusers_layers_and_export_back(tiny_root, m
     assert "diffusion_model.blocks.0.ffn.0.lora_A.weight" in original and len(original) == 40
     with pytest.raises(ValueError, match="no counterpart"):
         lora_to_original_wan({"transformer.blocks.0.norm2.lora_A.weight": torch.zeros(1)})
+
+
+def test_video_to_video_works_with_the_diffusers_scheduler_too(pipes):
+    ours, _ = pipes
+    ours.scheduler = unipc()
+    try:
+        frames = [Image.new("RGB", (48, 32), (200, 30, 90))] * 5
+        video = ours(PROMPT, cfg_scale=1.0, input_video=frames, denoising_strength=0.5, seed=0, output_type="pt",
+                     progress_bar=False, **{**SIZE, "num_inference_steps": 4})
+    finally:
+        ours.scheduler = WanVideoPipeline().scheduler
+    assert video.shape == (1, 5, 3, 32, 48) and torch.isfinite(video).all()

@@ -165,7 +165,7 @@ class LoadVideo:
         raise DatasetError(
             f"video {path} has {available} frames, fewer than the {self.num_frames} that --num_frames asks for; "
             f"{fixes}use a clip with at least {self.num_frames} frames, remove its row from the metadata, or let "
-            "shorter videos be trimmed (UnifiedDataset(allow_shorter_videos=True))"
+            "shorter videos be trimmed (--allow_shorter_videos)"
         )
 
     def check(self, path: Path, resize: ResizeConfig) -> None:

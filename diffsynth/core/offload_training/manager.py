@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
+from .grad_sync import GradientSynchronizer, distributed_world_size
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
                         TensorOffloader, TrainableParamOffloader)
@@ -171,6 +172,9 @@ class OffloadTrainingManager:
             offloader.onload()
         if self._resident:
             logger.info("%d tensor(s) held directly by the root module stay on %s", len(self._resident), self.device)
+        # Offloaded models are not wrapped by DDP, so the manager averages their gradients itself.
+        trainable = [param for param in model.parameters() if param.requires_grad]
+        self._grad_sync = GradientSynchronizer(trainable) if trainable and distributed_world_size() > 1 else None
         self._in_recompute: set[str] = set()
         self._loaded_on_demand: list[TensorOffloader] = []
         self._pushed_saved_tensor_hooks = 0
@@ -316,11 +320,16 @@ class OffloadTrainingManager:
 
     # ---- public API ---------------------------------------------------------------------------------------------
 
-    def after_backward(self) -> None:
+    def after_backward(self, sync_gradients: bool = True) -> None:
         """Ends a backward pass: unloads every unit and moves the gradients of host-trained weights to ``.grad``.
 
         Call it after each ``backward()`` and before ``optimizer.step()``. Called with no backward since the last
         call it changes nothing (a documented no-op).
+
+        Args:
+            sync_gradients: In a multi-process run, average the trainable gradients across processes now. Pass False
+                on the micro-steps of gradient accumulation that end without an optimizer step (accelerate's
+                ``accelerator.sync_gradients``), so the all-reduce runs once per optimizer step.
         """
         for unit in self.units:
             unit.pending_backward = 0
@@ -333,6 +342,8 @@ class OffloadTrainingManager:
         for offloader in self._offloaders.values():
             if isinstance(offloader, TrainableParamOffloader):
                 offloader.publish_grad()
+        if sync_gradients and self._grad_sync is not None:
+            self._grad_sync.all_reduce_mean()
 
     @property
     def resident_bytes(self) -> int:
