@@ -69,6 +69,8 @@ class BasePipeline(torch.nn.Module):
         self.manage_model_devices = manage_model_devices
         self.units: list[PipelineUnit] = []
         self.unit_runner = PipelineUnitRunner()
+        #: The config each slot was loaded from (flags that name models by config map to slots through it).
+        self.model_configs: dict[str, ModelConfig] = {}
         self.scheduler: Any = None
 
     @classmethod
@@ -122,6 +124,7 @@ class BasePipeline(torch.nn.Module):
         if getattr(self, name, None) is not None:
             raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
         setattr(self, name, component)
+        self.model_configs[name] = config
         return name
 
     def model_names(self) -> list[str]:

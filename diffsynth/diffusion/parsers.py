@@ -122,6 +122,10 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     group.add_argument("--offload_models", type=str, default=None,
                        help="Entries of --model_id_with_origin_paths that this stage never computes with (split "
                             "training); they are built without weights, so they cost no memory or load time.")
+    group.add_argument("--fp8_models", type=str, default=None,
+                       help="Entries of --model_id_with_origin_paths whose frozen Linear weights are stored in "
+                            "float8 (per-row scaled, cast up per call): half the memory and offload traffic of "
+                            "bf16, about 2.5%% weight error. LoRA on such a model trains as usual.")
     group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
                        help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
     group.add_argument("--initialize_model_on_cpu", action="store_true",
@@ -398,8 +402,9 @@ def _format_default(default: object) -> str:
 
 
 def _table_cell(text: str) -> str:
-    # Angle brackets would read as HTML tags in rendered Markdown.
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    # Angle brackets would read as HTML tags in rendered Markdown; "%%" is argparse's escape for a percent sign.
+    text = " ".join(text.split()).replace("%%", "%")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:

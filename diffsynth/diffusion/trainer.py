@@ -116,6 +116,19 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
                                               skeleton_configs=skeletons)
 
 
+def fp8_model_names(args: argparse.Namespace, pipe: BasePipeline) -> list[str]:
+    """The pipeline slots of the ``--fp8_models`` entries."""
+    if not args.fp8_models:
+        return []
+    wanted = parse_model_id_with_origin_paths(args.fp8_models)
+    names = [name for name, config in pipe.model_configs.items() if config in wanted]
+    unmatched = [config.describe() for config in wanted if config not in pipe.model_configs.values()]
+    if unmatched:
+        raise FlagError([f"--fp8_models entries {unmatched} are not among the models loaded; copy them exactly from "
+                         "--model_id_with_origin_paths"])
+    return names
+
+
 def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
     """Runs the task the flags describe with ``pipeline_class``.
 
@@ -151,6 +164,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         use_gradient_checkpointing_offload=args.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
+        fp8_models=fp8_model_names(args, pipe),
     )  # fmt: skip
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args)}

@@ -58,6 +58,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
+        fp8_models: Models whose frozen Linear weights are stored in float8 (after the LoRA is injected, so the
+            LoRA itself stays float32).
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -69,7 +71,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
-                 timestep_boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = ()) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
@@ -85,6 +87,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         if self.stage != "data_process":
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
+        self._store_in_fp8(fp8_models)
         final_keys = self.loss.required_keys(pipe)
         related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
         self.cache_keys = sorted(required_cache_keys(related, final_keys))
@@ -187,6 +190,18 @@ class DiffusionTrainingModule(torch.nn.Module):
         with torch.no_grad():
             for name, value in loaded.items():
                 own[name].copy_(value)
+
+    def _store_in_fp8(self, names: Sequence[str]) -> None:
+        from ..core.fp8 import enable_fp8_storage
+
+        for name in names:
+            model = self._model(name, "--fp8_models")
+            if name in self.trainable_models and self.stage != "data_process":
+                raise ValueError(f"--fp8_models includes {name}, which --trainable_models trains in full; fp8 storage "
+                                 "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
+            if any(param.is_meta for param in model.parameters()):
+                continue  # a skeleton from --offload_models holds no weights to convert
+            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model).summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:

@@ -28,7 +28,7 @@ REFERENCE_DEFAULTS = {
 EXTRA_DEFAULTS = {
     "seed": None, "lr_scheduler": "constant", "lr_warmup_steps": 0, "max_grad_norm": None, "mixed_precision": "no",
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
-    "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0,
+    "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0, "fp8_models": None,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

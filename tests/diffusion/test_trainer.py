@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
@@ -320,3 +321,17 @@ def test_a_cache_made_for_another_model_is_refused(cache, tmp_path):
         main(QwenImagePipeline, stage_two_argv(other, tmp_path / "out"))
     with pytest.raises(FileNotFoundError, match="--dataset_base_path"):
         main(QwenImagePipeline, stage_two_argv(tmp_path / "nowhere", tmp_path / "out"))
+
+
+def test_fp8_models_train_a_lora_on_an_fp8_transformer(dataset, tmp_path):
+    from diffsynth.core.fp8 import Fp8Linear
+
+    result = one_stage(dataset, tmp_path / "out", "--fp8_models", PATTERN["dit"], "--num_epochs", "1",
+                       "--enable_model_cpu_offload")
+    dit = result["module"].pipe.dit
+    assert any(isinstance(layer, Fp8Linear) for layer in dit.modules())
+    assert all(p.dtype == torch.float32 for n, p in dit.named_parameters() if ".lora_" in n)
+    assert max(lora(tmp_path / "out", "epoch-0")[k].abs().max().item()
+               for k in lora(tmp_path / "out", "epoch-0") if "lora_B" in k) > 1e-4
+    with pytest.raises(FlagError, match="--fp8_models entries"):
+        one_stage(dataset, tmp_path / "bad", "--fp8_models", "Qwen/Qwen-Image:nothing/*.safetensors")
