@@ -7,8 +7,10 @@ memory statistics become no-ops or zeros.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from typing import Any
 
 import torch
 
@@ -108,3 +110,34 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return None
+
+
+def new_stream(device: torch.device) -> Any:
+    """A new side stream on ``device``, so copies can overlap compute; None on the CPU, which has no streams."""
+    if device.type == "cuda":
+        return torch.cuda.Stream(device=device)
+    return None
+
+
+def use_stream(stream: Any) -> contextlib.AbstractContextManager:
+    """Makes ``stream`` current inside the ``with`` block; a no-op context for None (the CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def record_event(device: torch.device, enable_timing: bool = False) -> Any:
+    """Records an event on the current stream of ``device`` and returns it; None on the CPU.
+
+    Work queued on the stream before this call completes before the event does, so another stream that waits for it
+    (``wait_event``) runs after that work; with ``enable_timing`` two events measure the GPU time between them.
+    """
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=enable_timing)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def wait_event(device: torch.device, event: Any) -> None:
+    """Makes the current stream of ``device`` wait for ``event`` on the GPU (the host does not block); None: no-op."""
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)

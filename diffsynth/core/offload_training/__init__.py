@@ -1,15 +1,21 @@
-"""Offload training: weights in host memory, moved to the compute device one unit at a time."""
+"""Offload training: weights in host memory, moved to the compute device one unit (or one block) at a time."""
 
+from .block_swap import (BlockSwap, BlockSwapConfig, ClassicBlockSwap, create_offloader, find_block_list,
+                         streaming_block_indices)
+from .h2d_stream import H2DOnlyBlockSwap
 from .manager import OffloadTrainingConfig, OffloadTrainingManager, OffloadUnit
 from .memory_buffer import (ALIGNMENT, BaseBufferPool, PinnedArenaPool, PinnedBuffer, per_tensor_pinned_bytes,
                             plan_arena)
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
                         TensorOffloader, TrainableParamOffloader)
 from .placement import UnitSpec, plan_units
+from .transfer import DirectEngine, StagedEngine, SyncEngine, TransferEngine, TransferTimer, make_engine
 
 __all__ = [
-    "ALIGNMENT", "AlwaysOnDeviceParamOffloader", "BaseBufferPool", "BufferOffloader", "OffloadTrainingConfig",
-    "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool", "PinnedBuffer", "ResidencyMeter",
-    "StaticParamOffloader", "TensorOffloader", "TrainableParamOffloader", "UnitSpec", "per_tensor_pinned_bytes",
-    "plan_arena", "plan_units",
+    "ALIGNMENT", "AlwaysOnDeviceParamOffloader", "BaseBufferPool", "BlockSwap", "BlockSwapConfig",
+    "BufferOffloader", "ClassicBlockSwap", "DirectEngine", "H2DOnlyBlockSwap", "OffloadTrainingConfig",
+    "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool", "PinnedBuffer", "ResidencyMeter", "StagedEngine",
+    "StaticParamOffloader", "SyncEngine", "TensorOffloader", "TrainableParamOffloader", "TransferEngine",
+    "TransferTimer", "UnitSpec", "create_offloader", "find_block_list", "make_engine", "per_tensor_pinned_bytes",
+    "plan_arena", "plan_units", "streaming_block_indices",
 ]

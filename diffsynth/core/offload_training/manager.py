@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..device import resolve_device
+from .autograd_hooks import UnitBoundary, inside_backward, iter_tensors
 from .grad_sync import GradientSynchronizer, distributed_world_size
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
@@ -68,20 +68,6 @@ class OffloadTrainingConfig:
         return int(self.cpu_offload_split_threshold * MB)
 
 
-class _UnitBoundary(torch.autograd.Function):
-    """Identity on a unit's inputs whose backward runs once the unit's input gradients are complete."""
-
-    @staticmethod
-    def forward(ctx: Any, on_backward_done: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.on_backward_done = on_backward_done
-        return tensors
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        ctx.on_backward_done()
-        return (None, *grads)
-
-
 @dataclasses.dataclass(eq=False)
 class _SavedWeight:
     offloader: TensorOffloader
@@ -114,24 +100,6 @@ class OffloadUnit:
             self.is_loaded = False
             for offloader in self.offloaders:
                 offloader.offload()
-
-
-def _iter_tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _iter_tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _iter_tensors(item)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for item in dataclasses.fields(value):
-            yield from _iter_tensors(getattr(value, item.name))
-
-
-def _inside_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
 
 
 class OffloadTrainingManager:
@@ -228,7 +196,7 @@ class OffloadTrainingManager:
     def _make_pre_hook(self, unit: OffloadUnit) -> Any:
         def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
             unit.load()
-            if _inside_backward():
+            if inside_backward():
                 self._in_recompute.add(unit.name)
                 return None
             unit.last_call_wrapped = False
@@ -244,7 +212,7 @@ class OffloadTrainingManager:
             return None
         unit.pending_backward += 1
         unit.last_call_wrapped = True
-        wrapped = _UnitBoundary.apply(lambda: self._on_backward_done(unit),
+        wrapped = UnitBoundary.apply(lambda: self._on_backward_done(unit),
                                       *[args[i] for i in positions], *[kwargs[k] for k in keys])
         args, kwargs = list(args), dict(kwargs)
         for i, tensor in zip(positions + keys, wrapped):
@@ -260,7 +228,7 @@ class OffloadTrainingManager:
                 return
             if torch.is_grad_enabled():
                 needs_backward = False
-                for tensor in _iter_tensors(output):
+                for tensor in iter_tensors(output):
                     if tensor.requires_grad and tensor.grad_fn is not None:
                         tensor.register_hook(lambda grad: self._on_backward_start(unit))
                         needs_backward = True
