@@ -227,6 +227,22 @@ def add_offload_training_config(parser: argparse.ArgumentParser) -> argparse.Arg
     return parser
 
 
+def add_block_swap_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the block swap flags (the denoising transformer's blocks kept in host memory; see docs Block_Swap)."""
+    group = parser.add_argument_group("Block swap")
+    group.add_argument("--blocks_to_swap", type=int, default=0,
+                       help="Blocks of the transformer kept in host memory and moved to the GPU only while they "
+                            "compute; 0 turns block swap off.")
+    group.add_argument("--block_swap_h2d_only", action="store_true",
+                       help="Stream those blocks' frozen weights into a small ring of GPU slots, host-to-device only "
+                            "(LoRA training; needs --use_gradient_checkpointing).")
+    group.add_argument("--block_swap_ring_size", type=int, default=2,
+                       help="GPU slots for streamed blocks with --block_swap_h2d_only; more slots, more overlap.")
+    group.add_argument("--use_pinned_memory_for_block_swap", action="store_true",
+                       help="Keep swapped weights in pinned host memory: faster copies, RAM locked for the run.")
+    return parser
+
+
 def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the metric-logging flags: CSV, TensorBoard and Weights & Biases."""
     group = parser.add_argument_group("Logging")
@@ -247,7 +263,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config, add_gradient_config,
-                add_offload_training_config, add_logging_config):
+                add_offload_training_config, add_block_swap_config, add_logging_config):
         add(parser)
     return parser
 
@@ -261,6 +277,8 @@ _LOWER_BOUNDS = (
     ("gradient_accumulation_steps", 1, True, "--gradient_accumulation_steps 1"),
     ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
     ("checkpoints_total_limit", 1, True, "--checkpoints_total_limit 2"),
+    ("blocks_to_swap", 0, True, "--blocks_to_swap 10, or 0 for no block swap"),
+    ("block_swap_ring_size", 1, True, "--block_swap_ring_size 2"),
     ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
     ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
     ("max_grad_norm", 0, False, "--max_grad_norm 1.0, or drop it to clip nothing"),
@@ -291,6 +309,16 @@ def _offload_problems(args: argparse.Namespace) -> list[str]:
     if threshold is not None and not args.enable_model_cpu_offload:
         problems.append(f"--cpu_offload_split_threshold {threshold} has no effect without --enable_model_cpu_offload; "
                         f"add --enable_model_cpu_offload, or drop --cpu_offload_split_threshold")
+    if getattr(args, "blocks_to_swap", 0) and args.enable_model_cpu_offload:
+        problems.append(f"--blocks_to_swap {args.blocks_to_swap} and --enable_model_cpu_offload both move the "
+                        "transformer's weights; use one of them (--enable_model_cpu_offload keeps less on the GPU, "
+                        "block swap moves whole blocks)")
+    if getattr(args, "block_swap_h2d_only", False) and not getattr(args, "blocks_to_swap", 0):
+        problems.append("--block_swap_h2d_only streams the blocks --blocks_to_swap selects; add --blocks_to_swap N")
+    if getattr(args, "block_swap_h2d_only", False) and not (args.use_gradient_checkpointing
+                                                            or args.use_gradient_checkpointing_offload):
+        problems.append("--block_swap_h2d_only reuses a few GPU slots, which only works when each block is "
+                        "recomputed in backward; add --use_gradient_checkpointing")
     if threshold is not None and threshold <= 0:
         problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
                         f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")

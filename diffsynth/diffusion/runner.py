@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from tqdm.auto import tqdm
 
 from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
-from ..core.offload_training import OffloadTrainingManager
+from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
 from .checkpoint import save_training_state
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
@@ -70,19 +70,28 @@ def step_generator(seed: int, sample_index: int) -> torch.Generator:
 
 
 def place_models(module: DiffusionTrainingModule, device: torch.device, args: argparse.Namespace
-                 ) -> list[OffloadTrainingManager]:
-    """Puts the stage's models where they compute: on the device, or under offload managers.
+                 ) -> tuple[list[OffloadTrainingManager], list[BlockSwap]]:
+    """Puts the stage's models where they compute: on the device, under offload managers, or under block swap.
 
     One manager per model rather than one over the pipeline: the pipeline object itself is never called, and each
-    manager needs its model's own forward to bracket the saved-tensor hooks.
+    manager needs its model's own forward to bracket the saved-tensor hooks. Block swap (``--blocks_to_swap``)
+    applies to the denoising model only; the other models go to the device whole.
+
+    Returns:
+        ``(managers, block_swaps)``: what the loop must call ``after_backward()`` on, and what to ``remove()``.
     """
     pipe = module.pipe
     pipe.manage_model_devices = False
     names = module.active_model_names()
     if not args.enable_model_cpu_offload:
+        swaps = []
         for name in names:
-            getattr(pipe, name).to(device)
-        return []
+            model = getattr(pipe, name)
+            if getattr(args, "blocks_to_swap", 0) and name in pipe.denoising_model_names:
+                swaps.append(create_offloader(model, BlockSwapConfig.from_args(args), device))
+            else:
+                model.to(device)
+        return [], swaps
     managers = []
     for name in names:
         model = getattr(pipe, name)
@@ -91,7 +100,7 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, args: ar
             model, device, enable_optimizer_cpu_offload=bool(args.enable_optimizer_cpu_offload and trains),
             cpu_offload_split_threshold=args.cpu_offload_split_threshold,
         ))
-    return managers
+    return managers, []
 
 
 def launch_data_process_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
@@ -104,7 +113,7 @@ def launch_data_process_task(accelerator: Any, dataset: Dataset, module: Diffusi
     Returns:
         The number of samples this process computed (not counting those it skipped).
     """
-    place_models(module, accelerator.device, args)
+    place_models(module, accelerator.device, args)  # stage 1 never runs the denoiser, so nothing is swapped
     info = module.cache_info()
     if accelerator.is_main_process:
         write_cache_info(args.output_path, info)
@@ -160,9 +169,9 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     if deepspeed:
         # DeepSpeed places and partitions the weights itself; it must not meet models this stage never runs.
         release_unused_models(module)
-        managers = []
+        managers, swaps = [], []
     else:
-        managers = place_models(module, accelerator.device, args)
+        managers, swaps = place_models(module, accelerator.device, args)
     params = [param for param in module.parameters() if param.requires_grad]
     optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
     sampler = EpochShuffleSampler(len(dataset), args.seed)
@@ -262,6 +271,6 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     if saved_step != progress["global_step"]:
         checkpoint()  # a run cut short by --max_train_steps can be continued from here
     model_logger.on_train_end(progress["global_step"], _trainable_state(accelerator, module))
-    for manager in managers:
-        manager.remove()
+    for placer in [*managers, *swaps]:
+        placer.remove()
     return {"global_step": progress["global_step"], "losses": losses}

@@ -62,6 +62,9 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
         problems.append("--enable_model_cpu_offload and DeepSpeed both decide where the weights live; drop "
                         "--enable_model_cpu_offload (ZeRO-3's offload_param keeps the weights in CPU memory), or "
                         "launch without the DeepSpeed accelerate config")
+    if args.blocks_to_swap:
+        problems.append(f"--blocks_to_swap {args.blocks_to_swap} and DeepSpeed both decide where the weights live; "
+                        "drop --blocks_to_swap (ZeRO-3's offload_param keeps the weights in CPU memory)")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -143,6 +146,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
+    if accelerator.num_processes > 1 and args.blocks_to_swap:
+        raise FlagError([f"--blocks_to_swap {args.blocks_to_swap} runs on one process for now, got "
+                         f"{accelerator.num_processes}: DDP cannot wrap weights that move between devices; launch one "
+                         "process, or use --enable_model_cpu_offload, which averages gradients itself"])
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
         if args.resume_from_checkpoint else None
     if checkpoint is not None and args.seed is None:

@@ -29,6 +29,8 @@ EXTRA_DEFAULTS = {
     "seed": None, "lr_scheduler": "constant", "lr_warmup_steps": 0, "max_grad_norm": None, "mixed_precision": "no",
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
     "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0, "fp8_models": None,
+    "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
+    "use_pinned_memory_for_block_swap": False,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
@@ -77,6 +79,9 @@ CONFLICTS = [
     (["--enable_model_cpu_offload", "--cpu_offload_split_threshold", "0"],
      ["--cpu_offload_split_threshold 0", "positive size in MB", "--cpu_offload_split_threshold 256"]),
     (["--lora_rank", "0"], ["--lora_rank 0", "at least 1", "--lora_rank 32"]),
+    (["--blocks_to_swap", "2", "--enable_model_cpu_offload"], ["--blocks_to_swap 2", "use one of them"]),
+    (["--blocks_to_swap", "2", "--block_swap_h2d_only"], ["--block_swap_h2d_only", "add --use_gradient_checkpointing"]),
+    (["--block_swap_h2d_only", "--use_gradient_checkpointing"], ["add --blocks_to_swap N"]),
     (["--min_timestep_boundary", "0.6", "--max_timestep_boundary", "0.5"],
      ["--min_timestep_boundary 0.6", "--max_timestep_boundary 0.5", "0 <= min < max <= 1"]),
     (["--lora_alpha", "-1"], ["--lora_alpha -1", "greater than 0", "drop it"]),
@@ -186,7 +191,7 @@ def test_flag_table_lists_every_flag_under_its_group():
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
     for title in ("Dataset", "Video size", "Model", "Training", "Output", "LoRA", "Gradient checkpointing",
-                  "Offload training", "Logging"):
+                  "Offload training", "Block swap", "Logging"):
         assert f"### {title}\n\n| Flag | Default | Description |\n| --- | --- | --- |" in table
     assert "| `--dataset_base_path` | `\"\"` |" in table and "| `--lora_rank` | `32` |" in table
     assert "| `--seed` | unset |" in table and "| `--enable_csv_log` | `False` |" in table

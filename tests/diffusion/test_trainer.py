@@ -335,3 +335,10 @@ def test_fp8_models_train_a_lora_on_an_fp8_transformer(dataset, tmp_path):
                for k in lora(tmp_path / "out", "epoch-0") if "lora_B" in k) > 1e-4
     with pytest.raises(FlagError, match="--fp8_models entries"):
         one_stage(dataset, tmp_path / "bad", "--fp8_models", "Qwen/Qwen-Image:nothing/*.safetensors")
+
+
+@pytest.mark.parametrize("swap", [["--blocks_to_swap", "1"], ["--blocks_to_swap", "2"],
+                                  ["--blocks_to_swap", "2", "--block_swap_h2d_only", "--block_swap_ring_size", "1"]])
+def test_block_swap_gives_the_plain_lora(reference, dataset, tmp_path, swap):
+    one_stage(dataset, tmp_path / "out", *swap)
+    assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6

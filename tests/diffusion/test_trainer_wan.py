@@ -101,3 +101,12 @@ def test_an_unreadable_video_is_named(tmp_path):
     write_metadata(data, "broken.mp4")
     with pytest.raises(ValueError, match="broken.mp4"):
         train_wan([*raw(data), *COMMON, "--output_path", str(tmp_path / "out")])
+
+
+def test_h2d_block_swap_gives_the_plain_lora(videos, tmp_path):
+    plain = train_wan([*raw(videos), *COMMON, "--output_path", str(tmp_path / "plain"), "--num_epochs", "1"])
+    swapped = train_wan([*raw(videos), *COMMON, "--output_path", str(tmp_path / "swap"), "--num_epochs", "1",
+                         "--blocks_to_swap", "2", "--block_swap_h2d_only"])
+    assert plain["losses"] == swapped["losses"]
+    first, second = (load_file(str(tmp_path / run / "epoch-0.safetensors")) for run in ("plain", "swap"))
+    assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-6
