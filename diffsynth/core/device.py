@@ -80,6 +80,20 @@ def allocate_host_bytes(nbytes: int, pinned: bool = True) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
+def copy_to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """Returns a copy of ``tensor`` in host memory, started without waiting where the hardware allows.
+
+    From an accelerator the copy goes into pinned memory with ``non_blocking``: it is ordered on the current stream,
+    so a later copy back on the same stream sees complete data, and the host never stalls for it. Reading the copy on
+    the host needs a ``synchronize`` first. Elsewhere it is a plain (blocking) copy.
+    """
+    if tensor.device.type == "cpu" or not pinned_memory_available():
+        return tensor.to("cpu", copy=True)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
 def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Returns a new copy of ``tensor`` on ``device``, even when it is already there.
 

@@ -342,3 +342,11 @@ def test_fp8_models_train_a_lora_on_an_fp8_transformer(dataset, tmp_path):
 def test_block_swap_gives_the_plain_lora(reference, dataset, tmp_path, swap):
     one_stage(dataset, tmp_path / "out", *swap)
     assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
+
+
+@pytest.mark.parametrize("swap", [["--blocks_to_swap", "2"], ["--blocks_to_swap", "2", "--block_swap_h2d_only"]])
+def test_fp8_weights_combine_with_block_swap(dataset, tmp_path, swap):
+    fp8 = ["--fp8_models", PATTERN["dit"], "--num_epochs", "1"]
+    one_stage(dataset, tmp_path / "fp8", *fp8)
+    one_stage(dataset, tmp_path / "fp8_swap", *fp8, *swap)
+    assert max_difference(lora(tmp_path / "fp8", "epoch-0"), lora(tmp_path / "fp8_swap", "epoch-0")) < 1e-6
