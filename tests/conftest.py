@@ -39,6 +39,21 @@ def no_network(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+def reset_accelerate_state() -> None:
+    """Forgets accelerate's process-wide state, so the next in-process run builds its Accelerator afresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Resets accelerate after a test that ran the trainer in-process, as a separate launch would start clean."""
+    yield
+    reset_accelerate_state()
+
+
 @pytest.fixture
 def base(tiny_root, monkeypatch) -> Path:
     """Points DIFFSYNTH_MODEL_BASE_PATH at the shared tiny repos."""

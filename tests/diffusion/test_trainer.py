@@ -18,6 +18,7 @@ from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PA
 from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from tests.conftest import reset_accelerate_state
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
@@ -34,13 +35,8 @@ OFFLOAD_MODES = {"plain": [], "offload": ["--enable_model_cpu_offload"],
 
 
 @pytest.fixture(autouse=True)
-def fresh_accelerate_state(base):
-    """Each in-process run builds its own Accelerator, as a separate launch would."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+def in_process_runs(base, fresh_accelerate_state):
+    """Every test here runs the trainer in-process on the tiny repos."""
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +79,11 @@ def max_difference(first, second):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain training: the LoRA every other way of training must reproduce."""
-    from accelerate.state import AcceleratorState, GradientState
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
         output = tmp_path_factory.mktemp("reference") / "out"
         result = one_stage(dataset, output)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     return output, result
 
 
@@ -285,14 +278,11 @@ def stage_two_argv(cache, output, *extra):
 
 @pytest.fixture(scope="module")
 def cache(dataset, tmp_path_factory, tiny_root):
-    from accelerate.state import AcceleratorState, GradientState
-
     folder = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
         main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(folder), "--task", "sft:data_process"])
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     return folder
 
 

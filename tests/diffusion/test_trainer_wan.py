@@ -22,12 +22,8 @@ COMMON = [
 
 
 @pytest.fixture(autouse=True)
-def fresh_accelerate_state(base):
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+def in_process_runs(base, fresh_accelerate_state):
+    """Every test here runs the trainer in-process on the tiny repos."""
 
 
 @pytest.fixture(scope="module")

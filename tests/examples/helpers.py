@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from diffsynth.diffusion import trainer
+from tests.conftest import reset_accelerate_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,8 +28,6 @@ def train_lora(pipeline_class: type, metadata: Path, models: str, output: Path, 
     The learning rate is high enough that merging the result visibly changes a render. No accelerate state is left
     behind: the next in-process run builds its own Accelerator, as a separate launch would.
     """
-    from accelerate.state import AcceleratorState, GradientState
-
     argv = [
         "--dataset_base_path", str(metadata.parent), "--dataset_metadata_path", str(metadata),
         "--max_pixels", "4096", "--model_id_with_origin_paths", models, "--lora_base_model", "dit",
@@ -38,6 +37,5 @@ def train_lora(pipeline_class: type, metadata: Path, models: str, output: Path, 
     try:
         trainer.main(pipeline_class, argv, video=video)
     finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate_state()
     return output / "epoch-0.safetensors"
