@@ -1,9 +1,10 @@
-"""Tiny random-weight Qwen-Image and Wan repositories, written in the real repositories' layout.
+"""Tiny random-weight Qwen-Image and Wan (text- and image-to-video) repos, written in the real repositories' layout.
 
 The models are the real diffusers / transformers classes with tiny configs, saved the way the real diffusers repos
 are (sharded safetensors with an index, ``config.json`` per component, ``tokenizer/``, ``scheduler/`` and a root
 ``model_index.json``), so both this package's loader and diffusers' own ``QwenImagePipeline.from_pretrained`` /
-``WanPipeline.from_pretrained`` read them. They build in about a second and are identical for a given seed.
+``WanPipeline.from_pretrained`` / ``WanImageToVideoPipeline.from_pretrained`` read them. They build in about a
+second and are identical for a given seed.
 
 No tokenizer files exist offline, so the tokenizers are built from scratch: a byte-level BPE ``Qwen2Tokenizer``
 without merges (one token per byte, plus the Qwen chat/vision special tokens) and a small unigram ``T5Tokenizer``.
@@ -25,6 +26,7 @@ import torch
 
 QWEN_IMAGE_MODEL_ID = "Qwen/Qwen-Image"
 WAN_MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+WAN_I2V_MODEL_ID = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
 TINY_MARKER = ".diffsynth_tiny_model"
 
 # Patterns that select each component of the repos written here, as given to --model_id_with_origin_paths.
@@ -39,6 +41,11 @@ WAN_PATTERNS = {
     "text_encoder": "text_encoder/model*.safetensors",
     "vae": "vae/diffusion_pytorch_model.safetensors",
     "tokenizer": "tokenizer/",
+}
+WAN_I2V_PATTERNS = {
+    **WAN_PATTERNS,
+    "image_encoder": "image_encoder/model*.safetensors",
+    "image_processor": "image_processor/",
 }
 
 # scheduler/scheduler_config.json of Qwen/Qwen-Image (the released repository's values).
@@ -86,6 +93,23 @@ WAN_SCHEDULER_CONFIG = {
     "use_exponential_sigmas": False,
     "use_flow_sigmas": True,
     "use_karras_sigmas": False,
+}
+# image_processor/preprocessor_config.json of the Wan2.1 I2V repositories (CLIP ViT-H/14 preprocessing), with the
+# 224-pixel resize and crop shrunk to the tiny image encoder's image_size.
+TINY_CLIP_IMAGE_SIZE = 32
+WAN_I2V_IMAGE_PROCESSOR_CONFIG = {
+    "crop_size": {"height": TINY_CLIP_IMAGE_SIZE, "width": TINY_CLIP_IMAGE_SIZE},
+    "do_center_crop": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": TINY_CLIP_IMAGE_SIZE},
 }
 QWEN_SPECIAL_TOKENS = (
     "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
@@ -219,20 +243,18 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
     return repo
 
 
-def build_tiny_wan(root: Path, model_id: str = WAN_MODEL_ID, seed: int = 0) -> Path:
-    """Writes a tiny Wan2.1 text-to-video repo at ``root/<model_id>`` and returns its folder.
+def _write_wan_shared(repo: Path, seed: int) -> int:
+    """Writes what the Wan text- and image-to-video repos share: ``tokenizer/``, ``text_encoder/``, ``vae/`` and
+    ``scheduler/``; returns the text encoder's width (the transformer's ``text_dim``).
 
-    Layout: ``transformer/`` (WanTransformer3DModel, sharded), ``vae/`` (AutoencoderKLWan, one file),
-    ``text_encoder/`` (UMT5EncoderModel, sharded; ``shared.weight`` and ``encoder.embed_tokens.weight`` are tied, so
-    only the first is stored), ``tokenizer/``, ``scheduler/`` and ``model_index.json``. Weights are float32.
+    Seeds: ``seed`` for the text encoder, ``seed + 2`` for the VAE (``seed + 1`` is the caller's transformer).
     """
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan
     from transformers import UMT5Config, UMT5EncoderModel
 
-    repo = _prepare_repo(root, model_id)
     tokenizer = build_t5_tokenizer()
     tokenizer.save_pretrained(repo / "tokenizer")
-    text_dim = 32  # the text encoder's d_model is the transformer's text_dim
+    text_dim = 32
     with _seeded(seed):
         text_encoder = UMT5EncoderModel(
             UMT5Config(
@@ -242,31 +264,88 @@ def build_tiny_wan(root: Path, model_id: str = WAN_MODEL_ID, seed: int = 0) -> P
             )
         )  # fmt: skip
     text_encoder.save_pretrained(repo / "text_encoder", max_shard_size="50KB")
-    with _seeded(seed + 1):
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,
-            text_dim=text_dim, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
-        )  # fmt: skip
-    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
     with _seeded(seed + 2):
         vae = AutoencoderKLWan(
             base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True]
         )
     vae.save_pretrained(repo / "vae")
     _write_json(repo / "scheduler" / "scheduler_config.json", WAN_SCHEDULER_CONFIG)
-    components = {
-        "scheduler": ("diffusers", "UniPCMultistepScheduler"),
-        "text_encoder": ("transformers", "UMT5EncoderModel"),
-        "tokenizer": ("transformers", "T5TokenizerFast"),
-        "transformer": ("diffusers", "WanTransformer3DModel"),
-        "vae": ("diffusers", "AutoencoderKLWan"),
-    }
-    _write_json(repo / "model_index.json", _model_index("WanPipeline", components))
+    return text_dim
+
+
+def _write_wan_transformer(repo: Path, seed: int, text_dim: int, in_channels: int = 16, image_dim: int | None = None,
+                           added_kv_proj_dim: int | None = None) -> None:
+    """Writes a tiny sharded ``transformer/`` (WanTransformer3DModel); the last three arguments make it an I2V one."""
+    from diffusers import WanTransformer3DModel
+
+    with _seeded(seed):
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_channels,
+            out_channels=16, text_dim=text_dim, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=image_dim,
+            added_kv_proj_dim=added_kv_proj_dim,
+        )  # fmt: skip
+    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
+
+
+_WAN_COMPONENTS = {
+    "scheduler": ("diffusers", "UniPCMultistepScheduler"),
+    "text_encoder": ("transformers", "UMT5EncoderModel"),
+    "tokenizer": ("transformers", "T5TokenizerFast"),
+    "transformer": ("diffusers", "WanTransformer3DModel"),
+    "vae": ("diffusers", "AutoencoderKLWan"),
+}
+
+
+def build_tiny_wan(root: Path, model_id: str = WAN_MODEL_ID, seed: int = 0) -> Path:
+    """Writes a tiny Wan2.1 text-to-video repo at ``root/<model_id>`` and returns its folder.
+
+    Layout: ``transformer/`` (WanTransformer3DModel, sharded), ``vae/`` (AutoencoderKLWan, one file),
+    ``text_encoder/`` (UMT5EncoderModel, sharded; ``shared.weight`` and ``encoder.embed_tokens.weight`` are tied, so
+    only the first is stored), ``tokenizer/``, ``scheduler/`` and ``model_index.json``. Weights are float32.
+    """
+    repo = _prepare_repo(root, model_id)
+    text_dim = _write_wan_shared(repo, seed)
+    _write_wan_transformer(repo, seed + 1, text_dim)
+    _write_json(repo / "model_index.json", _model_index("WanPipeline", _WAN_COMPONENTS))
     return repo
 
 
-BUILDERS = {"qwen_image": build_tiny_qwen_image, "wan": build_tiny_wan}
+def build_tiny_wan_i2v(root: Path, model_id: str = WAN_I2V_MODEL_ID, seed: int = 0) -> Path:
+    """Writes a tiny Wan2.1 image-to-video repo at ``root/<model_id>`` and returns its folder.
+
+    The text-to-video layout (see ``build_tiny_wan``) plus ``image_encoder/`` (CLIPVisionModel, one file) and
+    ``image_processor/`` (CLIPImageProcessor settings), with a transformer that takes the image: ``in_channels=36``
+    (16 noisy latents + 4 mask + 16 condition latents), ``image_dim`` equal to the image encoder's width and
+    ``added_kv_proj_dim`` equal to the transformer's own width, as in ``Wan-AI/Wan2.1-I2V-14B-480P-Diffusers``.
+    Weights are float32; ``model_index.json`` names ``WanImageToVideoPipeline``.
+    """
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    repo = _prepare_repo(root, model_id)
+    text_dim = _write_wan_shared(repo, seed)
+    image_dim = 32
+    with _seeded(seed + 3):
+        image_encoder = CLIPVisionModel(
+            CLIPVisionConfig(
+                hidden_size=image_dim, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                image_size=TINY_CLIP_IMAGE_SIZE, patch_size=8, projection_dim=image_dim,
+            )
+        )  # fmt: skip
+    image_encoder.save_pretrained(repo / "image_encoder")
+    _write_json(repo / "image_processor" / "preprocessor_config.json", WAN_I2V_IMAGE_PROCESSOR_CONFIG)
+    # added_kv_proj_dim is the transformer's inner width (heads x head dim), as in the released I2V configs.
+    _write_wan_transformer(repo, seed + 1, text_dim, in_channels=36, image_dim=image_dim, added_kv_proj_dim=32)
+    components = {
+        **_WAN_COMPONENTS,
+        "image_encoder": ("transformers", "CLIPVisionModel"),
+        "image_processor": ("transformers", "CLIPImageProcessor"),
+    }
+    _write_json(repo / "model_index.json", _model_index("WanImageToVideoPipeline", components))
+    return repo
+
+
+BUILDERS = {"qwen_image": build_tiny_qwen_image, "wan": build_tiny_wan, "wan_i2v": build_tiny_wan_i2v}
 
 
 def build_tiny_models(root: Path, seed: int = 0, only: tuple[str, ...] | None = None) -> dict[str, Path]:
