@@ -224,6 +224,9 @@ def add_offload_training_config(parser: argparse.ArgumentParser) -> argparse.Arg
     group.add_argument("--cpu_offload_split_threshold", type=float, default=None,
                        help="Experimental (MB): modules larger than this are offloaded piece by piece rather than "
                             "as a whole; unset offloads leaf layers.")
+    group.add_argument("--offload_prefetch_depth", type=int, default=None,
+                       help="Units whose weights are copied ahead of use on a side stream while the current one "
+                            "computes; unset: 1 on CUDA, 0 elsewhere. Each extra unit costs its weights in memory.")
     return parser
 
 
@@ -278,6 +281,7 @@ _LOWER_BOUNDS = (
     ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
     ("checkpoints_total_limit", 1, True, "--checkpoints_total_limit 2"),
     ("blocks_to_swap", 0, True, "--blocks_to_swap 10, or 0 for no block swap"),
+    ("offload_prefetch_depth", 0, True, "--offload_prefetch_depth 1, or 0 for no prefetch"),
     ("block_swap_ring_size", 1, True, "--block_swap_ring_size 2"),
     ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
     ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
@@ -309,6 +313,9 @@ def _offload_problems(args: argparse.Namespace) -> list[str]:
     if threshold is not None and not args.enable_model_cpu_offload:
         problems.append(f"--cpu_offload_split_threshold {threshold} has no effect without --enable_model_cpu_offload; "
                         f"add --enable_model_cpu_offload, or drop --cpu_offload_split_threshold")
+    if args.offload_prefetch_depth is not None and not args.enable_model_cpu_offload:
+        problems.append(f"--offload_prefetch_depth {args.offload_prefetch_depth} has no effect without "
+                        "--enable_model_cpu_offload; add --enable_model_cpu_offload, or drop --offload_prefetch_depth")
     if getattr(args, "blocks_to_swap", 0) and args.enable_model_cpu_offload:
         problems.append(f"--blocks_to_swap {args.blocks_to_swap} and --enable_model_cpu_offload both move the "
                         "transformer's weights; use one of them (--enable_model_cpu_offload keeps less on the GPU, "

@@ -99,6 +99,7 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, args: ar
         managers.append(OffloadTrainingManager(
             model, device, enable_optimizer_cpu_offload=bool(args.enable_optimizer_cpu_offload and trains),
             cpu_offload_split_threshold=args.cpu_offload_split_threshold,
+            prefetch_depth=getattr(args, "offload_prefetch_depth", None),
         ))
     return managers, []
 

@@ -30,7 +30,7 @@ EXTRA_DEFAULTS = {
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
     "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0, "fp8_models": None,
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
-    "use_pinned_memory_for_block_swap": False,
+    "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
@@ -80,6 +80,7 @@ CONFLICTS = [
      ["--cpu_offload_split_threshold 0", "positive size in MB", "--cpu_offload_split_threshold 256"]),
     (["--lora_rank", "0"], ["--lora_rank 0", "at least 1", "--lora_rank 32"]),
     (["--blocks_to_swap", "2", "--enable_model_cpu_offload"], ["--blocks_to_swap 2", "use one of them"]),
+    (["--offload_prefetch_depth", "1"], ["--offload_prefetch_depth 1", "add --enable_model_cpu_offload"]),
     (["--blocks_to_swap", "2", "--block_swap_h2d_only"], ["--block_swap_h2d_only", "add --use_gradient_checkpointing"]),
     (["--block_swap_h2d_only", "--use_gradient_checkpointing"], ["add --blocks_to_swap N"]),
     (["--min_timestep_boundary", "0.6", "--max_timestep_boundary", "0.5"],

@@ -97,9 +97,10 @@ def test_one_stage_writes_a_lora_per_epoch_and_the_run_record(reference):
     assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
 
 
+@pytest.mark.parametrize("prefetch", ["0", "2"])
 @pytest.mark.parametrize("mode", ["offload", "optimizer_offload"])
-def test_offloaded_training_gives_the_plain_lora(reference, dataset, tmp_path, mode):
-    one_stage(dataset, tmp_path / "out", *OFFLOAD_MODES[mode])
+def test_offloaded_training_gives_the_plain_lora(reference, dataset, tmp_path, mode, prefetch):
+    one_stage(dataset, tmp_path / "out", *OFFLOAD_MODES[mode], "--offload_prefetch_depth", prefetch)
     assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
 
 

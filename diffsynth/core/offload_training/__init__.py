@@ -9,12 +9,14 @@ from .memory_buffer import (ALIGNMENT, BaseBufferPool, PinnedArenaPool, PinnedBu
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
                         TensorOffloader, TrainableParamOffloader)
 from .placement import UnitSpec, plan_units
+from .prefetch import CopyNowEngine, PrefetchScheduler, PrefetchStats
 from .transfer import DirectEngine, StagedEngine, SyncEngine, TransferEngine, TransferTimer, make_engine
 
 __all__ = [
     "ALIGNMENT", "AlwaysOnDeviceParamOffloader", "BaseBufferPool", "BlockSwap", "BlockSwapConfig",
-    "BufferOffloader", "ClassicBlockSwap", "DirectEngine", "H2DOnlyBlockSwap", "OffloadTrainingConfig",
-    "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool", "PinnedBuffer", "ResidencyMeter", "StagedEngine",
+    "BufferOffloader", "ClassicBlockSwap", "CopyNowEngine", "DirectEngine", "H2DOnlyBlockSwap", "OffloadTrainingConfig",
+    "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool", "PinnedBuffer", "PrefetchScheduler",
+    "PrefetchStats", "ResidencyMeter", "StagedEngine",
     "StaticParamOffloader", "SyncEngine", "TensorOffloader", "TrainableParamOffloader", "TransferEngine",
     "TransferTimer", "UnitSpec", "create_offloader", "find_block_list", "make_engine", "per_tensor_pinned_bytes",
     "plan_arena", "plan_units", "streaming_block_indices",

@@ -8,7 +8,9 @@ master in a pinned arena (``memory_buffer.py``), and brackets each unit with hoo
   computed (an identity autograd node on the unit's inputs marks that moment exactly, keyword arguments included);
   a unit whose inputs need no gradient has no such moment and stays loaded until ``after_backward()``;
 - gradient checkpointing: a unit re-run inside backward keeps its weights until its own backward is done
-  (``_in_recompute``), so each weight is loaded once for recompute and backward together.
+  (``_in_recompute``), so each weight is loaded once for recompute and backward together;
+- prefetch (``prefetch_depth`` K > 0, the default on CUDA): the order in which units run is recorded in the first
+  pass, and later passes copy the next K units' weights ahead of use on a copy stream (``prefetch.py``).
 
 While the root module runs, a saved-tensor hook replaces every weight that autograd saves for backward by a small
 reference that is resolved against the reloaded copy in backward. Without it, autograd's saved views (``weight.t()``
@@ -34,6 +36,8 @@ from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
                         TensorOffloader, TrainableParamOffloader)
 from .placement import UnitSpec, plan_units
+from .prefetch import BACKWARD, FORWARD, RECOMPUTE, CopyNowEngine, PrefetchScheduler, PrefetchStats
+from .transfer import CopyPair, DirectEngine
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +52,24 @@ class OffloadTrainingConfig:
         target_device: The compute device.
         enable_optimizer_cpu_offload: Keep trainable weights (and so the optimizer and gradients) on the host too.
         cpu_offload_split_threshold: In MB; keep modules up to this size whole as one unit. None: one unit per leaf.
+        prefetch_depth: K, how many units' weights are copied ahead of use; 0 turns prefetch off. None (auto) is
+            1 on CUDA, 0 elsewhere (without a copy stream, prefetch cannot overlap anything). Resolved here.
     """
 
     target_device: str | torch.device
     enable_optimizer_cpu_offload: bool = False
     cpu_offload_split_threshold: float | None = None
+    prefetch_depth: int | None = None
 
     def __post_init__(self) -> None:
         self.target_device = resolve_device(self.target_device, "target_device")
+        depth = self.prefetch_depth
+        if depth is None:
+            self.prefetch_depth = 1 if self.target_device.type == "cuda" else 0
+        elif isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"prefetch_depth={depth!r} must be a whole number of units to copy ahead (0 turns "
+                             "prefetch off, 1 or 2 overlap copies with compute), or None for 1 on CUDA and 0 "
+                             "elsewhere")
         threshold = self.cpu_offload_split_threshold
         if threshold is not None and (isinstance(threshold, bool) or not threshold > 0):
             raise ValueError(f"cpu_offload_split_threshold={threshold!r} must be a positive size in MB "
@@ -85,19 +99,26 @@ class OffloadUnit:
         self.offloaders = offloaders
         self.offloaded_nbytes = sum(o.nbytes for o in offloaders if o.counts_toward_residency)
         self.is_loaded = False
+        self.prefetched = False
         self.pending_backward = 0
         self.last_call_wrapped = False
         self.loaded_until_after_backward = False
 
-    def load(self) -> None:
-        if not self.is_loaded:
-            self.is_loaded = True
-            for offloader in self.offloaders:
-                offloader.onload()
+    def load(self, deferred: list[CopyPair] | None = None) -> list[TensorOffloader]:
+        """Loads every tensor (a no-op when loaded); with ``deferred``, queues the copies there (see ``onload``).
+
+        Returns:
+            The offloaders whose copies were queued in ``deferred``.
+        """
+        if self.is_loaded:
+            return []
+        self.is_loaded = True
+        return [offloader for offloader in self.offloaders if offloader.onload(deferred)]
 
     def unload(self) -> None:
         if self.is_loaded:
             self.is_loaded = False
+            self.prefetched = False
             for offloader in self.offloaders:
                 offloader.offload()
 
@@ -115,15 +136,20 @@ class OffloadTrainingManager:
         cpu_offload_split_threshold: In MB. None (default) makes one unit per leaf module: the least device memory,
             the most transfers. A threshold keeps modules up to that size whole: fewer, larger transfers, more memory.
         pool: Where host masters live; by default a pinned arena planned from the model.
+        prefetch_depth: K: from the second pass on, the next K units' weights are copied on a copy stream while the
+            current unit computes, so compute waits for copies only when they are slower. Costs device memory for
+            up to K more units (the K largest at worst). 0 turns it off; None (default) is 1 on CUDA and 0 on the
+            CPU (which has no copy stream; K > 0 runs the same schedule there with plain copies).
 
     Raises:
-        ValueError: A bad device or threshold, or optimizer offload on a model with nothing to train.
+        ValueError: A bad device, threshold or prefetch depth, or optimizer offload on a model with nothing to train.
     """
 
     def __init__(self, model: torch.nn.Module, target_device: str | torch.device,
                  enable_optimizer_cpu_offload: bool = False, cpu_offload_split_threshold: float | None = None,
-                 pool: BaseBufferPool | None = None) -> None:
-        self.config = OffloadTrainingConfig(target_device, enable_optimizer_cpu_offload, cpu_offload_split_threshold)
+                 pool: BaseBufferPool | None = None, prefetch_depth: int | None = None) -> None:
+        self.config = OffloadTrainingConfig(target_device, enable_optimizer_cpu_offload, cpu_offload_split_threshold,
+                                            prefetch_depth)
         if enable_optimizer_cpu_offload and not any(p.requires_grad for p in model.parameters()):
             raise ValueError("enable_optimizer_cpu_offload=True but the model has no trainable parameter; make some "
                              "parameters trainable (or inject a LoRA) first, or drop --enable_optimizer_cpu_offload")
@@ -146,6 +172,7 @@ class OffloadTrainingManager:
         self._in_recompute: set[str] = set()
         self._loaded_on_demand: list[TensorOffloader] = []
         self._pushed_saved_tensor_hooks = 0
+        self._prefetch = self._make_prefetch_scheduler()
         self._handles: list[Any] = []
         self._register_hooks()
 
@@ -183,20 +210,35 @@ class OffloadTrainingManager:
         ids = [id(p) for p in spec.params] + [self._buffer_keys[(id(module), name)] for module, name in spec.buffers]
         return [self._offloaders[i] for i in dict.fromkeys(ids)]
 
+    def _make_prefetch_scheduler(self) -> PrefetchScheduler | None:
+        depth = self.config.prefetch_depth
+        if not depth:
+            return None
+        if self.device.type == "cuda":
+            engine = DirectEngine(self.device)
+        else:
+            logger.info("offload prefetch (depth %d) on %s: no copy stream, so prefetched weights are copied at once "
+                        "(the schedule runs, nothing overlaps)", depth, self.device)
+            engine = CopyNowEngine(self.device)
+        return PrefetchScheduler(self.units, depth, engine)
+
     def _register_hooks(self) -> None:
         for unit in self.units:
             self._handles.append(unit.module.register_forward_pre_hook(
                 self._make_pre_hook(unit), with_kwargs=True))
             self._handles.append(unit.module.register_forward_hook(self._make_post_hook(unit)))
         self._handles.append(self.model.register_forward_pre_hook(self._push_saved_tensor_hooks, prepend=True))
+        if self._prefetch is not None:
+            self._handles.append(self.model.register_forward_pre_hook(self._on_root_forward, prepend=True))
         self._handles.append(self.model.register_forward_hook(self._pop_saved_tensor_hooks, always_call=True))
 
     # ---- forward and backward hooks -----------------------------------------------------------------------------
 
     def _make_pre_hook(self, unit: OffloadUnit) -> Any:
         def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            unit.load()
-            if inside_backward():
+            recompute = inside_backward()
+            self._demand(unit, RECOMPUTE if recompute else FORWARD)
+            if recompute:
                 self._in_recompute.add(unit.name)
                 return None
             unit.last_call_wrapped = False
@@ -234,16 +276,34 @@ class OffloadTrainingManager:
                         needs_backward = True
                 if needs_backward and not unit.last_call_wrapped:
                     unit.loaded_until_after_backward = True
-            unit.unload()
+                if needs_backward and self._prefetch is not None:
+                    self._prefetch.expect_backward()
+            self._release(unit)
         return post_hook
 
     def _on_backward_start(self, unit: OffloadUnit) -> None:
-        unit.load()
+        self._demand(unit, BACKWARD)
+
+    def _demand(self, unit: OffloadUnit, phase: str) -> None:
+        if self._prefetch is None:
+            unit.load()
+        else:
+            self._prefetch.demand(unit, phase)
+
+    def _release(self, unit: OffloadUnit) -> None:
+        if self._prefetch is None:
+            unit.unload()
+        else:
+            self._prefetch.release(unit)
+
+    def _on_root_forward(self, module: torch.nn.Module, args: tuple) -> None:
+        if not inside_backward():
+            self._prefetch.at_root_forward()
 
     def _on_backward_done(self, unit: OffloadUnit) -> None:
         unit.pending_backward -= 1
         if unit.pending_backward == 0 and not unit.loaded_until_after_backward:
-            unit.unload()
+            self._release(unit)
             self._in_recompute.discard(unit.name)
 
     # ---- saved weights ------------------------------------------------------------------------------------------
@@ -284,6 +344,8 @@ class OffloadTrainingManager:
         if offloader.device_copy is None:
             offloader.onload()
             self._loaded_on_demand.append(offloader)
+        else:
+            offloader.wait_for_copy()
         return offloader.device_copy.as_strided(saved.size, saved.stride, saved.storage_offset)
 
     # ---- public API ---------------------------------------------------------------------------------------------
@@ -299,6 +361,8 @@ class OffloadTrainingManager:
                 on the micro-steps of gradient accumulation that end without an optimizer step (accelerate's
                 ``accelerator.sync_gradients``), so the all-reduce runs once per optimizer step.
         """
+        if self._prefetch is not None:
+            self._prefetch.end_pass()
         for unit in self.units:
             unit.pending_backward = 0
             unit.loaded_until_after_backward = False
@@ -326,6 +390,15 @@ class OffloadTrainingManager:
     def reset_peak_resident_bytes(self) -> None:
         self.meter.reset_peak()
 
+    @property
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """Prefetch hits, misses, drops and order changes so far; None when prefetch is off."""
+        return self._prefetch.stats if self._prefetch is not None else None
+
+    def execution_order(self) -> list[tuple[str, str]]:
+        """The recorded order of the last full pass, ``(phase, unit name)`` per event; empty without prefetch."""
+        return self._prefetch.recorded_order() if self._prefetch is not None else []
+
     def live_device_copy_bytes(self) -> int:
         """Bytes of device copies still alive anywhere, autograd's saved tensors included (a diagnostic)."""
         return sum(o.live_copy_bytes() for o in self._offloaders.values())
@@ -336,6 +409,8 @@ class OffloadTrainingManager:
         Tensors go back to the device they were on when the manager was built; host gradients are kept.
         """
         self.after_backward()
+        if self._prefetch is not None:
+            self._prefetch.close()
         for offloader in self._resident:
             offloader.offload()
         for handle in self._handles:

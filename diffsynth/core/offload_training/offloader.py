@@ -15,15 +15,22 @@ a module in training mode (BatchNorm running statistics) are written back to the
 
 A tensor shared by several units (tied weights) has one offloader; it loads on its first user and unloads when the
 last user is done (reference counting).
+
+A load can be deferred (prefetch, ``prefetch.py``): the device copy is allocated and bound at once, and the copy itself
+is handed to a transfer engine, which fills it on a copy stream. Until ``wait_for_copy()`` has ordered the compute
+stream behind that copy, the device copy must be neither read nor freed; ``offload()`` waits before it frees.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..device import copy_to_device
 from .memory_buffer import BaseBufferPool, tensor_nbytes
+from .transfer import CopyPair
 
 
 class ResidencyMeter:
@@ -67,6 +74,8 @@ class TensorOffloader:
         self.original_device = tensor.device
         self.users = 0
         self.device_copy: torch.Tensor | None = None
+        self.load_count = 0
+        self.copy_pending: Callable[[], None] | None = None
         self._meter = meter
         self._copies: list[StorageWeakRef] = []
 
@@ -74,11 +83,23 @@ class TensorOffloader:
     def is_loaded(self) -> bool:
         return self.users > 0
 
-    def onload(self) -> None:
-        """Makes the tensor usable on the compute device (a no-op for the second and later users)."""
+    def onload(self, deferred: list[CopyPair] | None = None) -> bool:
+        """Makes the tensor usable on the compute device (a no-op for the second and later users).
+
+        Args:
+            deferred: Where to queue the copy instead of making it: the device copy is allocated and bound now, and
+                ``(device copy, master)`` is appended for a transfer engine (a prefetch). None copies now.
+
+        Returns:
+            Whether a copy was queued in ``deferred`` (the caller must then set ``copy_pending``).
+        """
         self.users += 1
+        queued = False
         if self.users == 1:
-            self._load()
+            before = len(deferred) if deferred is not None else 0
+            self._load(deferred)
+            queued = deferred is not None and len(deferred) > before
+            self.load_count += 1
             if self.device_copy is not None:
                 storage = self.device_copy.untyped_storage()
                 self._meter.copies[storage.data_ptr()] = self
@@ -86,6 +107,16 @@ class TensorOffloader:
                 self._copies.append(StorageWeakRef(storage))
             if self.counts_toward_residency:
                 self._meter.add(self.nbytes)
+        return queued
+
+    def wait_for_copy(self) -> None:
+        """Orders the compute queued from now on behind this tensor's deferred copy; a no-op when none is pending.
+
+        Costs nothing on the host: on CUDA the compute stream waits for an event, on the CPU the copy is done.
+        """
+        waiter, self.copy_pending = self.copy_pending, None
+        if waiter is not None:
+            waiter()
 
     def offload(self) -> None:
         """Releases one use; the last one moves the tensor back to its resting place."""
@@ -93,6 +124,8 @@ class TensorOffloader:
             return
         self.users -= 1
         if self.users == 0:
+            # A deferred copy may still be writing the device copy: free (or copy back) only behind it.
+            self.wait_for_copy()
             self._unload()
             if self.device_copy is not None:
                 self._meter.copies.pop(self.device_copy.untyped_storage().data_ptr(), None)
@@ -104,7 +137,17 @@ class TensorOffloader:
         """Bytes of device copies made by this offloader that are still alive anywhere (autograd included)."""
         return self.nbytes * sum(not ref.expired() for ref in self._copies)
 
-    def _load(self) -> None:
+    def _copy_of(self, master: torch.Tensor, deferred: list[CopyPair] | None) -> torch.Tensor:
+        """A device copy of ``master``: made now, or allocated and queued in ``deferred`` (contiguous masters)."""
+        if deferred is None or not master.is_contiguous():
+            return copy_to_device(master, self.device)
+        # Allocated on the current (compute) stream, so the caching allocator reuses it there; the engine's copy
+        # starts only after the compute queued so far, which covers the kernels that last used this memory.
+        copy = torch.empty_like(master, device=self.device)
+        deferred.append((copy, master))
+        return copy
+
+    def _load(self, deferred: list[CopyPair] | None) -> None:
         raise NotImplementedError
 
     def _unload(self) -> None:
@@ -128,8 +171,8 @@ class StaticParamOffloader(TensorOffloader):
         self.placeholder = torch.empty(0, dtype=param.dtype, device=device)
         param.data = self.placeholder
 
-    def _load(self) -> None:
-        self.device_copy = copy_to_device(self.master, self.device)
+    def _load(self, deferred: list[CopyPair] | None) -> None:
+        self.device_copy = self._copy_of(self.master, deferred)
         self.param.data = self.device_copy
 
     def _unload(self) -> None:
@@ -161,10 +204,10 @@ class TrainableParamOffloader(TensorOffloader):
         self.host_grad: torch.Tensor | None = None
         self._hook = param.register_post_accumulate_grad_hook(self._move_grad_to_host)
 
-    def _load(self) -> None:
+    def _load(self, deferred: list[CopyPair] | None) -> None:
         if self.param.grad is not None:
             self.host_grad, self.param.grad = self.param.grad, None
-        self.device_copy = copy_to_device(self.master, self.device)
+        self.device_copy = self._copy_of(self.master, deferred)
         self.param.data = self.device_copy
 
     def _unload(self) -> None:
@@ -203,7 +246,7 @@ class AlwaysOnDeviceParamOffloader(TensorOffloader):
         if param.grad is not None:
             param.grad = param.grad.to(device)
 
-    def _load(self) -> None:
+    def _load(self, deferred: list[CopyPair] | None) -> None:
         pass
 
     def _unload(self) -> None:
@@ -236,8 +279,8 @@ class BufferOffloader(TensorOffloader):
         for module, name in self.slots:
             module._buffers[name] = tensor
 
-    def _load(self) -> None:
-        self.device_copy = copy_to_device(self.master, self.device)
+    def _load(self, deferred: list[CopyPair] | None) -> None:
+        self.device_copy = self._copy_of(self.master, deferred)
         self._point_slots_at(self.device_copy)
 
     def _unload(self) -> None:
