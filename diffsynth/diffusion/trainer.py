@@ -14,14 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
-from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
+from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, parse_model_configs,
+                           parse_model_id_with_origin_paths, resolve_files)
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state, read_progress, resolve_checkpoint
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .logger import ModelLogger
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .runner import launch_data_process_task, launch_training_task
-from .training_module import DiffusionTrainingModule
+from .training_module import DiffusionTrainingModule, resolve_lora_targets
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,22 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
     )  # fmt: skip
 
 
+def check_lora_targets(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+                       configs: Sequence[ModelConfig]) -> None:
+    """Checks ``--lora_target_modules`` on a weightless build of the LoRA's model, before minutes of loading."""
+    if not args.lora_base_model or task_stage(args.task)[1] == "data_process":
+        return
+    for config in configs:
+        try:
+            skeleton = load_skeleton(config, torch_dtype=args.torch_dtype)
+        except ModelLoadError:
+            continue  # a tokenizer folder, or a model the real load will report on
+        if pipeline_class.model_roles.get(type(skeleton).__name__) == args.lora_base_model:
+            resolve_lora_targets(skeleton, split_csv(args.lora_target_modules), pipeline_class.lora_target_aliases,
+                                 args.lora_base_model)
+            return
+
+
 def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
@@ -114,6 +131,7 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     # Offloaded training streams weights from host memory, so they are loaded there.
     load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
     with without_zero3_init(accelerator):
+        check_lora_targets(args, pipeline_class, configs)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
                                               skeleton_configs=skeletons)

@@ -41,6 +41,28 @@ def move_to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: Mapping[str, str],
+                         model_name: str) -> list[str]:
+    """``--lora_target_modules`` in diffusers' module names (``aliases`` map a model's original names).
+
+    Works on a model built without weights too, so the trainer checks the targets before loading anything.
+
+    Raises:
+        ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does).
+    """
+    renamed = {target: aliases[target] for target in target_modules if target in aliases}
+    if renamed:
+        logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
+    targets = list(dict.fromkeys(aliases.get(target, target) for target in target_modules))
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if unmatched:
+        raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {model_name} "
+                         f"({type(model).__name__}); name modules by their path suffix, e.g. 'to_q' or "
+                         "'img_mlp.net.2'")
+    return targets
+
+
 class DiffusionTrainingModule(torch.nn.Module):
     """A pipeline, its trainable parameters, its stage's units and its loss.
 
@@ -141,17 +163,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")
-        aliases = self.pipe.lora_target_aliases
-        renamed = {target: aliases[target] for target in target_modules if target in aliases}
-        if renamed:
-            logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
-        target_modules = list(dict.fromkeys(aliases.get(target, target) for target in target_modules))
-        names = [name for name, _ in model.named_modules()]
-        unmatched = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
-        if unmatched:
-            raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {self.lora_base_model} "
-                             f"({type(model).__name__}); name modules by their path suffix, e.g. 'to_q' or "
-                             "'img_mlp.net.2'")
+        target_modules = resolve_lora_targets(model, target_modules, self.pipe.lora_target_aliases,
+                                              self.lora_base_model)
         inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
                                            init_lora_weights=True), model)
         for name, param in model.named_parameters():

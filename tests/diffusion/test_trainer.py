@@ -341,3 +341,12 @@ def test_fp8_weights_combine_with_block_swap(dataset, tmp_path, swap):
     one_stage(dataset, tmp_path / "fp8", *fp8)
     one_stage(dataset, tmp_path / "fp8_swap", *fp8, *swap)
     assert max_difference(lora(tmp_path / "fp8", "epoch-0"), lora(tmp_path / "fp8_swap", "epoch-0")) < 1e-6
+
+
+def test_lora_targets_that_match_nothing_fail_before_the_weights_load(dataset, tmp_path, monkeypatch):
+    from diffsynth.core.loader import loading
+
+    monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
+    argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"), "--lora_target_modules", "q,k,ffn.0"]
+    with pytest.raises(ValueError, match=r"--lora_target_modules entries \['q', 'k', 'ffn.0'\] match no module"):
+        main(QwenImagePipeline, argv)
