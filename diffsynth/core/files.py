@@ -41,11 +41,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
         write(temporary_path)
         with open(temporary_path, "rb+") as handle:
             os.fsync(handle.fileno())
+        # mkstemp makes the file private (0600); give it the permissions an ordinary open() would have.
+        os.chmod(temporary_path, 0o666 & ~_current_umask())
         os.replace(temporary_path, path)
     except BaseException:
         temporary_path.unlink(missing_ok=True)
         raise
     return path
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
