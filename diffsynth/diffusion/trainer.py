@@ -176,7 +176,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
-    dataset = CacheDataset(args.dataset_base_path) if stage == "train" else build_raw_dataset(args, pipeline_class)
+    if stage == "train":
+        dataset = CacheDataset(args.dataset_base_path, repeat=args.dataset_repeat)
+    else:
+        dataset = build_raw_dataset(args, pipeline_class)
     # Models and the training module.
     pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
@@ -199,7 +202,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         stored = dataset.info.get("model_configs", {})
         expected["model_configs"] = {name: config for name, config in expected["model_configs"].items()
                                      if name in stored}
-        dataset = CacheDataset(args.dataset_base_path, expected_info=expected, repeat=args.dataset_repeat)
+        dataset.check_info(expected)
     # Resume point, logger, then the loop.
     resume = None
     if checkpoint is not None:

@@ -233,14 +233,23 @@ class CacheDataset(Dataset):
             raise DataFileNotFoundError(f"--dataset_base_path {folder} is not a folder; for --task sft:train point it "
                                         "at the --output_path of the `--task sft:data_process` run")
         self.info = read_cache_info(self.folder)
-        if expected_info is not None and self.info != make_cache_info(expected_info):
-            raise CacheError(f"the cache in {folder} does not fit this run: "
-                             f"{_describe_difference(self.info, expected_info)}; {_RERUN}")
+        if expected_info is not None:
+            self.check_info(expected_info)
         self.files = list_cache_files(self.folder)
         if not self.files:
             raise CacheError(f"{folder} has no cache files (<process>/<sample>.safetensors); stage 1 has not finished "
                              f"a sample there: run `--task sft:data_process` with --output_path {folder}")
         self.repeat = repeat
+
+    def check_info(self, expected_info: Mapping[str, Any]) -> None:
+        """Refuses a cache made with other info than ``expected_info`` (another model, other stage-2 units).
+
+        Raises:
+            CacheError: Names the fields that differ and the fix.
+        """
+        if self.info != make_cache_info(expected_info):
+            raise CacheError(f"the cache in {self.folder} does not fit this run: "
+                             f"{_describe_difference(self.info, expected_info)}; {_RERUN}")
 
     def __len__(self) -> int:
         return len(self.files) * self.repeat

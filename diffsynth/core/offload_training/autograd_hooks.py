@@ -8,7 +8,7 @@ exactly: the function's backward runs after every gradient flowing into the inpu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +26,26 @@ class UnitBoundary(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         ctx.on_backward_done()
         return (None, *grads)
+
+
+def wrap_inputs(on_backward_done: Callable[[], None], args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Routes the inputs that need gradients through one ``UnitBoundary`` calling ``on_backward_done``.
+
+    Returns:
+        The forward-pre-hook result ``(args, kwargs)`` with those inputs replaced, or None when no input needs a
+        gradient (then there is no moment to mark, and nothing is wrapped).
+    """
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    if not positions and not keys:
+        return None
+    wrapped = UnitBoundary.apply(on_backward_done, *[args[i] for i in positions], *[kwargs[k] for k in keys])
+    args, kwargs = list(args), dict(kwargs)
+    for i, tensor in zip(positions, wrapped):
+        args[i] = tensor
+    for key, tensor in zip(keys, wrapped[len(positions):]):
+        kwargs[key] = tensor
+    return tuple(args), kwargs
 
 
 def iter_tensors(value: Any) -> Iterator[torch.Tensor]:

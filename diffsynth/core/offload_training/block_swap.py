@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..device import allocate_host_bytes, resolve_device, synchronize, warn_once
-from .autograd_hooks import UnitBoundary, inside_backward, iter_tensors
+from .autograd_hooks import inside_backward, iter_tensors, wrap_inputs
 from .memory_buffer import PinnedArenaPool, tensor_nbytes
 from .offloader import ResidencyMeter
 from .transfer import DEFAULT_STAGING_BYTES, ENGINES, DirectEngine, TensorSlot, TransferTimer, make_engine, tensor_slots
@@ -250,18 +250,11 @@ class BlockSwap:
         return self._wrap_inputs(index, args, kwargs) if needs_backward else None
 
     def _wrap_inputs(self, index: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-        if not positions and not keys:
-            return None
-        wrapped = UnitBoundary.apply(_PendingBackward(self, index), *[args[i] for i in positions],
-                                      *[kwargs[k] for k in keys])
-        args, kwargs = list(args), dict(kwargs)
-        for i, tensor in zip(positions, wrapped):
-            args[i] = tensor
-        for key, tensor in zip(keys, wrapped[len(positions):]):
-            kwargs[key] = tensor
-        return tuple(args), kwargs
+        pending = _PendingBackward(self, index)
+        wrapped = wrap_inputs(pending, args, kwargs)
+        if wrapped is None:
+            pending._close()  # no input needs a gradient: no backward will come for this call
+        return wrapped
 
     def _post_hook(self, index: int, module: nn.Module, args: tuple, output: Any) -> None:
         if inside_backward():

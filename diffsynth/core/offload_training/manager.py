@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
-from .autograd_hooks import UnitBoundary, inside_backward, iter_tensors
+from .autograd_hooks import inside_backward, iter_tensors, wrap_inputs
 from .grad_sync import GradientSynchronizer, distributed_world_size
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
@@ -248,21 +248,11 @@ class OffloadTrainingManager:
         return pre_hook
 
     def _wrap_inputs(self, unit: OffloadUnit, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-        if not positions and not keys:
-            return None
-        unit.pending_backward += 1
-        unit.last_call_wrapped = True
-        wrapped = UnitBoundary.apply(lambda: self._on_backward_done(unit),
-                                      *[args[i] for i in positions], *[kwargs[k] for k in keys])
-        args, kwargs = list(args), dict(kwargs)
-        for i, tensor in zip(positions + keys, wrapped):
-            if isinstance(i, int):
-                args[i] = tensor
-            else:
-                kwargs[i] = tensor
-        return tuple(args), kwargs
+        wrapped = wrap_inputs(lambda: self._on_backward_done(unit), args, kwargs)
+        if wrapped is not None:
+            unit.pending_backward += 1
+            unit.last_call_wrapped = True
+        return wrapped
 
     def _make_post_hook(self, unit: OffloadUnit) -> Any:
         def post_hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
