@@ -9,12 +9,14 @@
 24 heads of 128, MLP 12288, modulation 6 x 3072, text width 3584), ``--num_blocks`` blocks and random weights, a
 frozen base with a rank-16 LoRA on the trainer's usual targets, gradient checkpointing on. Modes: ``plain`` (the
 model on the device), ``offload K=0`` (each unit copied right before use, on the compute stream) and ``offload K=k``
-for each prefetch depth (the next k units copied on a copy stream while the current one computes). Reported per mode:
+for each prefetch depth (the next k units copied on a copy stream while the current one computes), all with the
+device buffer pool, and the deepest once more without it (``no pool``: every copy allocated afresh). Reported per mode:
 median step time and its ratio to plain, peak CUDA memory (on the CPU: the manager's peak weight bytes), weight bytes
 moved per step, the achieved host-to-device rate (bytes moved / step time) against the copy engine's peak measured here
-with one large pinned copy, prefetch hits and misses per step, and on CUDA the allocator segments created per measured
-step (0: the device copies reuse cached memory). On the CPU "host-to-device" is a host memory copy and nothing
-overlaps; the figures check the mechanism, not the speed-up.
+with one large pinned copy, prefetch hits and misses per step, on CUDA the allocator segments created per measured
+step, and the device buffer pool's size and its allocations per measured step (0: every weight copy reused a
+buffer). On the CPU "host-to-device" is a host memory copy and nothing overlaps; the figures check the mechanism,
+not the speed-up.
 
 ``--model toy``: the seeds' ToyModel in plain, offload and optimizer_offload modes (its first ``--frozen_layers``
 layers frozen), as before.
@@ -111,7 +113,8 @@ def lora_step(model: torch.nn.Module, inputs: dict, optimizer: torch.optim.Optim
     return loss.item()
 
 
-def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: int, depth: int | None) -> dict:
+def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: int, depth: int | None,
+             reuse_device_buffers: bool = True) -> dict:
     """Trains the LoRA for ``steps`` steps, plain (``depth`` None) or offloaded with prefetch depth ``depth``."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     initial = [p.detach().clone() for p in trainable]
@@ -119,7 +122,8 @@ def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: 
     if depth is None:
         model.to(device)
     else:
-        manager = OffloadTrainingManager(model, device, prefetch_depth=depth)
+        manager = OffloadTrainingManager(model, device, prefetch_depth=depth,
+                                         reuse_device_buffers=reuse_device_buffers)
     optimizer = torch.optim.AdamW(trainable, lr=1e-4)
     times, losses = [], []
     for step in range(WARMUP_STEPS + steps):
@@ -131,6 +135,7 @@ def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: 
             hits_before = manager.prefetch_stats.hits if manager is not None and manager.prefetch_stats else 0
             misses_before = manager.prefetch_stats.misses if manager is not None and manager.prefetch_stats else 0
             segments_before = _segments(device)
+            pool_allocations_before = _pool_allocations(manager)
         synchronize(device)
         start = time.perf_counter()
         losses.append(lora_step(model, inputs, optimizer, manager))
@@ -143,7 +148,9 @@ def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: 
                   moved=(moved_bytes(manager) - moved_before) / steps,
                   hits=(stats.hits - hits_before) / steps if stats else None,
                   misses=(stats.misses - misses_before) / steps if stats else None,
-                  segments=(_segments(device) - segments_before) / steps if device.type == "cuda" else None)
+                  segments=(_segments(device) - segments_before) / steps if device.type == "cuda" else None,
+                  pool_reserved=_pool_reserved(manager),
+                  pool_allocations=(_pool_allocations(manager) - pool_allocations_before) / steps)
     if manager is not None:
         manager.remove()
     else:
@@ -155,6 +162,16 @@ def run_mode(model: torch.nn.Module, inputs: dict, device: torch.device, steps: 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _pool_reserved(manager: OffloadTrainingManager | None) -> int | None:
+    stats = manager.device_pool_stats if manager is not None else None
+    return stats.reserved_bytes if stats is not None else None
+
+
+def _pool_allocations(manager: OffloadTrainingManager | None) -> int:
+    stats = manager.device_pool_stats if manager is not None else None
+    return stats.allocations if stats is not None else 0
 
 
 def _segments(device: torch.device) -> int:
@@ -173,8 +190,9 @@ def bench_qwen_image(args: argparse.Namespace, device: torch.device) -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     inputs = qwen_image_inputs(image_tokens, text_tokens, dtype, device)
     peak_rate = measure_peak_h2d(device)
-    modes = {f"offload K={k}": k for k in [0, *depths]}
-    results = {name: run_mode(model, inputs, device, steps, k) for name, k in modes.items()}
+    modes = {f"offload K={k}": (k, True) for k in [0, *depths]}
+    modes[f"K={depths[-1]} no pool"] = (depths[-1], False)
+    results = {name: run_mode(model, inputs, device, steps, k, pool) for name, (k, pool) in modes.items()}
     results["plain"] = run_mode(model, inputs, device, steps, None)
 
     print(f"Qwen-Image-shaped DiT: {num_blocks} block(s), {weight_bytes / 2**30:.2f} GiB of {dtype} weights, "
@@ -185,7 +203,8 @@ def bench_qwen_image(args: argparse.Namespace, device: torch.device) -> None:
     print(f"copy engine peak (one {2**29 // 2**20} MiB copy from a {source}): {peak_rate / 1e9:.1f} GB/s")
     memory = "peak CUDA" if on_gpu else "peak weights"
     print(f"{'mode':>12} | {'step':>9} | {'vs plain':>8} | {memory:>10} | {'moved/step':>10} | {'achieved':>9} | "
-          f"{'of peak':>7} | {'hits/step':>9} | {'misses/step':>11} | {'new segments/step':>17}")
+          f"{'of peak':>7} | {'hits/step':>9} | {'misses/step':>11} | {'new segments/step':>17} | "
+          f"{'device pool':>11} | {'pool allocs/step':>16}")
     plain = results["plain"]["step"]
     for name in ["plain", *modes]:
         r = results[name]
@@ -194,9 +213,11 @@ def bench_qwen_image(args: argparse.Namespace, device: torch.device) -> None:
         hits = "-" if r["hits"] is None else f"{r['hits']:.1f}"
         misses = "-" if r["misses"] is None else f"{r['misses']:.1f}"
         segments = "-" if r["segments"] is None else f"{r['segments']:.1f}"
+        pool = "-" if r["pool_reserved"] is None else f"{r['pool_reserved'] / 2**30:.2f} GiB"
+        pool_allocations = "-" if r["pool_reserved"] is None else f"{r['pool_allocations']:.1f}"
         print(f"{name:>12} | {r['step'] * 1e3:6.0f} ms | {r['step'] / plain:7.2f}x | {peak / 2**30:6.2f} GiB | "
               f"{r['moved'] / 2**30:6.2f} GiB | {rate / 1e9:5.1f} GB/s | {rate / peak_rate:6.0%} | {hits:>9} | "
-              f"{misses:>11} | {segments:>17}")
+              f"{misses:>11} | {segments:>17} | {pool:>11} | {pool_allocations:>16}")
     final = {name: r["losses"][-1] for name, r in results.items()}
     print("final losses:", ", ".join(f"{name} {loss:.6f}" for name, loss in final.items()))
 

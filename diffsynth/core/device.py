@@ -155,3 +155,9 @@ def wait_event(device: torch.device, event: Any) -> None:
     """Makes the current stream of ``device`` wait for ``event`` on the GPU (the host does not block); None: no-op."""
     if event is not None:
         torch.cuda.current_stream(device).wait_event(event)
+
+
+def synchronize_event(event: Any) -> None:
+    """Blocks the host until the work recorded before ``event`` has run; None (the CPU's event): returns at once."""
+    if event is not None:
+        event.synchronize()

@@ -231,7 +231,8 @@ def test_offload_manager_on_fp8_base_equals_training_without_it(build, checkpoin
     with FloatOpRecorder() as recorder:
         losses = lora_train(offloaded, inputs, manager=manager)
     manager.remove()
-    assert recorder.ops <= {"_to_copy", "copy_", "empty_like", "as_strided"}
+    # Only copies and metadata ops (the device pool lends flat byte buffers viewed as the fp8 weight): no fp8 math.
+    assert recorder.ops <= {"_to_copy", "copy_", "empty_like", "as_strided", "view", "detach"}
     torch.testing.assert_close(losses, expected, rtol=0, atol=1e-6)
     trained = dict(offloaded.named_parameters())
     for name, param in model.named_parameters():

@@ -2,6 +2,7 @@
 
 from .block_swap import (BlockSwap, BlockSwapConfig, ClassicBlockSwap, create_offloader, find_block_list,
                          streaming_block_indices)
+from .device_pool import DeviceBufferPool, DevicePoolStats
 from .h2d_stream import H2DOnlyBlockSwap
 from .manager import OffloadTrainingConfig, OffloadTrainingManager, OffloadUnit
 from .memory_buffer import (ALIGNMENT, BaseBufferPool, PinnedArenaPool, PinnedBuffer, per_tensor_pinned_bytes,
@@ -14,7 +15,7 @@ from .transfer import DirectEngine, StagedEngine, SyncEngine, TransferEngine, Tr
 
 __all__ = [
     "ALIGNMENT", "AlwaysOnDeviceParamOffloader", "BaseBufferPool", "BlockSwap", "BlockSwapConfig",
-    "BufferOffloader", "ClassicBlockSwap", "CopyNowEngine", "DirectEngine", "H2DOnlyBlockSwap", "OffloadTrainingConfig",
+    "BufferOffloader", "ClassicBlockSwap", "CopyNowEngine", "DeviceBufferPool", "DevicePoolStats", "DirectEngine", "H2DOnlyBlockSwap", "OffloadTrainingConfig",
     "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool", "PinnedBuffer", "PrefetchScheduler",
     "PrefetchStats", "ResidencyMeter", "StagedEngine",
     "StaticParamOffloader", "SyncEngine", "TensorOffloader", "TrainableParamOffloader", "TransferEngine",

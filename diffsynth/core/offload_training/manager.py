@@ -10,7 +10,9 @@ master in a pinned arena (``memory_buffer.py``), and brackets each unit with hoo
 - gradient checkpointing: a unit re-run inside backward keeps its weights until its own backward is done
   (``_in_recompute``), so each weight is loaded once for recompute and backward together;
 - prefetch (``prefetch_depth`` K > 0, the default on CUDA): the order in which units run is recorded in the first
-  pass, and later passes copy the next K units' weights ahead of use on a copy stream (``prefetch.py``).
+  pass, and later passes copy the next K units' weights ahead of use on a copy stream (``prefetch.py``);
+- device buffers (``reuse_device_buffers``, on by default): the weights' device copies are buffers allocated in the
+  first passes and lent again on every later load (``device_pool.py``), so steady-state steps allocate nothing.
 
 While the root module runs, a saved-tensor hook replaces every weight that autograd saves for backward by a small
 reference that is resolved against the reloaded copy in backward. Without it, autograd's saved views (``weight.t()``
@@ -29,8 +31,9 @@ from typing import Any
 
 import torch
 
-from ..device import resolve_device
+from ..device import resolve_device, synchronize
 from .autograd_hooks import inside_backward, iter_tensors, wrap_inputs
+from .device_pool import DeviceBufferPool, DevicePoolStats
 from .grad_sync import GradientSynchronizer, distributed_world_size
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
@@ -54,12 +57,15 @@ class OffloadTrainingConfig:
         cpu_offload_split_threshold: In MB; keep modules up to this size whole as one unit. None: one unit per leaf.
         prefetch_depth: K, how many units' weights are copied ahead of use; 0 turns prefetch off. None (auto) is
             1 on CUDA, 0 elsewhere (without a copy stream, prefetch cannot overlap anything). Resolved here.
+        reuse_device_buffers: Copy weights into device buffers kept and reused across loads (``DeviceBufferPool``)
+            instead of allocating each copy afresh.
     """
 
     target_device: str | torch.device
     enable_optimizer_cpu_offload: bool = False
     cpu_offload_split_threshold: float | None = None
     prefetch_depth: int | None = None
+    reuse_device_buffers: bool = True
 
     def __post_init__(self) -> None:
         self.target_device = resolve_device(self.target_device, "target_device")
@@ -70,6 +76,8 @@ class OffloadTrainingConfig:
             raise ValueError(f"prefetch_depth={depth!r} must be a whole number of units to copy ahead (0 turns "
                              "prefetch off, 1 or 2 overlap copies with compute), or None for 1 on CUDA and 0 "
                              "elsewhere")
+        if not isinstance(self.reuse_device_buffers, bool):
+            raise ValueError(f"reuse_device_buffers={self.reuse_device_buffers!r} must be True or False")
         threshold = self.cpu_offload_split_threshold
         if threshold is not None and (isinstance(threshold, bool) or not threshold > 0):
             raise ValueError(f"cpu_offload_split_threshold={threshold!r} must be a positive size in MB "
@@ -140,6 +148,10 @@ class OffloadTrainingManager:
             current unit computes, so compute waits for copies only when they are slower. Costs device memory for
             up to K more units (the K largest at worst). 0 turns it off; None (default) is 1 on CUDA and 0 on the
             CPU (which has no copy stream; K > 0 runs the same schedule there with plain copies).
+        reuse_device_buffers: Keep the device buffers that weights are copied into and lend them again on later
+            loads (default): no allocation per load once the first passes have sized the pool, at the cost of
+            holding, per weight size, as many buffers as were ever in flight at once. False allocates every copy
+            on the caching allocator (and frees it on unload).
 
     Raises:
         ValueError: A bad device, threshold or prefetch depth, or optimizer offload on a model with nothing to train.
@@ -147,16 +159,19 @@ class OffloadTrainingManager:
 
     def __init__(self, model: torch.nn.Module, target_device: str | torch.device,
                  enable_optimizer_cpu_offload: bool = False, cpu_offload_split_threshold: float | None = None,
-                 pool: BaseBufferPool | None = None, prefetch_depth: int | None = None) -> None:
+                 pool: BaseBufferPool | None = None, prefetch_depth: int | None = None,
+                 reuse_device_buffers: bool = True) -> None:
         self.config = OffloadTrainingConfig(target_device, enable_optimizer_cpu_offload, cpu_offload_split_threshold,
-                                            prefetch_depth)
+                                            prefetch_depth, reuse_device_buffers)
         if enable_optimizer_cpu_offload and not any(p.requires_grad for p in model.parameters()):
             raise ValueError("enable_optimizer_cpu_offload=True but the model has no trainable parameter; make some "
                              "parameters trainable (or inject a LoRA) first, or drop --enable_optimizer_cpu_offload")
         self.model = model
         self.device = self.config.target_device
         self.meter = ResidencyMeter()
-        self.pool = pool if pool is not None else PinnedArenaPool.from_model(model)
+        trainable_copies = 2 if enable_optimizer_cpu_offload else 0  # master and gradient staging
+        self.pool = pool if pool is not None else PinnedArenaPool.from_model(model, trainable_copies=trainable_copies)
+        self.device_pool = DeviceBufferPool(self.device) if reuse_device_buffers else None
         placement = plan_units(model, self.config.split_threshold_bytes)
         self._buffer_keys: dict[tuple[int, str], int] = {}
         self._offloaders = self._make_offloaders(placement.units + [placement.resident])
@@ -195,15 +210,19 @@ class OffloadTrainingManager:
         # Largest first: the order in which the arena was planned, so every master lands in its planned slot.
         for tensor in sorted(frozen, key=tensor_nbytes, reverse=True):
             if isinstance(tensor, torch.nn.Parameter):
-                offloaders[id(tensor)] = StaticParamOffloader(tensor, self.device, self.meter, self.pool)
+                offloaders[id(tensor)] = StaticParamOffloader(tensor, self.device, self.meter, self.pool,
+                                                              self.device_pool)
             else:
                 offloaders[id(tensor)] = BufferOffloader(tensor, buffers[id(tensor)][1], self.device, self.meter,
-                                                         self.pool)
-        trainable_kind = (TrainableParamOffloader if self.config.enable_optimizer_cpu_offload
-                          else AlwaysOnDeviceParamOffloader)
+                                                         self.pool, self.device_pool)
         for param in params.values():
-            if param.requires_grad:
-                offloaders[id(param)] = trainable_kind(param, self.device, self.meter)
+            if not param.requires_grad:
+                continue
+            if self.config.enable_optimizer_cpu_offload:
+                offloaders[id(param)] = TrainableParamOffloader(param, self.device, self.meter, self.pool,
+                                                                self.device_pool)
+            else:
+                offloaders[id(param)] = AlwaysOnDeviceParamOffloader(param, self.device, self.meter)
         return offloaders
 
     def _offloaders_of(self, spec: UnitSpec) -> list[TensorOffloader]:
@@ -361,9 +380,13 @@ class OffloadTrainingManager:
         for offloader in self._loaded_on_demand:
             offloader.offload()
         self._loaded_on_demand.clear()
-        for offloader in self._offloaders.values():
-            if isinstance(offloader, TrainableParamOffloader):
-                offloader.publish_grad()
+        if self.config.enable_optimizer_cpu_offload:
+            # The optimizer is about to write the host masters, which asynchronous copies (prefetches, dropped ones
+            # included) may still be reading, and to read the gradients still being copied back: wait for all.
+            synchronize(self.device)
+            for offloader in self._offloaders.values():
+                if isinstance(offloader, TrainableParamOffloader):
+                    offloader.publish_grad()
         if sync_gradients and self._grad_sync is not None:
             self._grad_sync.all_reduce_mean()
 
@@ -379,6 +402,11 @@ class OffloadTrainingManager:
 
     def reset_peak_resident_bytes(self) -> None:
         self.meter.reset_peak()
+
+    @property
+    def device_pool_stats(self) -> DevicePoolStats | None:
+        """Device buffer allocations, reuses and escapes so far; None when ``reuse_device_buffers`` is off."""
+        return self.device_pool.stats if self.device_pool is not None else None
 
     @property
     def prefetch_stats(self) -> PrefetchStats | None:
@@ -410,3 +438,5 @@ class OffloadTrainingManager:
             offloader.restore()
         self._offloaders.clear()
         self.units.clear()
+        if self.device_pool is not None:
+            self.device_pool.release_free()

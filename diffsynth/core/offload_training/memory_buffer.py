@@ -68,9 +68,13 @@ class BaseBufferPool:
         self.fallback_bytes += nbytes
         return self._allocator(nbytes)
 
+    def empty_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Returns an uninitialised host tensor shaped like ``tensor``, living in this pool's memory."""
+        return _view_as(self.allocate(tensor_nbytes(tensor)), tensor.shape, tensor.dtype)
+
     def allocate_like(self, tensor: torch.Tensor) -> torch.Tensor:
         """Returns a host copy of ``tensor`` living in this pool's memory."""
-        host = _view_as(self.allocate(tensor_nbytes(tensor)), tensor.shape, tensor.dtype)
+        host = self.empty_like(tensor)
         host.copy_(tensor.detach())
         return host
 
@@ -228,9 +232,14 @@ class PinnedArenaPool(BaseBufferPool):
             chunk.used = used
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, allocator: HostAllocator | None = None) -> PinnedArenaPool:
-        """Plans the arena for every frozen parameter and every buffer of ``model`` (shared tensors once)."""
-        return cls([tensor_nbytes(t) for t in frozen_tensors(model)], allocator)
+    def from_model(cls, model: torch.nn.Module, allocator: HostAllocator | None = None,
+                   trainable_copies: int = 0) -> PinnedArenaPool:
+        """Plans the arena for every frozen parameter and every buffer of ``model`` (shared tensors once), and
+        ``trainable_copies`` host tensors per trainable parameter (2 for optimizer offload: master and gradient)."""
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        sizes = [tensor_nbytes(t) for t in frozen_tensors(model)]
+        sizes += [tensor_nbytes(p) for p in trainable for _ in range(trainable_copies)]
+        return cls(sizes, allocator)
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         places = self._slots.get(align(nbytes))

@@ -19,16 +19,21 @@ last user is done (reference counting).
 A load can be deferred (prefetch, ``prefetch.py``): the device copy is allocated and bound at once, and the copy itself
 is handed to a transfer engine, which fills it on a copy stream. Until ``wait_for_copy()`` has ordered the compute
 stream behind that copy, the device copy must be neither read nor freed; ``offload()`` waits before it frees.
+
+With a ``DeviceBufferPool`` (``device_pool.py``) device copies are buffers lent by the pool and given back on unload,
+instead of fresh allocations each time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..device import copy_to_device
+from ..device import copy_to_device, record_event, synchronize_event
+from .device_pool import DeviceBufferPool
 from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .transfer import CopyPair
 
@@ -64,12 +69,20 @@ class TensorOffloader:
 
     Subclasses implement ``_load``, ``_unload`` and ``restore``; ``device_copy`` is the tensor the model computes
     with while loaded (the manager uses it to recognise saved weights in autograd's graph).
+
+    Args:
+        tensor: The parameter or buffer.
+        device: The compute device.
+        meter: Counts resident bytes and indexes live device copies.
+        device_pool: Lends the device copies; None allocates each one afresh.
     """
 
     counts_toward_residency = False
 
-    def __init__(self, tensor: torch.Tensor, device: torch.device, meter: ResidencyMeter) -> None:
+    def __init__(self, tensor: torch.Tensor, device: torch.device, meter: ResidencyMeter,
+                 device_pool: DeviceBufferPool | None = None) -> None:
         self.device = device
+        self.device_pool = device_pool
         self.nbytes = tensor_nbytes(tensor)
         self.original_device = tensor.device
         self.users = 0
@@ -77,7 +90,7 @@ class TensorOffloader:
         self.load_count = 0
         self.copy_pending: Callable[[], None] | None = None
         self._meter = meter
-        self._copies: list[StorageWeakRef] = []
+        self._released_copies: list[StorageWeakRef] = []
 
     @property
     def is_loaded(self) -> bool:
@@ -101,10 +114,7 @@ class TensorOffloader:
             queued = deferred is not None and len(deferred) > before
             self.load_count += 1
             if self.device_copy is not None:
-                storage = self.device_copy.untyped_storage()
-                self._meter.copies[storage.data_ptr()] = self
-                self._copies = [ref for ref in self._copies if not ref.expired()]
-                self._copies.append(StorageWeakRef(storage))
+                self._meter.copies[self.device_copy.untyped_storage().data_ptr()] = self
             if self.counts_toward_residency:
                 self._meter.add(self.nbytes)
         return queued
@@ -128,23 +138,40 @@ class TensorOffloader:
             self.wait_for_copy()
             self._unload()
             if self.device_copy is not None:
-                self._meter.copies.pop(self.device_copy.untyped_storage().data_ptr(), None)
-                self.device_copy = None
+                self._drop_device_copy()
             if self.counts_toward_residency:
                 self._meter.sub(self.nbytes)
 
     def live_copy_bytes(self) -> int:
-        """Bytes of device copies made by this offloader that are still alive anywhere (autograd included)."""
-        return self.nbytes * sum(not ref.expired() for ref in self._copies)
+        """Bytes of device copies of this tensor still alive outside the device pool: the loaded one, and any that
+        something (autograd, a user) kept after its unload."""
+        self._released_copies = [ref for ref in self._released_copies if not ref.expired()]
+        return self.nbytes * (len(self._released_copies) + (self.device_copy is not None))
+
+    def _drop_device_copy(self) -> None:
+        storage = self.device_copy.untyped_storage()
+        self._meter.copies.pop(storage.data_ptr(), None)
+        pooled = self.device_pool is not None and self.device_pool.owns(self.device_copy)
+        if not (pooled and self.device_pool.give_back(self.device_copy)):
+            self._released_copies = [ref for ref in self._released_copies if not ref.expired()]
+            self._released_copies.append(StorageWeakRef(storage))
+        self.device_copy = None
 
     def _copy_of(self, master: torch.Tensor, deferred: list[CopyPair] | None) -> torch.Tensor:
         """A device copy of ``master``: made now, or allocated and queued in ``deferred`` (contiguous masters)."""
-        if deferred is None or not master.is_contiguous():
-            return copy_to_device(master, self.device)
-        # Allocated on the current (compute) stream, so the caching allocator reuses it there; the engine's copy
-        # starts only after the compute queued so far, which covers the kernels that last used this memory.
-        copy = torch.empty_like(master, device=self.device)
-        deferred.append((copy, master))
+        poolable = self.device_pool is not None and master.is_contiguous() and master.numel() > 0
+        if not poolable:
+            if deferred is None or not master.is_contiguous():
+                return copy_to_device(master, self.device)
+            # Allocated on the current (compute) stream, so the caching allocator reuses it there; the engine's copy
+            # starts only after the compute queued so far, which covers the kernels that last used this memory.
+            copy = torch.empty_like(master, device=self.device)
+        else:
+            copy = self.device_pool.take(master)
+        if deferred is not None:
+            deferred.append((copy, master))
+        else:
+            copy.copy_(master, non_blocking=self.device.type != "cpu" and master.is_pinned())
         return copy
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
@@ -164,8 +191,8 @@ class StaticParamOffloader(TensorOffloader):
     counts_toward_residency = True
 
     def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter,
-                 pool: BaseBufferPool) -> None:
-        super().__init__(param, device, meter)
+                 pool: BaseBufferPool, device_pool: DeviceBufferPool | None = None) -> None:
+        super().__init__(param, device, meter, device_pool)
         self.param = param
         self.master = pool.allocate_like(param.data)
         self.placeholder = torch.empty(0, dtype=param.dtype, device=device)
@@ -186,27 +213,44 @@ class TrainableParamOffloader(TensorOffloader):
     """A trainable parameter whose optimizer runs on the host.
 
     The host tensor is the master that the optimizer updates; the device copy is read-only and simply dropped after
-    use. Gradients are accumulated on the host: autograd's gradient is moved there as soon as it is accumulated, so
-    gradient accumulation over several backward passes works.
+    use. With a host pool the master lives there (pinned where possible), so its copies to the device do not block.
+
+    Gradients are accumulated on the host: as soon as autograd has accumulated a gradient, a copy of it to a host
+    staging buffer is queued on the compute stream (without blocking, into pinned memory) and the device gradient is
+    dropped; the staged gradient is added to the host gradient when it is next needed (``publish_grad``, which waits
+    for the copies), so gradient accumulation over several backward passes works.
+
+    Args:
+        pool: Host memory for the master and the gradient staging buffer; None keeps the parameter's own tensor as
+            the master (moved to the host if needed) and stages in ordinary memory.
     """
 
     counts_toward_residency = True
 
-    def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter) -> None:
-        super().__init__(param, device, meter)
+    def __init__(self, param: torch.nn.Parameter, device: torch.device, meter: ResidencyMeter,
+                 pool: BaseBufferPool | None = None, device_pool: DeviceBufferPool | None = None) -> None:
+        super().__init__(param, device, meter, device_pool)
         self.param = param
+        self._pool = pool
         host = torch.device("cpu")
-        if param.device != host:
+        if pool is not None:
+            param.data = pool.allocate_like(param.data)
+        elif param.device != host:
             param.data = param.data.to(host)
-            if param.grad is not None:
-                param.grad = param.grad.to(host)
+        if param.grad is not None and param.grad.device != host:
+            param.grad = param.grad.to(host)
         self.master = param.data
         self.host_grad: torch.Tensor | None = None
+        self._grad_staging: torch.Tensor | None = None
+        self._grad_copied: Any = None
+        self._grad_in_flight = False
         self._hook = param.register_post_accumulate_grad_hook(self._move_grad_to_host)
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
+        self._finish_grad_copy()
         if self.param.grad is not None:
-            self.host_grad, self.param.grad = self.param.grad, None
+            published, self.param.grad = self.param.grad, None
+            self.host_grad = published if self.host_grad is None else published.add_(self.host_grad)
         self.device_copy = self._copy_of(self.master, deferred)
         self.param.data = self.device_copy
 
@@ -214,22 +258,37 @@ class TrainableParamOffloader(TensorOffloader):
         self.param.data = self.master
 
     def _move_grad_to_host(self, param: torch.nn.Parameter) -> None:
-        grad = param.grad.to(self.master.device)
+        # A second backward before ``publish_grad`` reuses the staging buffer: the first copy must have landed.
+        self._finish_grad_copy()
+        grad = param.grad
+        if self._grad_staging is None or self._grad_staging.shape != grad.shape:
+            self._grad_staging = (self._pool.empty_like(grad) if self._pool is not None
+                                  else torch.empty_like(grad, device="cpu"))
+        self._grad_staging.copy_(grad, non_blocking=grad.device.type != "cpu" and self._grad_staging.is_pinned())
+        self._grad_copied = record_event(grad.device)
+        self._grad_in_flight = True
         param.grad = None
-        self.host_grad = grad if self.host_grad is None else self.host_grad.add_(grad)
+
+    def _finish_grad_copy(self) -> None:
+        if self._grad_in_flight:
+            synchronize_event(self._grad_copied)
+            staged = self._grad_staging
+            self.host_grad = staged.clone() if self.host_grad is None else self.host_grad.add_(staged)
+            self._grad_copied, self._grad_in_flight = None, False
 
     def publish_grad(self) -> None:
         """Hands the host gradient to ``param.grad`` for the optimizer (the weight must be unloaded)."""
-        if self.host_grad is not None and not self.is_loaded:
-            self.param.grad, self.host_grad = self.host_grad, None
+        if not self.is_loaded:
+            self._finish_grad_copy()
+            if self.host_grad is not None:
+                self.param.grad, self.host_grad = self.host_grad, None
 
     def restore(self) -> None:
         self.publish_grad()
         self._hook.remove()
-        if self.original_device != self.master.device:
-            self.param.data = self.master.to(self.original_device)
-            if self.param.grad is not None:
-                self.param.grad = self.param.grad.to(self.original_device)
+        self.param.data = torch.empty_like(self.master, device=self.original_device).copy_(self.master)
+        if self.param.grad is not None and self.param.grad.device != self.original_device:
+            self.param.grad = self.param.grad.to(self.original_device)
 
 
 class AlwaysOnDeviceParamOffloader(TensorOffloader):
@@ -269,8 +328,8 @@ class BufferOffloader(TensorOffloader):
     counts_toward_residency = True
 
     def __init__(self, buffer: torch.Tensor, slots: list[tuple[torch.nn.Module, str]], device: torch.device,
-                 meter: ResidencyMeter, pool: BaseBufferPool) -> None:
-        super().__init__(buffer, device, meter)
+                 meter: ResidencyMeter, pool: BaseBufferPool, device_pool: DeviceBufferPool | None = None) -> None:
+        super().__init__(buffer, device, meter, device_pool)
         self.slots = slots
         self.master = pool.allocate_like(buffer)
         self._point_slots_at(self.master)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from diffsynth.core import OffloadTrainingManager
-from diffsynth.core.offload_training import StaticParamOffloader
+from diffsynth.core.offload_training import StaticParamOffloader, TrainableParamOffloader
 
 from .models import make_batches, make_model
 
@@ -82,6 +82,31 @@ def test_optimizer_offload_leaves_gradients_on_the_host_after_backward():
     manager.after_backward()
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable and all(p.grad is not None and p.grad.device.type == "cpu" for p in trainable)
+
+
+def test_optimizer_offload_masters_and_gradient_staging_live_in_the_planned_host_arena():
+    model = make_model()
+    manager = OffloadTrainingManager(model, "cpu", enable_optimizer_cpu_offload=True)
+    chunks_planned = len(manager.pool.chunks)
+    trainable = [o for o in manager._offloaders.values() if isinstance(o, TrainableParamOffloader)]
+    train(model, make_batches(2), manager)
+    arena = {chunk.view(0, 1).untyped_storage().data_ptr() for chunk in manager.pool.chunks}
+    assert trainable and all(o.master.untyped_storage().data_ptr() in arena for o in trainable)
+    assert all(o._grad_staging.untyped_storage().data_ptr() in arena for o in trainable)
+    assert len(manager.pool.chunks) == chunks_planned and manager.pool.fallback_bytes == 0
+
+
+def test_optimizer_offload_accumulates_gradients_of_backwards_between_two_after_backward_calls():
+    reference = make_model()
+    offloaded = copy.deepcopy(reference)
+    manager = OffloadTrainingManager(offloaded, "cpu", enable_optimizer_cpu_offload=True)
+    for model in (reference, offloaded):
+        for ids, targets in make_batches(2):
+            torch.nn.functional.cross_entropy(model(ids), targets).backward()
+    manager.after_backward()
+    for (name, expected), param in zip(reference.named_parameters(), offloaded.parameters()):
+        if expected.requires_grad:
+            assert torch.equal(param.grad, expected.grad), name
 
 
 def test_batchnorm_running_statistics_survive_offload():

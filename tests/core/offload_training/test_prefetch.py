@@ -402,7 +402,7 @@ def layers_step(model, x, manager=None):
 
 
 @pytest.mark.gpu
-def test_cuda_device_copies_reuse_cached_memory_after_the_first_steps():
+def test_cuda_steps_after_the_first_allocate_no_device_memory_for_weights():
     model = wide_chain()
     manager = OffloadTrainingManager(model, "cuda", prefetch_depth=2)
     x = torch.randn(64, 2048, device="cuda", requires_grad=True)
@@ -410,7 +410,27 @@ def test_cuda_device_copies_reuse_cached_memory_after_the_first_steps():
         layers_step(model, x, manager)
     torch.cuda.synchronize()
     segments = torch.cuda.memory_stats()["segment.all.allocated"]
+    pool_allocations = manager.device_pool_stats.allocations
+    large_allocations = torch.cuda.memory_stats()["allocation.large_pool.allocated"]
     for _ in range(3):
         layers_step(model, x, manager)
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["segment.all.allocated"] == segments, "new device memory was allocated"
+    assert manager.device_pool_stats.allocations == pool_allocations
+    # Each step loads 7 frozen 16 MiB weights twice; with the pool none of them goes through the allocator.
+    per_step = (torch.cuda.memory_stats()["allocation.large_pool.allocated"] - large_allocations) / 3
+    assert per_step < 7, per_step
+
+
+@pytest.mark.gpu
+def test_cuda_optimizer_offload_keeps_masters_and_gradient_staging_pinned():
+    model = wide_chain(num_layers=3)
+    model.requires_grad_(True)
+    manager = OffloadTrainingManager(model, "cuda", enable_optimizer_cpu_offload=True, prefetch_depth=1)
+    x = torch.randn(64, 2048, device="cuda", requires_grad=True)
+    for _ in range(3):
+        layers_step(model, x, manager)
+    trainable = [o for o in manager._offloaders.values() if isinstance(o, TrainableParamOffloader)]
+    assert len(trainable) == 6
+    assert all(o.master.is_pinned() and o._grad_staging.is_pinned() for o in trainable)
+    assert all(p.grad is not None and p.grad.device.type == "cpu" for p in model.parameters())
