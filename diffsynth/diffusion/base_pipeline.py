@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, load_component, load_skeleton
+from ..core.loader import ModelConfig, load_component, load_skeleton, model_class_name
 from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (PruneCacheUnit, StateKey, UnitAccess, required_cache_keys, split_pipeline_units,
@@ -99,19 +99,42 @@ class BasePipeline(torch.nn.Module):
         """
         dtype = resolve_dtype(torch_dtype)
         pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
-        text_encoder_config = None
         for config in model_configs:
             if config in skeleton_configs:
                 component = load_skeleton(config, torch_dtype=dtype)
             else:
                 component = load_component(config, torch_dtype=dtype, device=pipe.offload_device)
-            if pipe._assign(component, config) == "text_encoder":
-                text_encoder_config = config
-        if text_encoder_config is not None and getattr(pipe, "tokenizer", None) is None:
-            config = tokenizer_config or _sibling_tokenizer(text_encoder_config) or cls.default_tokenizer_config
-            if config is not None:
-                pipe._assign(load_component(config), config)
+            pipe._assign(component, config)
+        tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
+        if tokenizer is not None:
+            pipe._assign(load_component(tokenizer), tokenizer)
         return pipe
+
+    @classmethod
+    def companion_configs(cls, model_configs: Sequence[ModelConfig],
+                          tokenizer_config: ModelConfig | None = None) -> list[ModelConfig]:
+        """The folders ``from_pretrained`` reads besides the models' own, such as the tokenizer beside the text encoder.
+
+        Each model's slot is found from the class its ``config.json`` names, so the models' files must be resolved
+        first. A launcher resolves these too before any process loads, so that they are downloaded once per machine.
+        """
+        roles = {}
+        for config in model_configs:
+            name = model_class_name(config)
+            role = "tokenizer" if name is None else cls.model_roles.get(name)
+            if role is not None:
+                roles[role] = config
+        return list(cls._companions(roles, tokenizer_config).values())
+
+    @classmethod
+    def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
+        """The companion folders by slot, given the config of each slot loaded so far: here, when a text encoder is
+        loaded without a tokenizer, ``tokenizer_config``, else the ``tokenizer/`` folder of the text encoder's
+        repository, else ``default_tokenizer_config``. Pipelines with more companions extend it."""
+        if "text_encoder" not in roles or "tokenizer" in roles:
+            return {}
+        config = tokenizer_config or _sibling_tokenizer(roles["text_encoder"]) or cls.default_tokenizer_config
+        return {"tokenizer": config} if config is not None else {}
 
     def _assign(self, component: Any, config: ModelConfig) -> str:
         """Puts ``component`` in its slot and returns the slot's name."""

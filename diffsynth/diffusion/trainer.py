@@ -114,8 +114,9 @@ def check_lora_targets(args: argparse.Namespace, pipeline_class: type[BasePipeli
 def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
-    Missing files are downloaded once per machine: the local main process fetches them while the others wait at a
-    barrier, then every process loads from disk.
+    Missing files, the pipeline's companion folders (tokenizer, image processor) included, are downloaded once per
+    machine: the local main process fetches them while the others wait at a barrier, then every process loads from
+    disk.
     """
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
     skeletons = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
@@ -126,6 +127,8 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     tokenizer = ModelConfig(path=args.tokenizer_path) if args.tokenizer_path else None
     with accelerator.local_main_process_first():
         for config in [*configs, *([tokenizer] if tokenizer else [])]:
+            resolve_files(config)
+        for config in pipeline_class.companion_configs(configs, tokenizer):
             resolve_files(config)
     device = accelerator.device
     # Offloaded training streams weights from host memory, so they are loaded there.

@@ -374,13 +374,19 @@ class WanVideoPipeline(TextToLatentPipeline):
         pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
                                        tokenizer_config=tokenizer_config, offload_device=offload_device,
                                        skeleton_configs=skeleton_configs)
-        encoder_config = pipe.model_configs.get("image_encoder")
-        config = image_processor_config
-        if config is None and encoder_config is not None:
-            config = _sibling_image_processor(encoder_config)
+        config = image_processor_config or cls._companions(pipe.model_configs, tokenizer_config).get("image_processor")
         if config is not None:
             pipe.image_processor = load_image_processor(config)
         return pipe
+
+    @classmethod
+    def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
+        """The tokenizer as in ``BasePipeline``, plus the image processor beside a loaded image encoder."""
+        companions = super()._companions(roles, tokenizer_config)
+        processor = _sibling_image_processor(roles["image_encoder"]) if "image_encoder" in roles else None
+        if processor is not None:
+            companions["image_processor"] = processor
+        return companions
 
     def takes_image_condition(self) -> bool:
         """Whether the transformer reads ``y`` (``in_channels`` above ``out_channels``).

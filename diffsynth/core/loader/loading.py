@@ -252,6 +252,20 @@ def load_skeleton(config: ModelConfig, torch_dtype: torch.dtype | str = torch.bf
     return build_empty_model(library, cls, folder, dtype).eval()
 
 
+def model_class_name(config: ModelConfig) -> str | None:
+    """The class name a config's model folder declares in its ``config.json``, without building anything; None for a
+    folder without weights (a tokenizer).
+
+    Raises:
+        ModelLoadError: As ``find_model_class``.
+    """
+    shards = weight_files(resolve_files(config))
+    if not shards:
+        return None
+    folder = shards[0].parent
+    return find_model_class(read_config(folder), folder / "config.json")[1].__name__
+
+
 def _tokenizer_folder(files: list[Path]) -> Path | None:
     for path in files:
         folder = path if path.is_dir() else path.parent
