@@ -2,9 +2,11 @@
 (``launch_training_task``).
 
 Model placement differs from a plain accelerate script in one way: with ``--enable_model_cpu_offload`` the models
-stay in host memory under one ``OffloadTrainingManager`` each, so the training module is neither moved nor
-prepared (only the optimizer and the dataloader are), and ``after_backward()`` runs before every optimizer step.
-Without offload, only the models the stage computes with move to the device.
+stay in host memory under one ``OffloadTrainingManager`` each, and with ``--blocks_to_swap`` the denoiser's blocks
+move between host and device. Weights that move cannot be wrapped by DDP, so then the training module is neither
+moved nor prepared (only the optimizer and the dataloader are), and the trainable gradients are averaged across
+processes without DDP: by each manager's ``after_backward()``, or by a ``GradientSynchronizer`` under block swap.
+Without either, only the models the stage computes with move to the device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
 from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
+from ..core.offload_training.grad_sync import GradientSynchronizer
 from .checkpoint import save_training_state
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
@@ -181,12 +184,14 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     if deepspeed:
         trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
         initialize_deepspeed_gradient_checkpointing(accelerator)
-    elif managers:
+    elif managers or swaps:
         trained = module
         optimizer, dataloader = accelerator.prepare(optimizer, dataloader)
     else:
         trained = accelerator.prepare_model(module, device_placement=False)
         optimizer, dataloader = accelerator.prepare(optimizer, dataloader)
+    # Block swap's model is not wrapped by DDP (its weights move), so its gradients are averaged here.
+    swap_grad_sync = GradientSynchronizer(params) if swaps and accelerator.num_processes > 1 else None
     steps_per_epoch = math.ceil(len(dataloader) / args.gradient_accumulation_steps)
     total_steps = steps_per_epoch * args.num_epochs
     if args.max_train_steps is not None:
@@ -235,9 +240,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                     loss = trained(sample, generator=generator)
                 accelerator.backward(loss)
                 micro_losses.append(loss.detach().float())
-                # Offload: unload what is left and hand host gradients to .grad before the step.
+                # Offload: unload what is left, hand host gradients to .grad and average them before the step.
                 for manager in managers:
                     manager.after_backward(sync_gradients=accelerator.sync_gradients)
+                if swap_grad_sync is not None and accelerator.sync_gradients:
+                    swap_grad_sync.all_reduce_mean()
                 if accelerator.sync_gradients and args.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()

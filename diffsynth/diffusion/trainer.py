@@ -167,10 +167,6 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
-    if accelerator.num_processes > 1 and args.blocks_to_swap:
-        raise FlagError([f"--blocks_to_swap {args.blocks_to_swap} runs on one process for now, got "
-                         f"{accelerator.num_processes}: DDP cannot wrap weights that move between devices; launch one "
-                         "process, or use --enable_model_cpu_offload, which averages gradients itself"])
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
         if args.resume_from_checkpoint else None
     if checkpoint is not None and args.seed is None:

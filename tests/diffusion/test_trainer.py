@@ -195,9 +195,14 @@ def test_the_loss_falls_when_overfitting_one_image(dataset, tmp_path, tiny_root)
     assert mean_loss() < 0.8 * before
 
 
-@pytest.mark.parametrize("mode", list(OFFLOAD_MODES))
+MULTI_PROCESS_MODES = {**OFFLOAD_MODES, "block_swap": ["--blocks_to_swap", "1"],
+                       "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only"]}
+
+
+@pytest.mark.parametrize("mode", list(MULTI_PROCESS_MODES))
 def test_two_processes_train_what_one_process_accumulating_two_samples_trains(dataset, tmp_path, tiny_root, mode):
-    """DDP for plain training, the offload manager's own all-reduce for offloaded training."""
+    """DDP for plain training, the offload manager's own all-reduce for offloaded training, the runner's for block
+    swap."""
     script = tmp_path / "run.py"
     script.write_text(
         "import sys, torch\n"
@@ -209,7 +214,7 @@ def test_two_processes_train_what_one_process_accumulating_two_samples_trains(da
         "save_file(result['module'].trainable_state_dict(), sys.argv[sys.argv.index('--output_path') + 1]"
         " + f'/rank{rank}.safetensors')\n"
     )
-    flags = [*raw(dataset), *COMMON, "--num_epochs", "1", "--dataset_repeat", "2", *OFFLOAD_MODES[mode]]
+    flags = [*raw(dataset), *COMMON, "--num_epochs", "1", "--dataset_repeat", "2", *MULTI_PROCESS_MODES[mode]]
     output = tmp_path / "two"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *flags,
