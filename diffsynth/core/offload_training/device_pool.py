@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..device import record_event, wait_event
+from ..device import record_event, resolve_device, wait_event
 
 
 def _storage_use_count(storage: torch.UntypedStorage) -> int | None:
@@ -68,8 +68,8 @@ class DeviceBufferPool:
         device: Where the buffers live.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = resolve_device(device, "device")
         self.stats = DevicePoolStats()
         self._free: dict[int, list[_Buffer]] = defaultdict(list)
         self._lent: dict[int, _Buffer] = {}

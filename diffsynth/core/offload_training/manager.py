@@ -174,7 +174,7 @@ class OffloadTrainingManager:
         self.device_pool = DeviceBufferPool(self.device) if reuse_device_buffers else None
         placement = plan_units(model, self.config.split_threshold_bytes)
         self._buffer_keys: dict[tuple[int, str], int] = {}
-        self._offloaders = self._make_offloaders(placement.units + [placement.resident])
+        self._offloaders = self._make_offloaders(placement.units, placement.resident)
         self.units = [OffloadUnit(spec.name, spec.module, self._offloaders_of(spec)) for spec in placement.units]
         self._resident = self._offloaders_of(placement.resident)
         for offloader in self._resident:
@@ -193,7 +193,11 @@ class OffloadTrainingManager:
 
     # ---- construction -------------------------------------------------------------------------------------------
 
-    def _make_offloaders(self, specs: list[UnitSpec]) -> dict[int, TensorOffloader]:
+    def _make_offloaders(self, units: list[UnitSpec], resident: UnitSpec) -> dict[int, TensorOffloader]:
+        specs = [*units, resident]
+        # A resident tensor is loaded once for good, so an optimizer-offloaded one would never publish its gradient:
+        # trainable tensors the root module holds directly stay on the device instead.
+        resident_params = {id(param) for param in resident.params}
         params: dict[int, torch.nn.Parameter] = {}
         buffers: dict[int, tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]] = {}
         for spec in specs:
@@ -218,7 +222,7 @@ class OffloadTrainingManager:
         for param in params.values():
             if not param.requires_grad:
                 continue
-            if self.config.enable_optimizer_cpu_offload:
+            if self.config.enable_optimizer_cpu_offload and id(param) not in resident_params:
                 offloaders[id(param)] = TrainableParamOffloader(param, self.device, self.meter, self.pool,
                                                                 self.device_pool)
             else:

@@ -16,9 +16,11 @@ a module in training mode (BatchNorm running statistics) are written back to the
 A tensor shared by several units (tied weights) has one offloader; it loads on its first user and unloads when the
 last user is done (reference counting).
 
-A load can be deferred (prefetch, ``prefetch.py``): the device copy is allocated and bound at once, and the copy itself
-is handed to a transfer engine, which fills it on a copy stream. Until ``wait_for_copy()`` has ordered the compute
-stream behind that copy, the device copy must be neither read nor freed; ``offload()`` waits before it frees.
+A load can be deferred (prefetch, ``prefetch.py``): the device copy is allocated at once, and the copy itself is handed
+to a transfer engine, which fills it on a copy stream. Until ``wait_for_copy()`` has ordered the compute stream behind
+that copy, the device copy must be neither read nor freed: the tensor stays bound to its resting place (a frozen
+weight to its empty placeholder, so a stray read fails loudly instead of reading half-copied bytes) and is bound to
+the device copy only by ``wait_for_copy()``; ``offload()`` waits before it frees.
 
 With a ``DeviceBufferPool`` (``device_pool.py``) device copies are buffers lent by the pool and given back on unload,
 instead of fresh allocations each time.
@@ -91,6 +93,7 @@ class TensorOffloader:
         self.copy_pending: Callable[[], None] | None = None
         self._meter = meter
         self._released_copies: list[StorageWeakRef] = []
+        self._bind_after_copy = False
 
     @property
     def is_loaded(self) -> bool:
@@ -112,6 +115,10 @@ class TensorOffloader:
             before = len(deferred) if deferred is not None else 0
             self._load(deferred)
             queued = deferred is not None and len(deferred) > before
+            if queued:
+                self._bind_after_copy = True
+            else:
+                self._bind()
             self.load_count += 1
             if self.device_copy is not None:
                 self._meter.copies[self.device_copy.untyped_storage().data_ptr()] = self
@@ -127,6 +134,9 @@ class TensorOffloader:
         waiter, self.copy_pending = self.copy_pending, None
         if waiter is not None:
             waiter()
+        if self._bind_after_copy:
+            self._bind_after_copy = False
+            self._bind()
 
     def offload(self) -> None:
         """Releases one use; the last one moves the tensor back to its resting place."""
@@ -175,9 +185,15 @@ class TensorOffloader:
         return copy
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
+        """Makes ``device_copy`` (filled now, or by the engine when ``deferred`` is given)."""
+        raise NotImplementedError
+
+    def _bind(self) -> None:
+        """Points the module's tensor at ``device_copy``, once its contents can be read."""
         raise NotImplementedError
 
     def _unload(self) -> None:
+        """Points the module's tensor back at its resting place."""
         raise NotImplementedError
 
     def restore(self) -> None:
@@ -200,6 +216,8 @@ class StaticParamOffloader(TensorOffloader):
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
         self.device_copy = self._copy_of(self.master, deferred)
+
+    def _bind(self) -> None:
         self.param.data = self.device_copy
 
     def _unload(self) -> None:
@@ -252,6 +270,8 @@ class TrainableParamOffloader(TensorOffloader):
             published, self.param.grad = self.param.grad, None
             self.host_grad = published if self.host_grad is None else published.add_(self.host_grad)
         self.device_copy = self._copy_of(self.master, deferred)
+
+    def _bind(self) -> None:
         self.param.data = self.device_copy
 
     def _unload(self) -> None:
@@ -308,6 +328,9 @@ class AlwaysOnDeviceParamOffloader(TensorOffloader):
     def _load(self, deferred: list[CopyPair] | None) -> None:
         pass
 
+    def _bind(self) -> None:
+        pass
+
     def _unload(self) -> None:
         pass
 
@@ -340,6 +363,8 @@ class BufferOffloader(TensorOffloader):
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
         self.device_copy = self._copy_of(self.master, deferred)
+
+    def _bind(self) -> None:
         self._point_slots_at(self.device_copy)
 
     def _unload(self) -> None:

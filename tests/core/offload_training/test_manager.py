@@ -2,6 +2,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from diffsynth.core import OffloadTrainingManager
 from diffsynth.core.offload_training import StaticParamOffloader, TrainableParamOffloader
@@ -107,6 +108,43 @@ def test_optimizer_offload_accumulates_gradients_of_backwards_between_two_after_
     for (name, expected), param in zip(reference.named_parameters(), offloaded.parameters()):
         if expected.requires_grad:
             assert torch.equal(param.grad, expected.grad), name
+
+
+class Codec(nn.Module):
+    """A root with encode and decode (so it is always split) holding a trainable tensor directly: a resident one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+
+def test_optimizer_offload_trains_tensors_the_root_module_holds_directly():
+    torch.manual_seed(0)
+    reference = Codec()
+    offloaded = copy.deepcopy(reference)
+    manager = OffloadTrainingManager(offloaded, "cpu", enable_optimizer_cpu_offload=True)
+    batches = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    for model, step_manager in ((reference, None), (offloaded, manager)):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in batches:
+            model(x).square().mean().backward()
+            if step_manager is not None:
+                step_manager.after_backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    manager.remove()
+    assert not torch.equal(offloaded.scale, torch.linspace(0.5, 1.5, 4))
+    assert_same(state(reference), state(offloaded))
 
 
 def test_batchnorm_running_statistics_survive_offload():

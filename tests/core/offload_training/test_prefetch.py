@@ -229,6 +229,23 @@ def test_each_weight_crosses_once_per_forward_and_once_per_recompute_and_backwar
             assert offloader.load_count - before[id(offloader)] in ((1, 2) if depth else (2,))
 
 
+def test_a_prefetched_weight_stays_a_placeholder_until_its_unit_computes():
+    # On CUDA the copy may still be running: whatever reads the weight before its unit's turn must fail loudly, as
+    # without prefetch, instead of reading half-copied bytes.
+    model = make_chain(train_last=False)
+    manager = OffloadTrainingManager(model, "cpu", prefetch_depth=1)
+    seen = []
+
+    def record(module, args):  # runs after the manager's pre-hook: layer 0 is loaded and computes next
+        if manager.prefetch_stats.passes:
+            seen.append((manager._prefetch.prefetched_units, model.layers[1].weight.numel(),
+                         model.layers[0].weight.numel()))
+
+    model.layers[0].register_forward_pre_hook(record)
+    chain_train(model, chain_batches(2), manager)
+    assert seen == [(["layers.1"], 0, 8 * 24)]
+
+
 @pytest.mark.parametrize("depth", DEPTHS)
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
 def test_a_forward_that_skips_a_unit_on_odd_steps_is_detected_and_stays_correct(checkpointing, depth,
