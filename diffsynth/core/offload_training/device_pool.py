@@ -6,6 +6,10 @@ keeps the buffers instead: a load takes a free buffer of exactly the weight's by
 bytes viewed as the weight), and an unload gives it back. The pool grows only while a size is short, so after the
 first pass or two it holds, per size, as many buffers as were ever in flight at once, and allocates nothing more.
 
+Only sizes that recur in the model are pooled (``recurring_sizes``: a transformer's blocks share a handful of shapes).
+A size that a single tensor has (an embedding table, an input projection) would keep its buffer for good, which is
+the same device memory as never offloading that tensor; such loads go through the caching allocator as before.
+
 Two guards make reuse safe:
 - Events: a buffer given back records an event on the current stream, where the last kernels reading it were queued;
   the next load of that buffer makes its stream wait for the event on the GPU, so a copy never overwrites memory a
@@ -20,12 +24,19 @@ Two guards make reuse safe:
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
 
 from ..device import record_event, resolve_device, wait_event
+
+
+def recurring_sizes(tensors: Iterable[torch.Tensor]) -> set[int]:
+    """The byte sizes that at least two of ``tensors`` have: the sizes worth keeping buffers of."""
+    counts = Counter(tensor.numel() * tensor.element_size() for tensor in tensors)
+    return {nbytes for nbytes, count in counts.items() if count > 1 and nbytes > 0}
 
 
 def _storage_use_count(storage: torch.UntypedStorage) -> int | None:
@@ -66,13 +77,20 @@ class DeviceBufferPool:
 
     Args:
         device: Where the buffers live.
+        sizes: The byte sizes to pool (``accepts``); None pools every size.
     """
 
-    def __init__(self, device: str | torch.device) -> None:
+    def __init__(self, device: str | torch.device, sizes: Collection[int] | None = None) -> None:
         self.device = resolve_device(device, "device")
+        self._sizes = set(sizes) if sizes is not None else None
         self.stats = DevicePoolStats()
         self._free: dict[int, list[_Buffer]] = defaultdict(list)
         self._lent: dict[int, _Buffer] = {}
+
+    def accepts(self, like: torch.Tensor) -> bool:
+        """Whether copies of ``like`` come from this pool: a pooled size, and a non-empty, contiguous tensor."""
+        nbytes = like.numel() * like.element_size()
+        return nbytes > 0 and like.is_contiguous() and (self._sizes is None or nbytes in self._sizes)
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         """A device tensor with ``like``'s shape and dtype (contiguous, contents undefined) to copy ``like`` into.

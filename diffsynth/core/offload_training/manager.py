@@ -33,9 +33,9 @@ import torch
 
 from ..device import resolve_device, synchronize
 from .autograd_hooks import inside_backward, iter_tensors, wrap_inputs
-from .device_pool import DeviceBufferPool, DevicePoolStats
+from .device_pool import DeviceBufferPool, DevicePoolStats, recurring_sizes
 from .grad_sync import GradientSynchronizer, distributed_world_size
-from .memory_buffer import BaseBufferPool, PinnedArenaPool, tensor_nbytes
+from .memory_buffer import BaseBufferPool, PinnedArenaPool, frozen_tensors, tensor_nbytes
 from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
                         TensorOffloader, TrainableParamOffloader)
 from .placement import UnitSpec, plan_units
@@ -150,8 +150,9 @@ class OffloadTrainingManager:
             CPU (which has no copy stream; K > 0 runs the same schedule there with plain copies).
         reuse_device_buffers: Keep the device buffers that weights are copied into and lend them again on later
             loads (default): no allocation per load once the first passes have sized the pool, at the cost of
-            holding, per weight size, as many buffers as were ever in flight at once. False allocates every copy
-            on the caching allocator (and frees it on unload).
+            holding, per weight size, as many buffers as were ever in flight at once. Only sizes that at least two
+            tensors share are pooled; a one-off size (an embedding table) is allocated per load, so the pool never
+            keeps it. False allocates every copy on the caching allocator (and frees it on unload).
 
     Raises:
         ValueError: A bad device, threshold or prefetch depth, or optimizer offload on a model with nothing to train.
@@ -171,7 +172,9 @@ class OffloadTrainingManager:
         self.meter = ResidencyMeter()
         trainable_copies = 2 if enable_optimizer_cpu_offload else 0  # master and gradient staging
         self.pool = pool if pool is not None else PinnedArenaPool.from_model(model, trainable_copies=trainable_copies)
-        self.device_pool = DeviceBufferPool(self.device) if reuse_device_buffers else None
+        moved = frozen_tensors(model) + ([p for p in model.parameters() if p.requires_grad]
+                                         if enable_optimizer_cpu_offload else [])
+        self.device_pool = DeviceBufferPool(self.device, recurring_sizes(moved)) if reuse_device_buffers else None
         placement = plan_units(model, self.config.split_threshold_bytes)
         self._buffer_keys: dict[tuple[int, str], int] = {}
         self._offloaders = self._make_offloaders(placement.units, placement.resident)

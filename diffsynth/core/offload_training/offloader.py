@@ -169,8 +169,7 @@ class TensorOffloader:
 
     def _copy_of(self, master: torch.Tensor, deferred: list[CopyPair] | None) -> torch.Tensor:
         """A device copy of ``master``: made now, or allocated and queued in ``deferred`` (contiguous masters)."""
-        poolable = self.device_pool is not None and master.is_contiguous() and master.numel() > 0
-        if not poolable:
+        if self.device_pool is None or not self.device_pool.accepts(master):
             if deferred is None or not master.is_contiguous():
                 return copy_to_device(master, self.device)
             # Allocated on the current (compute) stream, so the caching allocator reuses it there; the engine's copy

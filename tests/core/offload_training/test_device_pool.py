@@ -11,6 +11,7 @@ from torch import nn
 from diffsynth.core import OffloadTrainingManager
 from diffsynth.core.device import resolve_device
 from diffsynth.core.offload_training import DeviceBufferPool
+from diffsynth.core.offload_training.device_pool import recurring_sizes
 
 from .models import make_batches, make_model
 from .test_diffusers_models import lora_train, tiny_qwen_image, tiny_wan
@@ -70,7 +71,26 @@ def test_a_buffer_still_referenced_elsewhere_is_not_reused(device):
     torch.testing.assert_close(kept.cpu(), torch.arange(2.0, 8.0))
 
 
+def test_only_the_sizes_given_are_pooled_and_only_dense_non_empty_tensors(device):
+    assert recurring_sizes([torch.empty(4), torch.empty(2, 2), torch.empty(3), torch.empty(0), torch.empty(0)]) == {16}
+    pool = DeviceBufferPool(device, sizes={16})
+    assert pool.accepts(torch.empty(4)) and pool.accepts(torch.empty(8, dtype=torch.bfloat16))
+    assert not pool.accepts(torch.empty(3)) and not pool.accepts(torch.empty(4, 2)[:, 0])
+    assert not DeviceBufferPool(device).accepts(torch.empty(0))
+
+
 # ---- inside the manager -------------------------------------------------------------------------------------------
+
+
+def test_a_size_only_one_tensor_has_is_not_kept_by_the_pool():
+    model = make_model()
+    manager = OffloadTrainingManager(model, "cpu")
+    train(model, make_batches(2), manager)
+    embedding = manager._offloaders[id(model.embed.weight)]  # 32 x 16, tied to the head: one tensor of its size
+    linear = manager._offloaders[id(model.blocks[0].linear.weight)]  # 16 x 16 in every block
+    assert not manager.device_pool.accepts(embedding.master) and manager.device_pool.accepts(linear.master)
+    assert embedding.load_count >= 2 and embedding.live_copy_bytes() == 0
+    assert manager.device_pool.free_bytes() == manager.device_pool_stats.reserved_bytes > 0
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2])
