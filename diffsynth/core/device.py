@@ -89,9 +89,7 @@ def copy_to_host(tensor: torch.Tensor) -> torch.Tensor:
     """
     if tensor.device.type == "cpu" or not pinned_memory_available():
         return tensor.to("cpu", copy=True)
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    return host
+    return copy_into(torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True), tensor)
 
 
 def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -101,10 +99,20 @@ def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     stream, so kernels launched afterwards see the data. Always copying (also CPU to CPU) keeps the offload mechanics
     identical on every device, which is what lets the CPU tests exercise them.
     """
-    non_blocking = device.type != "cpu" and tensor.is_pinned()
-    copy = torch.empty_like(tensor, device=device)
-    copy.copy_(tensor, non_blocking=non_blocking)
-    return copy
+    return copy_into(torch.empty_like(tensor, device=device), tensor)
+
+
+def copy_into(destination: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """Copies ``source`` into ``destination`` and returns it, without blocking the host where that is safe.
+
+    A copy between the host and an accelerator is non-blocking when its host side is pinned: it is ordered on the
+    current stream, so kernels launched afterwards see the data; reading a host destination needs the stream's work
+    to be done first (an event or a ``synchronize``). Every other copy is a plain blocking one.
+    """
+    host = destination if destination.device.type == "cpu" else source
+    crosses = destination.device.type != source.device.type
+    destination.copy_(source, non_blocking=crosses and host.is_pinned())
+    return destination
 
 
 def synchronize(device: torch.device) -> None:

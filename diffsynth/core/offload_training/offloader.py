@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..device import copy_to_device, record_event, synchronize_event
+from ..device import copy_into, copy_to_device, record_event, synchronize_event
 from .device_pool import DeviceBufferPool
 from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .transfer import CopyPair
@@ -180,7 +180,7 @@ class TensorOffloader:
         if deferred is not None:
             deferred.append((copy, master))
         else:
-            copy.copy_(master, non_blocking=self.device.type != "cpu" and master.is_pinned())
+            copy_into(copy, master)
         return copy
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
@@ -283,7 +283,7 @@ class TrainableParamOffloader(TensorOffloader):
         if self._grad_staging is None or self._grad_staging.shape != grad.shape:
             self._grad_staging = (self._pool.empty_like(grad) if self._pool is not None
                                   else torch.empty_like(grad, device="cpu"))
-        self._grad_staging.copy_(grad, non_blocking=grad.device.type != "cpu" and self._grad_staging.is_pinned())
+        copy_into(self._grad_staging, grad)
         self._grad_copied = record_event(grad.device)
         self._grad_in_flight = True
         param.grad = None
