@@ -38,7 +38,7 @@ Outputs:
   tiny model repo   $DIFFSYNTH_MODEL_BASE_PATH/Qwen/Qwen-Image
   example dataset   $WORK/dataset/metadata.csv
   stage-1 cache     $WORK/cache/0/*.safetensors (cache_info.json beside it)
-  LoRA files        $WORK/lora/epoch-0.safetensors, $WORK/lora/epoch-1.safetensors (diffusers format)
+  LoRA files        $WORK/lora/epoch-0.safetensors, $WORK/lora/epoch-1.safetensors (for ComfyUI, diffusers, DiffSynth-Studio)
   loss log          $WORK/lora/logs/metrics.csv
   resume points     $WORK/lora/checkpoints/
   generated image   $WORK/image.png

@@ -1,5 +1,7 @@
 """Suite-wide fixtures: GPU tests skipped without CUDA, the tiny model repos, and no network access."""
 
+import logging
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,21 @@ def base(tiny_root, monkeypatch) -> Path:
     """Points DIFFSYNTH_MODEL_BASE_PATH at the shared tiny repos."""
     monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tiny_root))
     return tiny_root
+
+
+def load_lora_into_diffusers(pipe, path, adapter_name: str) -> list[str]:
+    """``pipe.load_lora_weights`` with every warning diffusers and peft emit (logged or warned) collected."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("diffusers", "peft")]
+    for each in loggers:
+        each.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe.load_lora_weights(str(path), adapter_name=adapter_name)
+    finally:
+        for each in loggers:
+            each.removeHandler(handler)
+    return [record.getMessage() for record in records] + [str(warning.message) for warning in caught]

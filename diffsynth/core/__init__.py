@@ -1,4 +1,4 @@
-"""Model-agnostic machinery: offload training, fp8 weight storage, gradient checkpointing, model loading, data, LoRA,
+"""Model-agnostic machinery: offload training, fp8 weight storage, gradient checkpointing, model loading, data,
 device helpers."""
 
 from .data import CacheDataset, UnifiedDataset
@@ -6,12 +6,11 @@ from .fp8 import Fp8Linear, Fp8Storage, Fp8StorageConfig, enable_fp8_storage, nb
 from .gradient import gradient_checkpoint_forward
 from .loader import (ModelConfig, load_model, load_tokenizer, parse_model_id_with_origin_paths, parse_model_paths,
                      resolve_files)
-from .lora import load_lora
 from .offload_training import OffloadTrainingConfig, OffloadTrainingManager, PinnedArenaPool
 
 __all__ = [
     "CacheDataset", "Fp8Linear", "Fp8Storage", "Fp8StorageConfig", "ModelConfig", "OffloadTrainingConfig",
     "OffloadTrainingManager", "PinnedArenaPool", "UnifiedDataset", "enable_fp8_storage", "gradient_checkpoint_forward",
-    "load_lora", "load_model", "load_tokenizer", "nbytes_by_dtype", "parse_model_id_with_origin_paths",
+    "load_model", "load_tokenizer", "nbytes_by_dtype", "parse_model_id_with_origin_paths",
     "parse_model_paths", "resolve_files",
 ]

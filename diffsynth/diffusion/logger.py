@@ -1,17 +1,12 @@
 """``ModelLogger``: what a training run leaves on disk, namely LoRA files, full checkpoints, its flags and metrics.
 
-LoRA files are written in the layout diffusers' ``load_lora_weights`` loads with no missing or unexpected key, found
-by reading diffusers 0.42 (``QwenImageLoraLoaderMixin.lora_state_dict`` and ``PeftAdapterMixin.load_lora_adapter``):
-
-* keys are ``transformer.<module>.lora_A.weight`` / ``.lora_B.weight``. ``load_lora_adapter`` keeps only the keys
-  under its component prefix ``transformer.``, so bare keys load nothing (a warning, and the adapter is silently
-  absent); peft's adapter name (``.default``) is dropped, as in ``get_peft_model_state_dict``;
-* the LoRA scale travels in the ``lora_adapter_metadata`` JSON entry (peft ``LoraConfig`` fields under
-  ``transformer.``). Without it diffusers assumes ``lora_alpha == r``, which changes the output whenever the run used
-  another alpha.
-
-The same files load into this package's own :func:`diffsynth.core.lora.load_lora`, which reads both entries.
-Every file is written atomically, and only by the main process.
+LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.formats`: keys
+``diffusion_model.<layer name of the original release>.lora_A.weight`` / ``.lora_B.weight`` with the scale
+``alpha / rank`` folded into ``lora_B``, which diffusers, ComfyUI, DiffSynth-Studio and musubi-tuner all load fully at
+strength 1.0. The first save of a run checks that on the model's skeleton (``python -m diffsynth.lora inspect`` does
+the same by hand): a file a required tool would not load fully stops the run, except that where only diffusers cannot
+take it (its Wan converter skips some layers) a diffusers-layout twin ``<name>.diffusers.safetensors`` is written next
+to every file. Every file is written atomically, and only by the main process.
 """
 
 from __future__ import annotations
@@ -23,8 +18,6 @@ import importlib
 import json
 import logging
 import os
-import re
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,16 +28,22 @@ from diffsynth import __version__
 from diffsynth.core.device import warn_once
 from diffsynth.core.files import atomic_save_safetensors, atomic_write_json
 from diffsynth.core.loader.loading import resolve_dtype
+from diffsynth.lora.formats import from_peft_state_dict, is_peft_lora_key, write_lora
+from diffsynth.lora.inspect import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, inspect_lora, skeleton_from_metadata
+from diffsynth.lora.naming import naming_for
 
 logger = logging.getLogger(__name__)
 
 TRAINING_ARGS_FILE = "training_args.json"
 METRICS_FILE = Path("logs") / "metrics.csv"
 TENSORBOARD_DIR = Path("logs") / "tensorboard"
-# peft's trainable LoRA names: "<module>.lora_A.<adapter>.weight"; the adapter part is absent once exported.
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<part>lora_A|lora_B)(?:\.(?P<adapter>[^.]+))?\.(?P<kind>weight|bias)$")
+DIFFUSERS_TWIN_SUFFIX = ".diffusers"
 
 StateDictFn = Callable[[], Mapping[str, torch.Tensor]]
+
+
+class LoRACompatibilityError(RuntimeError):
+    """A LoRA file the trainer wrote would not load fully in a tool users generate with."""
 
 
 def _json_safe(value: Any) -> Any:
@@ -59,48 +58,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted((_json_safe(item) for item in value), key=str)
     return str(value)  # paths, dtypes, devices: their str() is what a reader wants to see
-
-
-def diffusers_lora_state_dict(state_dict: Mapping[str, torch.Tensor],
-                              component: str = "transformer") -> tuple[dict[str, torch.Tensor], int, list[str]]:
-    """Renames peft LoRA weights to the keys diffusers' ``load_lora_weights`` expects.
-
-    Args:
-        state_dict: peft names relative to the LoRA's model, e.g. ``blocks.0.attn.to_q.lora_A.default.weight``.
-        component: The pipeline attribute diffusers loads the LoRA into (``"transformer"`` for Qwen-Image and Wan).
-
-    Returns:
-        ``(renamed state dict, rank, sorted target module names)``.
-
-    Raises:
-        ValueError: A key is no LoRA weight, several adapters are mixed, a layer lacks lora_A or lora_B, or the
-            layers have different ranks.
-    """
-    renamed, ranks, parts = {}, {}, {}
-    adapters = set()
-    for key, tensor in state_dict.items():
-        match = _LORA_KEY.match(key)
-        if match is None:
-            raise ValueError(f"{key!r} is not a peft LoRA weight; save full weights with save_state_dict, or train "
-                             f"only the LoRA (drop --trainable_models)")
-        if match["adapter"]:
-            adapters.add(match["adapter"])
-        module = match["module"]
-        parts.setdefault(module, set()).add(match["part"])
-        if match["part"] == "lora_A" and match["kind"] == "weight":
-            ranks[module] = tensor.shape[0]
-        renamed[f"{component}.{module}.{match['part']}.{match['kind']}"] = tensor
-    if len(adapters) > 1:
-        raise ValueError(f"the state dict mixes peft adapters {sorted(adapters)}; pass the weights of one adapter")
-    incomplete = sorted(module for module, found in parts.items() if found != {"lora_A", "lora_B"})
-    if incomplete:
-        raise ValueError(f"LoRA layers {incomplete[:5]} lack their lora_A or lora_B weight; pass the whole adapter")
-    if not renamed:
-        raise ValueError("the state dict holds no LoRA weight; is a LoRA injected (--lora_base_model)?")
-    if len(set(ranks.values())) > 1:
-        counts = Counter(ranks.values())
-        raise ValueError(f"LoRA layers have different ranks {dict(counts)}; diffusers' metadata here holds one rank")
-    return renamed, next(iter(ranks.values())), sorted(parts)
 
 
 def _import_for_flag(module: str, flag: str, fix: str) -> Any:
@@ -120,8 +77,9 @@ class ModelLogger:
         output_path: Folder for everything written; created if missing.
         remove_prefix_in_ckpt: Prefix removed from the training module's weight names (``pipe.dit.``), leaving names
             relative to the model. Keys without it are kept as they are.
-        lora_metadata: The LoRA's settings, stored in each LoRA file: ``lora_rank``, ``lora_alpha`` (None or absent
-            means equal to the rank, the flag's default), ``lora_target_modules``, ``lora_base_model``.
+        lora_metadata: The LoRA's settings: ``lora_rank``, ``lora_alpha`` (None or absent means equal to the rank,
+            the flag's default), ``lora_target_modules``, ``lora_base_model``, and the base model's diffusers class
+            and config (``base_model_class``, ``base_model_config``) that each file records for inspection.
         enable_csv_log: Append metrics to ``logs/metrics.csv``.
         enable_tensorboard_log: Write TensorBoard events to ``logs/tensorboard``.
         enable_wandb_log: Log metrics (and the flags, via :meth:`save_training_args`) to Weights & Biases.
@@ -130,7 +88,6 @@ class ModelLogger:
         save_steps: Save every this many optimizer steps in :meth:`on_step_end`; None saves per epoch only.
         save_dtype: Storage dtype of floating weights, e.g. ``"bfloat16"`` for half-size files; None keeps the
             training dtype.
-        lora_component: The pipeline attribute diffusers loads the LoRA into.
 
     Raises:
         ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
@@ -142,14 +99,14 @@ class ModelLogger:
                  lora_metadata: Mapping[str, Any] | None = None, enable_csv_log: bool = False,
                  enable_tensorboard_log: bool = False, enable_wandb_log: bool = False,
                  wandb_project: str = "diffsynth", is_main_process: bool = True, *, save_steps: int | None = None,
-                 save_dtype: torch.dtype | str | None = None, lora_component: str = "transformer"):
+                 save_dtype: torch.dtype | str | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix_in_ckpt = remove_prefix_in_ckpt or ""
         self.lora_metadata = dict(lora_metadata or {})
         self.is_main_process = is_main_process
         self.save_steps = save_steps
         self.save_dtype = None if save_dtype is None else resolve_dtype(save_dtype, "save_dtype")
-        self.lora_component = lora_component
+        self._diffusers_twin: bool | None = None  # decided by the first LoRA save
         if save_steps is not None and save_steps < 1:
             raise ValueError(f"--save_steps {save_steps} must be at least 1; pass e.g. --save_steps 500 or drop it")
         rank, alpha = self.lora_metadata.get("lora_rank"), self.lora_metadata.get("lora_alpha")
@@ -214,9 +171,22 @@ class ModelLogger:
                         for key, value in (metadata or {}).items()})
         return entries
 
+    def _lora_entries(self) -> dict[str, Any]:
+        """The metadata that says what the LoRA is for: flags as given, and the base model to inspect it on."""
+        entries = {key: self.lora_metadata[key] for key in ("lora_target_modules", "lora_base_model")
+                   if self.lora_metadata.get(key) is not None}
+        if self.lora_metadata.get("base_model_class"):
+            entries[MODEL_CLASS_KEY] = self.lora_metadata["base_model_class"]
+            entries[MODEL_CONFIG_KEY] = json.dumps(_json_safe(self.lora_metadata.get("base_model_config", {})),
+                                                   sort_keys=True)
+        return entries
+
     def save_lora(self, state_dict: Mapping[str, torch.Tensor], name: str,
                   metadata: Mapping[str, Any] | None = None) -> Path | None:
-        """Writes ``<output_path>/<name>.safetensors`` as a LoRA file that diffusers' ``load_lora_weights`` loads.
+        """Writes ``<output_path>/<name>.safetensors`` in the universal layout (see the module docstring).
+
+        The first call checks the file against every tool on the base model's skeleton and decides whether a
+        diffusers-layout twin is needed; later calls write the same set of files.
 
         Args:
             state_dict: The trainable LoRA weights under the training module's names, e.g.
@@ -225,38 +195,60 @@ class ModelLogger:
             metadata: Extra safetensors metadata entries (stored as strings), e.g. ``{"step": 500}``.
 
         Returns:
-            The file written, or None on a process other than the main one.
+            The main file written, or None on a process other than the main one.
 
         Raises:
             ValueError: A weight is not a LoRA weight, or the LoRA's rank disagrees with ``lora_metadata``.
+            LoRACompatibilityError: The written file would not load fully in a tool users generate with.
         """
-        renamed, rank, modules = diffusers_lora_state_dict(self._strip_prefix(state_dict), self.lora_component)
-        configured_rank = self.lora_metadata.get("lora_rank")
-        if configured_rank is not None and int(configured_rank) != rank:
-            raise ValueError(f"the LoRA weights have rank {rank} but --lora_rank is {configured_rank}; save the "
-                             f"weights of the LoRA this logger was configured for")
         alpha = self.lora_metadata.get("lora_alpha")
-        alpha = rank if alpha is None else float(alpha)
-        alpha = int(alpha) if float(alpha).is_integer() else alpha  # peft and its users expect an int alpha
-        adapter_config = {"r": rank, "lora_alpha": alpha, "target_modules": modules}
-        if any(key.endswith(".lora_B.bias") for key in renamed):
-            adapter_config["lora_bias"] = True
-        entries = {
-            "lora_rank": rank,
-            "lora_alpha": alpha,
-            "lora_layers": len(modules),
-            "lora_adapter_metadata": json.dumps({f"{self.lora_component}.{key}": value
-                                                 for key, value in adapter_config.items()}, sort_keys=True),
-        }
-        for key in ("lora_target_modules", "lora_base_model"):
-            if self.lora_metadata.get(key) is not None:
-                entries[key] = self.lora_metadata[key]
-        entries.update(metadata or {})
+        weights = from_peft_state_dict(state_dict, None if alpha is None else float(alpha), self.remove_prefix_in_ckpt)
+        rank = self.lora_metadata.get("lora_rank")
+        if rank is not None and weights.ranks != {int(rank)}:
+            raise ValueError(f"the LoRA weights have rank {min(weights.ranks)} but --lora_rank is {rank}; save the "
+                             "weights of the LoRA this logger was configured for")
         path = self._file(name)
         if not self.is_main_process:
             return None
-        tensors = {key: self._to_storage(tensor) for key, tensor in renamed.items()}
-        return atomic_save_safetensors(tensors, path, self._base_metadata(entries))
+        entries = self._base_metadata({**self._lora_entries(), **(metadata or {})})
+        naming = naming_for(self.lora_metadata.get("base_model_class") or "")
+        write_lora(path, weights, "universal", naming, entries, self.save_dtype)
+        first = self._diffusers_twin is None
+        if first:
+            self._diffusers_twin = self._needs_diffusers_twin(path)
+        if self._diffusers_twin:
+            twin = write_lora(self._file(name + DIFFUSERS_TWIN_SUFFIX), weights, "diffusers", naming, entries,
+                              self.save_dtype)
+            if first:
+                self._require_loading(twin, ("diffusers",))
+        return path
+
+    def _require_loading(self, path: Path, tools: tuple[str, ...]) -> set[str]:
+        """Inspects a file of this run on the base model's skeleton; returns the tools that would not load it fully.
+
+        Raises:
+            LoRACompatibilityError: One of ``tools`` would not load the file fully at its trained strength.
+        """
+        skeleton = skeleton_from_metadata(self._base_metadata(self._lora_entries()))
+        if skeleton is None:
+            return set()  # the model is unknown (a logger used outside the trainer): nothing to check against
+        inspection = inspect_lora(path, skeleton)
+        failing = {result.tool for result in inspection.failing()}
+        if failing & set(tools):
+            raise LoRACompatibilityError(
+                f"{path} would not load fully at its trained strength in {', '.join(sorted(failing))}:\n"
+                f"{inspection.format()}\nThe file is kept; report this with the flags you used")
+        return failing
+
+    def _needs_diffusers_twin(self, path: Path) -> bool:
+        """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
+        failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
+        users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio, musubi-tuner" + ("" if failing else ", diffusers")
+        logger.info("LoRA files %s/<name>.safetensors are for %s, at strength 1.0", self.output_path, users)
+        if failing:
+            logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
+                        "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)
+        return "diffusers" in failing
 
     def save_state_dict(self, state_dict: Mapping[str, torch.Tensor], name: str,
                         metadata: Mapping[str, Any] | None = None) -> Path | None:
@@ -276,11 +268,11 @@ class ModelLogger:
         """Saves a LoRA file when every weight is a LoRA weight under the prefix, otherwise the full weights.
 
         Mixed runs (a LoRA plus ``--trainable_models``) therefore keep everything they trained, in one file that
-        this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written in diffusers'
-        layout is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure.
+        this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written as a LoRA file
+        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure.
         """
         prefix = self.remove_prefix_in_ckpt
-        is_lora = bool(state_dict) and all(key.startswith(prefix) and _LORA_KEY.match(key.removeprefix(prefix))
+        is_lora = bool(state_dict) and all(key.startswith(prefix) and is_peft_lora_key(key.removeprefix(prefix))
                                            for key in state_dict)
         path = None
         if is_lora:
@@ -288,7 +280,7 @@ class ModelLogger:
                 path = self.save_lora(state_dict, name, metadata)
             except ValueError as error:
                 is_lora = False
-                logger.warning("%s: saving the weights as they are, not as a diffusers LoRA file (%s)", name, error)
+                logger.warning("%s: saving the weights as they are, not as a LoRA file (%s)", name, error)
         if not is_lora:
             path = self.save_state_dict(state_dict, name, metadata)
         self._unsaved = False

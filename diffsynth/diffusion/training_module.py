@@ -48,18 +48,29 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     Works on a model built without weights too, so the trainer checks the targets before loading anything.
 
     Raises:
-        ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does).
+        ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does), or
+            matches a layer the model's original code has no name for (the LoRA file could not name it for ComfyUI
+            and DiffSynth-Studio).
     """
+    from ..lora import lora_layer_names, naming_for
+
     renamed = {target: aliases[target] for target in target_modules if target in aliases}
     if renamed:
         logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
     targets = list(dict.fromkeys(aliases.get(target, target) for target in target_modules))
     names = [name for name, _ in model.named_modules()]
-    unmatched = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    matched = {t: [n for n in names if n == t or n.endswith(f".{t}")] for t in targets}
+    unmatched = [t for t, hits in matched.items() if not hits]
     if unmatched:
         raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {model_name} "
                          f"({type(model).__name__}); name modules by their path suffix, e.g. 'to_q' or "
                          "'img_mlp.net.2'")
+    naming, layers = naming_for(model), set(lora_layer_names(model))
+    unnamed = sorted({t for t, hits in matched.items() for n in hits if n in layers and naming.to_native(n) is None})
+    if unnamed:
+        raise ValueError(f"--lora_target_modules entries {unnamed} select layers of {model_name} that the "
+                         f"{naming.name} code has no name for, so ComfyUI and DiffSynth-Studio could not load their "
+                         "LoRA; leave them out")
     return targets
 
 
@@ -173,36 +184,47 @@ class DiffusionTrainingModule(torch.nn.Module):
                 param.data = param.data.float()
                 param.requires_grad_(True)
         self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
-                            "lora_base_model": self.lora_base_model}
+                            "lora_base_model": self.lora_base_model, "base_model_class": type(model).__name__,
+                            "base_model_config": {key: value for key, value in dict(getattr(model, "config", {})).items()
+                                                  if not key.startswith("_")}}
         if checkpoint is not None:
-            self._load_lora_checkpoint(model, Path(checkpoint))
+            self._load_lora_checkpoint(model, Path(checkpoint), alpha)
 
-    def _load_lora_checkpoint(self, model: torch.nn.Module, path: Path) -> None:
-        from safetensors.torch import load_file
+    def _load_lora_checkpoint(self, model: torch.nn.Module, path: Path, alpha: float) -> None:
+        """Starts the injected LoRA from a LoRA file of any layout, at the function the file describes.
 
-        if not path.is_file():
-            raise FileNotFoundError(f"--lora_checkpoint {path} does not exist; pass a LoRA .safetensors file")
-        state = load_file(str(path))
-        own = {name: param for name, param in model.named_parameters() if ".lora_" in name}
-        loaded = {}
-        for key, value in state.items():
-            name = key.removeprefix("transformer.").removeprefix("diffusion_model.")
-            name = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight",
-                                                                                    ".lora_B.default.weight")
-            if name not in own:
-                raise ValueError(f"--lora_checkpoint {path}: key {key!r} matches no LoRA weight of "
-                                 f"{self.lora_base_model}; train it with the same --lora_target_modules")
-            if own[name].shape != value.shape:
-                raise ValueError(f"--lora_checkpoint {path}: {key!r} has shape {tuple(value.shape)}, the LoRA "
-                                 f"expects {tuple(own[name].shape)}; use the same --lora_rank")
-            loaded[name] = value
-        missing = sorted(set(own) - set(loaded))
-        if missing:
-            raise ValueError(f"--lora_checkpoint {path} lacks {len(missing)} LoRA weight(s), e.g. {missing[0]!r}; "
-                             "train it with the same --lora_target_modules")
+        The file's update ``scale_file * B @ A`` is kept exactly: ``B`` is rescaled to this run's ``alpha / rank``, so
+        a file with its scale folded in, or trained with another alpha, continues from the same weights delta.
+        """
+        from ..lora import from_peft_state_dict, lora_layer_names, naming_for, read_lora
+        from ..lora.formats import is_peft_lora_key
+
+        own = from_peft_state_dict({name: param for name, param in model.named_parameters()
+                                    if is_peft_lora_key(name)}, alpha)
+        try:
+            loaded = read_lora(path, lora_layer_names(model), naming_for(model))
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"--lora_checkpoint {path}: {error}") from None
+        made_with = loaded.metadata.get("lora_target_modules") or ", ".join(loaded.describe()["targets"])
+        missing, extra = sorted(set(own.layers) - set(loaded.layers)), sorted(set(loaded.layers) - set(own.layers))
+        if missing or extra:
+            raise ValueError(f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
+                             f"(missing {missing[:3]}, extra {extra[:3]}): it was made with --lora_target_modules "
+                             f"{made_with!r}; pass those targets")
+        for name, layer in loaded.layers.items():
+            target = own.layers[name]
+            if layer.rank != target.rank:
+                raise ValueError(f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
+                                 f"pass --lora_rank {layer.rank}")
+            if layer.down.shape != target.down.shape or layer.up.shape != target.up.shape:
+                raise ValueError(f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
+                                 f"{tuple(layer.up.shape)}; this model's are {tuple(target.down.shape)}, "
+                                 f"{tuple(target.up.shape)}: it was trained on another model")
         with torch.no_grad():
-            for name, value in loaded.items():
-                own[name].copy_(value)
+            for name, layer in loaded.layers.items():
+                target = own.layers[name]
+                target.down.copy_(layer.down)
+                target.up.copy_(layer.up.float() * (layer.scale / target.scale))
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
         from ..core.fp8 import enable_fp8_storage

@@ -37,7 +37,7 @@ from ..diffusion.base_pipeline import PipelineUnit
 from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
                      tensor_to_images)
 
-__all__ = ["ModelConfig", "WanVideoPipeline", "lora_to_original_wan", "save_video"]
+__all__ = ["ModelConfig", "WanVideoPipeline", "save_video"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,54 +112,6 @@ def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, q
             container.mux(stream.encode())
 
     return atomic_write(path, write)
-
-
-# diffusers module paths of WanTransformer3DModel -> the original Wan code's, for the layers a LoRA wraps.
-_ORIGINAL_BLOCK_NAMES = {
-    "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v", "attn1.to_out.0": "self_attn.o",
-    "attn2.to_q": "cross_attn.q", "attn2.to_k": "cross_attn.k", "attn2.to_v": "cross_attn.v",
-    "attn2.to_out.0": "cross_attn.o", "attn2.add_k_proj": "cross_attn.k_img", "attn2.add_v_proj": "cross_attn.v_img",
-    "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
-}  # fmt: skip
-_ORIGINAL_TOP_NAMES = {
-    "patch_embedding": "patch_embedding", "proj_out": "head.head",
-    "condition_embedder.text_embedder.linear_1": "text_embedding.0",
-    "condition_embedder.text_embedder.linear_2": "text_embedding.2",
-    "condition_embedder.time_embedder.linear_1": "time_embedding.0",
-    "condition_embedder.time_embedder.linear_2": "time_embedding.2",
-    "condition_embedder.time_proj": "time_projection.1",
-}  # fmt: skip
-_LORA_KEY = re.compile(r"^(?:transformer\.)?(?P<module>.+)\.(?P<part>lora_[AB]\.(?:weight|bias))$")
-_BLOCK = re.compile(r"^blocks\.(?P<index>\d+)\.(?P<layer>.+)$")
-
-
-def lora_to_original_wan(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Renames a diffusers-format Wan LoRA (as the trainer saves it) to the original Wan code's key names.
-
-    ``transformer.blocks.3.attn1.to_q.lora_A.weight`` becomes ``diffusion_model.blocks.3.self_attn.q.lora_A.weight``,
-    the naming that tools built on the original Wan code (ComfyUI, DiffSynth-Studio) load.
-
-    Raises:
-        ValueError: A key is not a LoRA weight, or names a layer the original code has no counterpart for.
-    """
-    renamed = {}
-    for key, tensor in state_dict.items():
-        match = _LORA_KEY.match(key)
-        if match is None:
-            raise ValueError(f"{key!r} is not a LoRA weight (module.lora_A / lora_B); pass a Wan LoRA file")
-        original = _original_module_name(match["module"])
-        if original is None:
-            raise ValueError(f"{key!r}: layer {match['module']!r} has no counterpart in the original Wan code's naming")
-        renamed[f"diffusion_model.{original}.{match['part']}"] = tensor
-    return renamed
-
-
-def _original_module_name(module: str) -> str | None:
-    block = _BLOCK.match(module)
-    if block is None:
-        return _ORIGINAL_TOP_NAMES.get(module)
-    layer = _ORIGINAL_BLOCK_NAMES.get(block["layer"])
-    return None if layer is None else f"blocks.{block['index']}.{layer}"
 
 
 class FrameCountUnit(PipelineUnit):

@@ -1,11 +1,11 @@
-"""ModelLogger: LoRA files that diffusers loads exactly, full checkpoints, save points, flags and metrics."""
+"""ModelLogger: LoRA files that diffusers (and the other tools) load exactly, full checkpoints, save points, flags and
+metrics."""
 
 import copy
 import json
 import logging
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -13,8 +13,9 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors import safe_open
 
 from diffsynth import __version__
-from diffsynth.core.lora import load_lora
-from diffsynth.diffusion.logger import METRICS_FILE, ModelLogger, diffusers_lora_state_dict
+from diffsynth.diffusion.logger import METRICS_FILE, ModelLogger
+from diffsynth.lora import from_peft_state_dict, load_lora
+from tests.conftest import load_lora_into_diffusers
 from diffsynth.diffusion.parsers import parse_args
 
 TARGETS = ["to_q", "to_k", "to_v", "add_q_proj", "to_out.0", "to_add_out", "img_mlp.net.2", "txt_mod.1"]
@@ -52,9 +53,12 @@ def named_trainable(dit):
     return {"pipe.dit." + name: parameter for name, parameter in dit.named_parameters() if parameter.requires_grad}
 
 
-def lora_logger(path, **kwargs):
+def lora_logger(path, base=None, **kwargs):
     metadata = {"lora_rank": RANK, "lora_alpha": ALPHA, "lora_target_modules": ",".join(TARGETS),
                 "lora_base_model": "dit"}
+    if base is not None:  # what the training module adds, so that the first save is checked against every tool
+        metadata.update(base_model_class=type(base).__name__,
+                        base_model_config={k: v for k, v in dict(base.config).items() if not k.startswith("_")})
     return ModelLogger(path, "pipe.dit.", metadata, **kwargs)
 
 
@@ -67,33 +71,22 @@ def test_lora_file_loads_into_diffusers_exactly(trained, tmp_path):
     from diffusers import QwenImagePipeline
 
     repo, base, dit, inputs = trained
-    path = lora_logger(tmp_path).save_lora(named_trainable(dit), "epoch-0")
+    path = lora_logger(tmp_path, base).save_lora(named_trainable(dit), "epoch-0")
     assert path == tmp_path / "epoch-0.safetensors"
 
     pipe = QwenImagePipeline.from_pretrained(repo)
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    loggers = [logging.getLogger(name) for name in ("diffusers", "peft")]
-    for each in loggers:
-        each.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pipe.load_lora_weights(str(path), adapter_name="trained")
-    finally:
-        for each in loggers:
-            each.removeHandler(handler)
-    messages = [record.getMessage() for record in records] + [str(warning.message) for warning in caught]
+    messages = load_lora_into_diffusers(pipe, path, "trained")
     assert not [m for m in messages if "missing" in m or "unexpected" in m or "No LoRA keys" in m], messages
 
-    config = pipe.transformer.peft_config["trained"]
-    assert (config.r, config.lora_alpha) == (RANK, ALPHA)
-    loaded = {name.replace(".trained.", "."): p for name, p in pipe.transformer.named_parameters() if ".lora_" in name}
-    trained_weights = {name.replace(".default.", "."): p for name, p in dit.named_parameters() if p.requires_grad}
-    assert loaded.keys() == trained_weights.keys() and len(loaded) == 2 * 2 * len(TARGETS)
-    for name, parameter in trained_weights.items():
-        assert torch.equal(loaded[name], parameter), name
+    # The scale is folded into lora_B, so diffusers applies alpha = r; each layer's update is the trained one.
+    loaded = {name: module for name, module in pipe.transformer.named_modules() if hasattr(module, "scaling")}
+    trained_layers = {name: module for name, module in dit.named_modules() if hasattr(module, "scaling")}
+    assert loaded.keys() == trained_layers.keys() and len(loaded) == 2 * len(TARGETS)
+    for name, module in trained_layers.items():
+        want = module.scaling["default"] * module.lora_B["default"].weight @ module.lora_A["default"].weight
+        got = loaded[name].scaling["trained"] * loaded[name].lora_B["trained"].weight @ loaded[
+            name].lora_A["trained"].weight
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
     expected = run(dit, inputs)
     assert (expected - run(base, inputs)).abs().max() > 1e-3
@@ -105,21 +98,26 @@ def test_lora_file_loads_into_diffusers_exactly(trained, tmp_path):
 
 
 def test_lora_file_keys_and_metadata(trained, tmp_path):
-    dit = trained[2]
-    path = lora_logger(tmp_path).save_lora(named_trainable(dit), "step-7", {"step": 7})
+    base, dit = trained[1], trained[2]
+    path = lora_logger(tmp_path, base).save_lora(named_trainable(dit), "step-7", {"step": 7})
     tensors, metadata = read(path)
-    assert all(key.startswith("transformer.transformer_blocks.") for key in tensors)
-    assert "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight" in tensors
-    assert not [key for key in tensors if ".default" in key or "pipe.dit" in key]
+    assert all(key.startswith("diffusion_model.transformer_blocks.") for key in tensors)
+    assert "diffusion_model.transformer_blocks.0.attn.to_out.0.lora_A.weight" in tensors
+    assert not [key for key in tensors if ".default" in key or "pipe.dit" in key or key.endswith(".alpha")]
     assert all(tensor.dtype == torch.float32 for tensor in tensors.values())
+    key = "transformer_blocks.1.txt_mod.1"
+    trained_b = dict(dit.named_parameters())[f"{key}.lora_B.default.weight"]
+    torch.testing.assert_close(tensors[f"diffusion_model.{key}.lora_B.weight"], trained_b * ALPHA / RANK)
     assert metadata["format"] == "pt" and metadata["diffsynth_version"] == __version__
-    assert (metadata["lora_rank"], metadata["lora_alpha"], metadata["step"]) == ("4", "8", "7")
+    assert (metadata["lora_rank"], metadata["diffsynth.lora.alpha"], metadata["step"]) == ("4", "8", "7")
+    assert (metadata["diffsynth.lora.layout"], float(metadata["diffsynth.lora.folded_scale"])) == ("universal", 2.0)
     assert metadata["lora_target_modules"] == ",".join(TARGETS) and metadata["lora_base_model"] == "dit"
-    assert metadata["lora_layers"] == str(2 * len(TARGETS))
-    adapter = json.loads(metadata["lora_adapter_metadata"])
-    assert (adapter["transformer.r"], adapter["transformer.lora_alpha"]) == (RANK, ALPHA)
-    assert "transformer_blocks.1.attn.add_q_proj" in adapter["transformer.target_modules"]
-    assert [p.name for p in tmp_path.iterdir()] == ["step-7.safetensors"]  # no temporary file left
+    assert metadata["diffsynth.lora.layers"] == str(2 * len(TARGETS))
+    assert metadata["diffsynth.lora.base_model_class"] == "QwenImageTransformer2DModel"
+    assert json.loads(metadata["diffsynth.lora.base_model_config"])["num_layers"] == 2
+    # No plain alpha entry: a reader that applied it would scale the folded factors twice.
+    assert "lora_alpha" not in metadata and "lora_adapter_metadata" not in metadata
+    assert [p.name for p in tmp_path.iterdir()] == ["step-7.safetensors"]  # no temporary file, no twin needed
 
 
 def test_alpha_defaults_to_the_rank_and_save_dtype_casts(trained, tmp_path):
@@ -127,8 +125,8 @@ def test_alpha_defaults_to_the_rank_and_save_dtype_casts(trained, tmp_path):
     logger = ModelLogger(tmp_path, lora_metadata={"lora_rank": RANK, "lora_target_modules": ["to_q", "to_k"]},
                          save_dtype="bfloat16")
     tensors, metadata = read(logger.save_lora(named_trainable(dit), "epoch-1.safetensors"))
-    assert metadata["lora_alpha"] == "4" and metadata["dtype"] == "bfloat16"
-    assert json.loads(metadata["lora_adapter_metadata"])["transformer.lora_alpha"] == RANK
+    assert metadata["diffsynth.lora.alpha"] == "4" and metadata["dtype"] == "bfloat16"
+    assert float(metadata["diffsynth.lora.folded_scale"]) == 1.0
     assert all(tensor.dtype == torch.bfloat16 for tensor in tensors.values())
     assert metadata["lora_target_modules"] == "to_q,to_k" and "lora_base_model" not in metadata
 
@@ -144,7 +142,7 @@ def test_save_lora_rejects_what_is_not_one_lora(trained, tmp_path):
     with pytest.raises(ValueError, match=r"to_q.*lack their lora_A or lora_B"):
         logger.save_lora(lonely, "x")
     with pytest.raises(ValueError, match="mixes peft adapters"):
-        diffusers_lora_state_dict({"a.lora_A.one.weight": torch.zeros(1, 2), "a.lora_B.two.weight": torch.zeros(2, 1)})
+        from_peft_state_dict({"a.lora_A.one.weight": torch.zeros(1, 2), "a.lora_B.two.weight": torch.zeros(2, 1)}, None)
     with pytest.raises(ValueError, match="plain file name"):
         logger.save_lora(state_dict, "../outside")
     assert list(tmp_path.iterdir()) == []

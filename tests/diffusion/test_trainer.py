@@ -92,7 +92,7 @@ def test_one_stage_writes_a_lora_per_epoch_and_the_run_record(reference):
     assert result["global_step"] == 12 and len(result["losses"]) == 12
     assert (output / "epoch-0.safetensors").is_file() and (output / "training_args.json").is_file()
     weights = lora(output)
-    assert all(key.startswith("transformer.transformer_blocks.") for key in weights)
+    assert all(key.startswith("diffusion_model.transformer_blocks.") for key in weights)
     # The trained LoRA is no longer its initialisation (lora_B starts at zero).
     assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
 
@@ -168,7 +168,8 @@ def test_the_lora_loads_into_diffusers_and_changes_its_output(reference, tiny_ro
 
 
 def test_the_loss_falls_when_overfitting_one_image(dataset, tmp_path, tiny_root):
-    from diffsynth.core import ModelConfig, load_lora
+    from diffsynth.core import ModelConfig
+    from diffsynth.lora import load_lora
     from diffsynth.core.data import UnifiedDataset
     from diffsynth.diffusion.loss import FlowMatchSFTLoss
 
@@ -354,4 +355,19 @@ def test_lora_targets_that_match_nothing_fail_before_the_weights_load(dataset, t
     monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
     argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"), "--lora_target_modules", "q,k,ffn.0"]
     with pytest.raises(ValueError, match=r"--lora_target_modules entries \['q', 'k', 'ffn.0'\] match no module"):
+        main(QwenImagePipeline, argv)
+
+
+def test_lora_targets_the_original_code_cannot_name_fail_before_the_weights_load(dataset, tmp_path, monkeypatch):
+    from diffsynth.core.loader import loading
+    from diffsynth.lora import naming
+
+    # A model whose original code names only the attention projections: a LoRA on its MLP could not be loaded by
+    # ComfyUI or DiffSynth-Studio, so the run is refused before minutes of loading.
+    partial = naming.ModuleNaming("original partial", block_layers={"attn.to_q": "attn.q"})
+    monkeypatch.setitem(naming.NAMINGS, "QwenImageTransformer2DModel", partial)
+    monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
+    argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"entries \[.*'img_mlp.net.2'.*\] select layers of dit that the original "
+                                         "partial code has no name for"):
         main(QwenImagePipeline, argv)

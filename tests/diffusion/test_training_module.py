@@ -34,8 +34,10 @@ def test_only_the_lora_trains_and_its_weights_are_float32(pipe):
     assert all(".lora_A.default." in n or ".lora_B.default." in n for n in trainable)
     assert all(n.startswith("pipe.dit.transformer_blocks.") and t.dtype == torch.float32 for n, t in trainable.items())
     assert not any(p.requires_grad for p in pipe.text_encoder.parameters())
-    assert module.lora_config == {"lora_rank": 4, "lora_alpha": 4, "lora_target_modules": TARGETS,
-                                  "lora_base_model": "dit"}
+    config = dict(module.lora_config)
+    assert config.pop("base_model_class") == "QwenImageTransformer2DModel"
+    assert config.pop("base_model_config") == {k: v for k, v in pipe.dit.config.items() if not k.startswith("_")}
+    assert config == {"lora_rank": 4, "lora_alpha": 4, "lora_target_modules": TARGETS, "lora_base_model": "dit"}
 
 
 def test_stages_run_complementary_units(pipe):
@@ -84,24 +86,45 @@ def test_a_skeleton_the_stage_computes_with_is_refused(base):
         DiffusionTrainingModule(pipe, lora_base_model="dit", lora_target_modules=TARGETS)
 
 
+def lora_deltas(module):
+    """Each LoRA layer's update ``scaling * B @ A`` as peft applies it, by module name."""
+    return {name: layer.scaling["default"] * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+            for name, layer in module.pipe.dit.named_modules() if hasattr(layer, "scaling")}
+
+
 def test_a_lora_checkpoint_continues_training(pipe, tmp_path):
     from diffsynth.diffusion.logger import ModelLogger
 
-    first = DiffusionTrainingModule(pipe, lora_base_model="dit", lora_target_modules=TARGETS, lora_rank=4)
+    first = DiffusionTrainingModule(pipe, lora_base_model="dit", lora_target_modules=TARGETS, lora_rank=4,
+                                    lora_alpha=2)
     with torch.no_grad():
         for param in first.parameters():
             if param.requires_grad:
                 param.normal_()
     state = first.trainable_state_dict()
     path = ModelLogger(tmp_path, lora_metadata=first.lora_config).save_lora(state, "lora")
-    second = DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=TARGETS, lora_rank=4,
-                                     lora_checkpoint=path)
-    assert all(torch.equal(state[name], value) for name, value in second.trainable_state_dict().items())
-    with pytest.raises(ValueError, match="has shape .* use the same --lora_rank"):
+    # The file holds the scale folded into lora_B; reading it back must not apply the scale a second time, whatever
+    # alpha the continuing run uses.
+    for alpha in (2, 8):
+        second = DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=TARGETS,
+                                         lora_rank=4, lora_alpha=alpha, lora_checkpoint=path)
+        want, got = lora_deltas(first), lora_deltas(second)
+        assert want.keys() == got.keys() and len(want) == 2 * len(TARGETS)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5)
+    same = dict(DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=TARGETS,
+                                        lora_rank=4, lora_alpha=2, lora_checkpoint=path).trainable_state_dict())
+    assert all(torch.allclose(state[name], value, atol=1e-6) for name, value in same.items())
+    with pytest.raises(ValueError, match="has rank 4 but --lora_rank is 8; pass --lora_rank 4"):
         DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=TARGETS, lora_rank=8,
                                 lora_checkpoint=path)
-    with pytest.raises(ValueError, match="matches no LoRA weight"):
+    with pytest.raises(ValueError, match="other modules than this run trains.*made with --lora_target_modules"):
         DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=["to_q"], lora_rank=4,
                                 lora_checkpoint=path)
+    pickle = tmp_path / "lora_pickle.safetensors"
+    torch.save({"a": torch.zeros(1)}, pickle)
+    with pytest.raises(ValueError, match=f"--lora_checkpoint {pickle}: .*not a readable safetensors file"):
+        DiffusionTrainingModule(load("dit"), lora_base_model="dit", lora_target_modules=TARGETS, lora_rank=4,
+                                lora_checkpoint=pickle)
     with pytest.raises(ValueError, match="differ from this run's"):
         second.load_trainable_state_dict({})

@@ -4,7 +4,7 @@
 # The dataset is a folder of images plus metadata.csv (columns image,prompt). To try the command on a small
 # procedurally drawn one:  python -m diffsynth.core.data.example_dataset --output data/example_image_dataset
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing.
-# The LoRA is written to the --output_path as epoch-<e>.safetensors (diffusers format); try it with
+# The LoRA is written to the --output_path as epoch-<e>.safetensors (loads in ComfyUI, diffusers, DiffSynth-Studio; docs/en/Using_LoRA.md); try it with
 # examples/qwen_image/model_training/validate_lora/Qwen-Image.py.
 set -e
 

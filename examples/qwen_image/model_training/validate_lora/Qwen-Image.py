@@ -3,7 +3,7 @@
     python examples/qwen_image/model_training/validate_lora/Qwen-Image.py \
         --lora_path ./models/train/Qwen-Image_lora/epoch-4.safetensors --prompt "a dog on a beach"
 
-The LoRA is merged into the weights (``diffsynth.core.load_lora``): no adapter runs at inference time, and the merge
+The LoRA is merged into the weights (``diffsynth.lora.load_lora``): no adapter runs at inference time, and the merge
 is undone only by reloading the model. ``--lora_alpha_scale 0`` renders the base model with the same seed, for a
 before-and-after comparison. Models wait on the CPU and move to the device one at a time while they compute.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from diffsynth.core import load_lora, parse_model_id_with_origin_paths
+from diffsynth.core import parse_model_id_with_origin_paths
+from diffsynth.lora import load_lora
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
 MODEL_ID_WITH_ORIGIN_PATHS = (

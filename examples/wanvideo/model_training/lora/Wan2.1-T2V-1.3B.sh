@@ -8,7 +8,7 @@
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing.
 # --lora_target_modules takes the original Wan layer names; they select the same layers of diffusers' model
 # (to_q, to_k, to_v, to_out.0, ffn.net.0.proj, ffn.net.2) in self- and cross-attention.
-# The LoRA is written to the --output_path as epoch-<e>.safetensors (diffusers format); try it with
+# The LoRA is written to the --output_path as epoch-<e>.safetensors (loads in ComfyUI, diffusers, DiffSynth-Studio; docs/en/Using_LoRA.md); try it with
 # examples/wanvideo/model_training/validate_lora/Wan2.1-T2V-1.3B.py.
 set -e
 

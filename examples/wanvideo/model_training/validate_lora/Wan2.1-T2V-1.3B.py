@@ -3,7 +3,7 @@
     python examples/wanvideo/model_training/validate_lora/Wan2.1-T2V-1.3B.py \
         --lora_path ./models/train/Wan2.1-T2V-1.3B_lora/epoch-4.safetensors --prompt "a corgi running on a beach"
 
-The LoRA's weights are added into the transformer's (``diffsynth.core.load_lora``), so sampling costs what it costs
+The LoRA's weights are added into the transformer's (``diffsynth.lora.load_lora``), so sampling costs what it costs
 without a LoRA; only reloading the model takes them out again. ``--lora_alpha_scale 0`` renders the base model from
 the same seed, for a side-by-side comparison. The models wait on the CPU and visit the device one at a time.
 
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from diffsynth.core import load_lora, parse_model_id_with_origin_paths
+from diffsynth.core import parse_model_id_with_origin_paths
+from diffsynth.lora import load_lora
 from diffsynth.pipelines.wan_video import WanVideoPipeline, save_video
 
 MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"

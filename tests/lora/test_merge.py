@@ -10,7 +10,8 @@ from peft import LoraConfig, inject_adapter_in_model
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 
-from diffsynth.core.lora import STRIPPED_PREFIXES, load_lora
+from diffsynth.lora import load_lora
+from diffsynth.lora.formats import STRIPPED_PREFIXES
 
 PREFIXES = ["", *STRIPPED_PREFIXES]
 
@@ -145,7 +146,7 @@ def test_unmatched_layers_fail_unless_not_strict(small, caplog):
     with pytest.raises(ValueError, match=r"1 of 4 .*'text_encoder.fc'.*strict=False"):
         load_lora(before, extra)
     assert all(torch.equal(a, b) for a, b in zip(before.parameters(), base.parameters()))
-    with caplog.at_level(logging.WARNING, logger="diffsynth.core.lora"):
+    with caplog.at_level(logging.WARNING, logger="diffsynth.lora.merge"):
         assert load_lora(copy.deepcopy(base), extra, strict=False) == 3
     assert "text_encoder.fc" in caplog.text
 

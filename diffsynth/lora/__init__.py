@@ -1,0 +1,17 @@
+"""LoRA files: the layouts each tool reads (one module spells every key), merging, converting and inspecting.
+
+Command line: ``python -m diffsynth.lora inspect FILE`` reports what a file is and how much of it diffusers, ComfyUI,
+DiffSynth-Studio and musubi-tuner load at which strength; ``python -m diffsynth.lora convert IN OUT --to LAYOUT``
+rewrites a file in another layout.
+"""
+
+from .formats import (LAYOUTS, LoRALayer, LoRAWeights, from_peft_state_dict, read_file, read_lora,
+                      to_state_dict)
+from .inspect import Inspection, inspect_lora
+from .merge import load_lora
+from .naming import WAN_NAMING, ModuleNaming, lora_layer_names, naming_for
+
+__all__ = [
+    "LAYOUTS", "Inspection", "LoRALayer", "LoRAWeights", "ModuleNaming", "WAN_NAMING", "from_peft_state_dict",
+    "inspect_lora", "load_lora", "lora_layer_names", "naming_for", "read_file", "read_lora", "to_state_dict",
+]

@@ -1,0 +1,81 @@
+"""Merging a LoRA file into a module's weights (``W += strength * scale * up @ down``), for any ``torch.nn.Module``.
+
+Merging costs nothing at inference time and needs no peft wrapper, but cannot be undone except by reloading the
+weights; use peft's adapters instead where LoRAs are switched at run time. Every layout of :mod:`.formats` is read,
+with the scale the file declares (folded, per-layer alphas, or diffusers' metadata), so strength 1.0 is the strength
+the LoRA was trained at. Linear, Conv1d, Conv2d and Conv3d targets are supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+
+import torch
+
+from .formats import LoRALayer, read_lora
+from .naming import LORA_TARGET_TYPES, ModuleNaming, naming_for
+
+logger = logging.getLogger(__name__)
+
+
+def load_lora(
+    module: torch.nn.Module,
+    path_or_state_dict: str | os.PathLike | Mapping[str, torch.Tensor],
+    alpha: float = 1.0,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    strict: bool = True,
+    naming: ModuleNaming | None = None,
+) -> int:
+    """Merges a LoRA into ``module``'s weights in place, keeping each weight's dtype and device.
+
+    Every layer is checked before any weight changes, so an error leaves the module as it was.
+
+    Args:
+        module: The model the LoRA was trained on (e.g. a pipeline's ``dit``).
+        path_or_state_dict: A ``.safetensors`` file, or a state dict already in memory.
+        alpha: Strength multiplier on top of the file's own scale; 0.5 adds half the delta.
+        metadata: Extra safetensors-style metadata; entries override the file's own.
+        strict: Raise if some LoRA layers match no module; with False they are skipped with a warning.
+        naming: The model's original-release naming; None picks it from the model's class.
+
+    Returns:
+        The number of layers whose weights were updated.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        ValueError: The file is not a readable safetensors LoRA, holds non-finite values or unknown keys, matches no
+            module (or, with ``strict``, not all of them), or a layer's shapes do not fit its module.
+    """
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha={alpha} must be a finite number, e.g. 1.0")
+    targets = {name: sub for name, sub in module.named_modules() if isinstance(sub, LORA_TARGET_TYPES)}
+    weights = read_lora(path_or_state_dict, targets, naming or naming_for(module), metadata, strict)
+    if weights.unmatched:
+        logger.warning("Skipping %d unmatched LoRA layers from %s, e.g. %s",
+                                            len(weights.unmatched), weights.source, weights.unmatched[:5])
+    for name, layer in weights.layers.items():
+        _check_fits(name, layer, targets[name].weight, weights.source)
+    # Deltas are built one at a time: all of them at once would take the model's size again, in float32.
+    with torch.no_grad():
+        for name, layer in weights.layers.items():
+            weight = targets[name].weight
+            delta = layer.delta(device=weight.device)
+            weight.copy_((weight.to(torch.float32) + alpha * delta.reshape(weight.shape)).to(weight.dtype))
+    return len(weights.layers)
+
+
+def _check_fits(name: str, layer: LoRALayer, weight: torch.Tensor, source: str) -> None:
+    """Raises unless ``up @ down`` (a conv delta keeps down's kernel, up being 1 x 1) has the weight's shape."""
+    down, up = layer.down, layer.up
+    if weight.is_meta:
+        raise ValueError(f"module {name!r} has its weight on the meta device; load the base weights before the LoRA")
+    fits = up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and all(size == 1 for size in up.shape[2:])
+    if not fits or (up.shape[0], *down.shape[1:]) != tuple(weight.shape):
+        raise ValueError(
+            f"LoRA layer {name!r} in {source} (down {tuple(down.shape)}, up {tuple(up.shape)}) does not fit "
+            f"module {name!r} with weight {tuple(weight.shape)}; was it trained on another model?"
+        )

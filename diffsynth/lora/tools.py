@@ -1,0 +1,261 @@
+"""How the tools users generate with would load a LoRA file: which layers land on a module, at what strength.
+
+Each function below follows one tool's own loading code, as read in its repository (December 2026), on the file's
+keys and the model's layer names; none needs the tool installed except diffusers, whose real key conversion runs:
+
+* diffusers: ``QwenImageLoraLoaderMixin`` / ``WanLoraLoaderMixin.lora_state_dict`` (real code), then
+  ``load_lora_adapter``: keys under ``transformer.`` only, scale from ``lora_adapter_metadata`` or alpha = rank.
+* ComfyUI (``comfy/lora.py``): a key map of ``diffusion_model.<native>`` and ``lora_unet_<native with _>`` (plus, for
+  Qwen-Image, ``<native>`` and ``transformer.<native>``); factors ``lora_up/down``, ``lora_B/A`` (also ``.default``);
+  scale ``<key>.alpha`` / rank, else 1.
+* DiffSynth-Studio (``GeneralLoRALoader``): every ``lora_B``/``lora_up`` key, adapter name and one leading
+  ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1.
+* musubi-tuner: a file whose first key starts with ``diffusion_model.`` or ``transformer.`` is converted to
+  ``lora_unet_<name with _>`` with alpha = rank where none is given (``convert_lora.convert_from_diffusers``), then
+  matched to its modules (native names).
+
+The strength a tool applies is measured, not assumed: each layer's delta as the tool builds it is compared with the
+delta this project reads, on a random probe vector.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from .formats import LoRALayer, LoRAWeights, read_lora
+from .naming import ModuleNaming
+
+TOOLS = ("diffsynth", "diffusers", "ComfyUI", "DiffSynth-Studio", "musubi-tuner")
+_TOLERANCE = 1e-3
+
+
+@dataclass
+class ToolResult:
+    """What one tool does with a file.
+
+    Attributes:
+        tool: One of :data:`TOOLS`.
+        mapped: LoRA layers the tool applies to a module of the model (with fitting shapes).
+        total: LoRA layers in the file.
+        strength: Applied strength / trained strength at the tool's strength 1.0, when equal across layers; None
+            when it varies (``strengths`` has the range) or nothing maps.
+        strengths: ``(lowest, highest)`` ratio over the mapped layers.
+        unloaded: Keys of the file the tool leaves unused (the first few).
+        error: The tool's own error, when its loader raises.
+    """
+
+    tool: str
+    mapped: int
+    total: int
+    strength: float | None = None
+    strengths: tuple[float, float] | None = None
+    unloaded: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The whole file loads at the trained strength."""
+        return self.error is None and self.mapped == self.total and self.strength is not None and abs(
+            self.strength - 1.0) <= _TOLERANCE
+
+
+Applied = dict[str, LoRALayer]
+Emulation = Callable[[Mapping[str, torch.Tensor], Mapping[str, str], "_Model"], tuple[Applied, list[str]]]
+
+
+@dataclass
+class _Model:
+    class_name: str
+    weights: dict[str, torch.Size]  # LoRA-able layer (diffusers name) -> weight shape
+    naming: ModuleNaming
+
+    def native_names(self) -> dict[str, str]:
+        """native name -> diffusers name, for the layers the native code has."""
+        table = {}
+        for name in self.weights:
+            native = self.naming.to_native(name)
+            if native is not None:
+                table[native] = name
+        return table
+
+
+def check_tools(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], class_name: str,
+                weight_shapes: Mapping[str, torch.Size], naming: ModuleNaming) -> list[ToolResult]:
+    """Emulates every tool of :data:`TOOLS` on a LoRA file's tensors and metadata.
+
+    Args:
+        tensors, metadata: The file's content.
+        class_name: The diffusers class of the model the LoRA is for.
+        weight_shapes: The model's LoRA-able layers (diffusers names) and their weight shapes (a meta-device
+            skeleton has them).
+        naming: The model's original-release naming.
+    """
+    model = _Model(class_name, dict(weight_shapes), naming)
+    reference = read_lora(dict(tensors), model.weights, naming, metadata, strict=False)
+    emulations: dict[str, Emulation] = {"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
+                                        "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi}
+    return [_measure(tool, emulation, tensors, metadata, model, reference) for tool, emulation in emulations.items()]
+
+
+def _measure(tool: str, emulation: Emulation, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+             model: _Model, reference: LoRAWeights) -> ToolResult:
+    total = len(reference.layers) + len(reference.unmatched)
+    try:
+        applied, unloaded = emulation(tensors, metadata, model)
+    except Exception as error:  # noqa: BLE001 - the tool's loader raising is the finding
+        return ToolResult(tool, 0, total, error=f"{type(error).__name__}: {error}")
+    generator = torch.Generator().manual_seed(0)
+    ratios = []
+    for name, layer in applied.items():
+        intended = reference.layers.get(name)
+        if intended is None or not _fits(layer, model.weights.get(name)):
+            continue
+        probe = torch.randn(layer.down[0].numel(), generator=generator)
+        got, want = _apply(layer, probe), _apply(intended, probe)
+        norm = float(want @ want)
+        ratios.append(float(got @ want) / norm if norm > 0 else 1.0)
+    result = ToolResult(tool, len(ratios), total, unloaded=unloaded[:5])
+    if ratios:
+        result.strengths = (min(ratios), max(ratios))
+        if result.strengths[1] - result.strengths[0] <= _TOLERANCE * max(1.0, abs(result.strengths[1])):
+            result.strength = sum(ratios) / len(ratios)
+    return result
+
+
+def _apply(layer: LoRALayer, probe: torch.Tensor) -> torch.Tensor:
+    return layer.scale * (layer.up.float().flatten(1) @ (layer.down.float().flatten(1) @ probe))
+
+
+def _fits(layer: LoRALayer, shape: torch.Size | None) -> bool:
+    if shape is None:
+        return False
+    down, up = layer.down, layer.up
+    return up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and (up.shape[0], *down.shape[1:]) == tuple(
+        shape)
+
+
+def _diffsynth(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    weights = read_lora(dict(tensors), model.weights, model.naming, metadata, strict=False)
+    return weights.layers, weights.unmatched
+
+
+def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    from diffusers.loaders.lora_pipeline import QwenImageLoraLoaderMixin, WanLoraLoaderMixin
+
+    mixins = {"QwenImageTransformer2DModel": QwenImageLoraLoaderMixin, "WanTransformer3DModel": WanLoraLoaderMixin}
+    mixin = mixins.get(model.class_name)
+    if mixin is None:
+        raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
+    converted = mixin.lora_state_dict({key: value.clone() for key, value in tensors.items()})
+    config = {}
+    raw = metadata.get("lora_adapter_metadata")
+    if raw:  # load_lora_adapter builds peft's LoraConfig from the "transformer." entries
+        config = {key.removeprefix("transformer."): value for key, value in json.loads(raw).items()
+                  if key.startswith("transformer.")}
+    factors: dict[str, dict[str, torch.Tensor]] = {}
+    unloaded = []
+    for key, tensor in converted.items():
+        match = re.match(r"^transformer\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$", key)
+        if match is None:
+            unloaded.append(key)
+            continue
+        factors.setdefault(match["module"], {})[match["part"]] = tensor
+    applied = {}
+    for module, parts in factors.items():
+        if set(parts) != {"A", "B"}:
+            unloaded.append(module)
+            continue
+        rank = parts["A"].shape[0]
+        alpha = float(config.get("alpha_pattern", {}).get(module, config.get("lora_alpha", rank)))
+        applied[module] = LoRALayer(parts["A"], parts["B"], alpha / rank)
+    return applied, unloaded
+
+
+_COMFY_FACTORS = ((".lora_up.weight", ".lora_down.weight"), ("_lora.up.weight", "_lora.down.weight"),
+                  (".lora_B.weight", ".lora_A.weight"), (".lora.up.weight", ".lora.down.weight"),
+                  (".lora_B", ".lora_A"), (".lora_linear_layer.up.weight", ".lora_linear_layer.down.weight"),
+                  (".lora_B.default.weight", ".lora_A.default.weight"))
+
+
+def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    key_map = {}
+    for native, name in model.native_names().items():
+        key_map[f"diffusion_model.{native}"] = name
+        key_map["lora_unet_" + native.replace(".", "_")] = name
+        if model.class_name == "QwenImageTransformer2DModel":
+            key_map[native] = name
+            key_map[f"transformer.{native}"] = name
+            key_map["lycoris_" + native.replace(".", "_")] = name
+    applied, used = {}, set()
+    for prefix, name in key_map.items():
+        for up_suffix, down_suffix in _COMFY_FACTORS:
+            if prefix + up_suffix in tensors:
+                up, down = tensors[prefix + up_suffix], tensors[prefix + down_suffix]
+                alpha = tensors.get(prefix + ".alpha")
+                scale = 1.0 if alpha is None else float(alpha) / down.shape[0]
+                applied[name] = LoRALayer(down, up, scale)
+                used.update({prefix + up_suffix, prefix + down_suffix, prefix + ".alpha"})
+                break
+    return applied, sorted(key for key in tensors if key not in used)
+
+
+def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    natives = model.native_names()
+    applied, used = {}, set()
+    for key in tensors:
+        up_part, down_part = ("lora_up", "lora_down") if ".lora_up." in key else ("lora_B", "lora_A")
+        if up_part not in key:
+            continue
+        parts = key.split(".")
+        index = parts.index(up_part)
+        if len(parts) > index + 2:
+            parts.pop(index + 1)
+        parts.pop(index)
+        if parts[0] == "diffusion_model":
+            parts.pop(0)
+        target = ".".join(parts[:-1])
+        name = natives.get(target)
+        alpha_key = key.replace(f"{up_part}.weight", "alpha").replace(f"{up_part}.default.weight", "alpha")
+        if name is None:
+            continue
+        down = tensors[key.replace(up_part, down_part)]
+        scale = float(tensors[alpha_key]) / down.shape[0] if alpha_key in tensors else 1.0
+        applied[name] = LoRALayer(down, tensors[key], scale)
+        used.update({key, key.replace(up_part, down_part), alpha_key})
+    return applied, sorted(key for key in tensors if key not in used)
+
+
+def _musubi(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    first = next(iter(tensors), "")
+    if first.startswith(("diffusion_model.", "transformer.")):
+        converted, ranks = {}, {}
+        for key, tensor in tensors.items():
+            head, _, body = key.partition(".")
+            if head not in ("diffusion_model", "transformer"):
+                continue
+            new_key = ("lora_unet_" + body).replace(".", "_")
+            new_key = new_key.replace("_lora_A_", ".lora_down.").replace("_lora_B_", ".lora_up.")
+            new_key = new_key.replace("_lora_down_", ".lora_down.").replace("_lora_up_", ".lora_up.")
+            if new_key.endswith("_alpha"):
+                new_key = new_key.removesuffix("_alpha") + ".alpha"
+            converted[new_key] = tensor
+            if "lora_down" in new_key:
+                ranks.setdefault(new_key.split(".")[0], tensor.shape[0])
+        for stem, rank in ranks.items():
+            converted.setdefault(f"{stem}.alpha", torch.tensor(rank))
+        tensors = converted
+    applied, used = {}, set()
+    for native, name in model.native_names().items():
+        stem = "lora_unet_" + native.replace(".", "_")
+        if f"{stem}.lora_down.weight" in tensors and f"{stem}.lora_up.weight" in tensors:
+            down, up = tensors[f"{stem}.lora_down.weight"], tensors[f"{stem}.lora_up.weight"]
+            alpha = tensors.get(f"{stem}.alpha")
+            scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
+            applied[name] = LoRALayer(down, up, scale)
+            used.update({f"{stem}.lora_down.weight", f"{stem}.lora_up.weight", f"{stem}.alpha"})
+    return applied, sorted(key for key in tensors if key not in used)

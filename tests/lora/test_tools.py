@@ -1,0 +1,158 @@
+"""The tool emulations of ``inspect``, checked against what the tools were measured to do, and the CLI.
+
+The measurements (issue 15, on this project's first file format, rank 8): diffusers loaded every file, at strength
+1.0 except after the old ``convert_wan_lora.py`` (0.5); ComfyUI took the Qwen-Image file at 2.0 (alpha 4 ignored), none
+of the Wan file's 40 keys, and the converted Wan file at 0.5; DiffSynth-Studio fused nothing of either file and the
+converted one at 0.5.
+"""
+
+import copy
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from safetensors.torch import save_file
+
+from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
+from diffsynth.diffusion.logger import ModelLogger
+from diffsynth.lora import WAN_NAMING, from_peft_state_dict, inspect_lora, to_state_dict
+from diffsynth.lora.__main__ import main as lora_cli
+
+RANK = 8
+
+
+def lora_model(cls, folder, targets, seed=0):
+    base = cls.from_pretrained(folder).eval()
+    adapted = inject_adapter_in_model(LoraConfig(r=RANK, lora_alpha=RANK, target_modules=targets),
+                                      copy.deepcopy(base))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.1)
+    return base, adapted
+
+
+@pytest.fixture(scope="module")
+def models(tiny_root):
+    from diffusers import QwenImageTransformer2DModel, WanTransformer3DModel
+
+    return {
+        "qwen": lora_model(QwenImageTransformer2DModel, tiny_root / QWEN_IMAGE_MODEL_ID / "transformer",
+                           ["to_q", "to_k", "to_v", "to_out.0", "img_mlp.net.2"]),
+        "wan": lora_model(WanTransformer3DModel, tiny_root / WAN_MODEL_ID / "transformer",
+                          ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]),
+    }
+
+
+def first_format_file(path, model, alpha, converted=False):
+    """A LoRA as this project wrote it before (``transformer.`` keys, alpha in metadata), or as the old Wan converter
+    rewrote it (original names, the peft JSON dropped)."""
+    weights = from_peft_state_dict({k: v for k, v in model.named_parameters() if ".lora_" in k}, alpha)
+    tensors, metadata = to_state_dict(weights, "diffusers")
+    metadata = {"format": "pt", "lora_rank": str(RANK), "lora_alpha": str(alpha), **metadata}
+    if converted:
+        tensors = {key.replace("transformer.", "diffusion_model.", 1): value for key, value in tensors.items()}
+        tensors = {_original(key): value for key, value in tensors.items()}
+        del metadata["lora_adapter_metadata"]
+    tensors = {key: value.detach().contiguous() for key, value in tensors.items()}
+    save_file(tensors, str(path), metadata={k: v for k, v in metadata.items() if not k.startswith("diffsynth.")})
+    return path
+
+
+def _original(key):
+    head, module, tail = key.split(".", 1)[0], key.split(".", 1)[1].rsplit(".lora_", 1)[0], key.rsplit(".lora_", 1)[1]
+    return f"{head}.{WAN_NAMING.to_native(module)}.lora_{tail}"
+
+
+def strengths(inspection):
+    return {result.tool: (result.mapped, result.total, None if result.strength is None else round(result.strength, 3))
+            for result in inspection.results}
+
+
+def test_the_emulations_reproduce_what_the_tools_did_with_the_first_file_format(models, tmp_path):
+    qwen_base, qwen = models["qwen"]
+    found = strengths(inspect_lora(first_format_file(tmp_path / "qwen.safetensors", qwen, 4), qwen_base))
+    assert found["diffusers"] == (10, 10, 1.0)
+    assert found["ComfyUI"] == (10, 10, 2.0)
+    assert found["DiffSynth-Studio"][0] == 0
+    wan_base, wan = models["wan"]
+    found = strengths(inspect_lora(first_format_file(tmp_path / "wan.safetensors", wan, 16), wan_base))
+    assert found["diffusers"] == (20, 20, 1.0)
+    assert found["ComfyUI"][0] == 0 and found["DiffSynth-Studio"][0] == 0
+    converted = first_format_file(tmp_path / "wan_converted.safetensors", wan, 16, converted=True)
+    found = strengths(inspect_lora(converted, wan_base))
+    assert found["diffusers"] == found["ComfyUI"] == found["DiffSynth-Studio"] == (20, 20, 0.5)
+    assert found["diffsynth"] == (20, 20, 1.0)  # this project reads the plain lora_alpha entry
+
+
+def test_the_diffusers_emulation_agrees_with_diffusers_itself(models, tiny_root, tmp_path):
+    from diffusers import QwenImagePipeline
+
+    qwen_base, qwen = models["qwen"]
+    path = first_format_file(tmp_path / "kohya_like.safetensors", qwen, 4, converted=False)
+    # A kohya file with per-layer alphas that differ from the rank: diffusers folds them in its converter.
+    weights = from_peft_state_dict({k: v for k, v in qwen.named_parameters() if ".lora_" in k}, 3.0)
+    tensors, _ = to_state_dict(weights, "kohya")
+    save_file(tensors, str(tmp_path / "kohya.safetensors"))
+    for file in (path, tmp_path / "kohya.safetensors"):
+        emulated = inspect_lora(file, qwen_base).result("diffusers")
+        pipe = QwenImagePipeline.from_pretrained(str(tiny_root / QWEN_IMAGE_MODEL_ID), dtype=torch.float32)
+        pipe.load_lora_weights(str(file), adapter_name="x")
+        layers = [module for module in pipe.transformer.modules() if hasattr(module, "scaling")]
+        assert len(layers) == emulated.mapped == 10
+        reference = inspect_lora(file, qwen_base).weights.layers
+        ratios = []
+        for name, module in pipe.transformer.named_modules():
+            if hasattr(module, "scaling"):
+                real = (module.scaling["x"] * module.lora_B["x"].weight @ module.lora_A["x"].weight).detach()
+                want = reference[name].delta()
+                ratios.append(float((real * want).sum() / (want * want).sum()))
+        assert ratios == pytest.approx([emulated.strength] * len(ratios), abs=1e-4)
+
+
+def test_a_layer_diffusers_cannot_take_gets_a_diffusers_twin(tiny_root, tmp_path):
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+
+    folder = tiny_root / WAN_I2V_MODEL_ID / "transformer"
+    # diffusers' Wan converter takes the image key projection only together with the value one: k_img alone fails.
+    base, model = lora_model(WanTransformer3DModel, folder, ["add_k_proj", "to_q"])
+    state = {"pipe.dit." + k: v for k, v in model.named_parameters() if ".lora_" in k}
+    config = {k: v for k, v in dict(base.config).items() if not k.startswith("_")}
+    logger = ModelLogger(tmp_path, lora_metadata={"lora_rank": RANK, "lora_alpha": 4, "base_model_class":
+                                                  "WanTransformer3DModel", "base_model_config": config})
+    main = logger.save_lora(state, "epoch-0")
+    twin = tmp_path / "epoch-0.diffusers.safetensors"
+    assert twin.is_file()
+    found = strengths(inspect_lora(main))
+    assert found["diffusers"][0] == 0 and found["ComfyUI"] == found["DiffSynth-Studio"] == (6, 6, 1.0)
+    assert strengths(inspect_lora(twin))["diffusers"] == (6, 6, 1.0)
+    logger.save_lora(state, "epoch-1")  # later saves write the twin too
+    assert (tmp_path / "epoch-1.diffusers.safetensors").is_file()
+    pipe = WanImageToVideoPipeline.from_pretrained(str(tiny_root / WAN_I2V_MODEL_ID), dtype=torch.float32)
+    pipe.load_lora_weights(str(twin))
+    assert len([m for m in pipe.transformer.modules() if hasattr(m, "scaling")]) == 6
+
+
+def test_inspect_command(models, tiny_root, tmp_path, capsys):
+    wan_base, wan = models["wan"]
+    state = {"pipe.dit." + k: v for k, v in wan.named_parameters() if ".lora_" in k}
+    config = {k: v for k, v in dict(wan_base.config).items() if not k.startswith("_")}
+    ModelLogger(tmp_path, lora_metadata={"lora_rank": RANK, "lora_alpha": 16, "base_model_class":
+                                         "WanTransformer3DModel", "base_model_config": config}).save_lora(state, "ok")
+    assert lora_cli(["inspect", str(tmp_path / "ok.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "layout    universal" in out and "alpha/rank = 2, alpha 16" in out
+    assert "ComfyUI           20/20           1" in out
+    assert lora_cli(["inspect", str(tmp_path / "ok.safetensors"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trained_alpha"] == "16"
+    old = first_format_file(tmp_path / "old.safetensors", wan, 16)
+    assert lora_cli(["inspect", str(old)]) == 2  # records no model
+    assert "pass --model" in capsys.readouterr().err
+    assert lora_cli(["inspect", str(old), "--model", str(tiny_root / WAN_MODEL_ID)]) == 1
+    assert "not loaded fully at the trained strength by: ComfyUI, DiffSynth-Studio" in capsys.readouterr().out
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 16)
+    assert lora_cli(["inspect", str(broken)]) == 2
+    assert "not a readable safetensors file" in capsys.readouterr().err
