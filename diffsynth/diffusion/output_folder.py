@@ -17,6 +17,7 @@ the lock, so a launch never refuses itself. The run id is new for a new run and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -81,10 +82,8 @@ class OutputClaim:
 
 
 def _remove_if_empty(folder: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # a folder that holds files (or is gone) is left as it is
         folder.rmdir()
-    except OSError:
-        pass  # it holds files (or is gone): keep it
 
 
 def previous_outputs(folder: str | os.PathLike, outputs: Mapping[str, tuple[str, ...]]) -> list[Path]:
