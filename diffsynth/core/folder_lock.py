@@ -18,6 +18,7 @@ A process killed with SIGKILL therefore leaves a lock that its own host's next r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -171,12 +172,22 @@ class FolderLock:
 
     def _create(self) -> bool:
         """Links a complete record into place; False when a lock exists."""
+        record = json.dumps(asdict(self.holder), indent=2) + "\n"
         temporary = self.folder / f"{LOCK_FILE}.{self.holder.run_id}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps(asdict(self.holder), indent=2) + "\n", encoding="utf-8")
+        temporary.write_text(record, encoding="utf-8")
         try:
             os.link(temporary, self.path)
         except FileExistsError:
             return False
+        except OSError:
+            # A file system without hard links (some FUSE and SMB mounts): create exclusively, then write. A reader
+            # may then see the record half written, which counts as a live holder while it is fresh.
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(record)
         finally:
             temporary.unlink(missing_ok=True)
         return True
@@ -193,10 +204,10 @@ class FolderLock:
         except (OSError, ValueError, TypeError):
             record = None
         if record != stale:
-            try:
-                os.link(tombstone, self.path)  # a live lock moved by mistake goes back, unless a newer one exists
-            except FileExistsError:
-                pass
+            # A live lock moved by mistake goes back, unless a newer one exists (or links are unsupported: then the
+            # two starters both run, as they would without the lock; this needs two of them within microseconds).
+            with contextlib.suppress(OSError):
+                os.link(tombstone, self.path)
         tombstone.unlink(missing_ok=True)
 
     def _beat(self) -> None:

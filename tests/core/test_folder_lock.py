@@ -121,3 +121,15 @@ def test_a_lock_held_by_another_live_process_is_refused_until_it_is_killed(tmp_p
         holder.wait()
     with FolderLock(tmp_path, run_id="after") as lock:
         assert read_lock(tmp_path)[0] == lock.holder
+
+
+def test_a_file_system_without_hard_links_still_gets_an_exclusive_lock(tmp_path, monkeypatch):
+    def unsupported(source, target):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(folder_lock.os, "link", unsupported)
+    with FolderLock(tmp_path, run_id="first") as first:
+        assert read_lock(tmp_path)[0] == first.holder
+        with pytest.raises(FolderLockedError, match="in use by run first"):
+            FolderLock(tmp_path).acquire()
+    assert os.listdir(tmp_path) == []
