@@ -24,8 +24,9 @@ echo "== 3/5 stage 1: cache the text and image encodings -> $WORK/cache"
   --dataset_base_path "$WORK/dataset" --dataset_metadata_path "$WORK/dataset/metadata.csv" --dataset_repeat 1 \
   --model_id_with_origin_paths "$MODELS" --offload_models "$DIT" --output_path "$WORK/cache" "${LORA[@]}"
 echo "== 4/5 stage 2: train the LoRA from the cache -> $WORK/lora"
+# A rerun of stage 1 continues its cache; stage 2 replaces the previous demo's LoRA files, checkpoints and metrics.
 "${LAUNCH[@]}" examples/qwen_image/model_training/train.py --task sft:train \
-  --dataset_base_path "$WORK/cache" --dataset_repeat 10 --num_epochs 2 --enable_csv_log \
+  --dataset_base_path "$WORK/cache" --dataset_repeat 10 --num_epochs 2 --enable_csv_log --overwrite_output \
   --model_id_with_origin_paths "$MODELS" --offload_models "$ENCODERS" --output_path "$WORK/lora" "${LORA[@]}"
 echo "== 5/5 generate with the trained LoRA -> $WORK/image.png"
 "$PYTHON" examples/qwen_image/model_training/validate_lora/Qwen-Image.py --lora_path "$WORK/lora/epoch-1.safetensors" \

@@ -26,7 +26,7 @@ import torch
 
 from diffsynth import __version__
 from diffsynth.core.device import warn_once
-from diffsynth.core.files import atomic_save_safetensors, atomic_write_json
+from diffsynth.core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
 from diffsynth.core.loader.loading import resolve_dtype
 from diffsynth.lora.formats import from_peft_state_dict, is_peft_lora_key, write_lora
 from diffsynth.lora.inspect import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, inspect_lora, skeleton_from_metadata
@@ -88,6 +88,9 @@ class ModelLogger:
         save_steps: Save every this many optimizer steps in :meth:`on_step_end`; None saves per epoch only.
         save_dtype: Storage dtype of floating weights, e.g. ``"bfloat16"`` for half-size files; None keeps the
             training dtype.
+        resume_step: The optimizer step a resumed run continues from: CSV rows of later steps (logged before the run
+            was stopped past its checkpoint) are dropped, and TensorBoard discards its events after that step, so
+            every step appears once. None keeps what is there.
 
     Raises:
         ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
@@ -99,7 +102,7 @@ class ModelLogger:
                  lora_metadata: Mapping[str, Any] | None = None, enable_csv_log: bool = False,
                  enable_tensorboard_log: bool = False, enable_wandb_log: bool = False,
                  wandb_project: str = "diffsynth", is_main_process: bool = True, *, save_steps: int | None = None,
-                 save_dtype: torch.dtype | str | None = None):
+                 save_dtype: torch.dtype | str | None = None, resume_step: int | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix_in_ckpt = remove_prefix_in_ckpt or ""
         self.lora_metadata = dict(lora_metadata or {})
@@ -127,26 +130,28 @@ class ModelLogger:
             return
         self.output_path.mkdir(parents=True, exist_ok=True)
         if enable_csv_log:
-            self._open_csv(self.output_path / METRICS_FILE)
+            self._open_csv(self.output_path / METRICS_FILE, resume_step)
         if tensorboard is not None:
-            self._tensorboard = tensorboard.SummaryWriter(log_dir=str(self.output_path / TENSORBOARD_DIR))
+            purge = {} if resume_step is None else {"purge_step": resume_step + 1}
+            self._tensorboard = tensorboard.SummaryWriter(log_dir=str(self.output_path / TENSORBOARD_DIR), **purge)
         if wandb is not None:
             self._wandb_run = wandb.init(project=wandb_project, dir=str(self.output_path))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, is_main_process: bool = True,
-                  lora_metadata: Mapping[str, Any] | None = None) -> ModelLogger:
+                  lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None) -> ModelLogger:
         """Builds the logger from the trainer flags (see :mod:`diffsynth.diffusion.parsers`).
 
         ``lora_metadata`` overrides the LoRA settings read from the flags (the training module knows the module
-        names the targets resolved to).
+        names the targets resolved to); ``resume_step`` is the step of the checkpoint a resumed run starts from.
         """
         if lora_metadata is None and args.lora_base_model:
             lora_metadata = {key: getattr(args, key) for key in
                              ("lora_rank", "lora_alpha", "lora_target_modules", "lora_base_model")}
         return cls(args.output_path, args.remove_prefix_in_ckpt, lora_metadata, enable_csv_log=args.enable_csv_log,
                    enable_tensorboard_log=args.enable_tensorboard_log, enable_wandb_log=args.enable_wandb_log,
-                   wandb_project=args.wandb_project, is_main_process=is_main_process, save_steps=args.save_steps)
+                   wandb_project=args.wandb_project, is_main_process=is_main_process, save_steps=args.save_steps,
+                   resume_step=resume_step)
 
     def _strip_prefix(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = self.remove_prefix_in_ckpt
@@ -316,7 +321,7 @@ class ModelLogger:
             self._wandb_run.config.update(payload, allow_val_change=True)
         return atomic_write_json(self.output_path / TRAINING_ARGS_FILE, payload)
 
-    def _open_csv(self, path: Path) -> None:
+    def _open_csv(self, path: Path, resume_step: int | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             with open(path, "rb+") as handle:
@@ -326,8 +331,27 @@ class ModelLogger:
                     handle.truncate(complete)
             if complete:
                 self._csv_header = next(csv.reader([content[:content.find(b"\n")].decode("utf-8")]))
+                if resume_step is not None:
+                    self._drop_rows_after(path, content[:complete].decode("utf-8"), resume_step)
         self._csv_file = open(path, "a", newline="", encoding="utf-8")
         self._csv_writer = csv.writer(self._csv_file, lineterminator="\n")
+
+    def _drop_rows_after(self, path: Path, text: str, step: int) -> None:
+        """Rewrites the CSV without the rows of steps after ``step`` (a row whose step is not a number is kept)."""
+        if "step" not in self._csv_header:
+            return
+        column = self._csv_header.index("step")
+        lines = text.splitlines(keepends=True)
+
+        def later(line: str) -> bool:
+            row = next(csv.reader([line]), [])
+            return len(row) > column and row[column].isdigit() and int(row[column]) > step
+
+        kept = [lines[0], *(line for line in lines[1:] if not later(line))]
+        if len(kept) < len(lines):
+            logger.info("%s: dropping %d rows logged after step %d, which the resumed run logs again", path,
+                        len(lines) - len(kept), step)
+            atomic_write_text(path, "".join(kept))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float | torch.Tensor]) -> None:
         """Records ``metrics`` at ``step`` in every enabled sink; the CSV row reaches the OS before this returns.

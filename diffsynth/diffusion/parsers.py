@@ -172,8 +172,16 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags that say where checkpoints go, how they are named and how often they are written."""
     group = parser.add_argument_group("Output")
-    group.add_argument("--output_path", type=str, default="./models",
-                       help="Folder for checkpoints, LoRA files, logs and training_args.json.")
+    group.add_argument("--output_path", type=str, default="./output",
+                       help="Folder for checkpoints, LoRA files, logs and training_args.json (for a *:data_process "
+                            "task, the stage-1 cache). One run at a time: a lock file refuses a second run while one "
+                            "is writing there. Not the model folder (./models).")
+    group.add_argument("--overwrite_output", action="store_true",
+                       help="Start afresh in an --output_path that holds an earlier run's outputs: removes the files "
+                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/tensorboard/, "
+                            "training_args.json; for *:data_process the cached samples and cache_info.json) before "
+                            "starting; other files are kept. Without it such a folder is refused, unless "
+                            "--resume_from_checkpoint continues the run.")
     group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
                        help="Prefix removed from the weight names saved, so files load into the bare model.")
     group.add_argument("--save_steps", type=int, default=None,
@@ -377,6 +385,18 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _overwrite_problems(args: argparse.Namespace) -> list[str]:
+    resume = args.resume_from_checkpoint
+    if not (args.overwrite_output and resume):
+        return []
+    output = Path(args.output_path).resolve()
+    if resume != "latest" and not Path(resume).resolve().is_relative_to(output):
+        return []  # resuming from another folder's checkpoint into a cleaned one is fine
+    return [f"--overwrite_output removes the checkpoints in --output_path {args.output_path}, which "
+            f"--resume_from_checkpoint {resume} would resume from; drop --overwrite_output to continue that run, or "
+            "drop --resume_from_checkpoint to start afresh"]
+
+
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Checks the flags against each other, collecting every conflict before raising.
 
@@ -396,6 +416,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if Path(args.output_path).is_file():
         problems.append(f"--output_path {args.output_path!r} is a file, but checkpoints go into a folder; pass a "
                         f"folder path (it is created if missing)")
+    problems += _overwrite_problems(args)
     if not 0.0 <= args.min_timestep_boundary < args.max_timestep_boundary <= 1.0:
         problems.append(f"--min_timestep_boundary {args.min_timestep_boundary} and --max_timestep_boundary "
                         f"{args.max_timestep_boundary} must satisfy 0 <= min < max <= 1; e.g. --min_timestep_boundary "

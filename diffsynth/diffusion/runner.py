@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
 from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
-from .checkpoint import save_training_state
+from .checkpoint import save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
 from .logger import ModelLogger
@@ -199,7 +199,9 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     # Stepped once per optimizer step by hand: accelerate's wrapper would step it once per process.
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.lr_warmup_steps,
                                  num_training_steps=total_steps)
-    progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": args.seed}
+    # The run id lets pruning tell this run's checkpoints from others'; the flags let a resume check its own.
+    progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": args.seed,
+                "run_id": getattr(args, "run_id", None), "flags": training_flags(args, module.pipe.lora_target_aliases)}
     if resume is not None:
         optimizer_state, scheduler_state, saved = resume
         optimizer.load_state_dict(optimizer_state)

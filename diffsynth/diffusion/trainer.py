@@ -17,9 +17,10 @@ from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, parse_model_configs,
                            parse_model_id_with_origin_paths, resolve_files)
 from .base_pipeline import BasePipeline
-from .checkpoint import load_training_state, read_progress, resolve_checkpoint
+from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .logger import ModelLogger
+from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .runner import launch_data_process_task, launch_training_task
 from .training_module import DiffusionTrainingModule, resolve_lora_targets
@@ -154,7 +155,7 @@ def fp8_model_names(args: argparse.Namespace, pipe: BasePipeline) -> list[str]:
 
 
 def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
-    """Runs the task the flags describe with ``pipeline_class``.
+    """Runs the task the flags describe with ``pipeline_class``, holding ``--output_path`` for the whole run.
 
     Returns:
         For training: ``{"global_step", "losses", "module"}`` (the trained ``DiffusionTrainingModule``); for stage 1:
@@ -163,14 +164,24 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
-    _, stage = task_stage(args.task)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
-    checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
-        if args.resume_from_checkpoint else None
+    claim = claim_output_folder(args, accelerator, pipeline_class.lora_target_aliases)
+    try:
+        return run_task(pipeline_class, args, accelerator, claim)
+    finally:
+        claim.release()
+
+
+def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accelerator: Any,
+             claim: OutputClaim) -> dict:
+    """The body of :func:`main` once the output folder is this run's: data, models, then the task stage."""
+    _, stage = task_stage(args.task)
+    args.run_id = claim.run_id  # recorded in training_args.json and in every checkpoint
+    checkpoint = claim.checkpoint
     if checkpoint is not None and args.seed is None:
-        args.seed = read_progress(checkpoint)["seed"]  # an unseeded run resumes with the seed it drew
+        args.seed = claim.progress["seed"]  # an unseeded run resumes with the seed it drew
     args.seed = agree_on_seed(accelerator, args.seed)
     from accelerate.utils import set_seed
 
@@ -206,11 +217,15 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     resume = None
     if checkpoint is not None:
         trainable, optimizer_state, scheduler_state, progress = load_training_state(checkpoint)
-        module.load_trainable_state_dict(trainable)
+        try:
+            module.load_trainable_state_dict(trainable)
+        except ValueError as error:
+            raise ValueError(f"--resume_from_checkpoint {checkpoint}: {error}") from error
         resume = (optimizer_state, scheduler_state, progress)
         logger.info("resuming from %s (optimizer step %d)", checkpoint, progress["global_step"])
     model_logger = ModelLogger.from_args(args, is_main_process=accelerator.is_main_process,
-                                         lora_metadata=module.lora_config or None)
+                                         lora_metadata=module.lora_config or None,
+                                         resume_step=resume[2]["global_step"] if resume else None)
     model_logger.save_training_args(args)
     try:
         result = launch_training_task(accelerator, dataset, module, model_logger, args, resume)

@@ -302,6 +302,12 @@ class DiffusionTrainingModule(torch.nn.Module):
             missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
             raise ValueError(f"the checkpoint's trainable weights differ from this run's (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}); resume with the same LoRA and trainable-model flags")
+        reshaped = [name for name, value in state.items() if value.shape != own[name].shape]
+        if reshaped:
+            name = reshaped[0]
+            raise ValueError(f"the checkpoint's {name} has shape {tuple(state[name].shape)}, this run's "
+                             f"{tuple(own[name].shape)} ({len(reshaped)} weights differ); resume with the "
+                             "--lora_rank (and --trainable_models) the checkpoint was trained with")
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)

@@ -1,10 +1,14 @@
-"""Training-state checkpoints: exact round trip of weights, optimizer and schedule; latest; clear errors."""
+"""Training-state checkpoints: exact round trip, latest and its fallback, pruning by run, recorded flags."""
+
+import argparse
+import json
+import logging
 
 import pytest
 import torch
 
-from diffsynth.diffusion.checkpoint import (latest_checkpoint, load_training_state, resolve_checkpoint,
-                                            save_training_state)
+from diffsynth.diffusion.checkpoint import (CheckpointError, flag_mismatches, load_training_state, resolve_checkpoint,
+                                            save_training_state, training_flags)
 
 
 def trained_optimizer():
@@ -19,14 +23,24 @@ def trained_optimizer():
     return model, optimizer, scheduler
 
 
+def progress(step, run_id="run-a"):
+    return {"global_step": step, "micro_step": step, "epoch": 0, "batch_in_epoch": step, "seed": 1, "run_id": run_id}
+
+
+def save(folder, step, run_id="run-a", keep_last=None):
+    model, optimizer, scheduler = trained_optimizer()
+    return save_training_state(folder, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
+                               progress(step, run_id), keep_last=keep_last)
+
+
 def test_round_trip_restores_every_state_exactly(tmp_path):
     model, optimizer, scheduler = trained_optimizer()
-    progress = {"global_step": 3, "micro_step": 6, "epoch": 1, "batch_in_epoch": 2, "seed": 11}
+    state = {**progress(3), "micro_step": 6, "epoch": 1, "batch_in_epoch": 2, "seed": 11}
     folder = save_training_state(tmp_path, dict(model.state_dict()), optimizer.state_dict(), scheduler.state_dict(),
-                                 progress)
+                                 state)
     assert folder == tmp_path / "checkpoints" / "step-3"
     weights, optimizer_state, scheduler_state, loaded_progress = load_training_state(folder)
-    assert loaded_progress == progress
+    assert loaded_progress == state
     assert all(torch.equal(weights[name], value) for name, value in model.state_dict().items())
     fresh_model, fresh_optimizer, fresh_scheduler = trained_optimizer()
     fresh_optimizer.load_state_dict(optimizer_state)
@@ -40,13 +54,10 @@ def test_round_trip_restores_every_state_exactly(tmp_path):
 
 
 def test_latest_picks_the_highest_complete_step(tmp_path):
-    model, optimizer, scheduler = trained_optimizer()
     for step in (2, 10, 9):
-        save_training_state(tmp_path, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
-                            {"global_step": step})
+        save(tmp_path, step)
     (tmp_path / "checkpoints" / "step-11").mkdir()  # an incomplete folder (no progress.json) is ignored
     (tmp_path / "checkpoints" / ".step-12.tmp").mkdir()
-    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-10"
     assert resolve_checkpoint("latest", tmp_path) == tmp_path / "checkpoints" / "step-10"
     assert not list((tmp_path / "checkpoints").glob(".step-*.tmp/*"))
 
@@ -58,9 +69,62 @@ def test_a_missing_checkpoint_names_the_flag(tmp_path):
         resolve_checkpoint(str(tmp_path / "nope"), tmp_path)
 
 
-def test_only_the_newest_checkpoints_are_kept(tmp_path):
-    model, optimizer, scheduler = trained_optimizer()
+def truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_latest_falls_back_past_unreadable_checkpoints_and_says_which(tmp_path, caplog):
+    for step in (2, 9, 10):
+        save(tmp_path, step)
+    truncate(tmp_path / "checkpoints" / "step-10" / "trainable.safetensors")
+    (tmp_path / "checkpoints" / "step-9" / "progress.json").write_text('{"global_step": 9,')
+    with caplog.at_level(logging.WARNING):
+        chosen = resolve_checkpoint("latest", tmp_path)
+    assert chosen == tmp_path / "checkpoints" / "step-2"
+    warning = caplog.text
+    assert "step-10 (trainable.safetensors" in warning and "step-9 (progress.json" in warning
+    assert f"resuming from {chosen}" in warning
+
+
+def test_an_unreadable_checkpoint_is_named_not_a_raw_header_error(tmp_path):
+    folder = save(tmp_path, 4)
+    truncate(folder / "state.safetensors")
+    with pytest.raises(CheckpointError, match=f"--resume_from_checkpoint {folder}: the checkpoint is unreadable "
+                                              r"\(.*state.safetensors"):
+        resolve_checkpoint(str(folder), tmp_path)
+    with pytest.raises(CheckpointError, match=f"cannot read the checkpoint {folder}"):
+        load_training_state(folder)
+    with pytest.raises(CheckpointError, match="no checkpoint under .* is readable"):
+        resolve_checkpoint("latest", tmp_path)
+
+
+def test_only_this_runs_newest_checkpoints_are_kept(tmp_path):
+    save(tmp_path, 100, run_id="old")
+    save(tmp_path, 200, run_id="old")
     for step in (1, 2, 3):
-        save_training_state(tmp_path, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
-                            {"global_step": step}, keep_last=2)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
+        save(tmp_path, step, run_id="new", keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-100", "step-2", "step-200",
+                                                                           "step-3"]
+
+
+def flags(**changes):
+    values = {"lora_base_model": "dit", "lora_target_modules": "q,to_k", "lora_rank": 4, "lora_alpha": None,
+              "trainable_models": None}
+    return argparse.Namespace(**{**values, **changes})
+
+
+def test_flags_that_change_the_trainable_weights_are_named_with_both_values(tmp_path):
+    aliases = {"q": "to_q"}
+    recorded = json.loads(json.dumps(training_flags(flags(), aliases)))  # as read back from progress.json
+    # Same targets in another order or spelling, alpha left at the rank: nothing to report.
+    assert flag_mismatches(tmp_path, recorded, training_flags(flags(lora_target_modules="to_k,to_q",
+                                                                    lora_alpha=4), aliases)) == []
+    problems = flag_mismatches(tmp_path, recorded, training_flags(flags(lora_rank=8, lora_target_modules="to_q"),
+                                                                  aliases))
+    assert len(problems) == 3  # rank, targets, and the alpha that follows the rank
+    assert problems[0].startswith(f"--lora_target_modules to_q: the checkpoint {tmp_path} was trained with "
+                                  "--lora_target_modules to_k,to_q; resume with --lora_target_modules to_k,to_q")
+    assert "--lora_rank 8: the checkpoint" in problems[1] and "resume with --lora_rank 4" in problems[1]
+    assert "--lora_alpha 8: the checkpoint" in problems[2] and "unset --lora_alpha equals --lora_rank" in problems[2]
+    assert flag_mismatches(tmp_path, None, training_flags(flags(lora_rank=8), aliases)) == []

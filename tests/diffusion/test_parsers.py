@@ -18,7 +18,7 @@ REFERENCE_DEFAULTS = {
     "offload_models": None, "initialize_model_on_cpu": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
     "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1,
-    "output_path": "./models", "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
+    "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
     "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
     "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False,
     "enable_model_cpu_offload": False, "enable_optimizer_cpu_offload": False, "cpu_offload_split_threshold": None,
@@ -30,8 +30,10 @@ EXTRA_DEFAULTS = {
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
     "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0, "fp8_models": None,
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
-    "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None,
+    "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
 }  # fmt: skip
+# Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
+DEPARTURES = {"output_path": "./output"}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
 STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
@@ -39,9 +41,9 @@ STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "
 
 def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
-    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS}
+    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES}
     video = build_parser(video=True).parse_args([])
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, "num_frames": 81, "allow_shorter_videos": False}
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, "num_frames": 81, "allow_shorter_videos": False}
 
 
 def test_a_valid_command_parses_with_its_types():
@@ -154,6 +156,16 @@ def test_output_path_that_is_a_file(tmp_path, capsys):
     assert parse_args(VALID + ["--output_path", str(tmp_path / "new")]).output_path == str(tmp_path / "new")
 
 
+def test_overwrite_output_cannot_remove_the_checkpoint_a_resume_reads(tmp_path):
+    output = ["--output_path", str(tmp_path / "out"), "--overwrite_output"]
+    for checkpoint in ("latest", str(tmp_path / "out" / "checkpoints" / "step-4")):
+        with pytest.raises(FlagError, match=f"--resume_from_checkpoint {checkpoint} would resume from; drop"):
+            validate_args(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", checkpoint]))
+    # A checkpoint from another folder may start a cleaned one.
+    elsewhere = str(tmp_path / "other" / "checkpoints" / "step-4")
+    assert validate_args(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", elsewhere]))
+
+
 def test_num_frames_must_be_4k_plus_1(capsys):
     assert parse_args(VALID + ["--num_frames", "49"], video=True).num_frames == 49
     with pytest.raises(SystemExit):
@@ -187,7 +199,7 @@ def test_flag_table_lists_every_flag_under_its_group():
     table = flag_table(parser)
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
-    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + 2  # plus --num_frames, --allow_shorter_videos
+    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + 2  # plus --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
