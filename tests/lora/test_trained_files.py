@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
-from diffsynth.diffusion.checkpoint import latest_checkpoint
+from diffsynth.diffusion.checkpoint import resolve_checkpoint
 from diffsynth.diffusion.trainer import main
 from diffsynth.lora import LAYOUTS, inspect_lora, load_lora, lora_layer_names, naming_for, read_file, read_lora
 from diffsynth.lora.__main__ import main as lora_cli
@@ -67,7 +67,7 @@ def diffusers_pipeline(kind, tiny_root):
 
 def trained_deltas(output, alpha):
     """``(alpha / rank) * B @ A`` by hand, from the training state (peft's own, unfolded factors)."""
-    state = load_file(str(latest_checkpoint(output) / "trainable.safetensors"))
+    state = load_file(str(resolve_checkpoint("latest", output) / "trainable.safetensors"))
     deltas = {}
     for key, down in state.items():
         if ".lora_A." in key:
