@@ -2,11 +2,11 @@
 
 LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.formats`: keys
 ``diffusion_model.<layer name of the original release>.lora_A.weight`` / ``.lora_B.weight`` with the scale
-``alpha / rank`` folded into ``lora_B``, which diffusers, ComfyUI, DiffSynth-Studio and musubi-tuner all load fully at
-strength 1.0. The first save of a run checks that on the model's skeleton (``python -m diffsynth.lora inspect`` does
-the same by hand): a file a required tool would not load fully stops the run, except that where only diffusers cannot
-take it (its Wan converter skips some layers) a diffusers-layout twin ``<name>.diffusers.safetensors`` is written next
-to every file. Every file is written atomically, and only by the main process.
+``alpha / rank`` folded into ``lora_B``, which diffusers, ComfyUI and DiffSynth-Studio all load fully at strength 1.0
+(musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
+model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
+fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
+diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. Every file is written atomically, and only by the main process.
 """
 
 from __future__ import annotations
@@ -248,8 +248,9 @@ class ModelLogger:
     def _needs_diffusers_twin(self, path: Path) -> bool:
         """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
         failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
-        users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio, musubi-tuner" + ("" if failing else ", diffusers")
-        logger.info("LoRA files %s/<name>.safetensors are for %s, at strength 1.0", self.output_path, users)
+        users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
+        logger.info("LoRA files %s/<name>.safetensors are for %s, at strength 1.0 (musubi-tuner: python -m "
+                    "diffsynth.lora convert <file> <file>.musubi.safetensors --to kohya)", self.output_path, users)
         if failing:
             logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
                         "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)

@@ -77,6 +77,9 @@ class Inspection:
             lines.append(f"{result.tool:<18}{mapped:<16}{strength}")
             if result.unloaded and result.mapped < result.total:
                 lines.append(f"{'':<18}unused keys, e.g. {result.unloaded[:3]}")
+        if not self.result("musubi-tuner").ok:
+            lines.append(f"\nmusubi-tuner reads its own layout only: python -m diffsynth.lora convert {self.path} "
+                         f"{self.path.with_suffix('')}.musubi.safetensors --to kohya")
         return "\n".join(lines)
 
 

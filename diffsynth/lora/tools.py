@@ -10,11 +10,13 @@ keys and the model's layer names; none needs the tool installed except diffusers
   scale ``<key>.alpha`` / rank, else 1.
 * DiffSynth-Studio (``GeneralLoRALoader``): every ``lora_B``/``lora_up`` key, adapter name and one leading
   ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1.
-* musubi-tuner: a file whose first key starts with ``diffusion_model.`` or ``transformer.`` is converted to
-  ``lora_unet_<name with _>`` with alpha = rank where none is given (``convert_lora.convert_from_diffusers``), then
-  matched to its modules (native names).
+* musubi-tuner (its Wan and Qwen-Image generate scripts and network merge): only ``lora_unet_<native with _>`` keys
+  with ``lora_down``/``lora_up`` and ``.alpha`` are read; any other file must first go through its
+  ``convert_lora.py --target default`` (or ``python -m diffsynth.lora convert ... --to kohya``).
 
-The strength a tool applies is measured, not assumed: each layer's delta as the tool builds it is compared with the
+These emulations were checked once against the tools' real code on tiny models (ComfyUI a125cd84, DiffSynth-Studio
+fed7b18f, musubi-tuner 30c658c4; see the session notes of December 2026). The strength a tool applies is measured,
+not assumed: each layer's delta as the tool builds it is compared with the
 delta this project reads, on a random probe vector.
 """
 
@@ -231,24 +233,6 @@ def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[s
 
 
 def _musubi(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    first = next(iter(tensors), "")
-    if first.startswith(("diffusion_model.", "transformer.")):
-        converted, ranks = {}, {}
-        for key, tensor in tensors.items():
-            head, _, body = key.partition(".")
-            if head not in ("diffusion_model", "transformer"):
-                continue
-            new_key = ("lora_unet_" + body).replace(".", "_")
-            new_key = new_key.replace("_lora_A_", ".lora_down.").replace("_lora_B_", ".lora_up.")
-            new_key = new_key.replace("_lora_down_", ".lora_down.").replace("_lora_up_", ".lora_up.")
-            if new_key.endswith("_alpha"):
-                new_key = new_key.removesuffix("_alpha") + ".alpha"
-            converted[new_key] = tensor
-            if "lora_down" in new_key:
-                ranks.setdefault(new_key.split(".")[0], tensor.shape[0])
-        for stem, rank in ranks.items():
-            converted.setdefault(f"{stem}.alpha", torch.tensor(rank))
-        tensors = converted
     applied, used = {}, set()
     for native, name in model.native_names().items():
         stem = "lora_unet_" + native.replace(".", "_")

@@ -3,7 +3,9 @@
 The measurements (issue 15, on this project's first file format, rank 8): diffusers loaded every file, at strength
 1.0 except after the old ``convert_wan_lora.py`` (0.5); ComfyUI took the Qwen-Image file at 2.0 (alpha 4 ignored), none
 of the Wan file's 40 keys, and the converted Wan file at 0.5; DiffSynth-Studio fused nothing of either file and the
-converted one at 0.5.
+converted one at 0.5. Later measured with the tools' real code on today's files: musubi-tuner's Wan and Qwen-Image
+loaders read none of a ``diffusion_model.`` file and all of its kohya conversion; DiffSynth-Studio none of a kohya
+file.
 """
 
 import copy
@@ -85,6 +87,20 @@ def test_the_emulations_reproduce_what_the_tools_did_with_the_first_file_format(
     found = strengths(inspect_lora(converted, wan_base))
     assert found["diffusers"] == found["ComfyUI"] == found["DiffSynth-Studio"] == (20, 20, 0.5)
     assert found["diffsynth"] == (20, 20, 1.0)  # this project reads the plain lora_alpha entry
+    assert found["musubi-tuner"][0] == 0
+
+
+def test_musubi_tuner_and_diffsynth_studio_read_complementary_layouts(models, tmp_path):
+    wan_base, wan = models["wan"]
+    weights = from_peft_state_dict({k: v for k, v in wan.named_parameters() if ".lora_" in k}, 16)
+    for layout, readers, blind in (("universal", ("ComfyUI", "DiffSynth-Studio"), "musubi-tuner"),
+                                   ("kohya", ("ComfyUI", "musubi-tuner"), "DiffSynth-Studio")):
+        tensors, metadata = to_state_dict(weights, layout, WAN_NAMING)
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp_path / f"{layout}.safetensors"),
+                  metadata=metadata)
+        found = strengths(inspect_lora(tmp_path / f"{layout}.safetensors", wan_base))
+        assert all(found[tool] == (20, 20, 1.0) for tool in readers), found
+        assert found[blind][0] == 0
 
 
 def test_the_diffusers_emulation_agrees_with_diffusers_itself(models, tiny_root, tmp_path):

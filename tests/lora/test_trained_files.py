@@ -96,9 +96,11 @@ def test_the_trained_file_loads_into_diffusers_at_the_trained_strength(trained, 
 def test_every_tool_maps_every_layer_at_strength_one(trained, kind):
     inspection = inspect_lora(trained[kind][0] / "epoch-0.safetensors")
     assert inspection.model_source == "the file's metadata"
-    for result in inspection.results:
-        assert result.ok, (result, inspection.format())
+    assert not inspection.failing(), inspection.format()  # diffsynth, diffusers, ComfyUI, DiffSynth-Studio
     assert not list(trained[kind][0].glob("*.diffusers.safetensors"))  # the universal file serves diffusers too
+    # musubi-tuner reads only its own layout: the report says so and gives the command.
+    assert inspection.result("musubi-tuner").mapped == 0
+    assert "--to kohya" in inspection.format()
 
 
 @pytest.mark.parametrize("kind", ["qwen", "wan"])
@@ -117,7 +119,9 @@ def test_every_layout_round_trips_to_the_same_deltas(trained, tmp_path, kind):
         # A layout read back converts again to the same thing: nothing is scaled twice on the way.
         again = tmp_path / f"{layout}-again.safetensors"
         assert lora_cli(["convert", str(converted), str(again), "--to", "universal"]) == 0
-        assert all(inspection.ok for inspection in inspect_lora(again).results), inspect_lora(again).format()
+        assert not inspect_lora(again).failing(), inspect_lora(again).format()
+        if layout == "kohya":
+            assert inspect_lora(converted).result("musubi-tuner").ok
 
 
 def test_merging_the_file_adds_the_trained_deltas(trained, tiny_root):
