@@ -3,7 +3,10 @@ stage 2 on an incomplete cache, and undecodable files found at start-up or on fi
 and 5)."""
 
 import csv
-import shutil
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from diffsynth.diffusion import trainer
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from tests.conftest import reset_accelerate_state
-from tests.diffusion.test_trainer import COMMON, PATTERN, raw, stage_two_argv
+from tests.diffusion.test_trainer import COMMON, PATTERN, REPO, raw, stage_two_argv
 
 
 @pytest.fixture(autouse=True)
@@ -219,4 +222,46 @@ def test_two_stage_training_still_gives_the_one_stage_lora_from_a_resumed_cache(
     second = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
     assert first.keys() == second.keys()
     assert max((first[key] - second[key]).abs().max().item() for key in first) < 1e-6
-    shutil.rmtree(cache)
+
+
+def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dataset, tmp_path, tiny_root):
+    """Stage 1 with the bad row found at start-up by one process and shared; training with it found on first touch
+    by the process that reads it, every process keeping its step count."""
+    make_damaged(dataset)
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys, torch\n"
+        "from diffsynth.diffusion import trainer\n"
+        "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
+        "from tests.conftest import reset_accelerate_state\n"
+        "cache, output, flags = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+        "staged = trainer.main(QwenImagePipeline, [*flags, '--output_path', cache, '--task', 'sft:data_process'])\n"
+        "reset_accelerate_state()\n"
+        "trainer.STARTUP_DECODE_PIXELS = 0  # files are decoded when first read\n"
+        "trained = trainer.main(QwenImagePipeline, [*flags, '--output_path', output])\n"
+        "rank = torch.distributed.get_rank()\n"
+        "total = sum(float(w.double().sum()) for w in trained['module'].trainable_state_dict().values())\n"
+        "print('RESULT', json.dumps({'rank': rank, 'cached': staged['cached'], 'steps': trained['global_step'],\n"
+        "      'skipped': trained['skipped_samples'], 'sum': total}))\n"
+    )
+    cache, output = tmp_path / "cache", tmp_path / "out"
+    flags = [*raw(dataset), *COMMON, "--on_bad_sample", "skip"]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(cache),
+               str(output), *flags]
+    # The launched processes import this checkout (and its tests package), as this process does.
+    env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
+                      if line.startswith("RESULT ")), key=lambda result: result["rank"])
+    assert [result["cached"] for result in results] == [1, 2]  # rank 0: row 1 (row 3 skipped); rank 1: rows 2, 4
+    assert "stage 1: 0 cached, 3 new, 1 skipped (undecodable)" in done.stdout
+    assert sorted(read_cache_manifest(cache)["skipped"]) == [2]
+    assert sorted((path.parent.name, path.stem) for path in list_cache_files(cache)) == [("0", "0"), ("1", "1"),
+                                                                                         ("1", "3")]
+    # Four rows over two processes: two steps each, the bad row replaced where it fell, weights identical.
+    assert [(result["steps"], result["skipped"]) for result in results] == [(2, 1), (2, 1)]
+    assert results[0]["sum"] == results[1]["sum"]
+    assert "epoch 0: 1 sample(s) skipped" in done.stderr

@@ -9,8 +9,9 @@ Typical use::
 
 Stage 1 of split training writes each sample's state with ``save_cache_sample`` to ``cache_file_path(...)``,
 with the sample's fingerprint (``fingerprint``); a rerun settles the folder first (``cache_sync``). Stage 2 reads the
-samples back through ``CacheDataset``, which refuses an incomplete cache. Undecodable files: ``bad_samples``. The example-dataset builder lives in
-``diffsynth.core.data.example_dataset`` (imported on demand, so ``python -m`` can run it without a warning).
+samples back through ``CacheDataset``, which refuses an incomplete cache. Undecodable files: ``bad_samples``. The
+example-dataset builder lives in ``diffsynth.core.data.example_dataset`` (imported on demand, so ``python -m`` can run
+it without a warning).
 """
 
 from .bad_samples import ON_BAD_SAMPLE_CHOICES, BadSample, BadSampleError

@@ -8,7 +8,11 @@ Every other column passes through unchanged (CSV cells are strings).
 Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
 columns and cells, and the header of every data file (for a video, also its frame count against ``--num_frames``). A
 typo in row 9,000 therefore fails in seconds, not after an hour of training; decoding waits for ``__getitem__`` so
-that construction stays cheap in every dataloader worker.
+that construction stays cheap in every dataloader worker. Construction also adds up the pixels a full decode would
+produce: the trainer decodes every file at start-up (``find_bad_rows``) when that is affordable, and a file that fails
+to decode there or later is handled as ``--on_bad_sample`` says (``bad_samples``).
+
+For stage 1, ``fingerprint`` says what a row's cached sample is computed from (``fingerprint``).
 """
 
 from __future__ import annotations
@@ -321,7 +325,8 @@ class UnifiedDataset(Dataset):
         for key in self.data_file_keys:
             if key in sample:
                 value = sample[key]
-                loaded = [self._load(row, relative, key) for relative in (value if isinstance(value, list) else [value])]
+                paths = value if isinstance(value, list) else [value]
+                loaded = [self._load(row, relative, key) for relative in paths]
                 sample[key] = loaded if isinstance(value, list) else loaded[0]
         return sample
 

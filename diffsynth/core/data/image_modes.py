@@ -4,10 +4,11 @@ Pillow's ``convert("RGB")`` is right for most modes but wrong for two kinds of f
 
 - **Deep images** (16-bit greyscale PNG and TIFF: ``I;16``, ``I;16B``, ``I;16L``, ``I;16N``; 32-bit integer TIFF:
   ``I``; float TIFF: ``F``). ``convert`` clips their values to 0..255, so a 16-bit picture turns almost all white.
-  Here each value is scaled by the range of its format (65535 for 16-bit, ``2**bits - 1`` for integer TIFFs by their
-  ``BitsPerSample``, 1.0 for float) to 0..255 and rounded. The format's range, not the image's own minimum and
-  maximum: a dark photograph must stay dark, a flat image must stay flat, and every image of a dataset must be scaled
-  alike, none of which holds when each image is stretched to its own extremes.
+  Here each value is scaled by the range of its format to 0..255 and rounded: 65535 for 16-bit, 1.0 for float, and
+  for ``I`` the ``BitsPerSample`` and ``SampleFormat`` of its TIFF tags (``2**bits - 1``, or ``2**(bits - 1) - 1``
+  when signed, negatives showing black; Pillow's signed 32-bit range without tags). The format's range, not the
+  image's own minimum and maximum: a dark photograph must stay dark, a flat image must stay flat, and every image of
+  a dataset must be scaled alike, none of which holds when each image is stretched to its own extremes.
 - **Transparent images** (``LA``, ``La``, ``PA``, ``RGBA``, ``RGBa``, and ``1``/``L``/``P``/``RGB``/``I;16`` with a
   transparent colour in ``info["transparency"]``). ``convert`` drops the alpha channel and shows whatever colour the
   invisible pixels happen to hold, often black or noise. Here they are composited on ``TRANSPARENCY_BACKGROUND``,
@@ -71,7 +72,9 @@ def upright_rgb(image: Image.Image, source: str | os.PathLike) -> Image.Image:
     image = ImageOps.exif_transpose(image)
     transparent = image.info.get("transparency")
     if top is not None:
-        grey = Image.fromarray(np.rint(np.clip(np.asarray(image) / top, 0.0, 1.0) * 255.0).astype(np.uint8), "L")
+        # float32 holds 16- and 32-bit values to far better than an 8-bit level, at half the memory of float64.
+        scaled = np.clip(np.asarray(image, dtype=np.float32) / np.float32(top), 0.0, 1.0) * 255.0
+        grey = Image.fromarray(np.rint(scaled).astype(np.uint8), "L")
         if transparent is None or image.mode == "F":
             return grey.convert("RGB")
         # A 16-bit file's transparent colour is a 16-bit value; match it before scaling merges neighbours.

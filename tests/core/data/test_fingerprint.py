@@ -44,7 +44,8 @@ def test_an_edit_changes_exactly_its_part(tmp_path, edit, part):
     edit(tmp_path)
     after = make_dataset(tmp_path).fingerprint(0, MODELS, previous=before)
     assert after.changed_parts(before) == [part]
-    assert make_dataset(tmp_path).fingerprint(1, MODELS).changed_parts(make_dataset(tmp_path).fingerprint(1, MODELS)) == []
+    other_row = make_dataset(tmp_path).fingerprint(1, MODELS)
+    assert other_row.changed_parts(make_dataset(tmp_path).fingerprint(1, MODELS)) == []
 
 
 def test_settings_and_models_are_parts_too(tmp_path):
