@@ -305,12 +305,19 @@ class DiffusionTrainingModule(torch.nn.Module):
 
 
 def _plain_config(model: Any) -> dict[str, Any] | None:
-    """A model's config as a dict, without private keys, library versions or the folder it came from."""
+    """A model's config as a dict, without private keys (``_name_or_path``: the folder it came from, at any depth) or
+    library versions, which say nothing about what the model computes."""
     config = getattr(model, "config", None)
     if config is None:
         return None
-    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return {key: value for key, value in values.items() if not key.startswith("_") and not key.endswith("_version")}
+    return _public_entries(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+
+
+def _public_entries(values: Any) -> Any:
+    if not isinstance(values, Mapping):
+        return values
+    return {key: _public_entries(value) for key, value in values.items()
+            if not str(key).startswith("_") and not str(key).endswith("_version")}
 
 
 def _preprocessor_identity(component: Any) -> str | None:

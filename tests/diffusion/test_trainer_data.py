@@ -109,6 +109,15 @@ def test_a_changed_max_pixels_recomputes_every_sample(dataset, tmp_path, capsys)
     assert all(after >= 3 * size for after, size in zip(latent_sizes(), before, strict=True))
 
 
+def test_another_stage_one_dtype_recomputes_every_sample(dataset, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    stage_one(dataset, cache)
+    capsys.readouterr()
+    assert stage_one(dataset, cache, "--torch_dtype", "bfloat16")["cached"] == 4
+    assert "0 cached, 4 changed (models), 0 new" in capsys.readouterr().out
+    assert load_cache_sample(list_cache_files(cache)[0])["posi"]["prompt_emb"].dtype == torch.bfloat16
+
+
 def test_stage_two_refuses_an_incomplete_cache_unless_partial_is_allowed(dataset, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     stage_one(dataset, cache)
