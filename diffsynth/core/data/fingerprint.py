@@ -8,8 +8,9 @@ A sample's fingerprint has four parts, each stored as a SHA-256 digest of canoni
   columns); other columns do not count, so adding a notes column recomputes nothing;
 - ``settings``: the dataset settings that shape the decoded sample (``--height``, ``--width``, ``--max_pixels``,
   ``--num_frames``, ``--allow_shorter_videos``, ``--data_file_keys``) and the decoding rules' version;
-- ``models``: the models stage 1 computes with, their configs, dtypes and a digest of their weights, and the
-  pre-processors (tokenizer, image processor) they use.
+- ``models``: what stage 1 computes with (``DiffusionTrainingModule.stage_one_identity``): the pipeline and its
+  ``--torch_dtype``, the stage-1 units, each of their models (class, config, a digest of the weights that also sees
+  their dtypes and fp8 storage) and the pre-processors (tokenizer, image processor).
 
 Two fingerprints are equal when all four digests are; ``changed_parts`` names the parts that differ, for the report.
 
@@ -19,13 +20,14 @@ unchanged (as git, rsync and make trust them), and hashes only files whose size 
 copied with the same content therefore keeps its fingerprint, while any edit that changes size or mtime is found
 whatever bytes it changed. Only an edit that keeps both the size and the nanosecond mtime goes unseen.
 
-Measured here (AMD EPYC, SHA-NI): SHA-256 hashes 1.87 GB/s; per 2 MB file in the page cache, a stat takes 2 us, the
-first 64 KiB 53 us, the whole file 1.16 ms. For 100,000 images of 2 MB (200 GB) that is 0.2 s of stats, 5 s for
-64 KiB heads, and 116 s (CPU-bound; I/O-bound on slower disks: about 17 min at 200 MB/s) for whole files. Whole-file
-hashing is paid once per new or moved file, while stage 1 decodes the same file anyway (a 1-megapixel PNG: 12 ms,
-ten times the hash), so a first run spends under 10% more on reading and a rerun over an unchanged dataset only the
-stats. A hash of the first bytes would save that 10% but miss any edit past them, which is exactly what a content
-hash is there to see.
+Measured here (AMD EPYC with SHA extensions, one core): SHA-256 hashes 1.87 GB/s; per 2 MB file in the page cache, a
+stat takes 2 us, hashing the first 64 KiB 53 us, hashing the whole file 1.16 ms. For 100,000 images of 2 MB (200 GB)
+that is 0.2 s of stats, 5 s for 64 KiB heads and 116 s for whole files (CPU-bound; from a disk slower than 1.9 GB/s
+the read dominates, e.g. 17 min at 200 MB/s), spread over the stage-1 processes. Whole-file hashing is paid once per
+new or moved file, and stage 1 decodes that file anyway: a 1-megapixel image decodes in 12 ms as PNG (2.4 MB, hashed
+in 1.2 ms), 3.9 ms as JPEG (0.36 MB, 0.18 ms), so the hash adds 5-10% to the decoding of a first run, next to model
+compute that costs far more. A rerun over an unchanged dataset costs only the stats. Hashing the first bytes would
+save those 5-10% but miss every edit past them, which is what a content hash is there to see.
 """
 
 from __future__ import annotations
