@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.data.cache import CACHE_INFO_FILE, CACHE_MANIFEST_FILE
 from ..core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ..core.loader import model_base_path
 from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
@@ -49,7 +50,8 @@ TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 # A stage-1 cache: its info file and <process index>/<sample index>.safetensors.
 STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": (r"cache_info\.json", r"\.cache_info\.json\..+\.tmp"),
+    "": tuple(pattern for name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE)
+               for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")),
     r"\d+": (r"\d+\.safetensors", r"\.\d+\.safetensors\..+\.tmp"),
 }
 

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
+
 logger = logging.getLogger(__name__)
 
 TASKS = ("sft", "sft:data_process", "sft:train", "direct_distill", "direct_distill:data_process",
@@ -75,6 +77,13 @@ def add_dataset_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                        help="DataLoader worker processes; 0 reads in the training process.")
     group.add_argument("--data_file_keys", type=str, default="image,video",
                        help="Comma list of metadata columns that hold file paths to load.")
+    group.add_argument("--on_bad_sample", type=str, default="stop", choices=ON_BAD_SAMPLE_CHOICES,
+                       help="A sample whose file fails to decode (checked at start-up for datasets up to a "
+                            "gigapixel, else when first read): stop names its row and file and ends the run; skip "
+                            "warns, counts it and trains (or caches) without it.")
+    group.add_argument("--allow_partial_cache", action="store_true",
+                       help="For a *:train task: train on the samples a stage-1 cache holds even when some are "
+                            "missing (an interrupted stage 1), instead of refusing.")
     return parser
 
 
@@ -379,6 +388,12 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     if stage != "train" and not args.dataset_metadata_path:
         problems.append(f"--task {args.task} reads a dataset, but --dataset_metadata_path is unset; pass the "
                         f"metadata .csv / .json / .jsonl (columns such as image,prompt)")
+    if stage != "train" and args.allow_partial_cache:
+        problems.append(f"--allow_partial_cache applies to the stage-1 cache that --task {family}:train reads; drop "
+                        f"it from --task {args.task}")
+    if stage == "train" and args.on_bad_sample != "stop":
+        problems.append(f"--on_bad_sample {args.on_bad_sample} has no effect on --task {args.task}, which reads the "
+                        f"stage-1 cache; pass it to the {family}:data_process run, or drop it")
     if stage == "data_process" and args.enable_optimizer_cpu_offload:
         logger.warning("--enable_optimizer_cpu_offload is ignored by --task %s: stage 1 trains nothing, so there is "
                        "no optimizer to offload", args.task)

@@ -23,7 +23,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from tqdm.auto import tqdm
 
-from ..core.data.cache import cache_file_path, is_cached, save_cache_sample, write_cache_info
+from ..core.data import UnifiedDataset
+from ..core.data.bad_samples import pop_skipped
+from ..core.data.cache import cache_file_path, save_cache_sample, write_cache_info, write_cache_manifest
+from ..core.data.cache_sync import summarise, sync_stage_one_cache
+from ..core.data.fingerprint import digest
 from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
 from .checkpoint import save_training_state, training_flags
@@ -107,37 +111,82 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, args: ar
     return managers, []
 
 
-def launch_data_process_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
-                             args: argparse.Namespace) -> int:
+def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule,
+                             args: argparse.Namespace, command: str | None = None) -> int:
     """Stage 1: runs the stage's units on every sample and writes one cache file per sample.
 
-    Processes take every ``num_processes``-th sample. Files already complete are skipped, so rerunning an
-    interrupted stage 1 resumes it.
+    Processes take every ``num_processes``-th sample. A rerun keeps each file whose fingerprint still matches its
+    sample, recomputes the others and removes the files of samples that are gone (``cache_sync``); it reports what it
+    did on the main process. Samples whose files fail to decode are skipped or stop the run (``--on_bad_sample``).
+
+    Args:
+        accelerator: The run's ``accelerate.Accelerator``.
+        dataset: The metadata dataset, built with ``keep_row_indices`` (sample ``i`` is row ``i``).
+        module: The stage-1 training module.
+        args: The parsed flags.
+        command: The command line that reruns this stage, recorded for stage 2's message about a partial cache.
 
     Returns:
-        The number of samples this process computed (not counting those it skipped).
+        The number of samples this process computed (not counting those it kept or skipped).
     """
-    place_models(module, accelerator.device, args)  # stage 1 never runs the denoiser, so nothing is swapped
+    from accelerate.utils import gather_object
+
     info = module.cache_info()
+    models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
+    place_models(module, accelerator.device, args)  # stage 1 never runs the denoiser, so nothing is swapped
     if accelerator.is_main_process:
         write_cache_info(args.output_path, info)
     accelerator.wait_for_everyone()
-    mine = range(accelerator.process_index, len(dataset), accelerator.num_processes)
-    todo = [index for index in mine if not is_cached(cache_file_path(args.output_path, accelerator.process_index,
-                                                                     index))]
-    if len(todo) < len(mine):
-        logger.info("process %d: %d of %d samples already cached; computing the other %d",
-                    accelerator.process_index, len(mine) - len(todo), len(mine), len(todo))
-    loader = DataLoader(Subset(dataset, todo), batch_size=1, collate_fn=_first, num_workers=args.dataset_num_workers)
-    bar = tqdm(zip(todo, loader), total=len(todo), desc="caching", disable=not accelerator.is_local_main_process)
-    for index, sample in bar:
-        state = module.process_sample(sample)
-        save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info)
+    num_samples = len(dataset.rows)
+    sync = sync_stage_one_cache(args.output_path, accelerator.process_index, accelerator.num_processes, num_samples,
+                                lambda index, stored: dataset.fingerprint(index, models, stored),
+                                skipped=dataset.excluded)
     accelerator.wait_for_everyone()
+    skipped = {index: bad.describe() for index, bad in dataset.excluded.items()}
     if accelerator.is_main_process:
-        print(f"stage-1 cache written to {args.output_path}; train from it with --task "
-              f"{args.task.split(':')[0]}:train --dataset_base_path {args.output_path}")
-    return len(todo)
+        # Written once every stale file is gone: from here on the folder holds only samples of this dataset.
+        write_cache_manifest(args.output_path, num_samples, skipped, command)
+    loader = DataLoader(Subset(dataset, sync.todo), batch_size=1, collate_fn=_first,
+                        num_workers=args.dataset_num_workers)
+    bar = tqdm(zip(sync.todo, loader), total=len(sync.todo), desc="caching",
+               disable=not accelerator.is_local_main_process)
+    skipped_here = []
+    for index, sample in bar:
+        bad = pop_skipped(sample)
+        if bad:
+            logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
+            skipped_here.extend(bad)
+            continue
+        state = module.process_sample(sample)
+        save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info,
+                          sync.fingerprints[index])
+    accelerator.wait_for_everyone()
+    counts = gather_object([sync.counts()])
+    late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
+    if accelerator.is_main_process:
+        skipped.update(late)
+        if late:
+            write_cache_manifest(args.output_path, num_samples, skipped, command)
+        print(f"stage 1: {summarise(counts, skipped=len(skipped))}. Cache in {args.output_path}; train from it with "
+              f"--task {args.task.split(':')[0]}:train --dataset_base_path {args.output_path}")
+    return len(sync.todo) - len(skipped_here)
+
+
+def _note_skipped(sample: dict[str, Any]) -> int:
+    """Warns about the samples a raw dataset skipped to produce ``sample`` and returns how many."""
+    bad = pop_skipped(sample)
+    for one in bad:
+        logger.warning("skipping sample %s (--on_bad_sample skip); the next readable row takes its place",
+                       one.describe())
+    return len(bad)
+
+
+def _report_skipped(accelerator: Any, skipped: int, epoch: int) -> int:
+    """Logs and returns this epoch's skipped samples, added up over the processes (every process must call it)."""
+    total = int(accelerator.reduce(torch.tensor(skipped, device=accelerator.device), reduction="sum").item())
+    if total and accelerator.is_main_process:
+        logger.warning("epoch %d: %d sample(s) skipped because their files failed to decode", epoch, total)
+    return total
 
 
 def _trainable_state(accelerator: Any, module: DiffusionTrainingModule):
@@ -164,8 +213,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
-        ``{"global_step", "losses"}``: the optimizer steps done and the mean loss of each (over its micro-batches
-        and the processes).
+        ``{"global_step", "losses", "skipped_samples"}``: the optimizer steps done, the mean loss of each (over its
+        micro-batches and the processes), and the samples replaced because their files failed to decode.
     """
     from diffusers.optimization import get_scheduler
 
@@ -224,6 +273,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                disable=not accelerator.is_local_main_process)
     losses: list[float] = []
     micro_losses: list[torch.Tensor] = []
+    # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's here, all processes'.
+    skipped, skipped_total = 0, 0
     step_started = time.perf_counter()
     while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
         # Data: this epoch's order, skipping the batches a resumed run already consumed.
@@ -234,6 +285,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         batches.set_epoch(progress["epoch"])
         sampler.set_epoch(progress["epoch"])
         for sample in batches:
+            skipped += _note_skipped(sample)
             # Forward and backward, accumulating over micro-batches.
             with accelerator.accumulate(trained):
                 sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
@@ -271,6 +323,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
             step_started = time.perf_counter()
             if progress["global_step"] >= total_steps:
                 break
+        skipped_total += _report_skipped(accelerator, skipped, progress["epoch"])
+        skipped = 0
         if progress["batch_in_epoch"] >= len(dataloader):
             # The epoch ran to its end: save it and move the data position to the next one.
             model_logger.on_epoch_end(progress["epoch"], _trainable_state(accelerator, module))
@@ -283,4 +337,4 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     model_logger.on_train_end(progress["global_step"], _trainable_state(accelerator, module))
     for placer in [*managers, *swaps]:
         placer.remove()
-    return {"global_step": progress["global_step"], "losses": losses}
+    return {"global_step": progress["global_step"], "losses": losses, "skipped_samples": skipped_total}

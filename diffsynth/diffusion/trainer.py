@@ -10,10 +10,13 @@ import argparse
 import logging
 import os
 import random
+import shlex
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
+from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, parse_model_configs,
                            parse_model_id_with_origin_paths, resolve_files)
 from .base_pipeline import BasePipeline
@@ -79,11 +82,12 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
     """The metadata dataset, with every referenced file checked (headers only) before any model loads.
 
     Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
-    ``--dataset_repeat``.
+    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files.
     """
     extra_inputs = split_csv(args.extra_inputs)
     repeat = args.dataset_repeat
-    if task_stage(args.task)[1] == "data_process" and repeat > 1:
+    caching = task_stage(args.task)[1] == "data_process"
+    if caching and repeat > 1:
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, args.task)
         repeat = 1
@@ -92,8 +96,42 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
-        allow_shorter_videos=getattr(args, "allow_shorter_videos", False),
+        allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
+        keep_row_indices=caching,
     )  # fmt: skip
+
+
+def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:
+    """Decodes every data file once before the models load, when the dataset is small enough (see ``bad_samples``).
+
+    Each process decodes every ``num_processes``-th row and all share what they found, so every process leaves out
+    the same rows under ``--on_bad_sample skip``.
+
+    Raises:
+        DatasetError: Some files fail to decode and ``on_bad_sample`` is ``stop``; the message names rows and files.
+    """
+    from accelerate.utils import gather_object
+
+    if dataset.decode_pixels > STARTUP_DECODE_PIXELS:
+        logger.info("the dataset decodes to %.1f gigapixels, more than the %.1f checked at start-up: each file is "
+                    "decoded (and checked) when first read", dataset.decode_pixels / 1e9, STARTUP_DECODE_PIXELS / 1e9)
+        return
+    rows = range(accelerator.process_index, len(dataset.rows), accelerator.num_processes)
+    bad = sorted(gather_object(dataset.find_bad_rows(rows)), key=lambda sample: sample.index)
+    if not bad:
+        return
+    if on_bad_sample == "stop":
+        raise bad_samples_error(bad, str(dataset.metadata_path))
+    for sample in bad:
+        logger.warning("skipping sample %s (--on_bad_sample skip)", sample.describe())
+    logger.warning("%d of %d samples skipped at start-up: their files fail to decode", len(bad), len(dataset.rows))
+    dataset.exclude(bad)
+
+
+def rerun_command(argv: Sequence[str] | None) -> str:
+    """The command line of this run, quoted for a shell, as ``accelerate launch <script> <flags>``."""
+    flags = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["accelerate", "launch", sys.argv[0], *flags])
 
 
 def check_lora_targets(args: argparse.Namespace, pipeline_class: type[BasePipeline],
@@ -158,8 +196,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     """Runs the task the flags describe with ``pipeline_class``, holding ``--output_path`` for the whole run.
 
     Returns:
-        For training: ``{"global_step", "losses", "module"}`` (the trained ``DiffusionTrainingModule``); for stage 1:
-        ``{"cached": samples computed here}``.
+        For training: ``{"global_step", "losses", "skipped_samples", "module"}`` (the trained
+        ``DiffusionTrainingModule``); for stage 1: ``{"cached": samples computed here}``.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
@@ -169,14 +207,17 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         refuse_with_deepspeed(args)
     claim = claim_output_folder(args, accelerator, pipeline_class.lora_target_aliases)
     try:
-        return run_task(pipeline_class, args, accelerator, claim)
+        return run_task(pipeline_class, args, accelerator, claim, rerun_command(argv))
     finally:
         claim.release()
 
 
 def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accelerator: Any,
-             claim: OutputClaim) -> dict:
-    """The body of :func:`main` once the output folder is this run's: data, models, then the task stage."""
+             claim: OutputClaim, command: str) -> dict:
+    """The body of :func:`main` once the output folder is this run's: data, models, then the task stage.
+
+    ``command`` is the command line that reruns this stage, recorded in a stage-1 cache for its completion message.
+    """
     _, stage = task_stage(args.task)
     args.run_id = claim.run_id  # recorded in training_args.json and in every checkpoint
     checkpoint = claim.checkpoint
@@ -187,9 +228,11 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
 
     set_seed(args.seed)
     if stage == "train":
-        dataset = CacheDataset(args.dataset_base_path, repeat=args.dataset_repeat)
+        dataset = CacheDataset(args.dataset_base_path, repeat=args.dataset_repeat,
+                               allow_partial=args.allow_partial_cache)
     else:
         dataset = build_raw_dataset(args, pipeline_class)
+        decode_at_startup(accelerator, dataset, args.on_bad_sample)
     # Models and the training module.
     pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
@@ -205,7 +248,7 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         fp8_models=fp8_model_names(args, pipe),
     )  # fmt: skip
     if stage == "data_process":
-        return {"cached": launch_data_process_task(accelerator, dataset, module, args)}
+        return {"cached": launch_data_process_task(accelerator, dataset, module, args, command=command)}
     if stage == "train":
         expected = module.cache_info()
         # Stage 1 may have left the trained model out entirely (it never runs it); then there is no config to match.
@@ -233,4 +276,6 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         model_logger.close()
     if accelerator.is_main_process:
         print(f"LoRA / weights written to {args.output_path}")
+    if isinstance(dataset, UnifiedDataset):
+        result["skipped_samples"] += len(dataset.excluded)  # those left out at start-up
     return {**result, "module": module}

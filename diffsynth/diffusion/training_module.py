@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..core.data.fingerprint import digest, weights_digest
 from ..core.gradient import gradient_checkpoint_forward
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
 from .loss import LOSSES, FlowMatchSFTLoss
@@ -256,16 +257,34 @@ class DiffusionTrainingModule(torch.nn.Module):
         """What a stage-1 cache must agree on with stage 2: pipeline, stage-2 units, keys and trained models."""
         configs = {}
         for name in self.trained_model_names:
-            model = getattr(self.pipe, name, None)
-            config = getattr(model, "config", None)
+            config = _plain_config(getattr(self.pipe, name, None))
             if config is not None:
-                configs[name] = {k: v for k, v in dict(config).items() if not k.startswith("_")}
+                configs[name] = config
         split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss.required_keys(self.pipe))
         return {
             "format": CACHE_FORMAT_VERSION, "pipeline": type(self.pipe).__name__, "task": self.family,
             "trained_models": list(self.trained_model_names), "stage_two_units": [type(u).__name__ for u in split[0]],
             "cache_keys": [list(key) for key in self.cache_keys], "model_configs": configs,
         }  # fmt: skip
+
+    def stage_one_identity(self) -> dict[str, Any]:
+        """What stage 1 computes with, for every cached sample's fingerprint: the pipeline, its dtype, the stage's
+        units, each of their models (class, config, a digest of its weights) and the pre-processors (tokenizer, image
+        processor) as they would save themselves.
+
+        Call it before the models are placed: an offload manager leaves placeholders in place of the weights.
+        """
+        models: dict[str, Any] = {}
+        for name in self.active_model_names():
+            model = getattr(self.pipe, name)
+            models[name] = {"class": type(model).__name__, "config": _plain_config(model),
+                            "weights": weights_digest(model)}
+        for name, component in vars(self.pipe).items():
+            identity = _preprocessor_identity(component)
+            if identity is not None:
+                models[name] = {"class": type(component).__name__, "state": identity}
+        return {"pipeline": type(self.pipe).__name__, "torch_dtype": str(self.pipe.torch_dtype),
+                "units": [type(unit).__name__ for unit in self.unrelated_units], "models": models}
 
     def pipeline_inputs(self, sample: dict[str, Any]) -> tuple[dict, dict, dict]:
         """The initial state of one sample: a dataset row, or a cached state in stage 2 (moved to the device)."""
@@ -311,6 +330,33 @@ class DiffusionTrainingModule(torch.nn.Module):
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)
+
+
+def _plain_config(model: Any) -> dict[str, Any] | None:
+    """A model's config as a dict, without private keys (``_name_or_path``: the folder it came from, at any depth) or
+    library versions, which say nothing about what the model computes."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    return _public_entries(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+
+
+def _public_entries(values: Any) -> Any:
+    if not isinstance(values, Mapping):
+        return values
+    return {key: _public_entries(value) for key, value in values.items()
+            if not str(key).startswith("_") and not str(key).endswith("_version")}
+
+
+def _preprocessor_identity(component: Any) -> str | None:
+    """A digest of a tokenizer's full definition or an image processor's settings; None for anything else."""
+    tokenizer = getattr(component, "backend_tokenizer", None)
+    if tokenizer is not None:
+        return digest(tokenizer.to_str())
+    to_json_string = getattr(component, "to_json_string", None)
+    if callable(to_json_string) and not isinstance(component, torch.nn.Module):
+        return digest(to_json_string())
+    return None
 
 
 def _checkpoint_block(block: torch.nn.Module, *args: Any, offload: bool) -> Any:

@@ -128,3 +128,19 @@ def test_a_lora_checkpoint_continues_training(pipe, tmp_path):
                                 lora_checkpoint=pickle)
     with pytest.raises(ValueError, match="differ from this run's"):
         second.load_trainable_state_dict({})
+
+
+def test_the_stage_one_identity_names_its_models_and_sees_their_weights_and_dtype(base):
+    from diffsynth.core.data.fingerprint import digest
+
+    stage_one = DiffusionTrainingModule(load("text_encoder", "vae"), task="sft:data_process", lora_base_model="dit")
+    identity = stage_one.stage_one_identity()
+    assert sorted(identity["models"]) == ["text_encoder", "tokenizer", "vae"]
+    assert identity["torch_dtype"] == "torch.float32" and identity["pipeline"] == "QwenImagePipeline"
+    assert "_name_or_path" not in identity["models"]["text_encoder"]["config"]  # the folder may move
+    first = digest(identity)
+    assert digest(DiffusionTrainingModule(load("text_encoder", "vae"), task="sft:data_process",
+                                          lora_base_model="dit").stage_one_identity()) == first
+    with torch.no_grad():
+        next(stage_one.pipe.vae.parameters()).view(-1)[0] += 1.0
+    assert digest(stage_one.stage_one_identity()) != first

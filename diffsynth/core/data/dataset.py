@@ -8,7 +8,11 @@ Every other column passes through unchanged (CSV cells are strings).
 Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
 columns and cells, and the header of every data file (for a video, also its frame count against ``--num_frames``). A
 typo in row 9,000 therefore fails in seconds, not after an hour of training; decoding waits for ``__getitem__`` so
-that construction stays cheap in every dataloader worker.
+that construction stays cheap in every dataloader worker. Construction also adds up the pixels a full decode would
+produce: the trainer decodes every file at start-up (``find_bad_rows``) when that is affordable, and a file that fails
+to decode there or later is handled as ``--on_bad_sample`` says (``bad_samples``).
+
+For stage 1, ``fingerprint`` says what a row's cached sample is computed from (``fingerprint``).
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import Dataset
 
+from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sample
 from .errors import DataFileNotFoundError, DatasetError
-from .operators import DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, ResizeConfig, operator_for
+from .fingerprint import FileIdentity, SampleFingerprint
+from .operators import (DECODE_RULES_VERSION, DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, FileOperator, ResizeConfig,
+                        operator_for)
 from .video import DEFAULT_NUM_FRAMES, LoadVideo
 
 METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")
@@ -130,11 +137,25 @@ def _is_blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
+class CheckedDataset(NamedTuple):
+    """What ``check_dataset`` learnt.
+
+    Attributes:
+        rows: The metadata rows.
+        decode_pixels: The pixels a full decode of every data file produces (video frames counted as used).
+        options: The dataset options the data files' operators take (``num_frames`` only when there are videos).
+    """
+
+    rows: list[dict[str, Any]]
+    decode_pixels: int
+    options: tuple[str, ...]
+
+
 def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike,
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
-                  file_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                  file_options: Mapping[str, Any] | None = None) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
@@ -151,7 +172,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
 
     Returns:
-        The metadata rows.
+        The metadata rows, the pixels their files decode to, and the operator options they use.
 
     Raises:
         DataFileNotFoundError: The base folder, the metadata file or a data file is missing.
@@ -170,6 +191,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
             f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
             f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it"
         )
+    pixels, options = 0, {}
     for number, row in enumerate(rows, start=1):
         where = f"metadata {metadata_path} row {number}"
         for column in required_columns:
@@ -178,8 +200,10 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         for key in data_file_keys:
             if key in row:
                 for relative in _file_list(row[key], where, key):
-                    _check_file(base / relative, where, key, resize, file_options)
-    return rows
+                    operator, file_pixels = _check_file(base / relative, where, key, resize, file_options)
+                    pixels += file_pixels
+                    options.update(dict.fromkeys(operator.options))
+    return CheckedDataset(rows, pixels, tuple(options))
 
 
 def _file_list(value: Any, where: str, key: str) -> list[str]:
@@ -194,14 +218,15 @@ def _file_list(value: Any, where: str, key: str) -> list[str]:
 
 
 def _check_file(path: Path, where: str, key: str, resize: ResizeConfig,
-                file_options: Mapping[str, Any] | None) -> None:
+                file_options: Mapping[str, Any] | None) -> tuple[FileOperator, int]:
+    """Checks one data file's header; returns its operator and the pixels it decodes to."""
     try:
         operator = operator_for(path, key)
         if not path.is_file():
             raise DataFileNotFoundError(
                 f"{path} does not exist; fix the path (relative to --dataset_base_path) or remove the row"
             )
-        operator.check(path, resize, **operator.settings(file_options))
+        return operator, operator.check(path, resize, **operator.settings(file_options))
     except (DatasetError, DataFileNotFoundError) as error:
         raise type(error)(f"{where} column {key!r}: {error}") from error
 
@@ -224,6 +249,12 @@ class UnifiedDataset(Dataset):
             each video. Ignored for images.
         allow_shorter_videos: Trim a video with fewer than ``num_frames`` frames to its largest 4k+1 count instead of
             failing at construction; samples may then differ in length.
+        on_bad_sample: ``"stop"``: a file that fails to decode raises ``BadSampleError`` naming row and file;
+            ``"skip"``: see ``bad_samples`` (replaced by the next readable row, or marked, as ``keep_row_indices``
+            says).
+        keep_row_indices: Sample ``i`` is always row ``i`` (stage 1, whose cache files are named by row): excluded
+            and undecodable rows give ``{SKIPPED_KEY: [...]}`` instead of data. Otherwise (training) excluded rows
+            leave the epoch and an undecodable row is replaced by the next readable one.
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -235,8 +266,10 @@ class UnifiedDataset(Dataset):
                  width: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
                  required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
-                 allow_shorter_videos: bool = False) -> None:
+                 allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
+                 keep_row_indices: bool = False) -> None:
         check_repeat(repeat)
+        check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
             raise DatasetError("data_file_keys and required_columns take a list of column names, not one string")
         self.resize = ResizeConfig(height=height, width=width, max_pixels=max_pixels, division_factor=division_factor)
@@ -247,25 +280,121 @@ class UnifiedDataset(Dataset):
         self.metadata_path = Path(metadata_path)
         self.repeat = repeat
         self.data_file_keys = tuple(data_file_keys)
-        self.rows = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                  self.resize, self.file_options)
+        #: The columns a pipeline reads from a row; only they enter a sample's fingerprint.
+        self.read_columns = tuple(dict.fromkeys([*required_columns, *data_file_keys]))
+        self.on_bad_sample = on_bad_sample
+        self.keep_row_indices = keep_row_indices
+        checked = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
+                                self.resize, self.file_options)
+        self.rows, self.decode_pixels, self._used_options = checked
+        #: Rows left out because their files failed to decode (``exclude``), by row index.
+        self.excluded: dict[int, BadSample] = {}
+        self._order = list(range(len(self.rows)))
 
     def __len__(self) -> int:
-        return len(self.rows) * self.repeat
+        return len(self._order) * self.repeat
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Row ``index % rows`` with its data files decoded: a PIL image per image, a list of PIL frames per video."""
+        """Sample ``index`` with its data files decoded: a PIL image per image, a list of PIL frames per video.
+
+        Raises:
+            BadSampleError: A data file fails to decode and ``on_bad_sample`` is ``"stop"``.
+        """
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
-        sample = dict(self.rows[index % len(self.rows)])
+        position = index % len(self._order)
+        row = self._order[position]
+        if row in self.excluded:
+            return {SKIPPED_KEY: [self.excluded[row]]}
+        try:
+            return self.load_row(row)
+        except BadSampleError as error:
+            if self.on_bad_sample == "stop":
+                raise
+            if self.keep_row_indices:
+                return {SKIPPED_KEY: [error.bad]}
+            return self._replacement(position, [error.bad])
+
+    def load_row(self, row: int) -> dict[str, Any]:
+        """Row ``row`` (0-based) with its data files decoded, whatever ``on_bad_sample`` says.
+
+        Raises:
+            BadSampleError: A data file fails to decode; the message names the row, the column and the file.
+        """
+        sample = dict(self.rows[row])
         for key in self.data_file_keys:
             if key in sample:
                 value = sample[key]
-                loaded = [self._load(relative, key) for relative in (value if isinstance(value, list) else [value])]
+                paths = value if isinstance(value, list) else [value]
+                loaded = [self._load(row, relative, key) for relative in paths]
                 sample[key] = loaded if isinstance(value, list) else loaded[0]
         return sample
 
-    def _load(self, relative: str, key: str) -> Any:
+    def _load(self, row: int, relative: str, key: str) -> Any:
         path = self.base_path / relative
         operator = operator_for(path, key)
-        return operator.load(path, self.resize, **operator.settings(self.file_options))
+        try:
+            return operator.load(path, self.resize, **operator.settings(self.file_options))
+        except DatasetError as error:
+            bad = BadSample(row, key, relative, str(error))
+            message = (f"metadata {self.metadata_path} {bad.describe()}; pass --on_bad_sample skip to go on without "
+                       "it")
+            raise BadSampleError(message, bad) from error
+
+    def _replacement(self, position: int, skipped: list[BadSample]) -> dict[str, Any]:
+        """The next readable row after ``position`` in this epoch's rows, carrying what was skipped to reach it."""
+        for offset in range(1, len(self._order)):
+            row = self._order[(position + offset) % len(self._order)]
+            try:
+                return {**self.load_row(row), SKIPPED_KEY: skipped}
+            except BadSampleError as error:
+                skipped.append(error.bad)
+        described = "; ".join(bad.describe() for bad in skipped[:3])
+        raise DatasetError(f"no row of metadata {self.metadata_path} decodes ({described}); check the files")
+
+    def find_bad_rows(self, rows: Sequence[int]) -> list[BadSample]:
+        """Decodes every data file of ``rows`` in full and returns the rows that fail (the start-up check)."""
+        bad = []
+        for row in rows:
+            try:
+                self.load_row(row)
+            except BadSampleError as error:
+                bad.append(error.bad)
+        return bad
+
+    def exclude(self, bad: Sequence[BadSample]) -> None:
+        """Leaves the rows of ``bad`` out: of the epoch, or (``keep_row_indices``) as marked holes.
+
+        Every process must exclude the same rows, or their epochs differ in length.
+        """
+        self.excluded.update({sample.index: sample for sample in bad})
+        if not self.keep_row_indices:
+            self._order = [row for row in range(len(self.rows)) if row not in self.excluded]
+            if not self._order:
+                raise DatasetError(f"no row of metadata {self.metadata_path} decodes; check the files")
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        """The settings that shape every decoded sample (a part of each stage-1 fingerprint)."""
+        return {"height": self.resize.height, "width": self.resize.width, "max_pixels": self.resize.max_pixels,
+                "division_factor": self.resize.division_factor, "data_file_keys": list(self.data_file_keys),
+                "decode_rules": DECODE_RULES_VERSION,
+                **{name: self.file_options[name] for name in self._used_options}}
+
+    def fingerprint(self, row: int, models: str, previous: SampleFingerprint | None = None) -> SampleFingerprint:
+        """What sample ``row`` is computed from (see ``fingerprint``): its files, cells, settings and ``models``.
+
+        Args:
+            row: The row index.
+            models: The digest of the stage-1 models' identity.
+            previous: The fingerprint stored with the cached sample; its file hashes are reused for files whose size
+                and modification time are unchanged.
+        """
+        cells = self.rows[row]
+        files = []
+        for key in self.data_file_keys:
+            if key in cells:
+                for relative in cells[key] if isinstance(cells[key], list) else [cells[key]]:
+                    known = previous.known_file(relative) if previous is not None else None
+                    files.append(FileIdentity.of(relative, self.base_path / relative, known))
+        read = {column: cells[column] for column in self.read_columns if column in cells}
+        return SampleFingerprint.build(files, read, self.fingerprint_settings(), models)

@@ -1,6 +1,7 @@
 """File operators: turn one data file named by a metadata row into what a pipeline consumes.
 
-Images are opened with PIL, converted to RGB and brought to a size the VAE accepts, either a fixed
+Images are opened with PIL, turned upright and converted to RGB as they look (``image_modes``: 16-bit files scaled,
+transparency on white), then brought to a size the VAE accepts, either a fixed
 ``--height`` x ``--width`` or, when those are not given, their own aspect ratio capped at ``--max_pixels`` with
 each side rounded down to a multiple of 16. Resizing always scales to cover the target and then centre-crops, so the
 aspect ratio is never distorted; at most a thin border is lost.
@@ -8,7 +9,8 @@ aspect ratio is never distorted; at most a thin border is lost.
 Operators are looked up by file extension in ``FILE_OPERATORS``: images here, videos (Wan) in ``video.py``. The
 lookup ignores the column, so a ``.gif`` loads as a video (a list of frames) in any column. An operator that needs
 settings beyond the size (a video's ``num_frames``) names them in ``FileOperator.options`` and receives them as
-keyword arguments.
+keyword arguments. ``check`` returns the number of pixels ``load`` will decode, so the dataset can tell whether
+decoding every file at start-up is affordable.
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageOps
+from PIL import Image
 
 from .errors import DatasetError
+from .image_modes import check_mode, upright_rgb
 from .video import VIDEO_EXTENSIONS, check_video, load_video
 
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_DIVISION_FACTOR = 16
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+#: Raised whenever a change makes some file decode to other pixels (e.g. 16-bit images no longer clipped). It is part
+#: of every stage-1 sample's fingerprint, so a rerun recomputes the samples cached under the old rules.
+DECODE_RULES_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -131,24 +137,31 @@ def resize_and_crop(image: Image.Image, width: int, height: int) -> Image.Image:
     return image.crop((left, top, left + width, top + height))
 
 
-def check_image(path: Path, resize: ResizeConfig) -> None:
-    """Reads only the header of ``path``: PIL must identify it and its size must give a non-empty target."""
+def check_image(path: Path, resize: ResizeConfig) -> int:
+    """Reads only the header of ``path``: PIL must identify it, accept its mode, and its size give a non-empty target.
+
+    Returns:
+        The pixels a full decode produces (width x height), for the dataset's decode budget.
+    """
     try:
         with Image.open(path) as image:
-            size = image.size
+            size, mode = image.size, image.mode
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise DatasetError(
             f"{path} is not an image PIL can read ({error}); replace the file or remove its row from the metadata"
         ) from error
+    check_mode(mode, path)
     resize.target_size(*size, source=path)
+    return size[0] * size[1]
 
 
 def load_image(path: Path, resize: ResizeConfig) -> Image.Image:
     """Decodes ``path`` as RGB, upright per its EXIF orientation, resized and cropped as ``resize`` says."""
     try:
         with Image.open(path) as opened:
-            # Phones store photos sideways with an orientation tag; captions describe the upright picture.
-            image = ImageOps.exif_transpose(opened).convert("RGB")
+            image = upright_rgb(opened, path)
+    except DatasetError:
+        raise
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise DatasetError(
             f"could not decode image {path} ({error}); the file may be truncated: replace it or remove its row"
@@ -165,7 +178,8 @@ class FileOperator:
 
     Attributes:
         kind: What the file holds, for messages (``"image"``).
-        check: Fails fast on a file that cannot be loaded, reading as little of it as possible.
+        check: Fails fast on a file that cannot be loaded, reading as little of it as possible; returns the number
+            of pixels ``load`` decodes (all frames of a video counted).
         load: Returns the decoded, resized content.
         options: Names of the dataset options (``"num_frames"``, ...) passed to ``check`` and ``load`` as keyword
             arguments; empty for operators that need only the size.

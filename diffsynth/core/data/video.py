@@ -168,13 +168,19 @@ class LoadVideo:
             "shorter videos be trimmed (--allow_shorter_videos)"
         )
 
-    def check(self, path: Path, resize: ResizeConfig) -> None:
-        """Checks ``path`` from its header and packet index only: readable, long enough, and a non-empty size."""
+    def check(self, path: Path, resize: ResizeConfig) -> int:
+        """Checks ``path`` from its header and packet index only: readable, long enough, and a non-empty size.
+
+        Returns:
+            The pixels ``load`` decodes: frames taken x width x height (lenient mode counts up to ``num_frames``,
+            since it stops counting packets early).
+        """
         # Counting stops once the frames needed are there; strict mode needs them all, lenient mode only one.
         info = probe_video(path, stop_at=1 if self.allow_shorter else self.num_frames)
-        self.frames_to_take(info.frames, path)
+        frames = self.num_frames if self.allow_shorter else self.frames_to_take(info.frames, path)
         # A stored rotation swaps width and height, which cannot change whether a side rounds down to 0.
         resize.target_size(info.width, info.height, source=path, kind="video")
+        return frames * info.width * info.height
 
     def load(self, path: Path, resize: ResizeConfig) -> list[Image.Image]:
         """Decodes the leading frames of ``path`` as RGB images, all of one size.
@@ -219,9 +225,9 @@ class LoadVideo:
 
 
 def check_video(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_FRAMES,
-                allow_shorter: bool = False) -> None:
+                allow_shorter: bool = False) -> int:
     """The operator-table form of ``LoadVideo(num_frames, allow_shorter).check(path, resize)``."""
-    LoadVideo(num_frames, allow_shorter).check(path, resize)
+    return LoadVideo(num_frames, allow_shorter).check(path, resize)
 
 
 def load_video(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_FRAMES,

@@ -1,4 +1,5 @@
-"""The stage-1 cache: exact round trips, the cache info check, corrupt files, atomic writes and resuming."""
+"""The stage-1 cache: exact round trips, the cache info check, fingerprints in headers, corrupt files, atomic writes,
+the manifest and stage 2's completeness check."""
 
 import json
 import tempfile
@@ -11,9 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from diffsynth.core.data import (CACHE_INFO_FILE, CacheDataset, CacheError, DataFileNotFoundError, DatasetError,
-                                 cache_file_path, is_cached, list_cache_files, load_cache_sample, make_cache_info,
-                                 read_cache_info, save_cache_sample, write_cache_info)
+from diffsynth.core.data import (CACHE_FORMAT_VERSION, CACHE_INFO_FILE, CACHE_MANIFEST_FILE, CacheDataset,
+                                 CacheError, DataFileNotFoundError, DatasetError, FileIdentity, SampleFingerprint,
+                                 cache_file_path, list_cache_files, load_cache_sample, make_cache_info,
+                                 read_cache_fingerprint, read_cache_info, read_cache_manifest, save_cache_sample,
+                                 write_cache_info, write_cache_manifest)
+from diffsynth.core.data.cache import restamp_cache_sample
 
 INFO = {"model_files": ["vae/diffusion_pytorch_model.safetensors"], "units": ["PromptEmbedder", "VAEEncoder"],
         "keys": ["latents", "prompt_emb"]}
@@ -204,17 +208,32 @@ def _with_metadata(path, structure):
     return target.read_bytes()
 
 
-def test_corrupt_files_are_not_cached_and_loading_one_names_it_and_the_fix(tmp_path):
+FINGERPRINT = SampleFingerprint({"files": "f", "row": "r", "settings": "s", "models": "m"},
+                                (FileIdentity("a.png", 10, 123, "ab" * 32),))
+
+
+def test_the_fingerprint_is_read_from_the_header_and_re_stamped_without_touching_the_tensors(tmp_path):
+    state = {"shared": {"x": torch.arange(5.0)}, "posi": {}, "nega": {}}
+    path = save_cache_sample(tmp_path / "0" / "0.safetensors", state, INFO, FINGERPRINT)
+    assert read_cache_fingerprint(path) == FINGERPRINT
+    touched = SampleFingerprint(FINGERPRINT.parts, (FileIdentity("a.png", 10, 456, "ab" * 32),))
+    restamp_cache_sample(path, touched)
+    assert read_cache_fingerprint(path) == touched
+    assert_same(state, load_cache_sample(path, expected_info=INFO))
+    assert read_cache_fingerprint(save_cache_sample(tmp_path / "0" / "1.safetensors", state, INFO)) is None
+
+
+def test_corrupt_files_have_no_fingerprint_and_loading_one_names_it_and_the_fix(tmp_path):
     path = save_cache_sample(tmp_path / "0" / "0.safetensors", {"shared": {"x": torch.ones(64)}, "posi": {},
-                                                                 "nega": {}}, INFO)
-    assert is_cached(path)
-    assert not is_cached(tmp_path / "0" / "1.safetensors")
+                                                                 "nega": {}}, INFO, FINGERPRINT)
+    assert read_cache_fingerprint(path) == FINGERPRINT
+    assert read_cache_fingerprint(tmp_path / "0" / "1.safetensors") is None
     for kind, data in corrupt_copies(path).items():
         broken = tmp_path / "broken" / f"{kind}.safetensors"
         broken.parent.mkdir(exist_ok=True)
         broken.write_bytes(data)
         if kind != "bad_structure":  # its header is fine; only decoding finds the damage
-            assert not is_cached(broken), kind
+            assert read_cache_fingerprint(broken) is None, kind
         with pytest.raises(CacheError) as error:
             load_cache_sample(broken)
         assert str(broken) in str(error.value) and "delete it" in str(error.value), kind
@@ -224,42 +243,18 @@ def test_a_file_from_a_newer_format_asks_for_an_upgrade(tmp_path):
     path = tmp_path / "0" / "0.safetensors"
     path.parent.mkdir()
     metadata = {"diffsynth.cache.format_version": "99", "diffsynth.cache.structure": "{}",
-                "diffsynth.cache.info": "{}"}
+                "diffsynth.cache.info": "{}", "diffsynth.cache.fingerprint": FINGERPRINT.to_json()}
     safetensors.torch.save_file({"x": torch.ones(1)}, path, metadata=metadata)
-    assert not is_cached(path)
+    assert read_cache_fingerprint(path) is None
     with pytest.raises(CacheError, match="upgrade diffsynth"):
         load_cache_sample(path)
-
-
-def test_an_interrupted_stage_one_resumes_with_only_the_missing_samples(tmp_path, monkeypatch):
-    def stage_one(fail_at=None):
-        """A stage-1 loop as the runner writes it: skip what is cached, compute and save the rest."""
-        write_cache_info(tmp_path, INFO)
-        computed = []
-        for index in range(5):
-            path = cache_file_path(tmp_path, 0, index)
-            if is_cached(path):
-                continue
-            if index == fail_at:
-                monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
-            save_cache_sample(path, {"shared": {"index": index, "x": torch.full((2,), index)}, "posi": {}, "nega": {}},
-                              INFO)
-            computed.append(index)
-        return computed
-
-    with pytest.raises(OSError):
-        stage_one(fail_at=3)
-    monkeypatch.undo()
-    assert [path.stem for path in list_cache_files(tmp_path)] == ["0", "1", "2"]
-    assert stage_one() == [3, 4]
-    dataset = CacheDataset(tmp_path, expected_info=INFO)
-    assert [dataset[index]["shared"]["index"] for index in range(len(dataset))] == [0, 1, 2, 3, 4]
 
 
 @pytest.fixture
 def cache(tmp_path):
     """A finished cache of three samples (dataset indices 0 to 2) written by two processes."""
     write_cache_info(tmp_path, INFO)
+    write_cache_manifest(tmp_path, 3, {}, "accelerate launch train.py --task sft:data_process")
     for process, sample in ((0, 0), (1, 1), (0, 2)):
         state = {"shared": {"id": f"{process}-{sample}", "latents": torch.randn(2, 2, dtype=torch.bfloat16)},
                  "posi": {"prompt_emb": torch.randn(3)}, "nega": {}}
@@ -283,7 +278,7 @@ def test_cache_dataset_reads_samples_in_order_and_repeats(cache):
 
 def test_cache_info_is_written_once_and_equal_after_normalisation(cache):
     stored = read_cache_info(cache)
-    assert stored == {**INFO, "format_version": 1}
+    assert stored == {**INFO, "format_version": CACHE_FORMAT_VERSION}
     assert json.loads((cache / CACHE_INFO_FILE).read_text()) == stored
     tupled = {key: tuple(value) for key, value in INFO.items()}
     assert make_cache_info(tupled) == stored
@@ -308,6 +303,7 @@ def test_a_mismatched_cache_names_the_differing_fields_and_the_fix(cache):
 def test_a_file_from_another_run_fails_when_read(cache):
     state = {"shared": {"id": "stray"}, "posi": {}, "nega": {}}
     stray = save_cache_sample(cache_file_path(cache, 1, 3), state, {**INFO, "units": ["Other"]})
+    write_cache_manifest(cache, 4, {}, None)
     dataset = CacheDataset(cache, expected_info=INFO)
     assert dataset[0]["shared"]["id"] == "0-0"
     with pytest.raises(CacheError) as error:
@@ -331,6 +327,9 @@ def test_a_folder_that_is_not_a_cache(tmp_path):
         CacheDataset(tmp_path)
     assert CACHE_INFO_FILE in str(error.value) and "sft:data_process" in str(error.value)
     write_cache_info(tmp_path, INFO)
+    with pytest.raises(CacheError, match=CACHE_MANIFEST_FILE):
+        CacheDataset(tmp_path)
+    write_cache_manifest(tmp_path, 2, {}, None)
     with pytest.raises(CacheError, match="no cache files"):
         CacheDataset(tmp_path)
     (tmp_path / CACHE_INFO_FILE).write_text("{not json")
@@ -342,3 +341,34 @@ def test_cache_info_must_be_json():
     with pytest.raises(CacheError) as error:
         make_cache_info({"dtype": torch.bfloat16})
     assert "plain JSON" in str(error.value) and "dtype" in str(error.value)
+
+
+def test_an_incomplete_cache_is_refused_with_the_count_and_the_command_unless_partial_is_allowed(cache, caplog):
+    cache_file_path(cache, 1, 1).unlink()
+    with pytest.raises(CacheError) as error:
+        CacheDataset(cache, expected_info=INFO)
+    message = str(error.value)
+    assert "1 of its 3 samples are missing" in message and "rows 2" in message
+    assert "accelerate launch train.py --task sft:data_process" in message and "--allow_partial_cache" in message
+    dataset = CacheDataset(cache, expected_info=INFO, allow_partial=True)
+    assert [dataset[index]["shared"]["id"] for index in range(len(dataset))] == ["0-0", "0-2"]
+    assert "1 of its 3 samples are missing" in caplog.text
+
+
+def test_samples_stage_one_skipped_do_not_count_as_missing(cache):
+    cache_file_path(cache, 1, 1).unlink()
+    write_cache_manifest(cache, 3, {1: "row 2 (column 'image': b.png): truncated"}, None)
+    assert len(CacheDataset(cache, expected_info=INFO)) == 2
+    assert read_cache_manifest(cache)["skipped"] == {1: "row 2 (column 'image': b.png): truncated"}
+
+
+def test_files_no_stage_one_run_wrote_are_refused(cache):
+    state = {"shared": {"id": "copy"}, "posi": {}, "nega": {}}
+    copy = save_cache_sample(cache_file_path(cache, 1, 2), state, INFO)
+    with pytest.raises(CacheError, match="two process folders") as error:
+        CacheDataset(cache, expected_info=INFO)
+    assert "rerun stage 1" in str(error.value)
+    copy.unlink()
+    save_cache_sample(cache_file_path(cache, 0, 7), state, INFO)
+    with pytest.raises(CacheError, match="beyond its 3 samples"):
+        CacheDataset(cache, expected_info=INFO)

@@ -110,10 +110,11 @@ def test_file_operators_are_looked_up_by_extension_so_new_kinds_plug_in(folder, 
         loaded.append(path)
         return path.read_text()
 
-    monkeypatch.setitem(FILE_OPERATORS, ".txt", FileOperator(kind="text", check=lambda path, resize: None, load=load))
+    monkeypatch.setitem(FILE_OPERATORS, ".txt", FileOperator(kind="text", check=lambda path, resize: 6, load=load))
     (folder / "clip.txt").write_text("frames")
     write_metadata(folder / "metadata.jsonl", [{"video": "clip.txt", "prompt": "a clip"}])
-    assert build(folder, "metadata.jsonl")[0]["video"] == "frames"
+    dataset = build(folder, "metadata.jsonl")
+    assert dataset[0]["video"] == "frames" and dataset.decode_pixels == 6
     assert loaded == [folder / "clip.txt"]
 
 
@@ -132,7 +133,7 @@ def test_construction_reads_headers_only_so_a_truncated_image_fails_when_read(fo
 
 
 def test_check_dataset_checks_without_building_a_dataset(folder):
-    rows = check_dataset(folder, folder / "metadata.csv")
+    rows = check_dataset(folder, folder / "metadata.csv").rows
     assert [row["prompt"] for row in rows] == [row["prompt"] for row in ROWS]
     (folder / "a.png").unlink()
     with pytest.raises(DataFileNotFoundError, match="a.png"):

@@ -8,7 +8,8 @@
 # Stage 2 trains from the cache; the text encoder and the VAE are never run there, so they are built without weights,
 # and no video is decoded. Given the same --seed, stage 2 draws the same samples, timesteps and noise as
 # ../../lora/Wan2.1-T2V-1.3B.sh, so it trains the same LoRA.
-# An interrupted stage 1 can be rerun as it is: samples already cached are skipped.
+# Stage 1 can be rerun as it is (after an interruption or an edit to the dataset): it keeps the samples whose
+# fingerprint still matches, recomputes the others and removes those of deleted rows.
 set -e
 
 accelerate launch examples/wanvideo/model_training/train.py \
