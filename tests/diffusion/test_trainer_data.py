@@ -250,8 +250,9 @@ def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dat
         "trained = trainer.main(QwenImagePipeline, [*flags, '--output_path', output])\n"
         "rank = torch.distributed.get_rank()\n"
         "total = sum(float(w.double().sum()) for w in trained['module'].trainable_state_dict().values())\n"
-        "print('RESULT', json.dumps({'rank': rank, 'cached': staged['cached'], 'steps': trained['global_step'],\n"
-        "      'skipped': trained['skipped_samples'], 'sum': total}))\n"
+        "result = {'rank': rank, 'cached': staged['cached'], 'steps': trained['global_step'],\n"
+        "          'skipped': trained['skipped_samples'], 'sum': total}\n"
+        "open(f'{output}.result-{rank}.json', 'w').write(json.dumps(result))\n"
     )
     cache, output = tmp_path / "cache", tmp_path / "out"
     flags = [*raw(dataset), *COMMON, "--on_bad_sample", "skip"]
@@ -263,8 +264,8 @@ def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dat
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
-                      if line.startswith("RESULT ")), key=lambda result: result["rank"])
+    # Each rank writes its own file: two processes printing to one pipe can interleave their lines.
+    results = [json.loads((tmp_path / f"out.result-{rank}.json").read_text()) for rank in (0, 1)]
     assert [result["cached"] for result in results] == [1, 2]  # rank 0: row 1 (row 3 skipped); rank 1: rows 2, 4
     assert "stage 1: 0 cached, 3 new, 1 skipped (undecodable)" in done.stdout
     assert sorted(read_cache_manifest(cache)["skipped"]) == [2]
