@@ -171,3 +171,18 @@ def test_a14b_switches_experts_at_the_boundary_like_diffusers(base, without_ftfy
     # both experts take part: moving the boundary past every step leaves the high-noise expert alone
     high_only = ours_with_unipc(pipe, seed=5, cfg_scale=4.0, boundary_ratio=0.001, **ours_extra, **size)
     assert (high_only - reference).abs().max() > 1e-2
+
+
+def test_the_a14b_experts_load_from_the_diffusers_layout_too(base, tmp_path, monkeypatch):
+    original = load(WAN22_T2V_MODEL_ID, WAN22_A14B_PATTERNS, "dit", "dit2")
+    repo = tmp_path / "Wan-AI" / "Wan2.2-T2V-A14B-Diffusers"  # diffusers' layout: transformer/ and transformer_2/
+    original.dit.save_pretrained(repo / "transformer", max_shard_size="100KB")
+    original.dit2.save_pretrained(repo / "transformer_2", max_shard_size="100KB")
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tmp_path))
+    patterns = {"dit": "transformer/diffusion_pytorch_model*.safetensors",
+                "dit2": "transformer_2/diffusion_pytorch_model*.safetensors"}
+    layout = load("Wan-AI/Wan2.2-T2V-A14B-Diffusers", patterns, "dit", "dit2")
+    for name in ("dit", "dit2"):
+        ours, theirs = getattr(layout, name).state_dict(), getattr(original, name).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert not torch.equal(layout.dit.proj_out.weight, layout.dit2.proj_out.weight)

@@ -71,6 +71,8 @@ _QKV = ("q_proj", "k_proj", "v_proj")
 _PARAM = re.compile(r"^(?P<module>.+)\.(?P<param>weight|bias)$")
 _UMT5_BLOCK = re.compile(r"^blocks\.(?P<index>\d+)\.(?P<layer>.+)$")
 _CLIP_BLOCK = re.compile(r"^visual\.transformer\.(?P<index>\d+)\.(?P<layer>.+)$")
+_UMT5_MODEL_BLOCK = re.compile(r"^encoder\.block\.(?P<index>\d+)\.(?P<layer>.+)$")
+_CLIP_MODEL_BLOCK = re.compile(r"^encoder\.layers\.(?P<index>\d+)\.(?P<layer>.+)$")
 
 Source = tuple[str, Any]  # (checkpoint key, convert function or None)
 
@@ -115,7 +117,7 @@ def umt5_original_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, t
     for key, tensor in state_dict.items():
         if key == "encoder.embed_tokens.weight":
             continue
-        new = _rename(key, top, re.compile(r"^encoder\.block\.(?P<index>\d+)\.(?P<layer>.+)$"), layers, "blocks")
+        new = _rename(key, top, _UMT5_MODEL_BLOCK, layers, "blocks")
         if new is None:
             raise ValueError(f"UMT5EncoderModel key {key!r} has no counterpart in Wan's T5 encoder")
         original[new] = tensor
@@ -169,8 +171,7 @@ def clip_model_keys(checkpoint_keys: list[str]) -> dict[str, Source]:
                 model_key = f"encoder.layers.{inside['index']}.self_attn.{name}.{match['param']}"
                 sources[model_key] = (key, functools.partial(_qkv_part, index))
             continue
-        new = _rename(key, _CLIP_TOP_NAMES, re.compile(r"^visual\.transformer\.(?P<index>\d+)\.(?P<layer>.+)$"),
-                      _CLIP_LAYER_NAMES, "encoder.layers")
+        new = _rename(key, _CLIP_TOP_NAMES, _CLIP_BLOCK, _CLIP_LAYER_NAMES, "encoder.layers")
         sources[new or key] = (key, None)
     return sources
 
@@ -179,7 +180,6 @@ def clip_original_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, t
     """A ``CLIPVisionModel`` state dict under the original ``visual.*`` names (q, k, v fused back into ``to_qkv``)."""
     top = {new: old for old, new in _CLIP_TOP_NAMES.items()}
     layers = {new: old for old, new in _CLIP_LAYER_NAMES.items()}
-    block = re.compile(r"^encoder\.layers\.(?P<index>\d+)\.(?P<layer>.+)$")
     original = {}
     for key, tensor in state_dict.items():
         if key == "embeddings.class_embedding":
@@ -191,7 +191,7 @@ def clip_original_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, t
                 parts = [state_dict[f"encoder.layers.{match[1]}.self_attn.{p}.{match[3]}"] for p in _QKV]
                 original[f"visual.transformer.{match[1]}.attn.to_qkv.{match[3]}"] = torch.cat(parts)
         else:
-            new = _rename(key, top, block, layers, "visual.transformer")
+            new = _rename(key, top, _CLIP_MODEL_BLOCK, layers, "visual.transformer")
             if new is None:
                 raise ValueError(f"CLIPVisionModel key {key!r} has no counterpart in Wan's CLIP vision tower")
             original[new] = tensor
