@@ -116,9 +116,18 @@ def test_wan22_ti2v_trains_from_the_first_frame(workdir):
     assert (workdir / "models/train/Wan2.2-TI2V-5B_lora/epoch-0.safetensors").is_file()
 
 
+def test_wan21_i2v_trains_from_the_first_frame_with_clip_features(workdir):
+    (result,) = run_script("lora/Wan2.1-I2V-14B-480P.sh", VIDEO)
+    pipe = result["module"].pipe
+    assert type(pipe.image_encoder).__name__ == "CLIPVisionModel" and pipe.image_processor is not None
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert (workdir / "models/train/Wan2.1-I2V-14B-480P_lora/epoch-0.safetensors").is_file()
+
+
 @pytest.mark.parametrize("script", ["special/split_training/Wan2.1-I2V-14B-480P.sh",
+                                    "special/split_training/Wan2.1-T2V-1.3B-LoRA.sh",
                                     "special/low_vram_training/Wan2.1-I2V-14B-480P.sh"])
-def test_wan21_i2v_two_stage_scripts_run(workdir, script):
+def test_wan21_two_stage_scripts_run(workdir, script):
     cached, trained = run_script(script, VIDEO)
     assert cached["cached"] == 2
     assert trained["global_step"] == 2 and all(torch.isfinite(torch.tensor(trained["losses"])))
