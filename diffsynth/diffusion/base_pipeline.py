@@ -57,6 +57,10 @@ class BasePipeline(torch.nn.Module):
     denoising_model_names: tuple[str, ...] = ("dit",)
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).
     model_fn_params: tuple[str, ...] = ()
+    #: Metadata columns every training sample needs.
+    training_columns: tuple[str, ...] = ()
+    #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
+    derived_inputs: tuple[str, ...] = ()
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -149,6 +153,17 @@ class BasePipeline(torch.nn.Module):
         setattr(self, name, component)
         self.model_configs[name] = config
         return name
+
+    @classmethod
+    def required_columns(cls, extra_inputs: Sequence[str] = ()) -> list[str]:
+        """The metadata columns a training sample must have: ``training_columns`` and the ``--extra_inputs`` that
+        cannot be derived from them."""
+        return [*cls.training_columns, *(name for name in extra_inputs if name not in cls.derived_inputs)]
+
+    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
+        """The part of the latents a training loss compares (an index into them); None for all of it. Pipelines
+        whose inputs fix part of the latents (a given first frame) leave that part out."""
+        return None
 
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""

@@ -75,6 +75,9 @@ class FlowMatchSFTLoss(LatentsLoss):
         noisy = pipe.scheduler.add_noise(input_latents, noise, timestep)
         target = pipe.scheduler.training_target(input_latents, noise, timestep)
         prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=noisy, timestep=timestep))
+        region = pipe.loss_region(inputs_shared)
+        if region is not None:
+            prediction, target = prediction[region], target[region]
         loss = torch.nn.functional.mse_loss(prediction.float(), target.float())
         return loss * pipe.scheduler.training_weight(timestep).to(loss.device).reshape(())
 
@@ -106,6 +109,9 @@ class DirectDistillLoss(LatentsLoss):
             prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=latents,
                                                        timestep=timestep))
             latents = pipe.scheduler.step(prediction, timestep, latents)
+        region = pipe.loss_region(inputs_shared)
+        if region is not None:
+            latents, input_latents = latents[region], input_latents[region]
         return torch.nn.functional.mse_loss(latents.float(), input_latents.float())
 
 

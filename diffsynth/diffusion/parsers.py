@@ -218,11 +218,20 @@ def add_lora_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_gradient_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the activation-memory flags: gradient checkpointing, optionally with its activations on the CPU."""
+def add_gradient_config(parser: argparse.ArgumentParser, always_on: bool = False) -> argparse.ArgumentParser:
+    """Adds the activation-memory flags: gradient checkpointing, optionally with its activations on the CPU.
+
+    With ``always_on`` (the video trainer) checkpointing is on whatever the flag says, as the reference's Wan trainer
+    forces it: a video's activations do not fit otherwise.
+    """
     group = parser.add_argument_group("Gradient checkpointing")
-    group.add_argument("--use_gradient_checkpointing", action="store_true",
-                       help="Recompute activations in the backward pass: much less VRAM, about a third slower.")
+    if always_on:
+        group.add_argument("--use_gradient_checkpointing", action="store_true", default=True,
+                           help="Recompute activations in the backward pass. Always on for video (Wan) training, as "
+                                "the reference's Wan trainer forces it: a video's activations do not fit otherwise.")
+    else:
+        group.add_argument("--use_gradient_checkpointing", action="store_true",
+                           help="Recompute activations in the backward pass: much less VRAM, about a third slower.")
     group.add_argument("--use_gradient_checkpointing_offload", action="store_true",
                        help="Also keep the checkpointed activations in CPU memory; implies "
                             "--use_gradient_checkpointing. Least VRAM, slower still.")
@@ -282,8 +291,10 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     parser = argparse.ArgumentParser(description=description)
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
-    for add in (add_model_config, add_training_config, add_output_config, add_lora_config, add_gradient_config,
-                add_offload_training_config, add_block_swap_config, add_logging_config):
+    for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
+        add(parser)
+    add_gradient_config(parser, always_on=video)
+    for add in (add_offload_training_config, add_block_swap_config, add_logging_config):
         add(parser)
     return parser
 

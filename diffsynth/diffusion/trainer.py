@@ -94,7 +94,7 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
     return UnifiedDataset(
         args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
-        max_pixels=args.max_pixels, required_columns=[*pipeline_class.training_columns, *extra_inputs],
+        max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
         keep_row_indices=caching,

@@ -237,7 +237,17 @@ class DiffusionTrainingModule(torch.nn.Module):
                                  "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
             if any(param.is_meta for param in model.parameters()):
                 continue  # a skeleton from --offload_models holds no weights to convert
-            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model).summary())
+            linears = [f".{path}." for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+            if not linears:
+                # The reference's low-VRAM commands list every model, convolutional VAEs included.
+                logger.warning("--fp8_models %s: %s has no Linear layer, so nothing is stored in fp8 (convolutions "
+                               "keep their dtype)", name, type(model).__name__)
+                continue
+            # What the class keeps in float32 stays out of fp8 too: UMT5 casts the input of its `wo` layers to their
+            # weight's dtype, which would be float8.
+            keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+            exclude = [entry for entry in keep if any(f".{entry}." in path for path in linears)]
+            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model, exclude=exclude).summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:

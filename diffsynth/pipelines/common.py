@@ -19,9 +19,9 @@ logger = logging.getLogger(__name__)
 SIZE_MULTIPLE = 16
 
 
-def round_size(value: int) -> int:
-    """``value`` rounded to the nearest multiple of 16 (halves up), at least 16."""
-    return max(SIZE_MULTIPLE, (int(value) + SIZE_MULTIPLE // 2) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+def round_size(value: int, multiple: int = SIZE_MULTIPLE) -> int:
+    """``value`` rounded to the nearest multiple of ``multiple`` (halves up), at least ``multiple``."""
+    return max(multiple, (int(value) + multiple // 2) // multiple * multiple)
 
 
 def image_to_tensor(image: Image.Image) -> torch.Tensor:
@@ -46,19 +46,21 @@ def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, ran
 
 
 class ShapeCheckUnit(PipelineUnit):
-    """Rounds ``height`` and ``width`` to the nearest multiple of 16 (at least 16), warning when it changes them."""
+    """Rounds ``height`` and ``width`` to the nearest multiple of the pipeline's ``size_multiple()`` (16, or 32 for a
+    16x-compressing VAE), warning when it changes them."""
 
     def __init__(self) -> None:
         super().__init__(input_params=("height", "width"), output_params=("height", "width"))
 
-    def process(self, pipe: BasePipeline, height: int, width: int) -> dict:
+    def process(self, pipe: TextToLatentPipeline, height: int, width: int) -> dict:
         rounded = {}
+        multiple = pipe.size_multiple()
         for name, value in (("height", height), ("width", width)):
             if not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive number of pixels, e.g. {name}=1328")
-            rounded[name] = round_size(value)
+            rounded[name] = round_size(value, multiple)
             if rounded[name] != value:
-                logger.warning("%s=%d is not a multiple of %d; using %d", name, value, SIZE_MULTIPLE, rounded[name])
+                logger.warning("%s=%d is not a multiple of %d; using %d", name, value, multiple, rounded[name])
         return rounded
 
 
@@ -93,6 +95,10 @@ class TextToLatentPipeline(BasePipeline):
         self.text_encoder: torch.nn.Module | None = None
         self.tokenizer: Any = None
         self.scheduler = FlowMatchScheduler.from_preset(self.scheduler_preset)
+
+    def size_multiple(self) -> int:
+        """Pixels per latent token side (VAE compression times the 2x2 patch); heights and widths are rounded to it."""
+        return SIZE_MULTIPLE
 
     def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""

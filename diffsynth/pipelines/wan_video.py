@@ -2,18 +2,23 @@
 
 Models, by pipeline name: ``dit`` (``WanTransformer3DModel``), ``vae`` (``AutoencoderKLWan``), ``text_encoder``
 (``UMT5EncoderModel``) and ``tokenizer``, loaded from a diffusers-layout repository such as
-``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``. The computation follows diffusers' ``WanPipeline`` (prompt cleaning, UMT5
-embeddings zero-padded to ``max_sequence_length``, latents ``(1, 16, (frames - 1) / 4 + 1, height / 8, width / 8)``,
-plain CFG, latent de-normalisation), so with the same scheduler both produce the same video.
+``Wan-AI/Wan2.1-T2V-1.3B-Diffusers`` or from an original release such as ``Wan-AI/Wan2.1-T2V-1.3B`` (a ``WanModel``
+config and ``.pth`` encoders, read by ``core/loader/original_wan.py`` into the same classes; the tokenizer is then the
+repository's ``google/umt5-xxl/``). The computation follows diffusers' ``WanPipeline`` (prompt cleaning, UMT5
+embeddings zero-padded to ``max_sequence_length``, latents ``(1, C, (frames - 1) / 4 + 1, height / s, width / s)``
+with the VAE's channels ``C`` and spatial compression ``s``, plain CFG, latent de-normalisation), so with the same
+scheduler both produce the same video.
 
-Image-to-video (Wan2.1 I2V, e.g. ``Wan-AI/Wan2.1-I2V-14B-480P-Diffusers``) adds ``image_encoder``
-(``CLIPVisionModel``) and ``image_processor`` (``CLIPImageProcessor``, read from the repository's
-``image_processor/`` folder) and follows diffusers' ``WanImageToVideoPipeline``: the transformer's ``hidden_states``
-are the noisy latents concatenated along channels with ``y`` (a 4-channel first-frame mask and the normalised VAE
-latents of a video whose first frame is ``input_image`` and whose other frames are zero), and its
-``encoder_hidden_states_image`` are the CLIP encoder's penultimate hidden states (``clip_feature``), shared by both
-CFG branches. Which inputs a transformer takes is read from its config: ``in_channels`` above ``out_channels`` means
-``y``, a set ``image_dim`` means ``clip_feature``.
+Image conditioning (``wan_image.py``) follows diffusers' ``WanImageToVideoPipeline``: ``y`` for Wan2.1 / Wan2.2
+image-to-video (with CLIP features, ``image_encoder`` and ``image_processor``, for Wan2.1), and for Wan2.2 TI2V-5B
+(48 latent channels, the 16x Wan2.2 VAE) the image's latents as the first latent frame with per-token timesteps (zero
+on that frame), as diffusers does with ``expand_timesteps``.
+
+Wan2.2 A14B has two experts: the first transformer loaded is ``dit`` (high noise), a second one ``dit2`` (low noise).
+With both, each step runs ``dit`` while the timestep is at or above ``boundary_ratio * 1000`` and ``dit2`` below, as
+diffusers' pipelines do with ``transformer_2``; the default ratio is the release's (0.875 for text-to-video, 0.9 for
+image-to-video, ``boundary`` in Wan-Video/Wan2.2's ``wan/configs``). Training follows the reference: one expert per
+run, with ``--min_timestep_boundary`` / ``--max_timestep_boundary`` selecting its timesteps.
 
 The schedule differs by default: this pipeline samples and trains with the flow-matching Euler schedule at shift 5
 (the reference trainer's choice for Wan), while the diffusers repositories ship ``UniPCMultistepScheduler`` with
@@ -32,17 +37,25 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..core.loader import ModelConfig
+from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
-                     tensor_to_images)
+from .common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size, \
+    tensor_to_images
+from .wan_image import (ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout,
+                        load_image_processor, sibling_folder)
 
 __all__ = ["ModelConfig", "WanVideoPipeline", "save_video"]
 
 logger = logging.getLogger(__name__)
 
-VAE_SCALE = 8
 VAE_TEMPORAL_SCALE = 4
+# Latent channels of the Wan2.2 VAE: its models (TI2V-5B) take the first frame as the first latent frame.
+WAN22_LATENT_CHANNELS = 48
+PATCH_SIZE = 2
+# The boundary of the Wan2.2 A14B experts (``boundary`` in wan/configs/wan_{t2v,i2v}_A14B.py of Wan-Video/Wan2.2).
+T2V_BOUNDARY_RATIO = 0.875
+I2V_BOUNDARY_RATIO = 0.9
 
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
@@ -50,8 +63,6 @@ MODEL_ROLES = {
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
 }
-# Channels of the first-frame mask in ``y``: one per pixel frame folded into a latent frame.
-MASK_CHANNELS = VAE_TEMPORAL_SCALE
 
 
 def clean_prompt(text: str) -> str:
@@ -130,7 +141,8 @@ class FrameCountUnit(PipelineUnit):
 
 
 class NoiseUnit(PipelineUnit):
-    """Draws the initial noise ``(1, 16, (num_frames - 1) / 4 + 1, height / 8, width / 8)``."""
+    """Draws the initial noise ``(1, C, (num_frames - 1) / 4 + 1, height / s, width / s)`` (the VAE's latent channels
+    ``C`` and spatial compression ``s``)."""
 
     def __init__(self) -> None:
         super().__init__(input_params=("height", "width", "num_frames", "seed", "rand_device"),
@@ -138,9 +150,7 @@ class NoiseUnit(PipelineUnit):
 
     def process(self, pipe: WanVideoPipeline, height: int, width: int, num_frames: int, seed: int | None,
                 rand_device: str | torch.device | None) -> dict:
-        latent_frames = (num_frames - 1) // VAE_TEMPORAL_SCALE + 1
-        shape = (1, pipe.latent_channels, latent_frames, height // VAE_SCALE, width // VAE_SCALE)
-        return {"noise": draw_noise(pipe, shape, seed, rand_device)}
+        return {"noise": draw_noise(pipe, pipe.latent_shape(height, width, num_frames), seed, rand_device)}
 
 
 class InputVideoEmbedderUnit(PipelineUnit):
@@ -167,88 +177,6 @@ class InputVideoEmbedderUnit(PipelineUnit):
         latents = pipe.vae.encode(pixels).latent_dist.mode()
         mean, inverse_std = pipe.latent_statistics(latents)
         return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
-
-
-def _check_image(input_image: Any) -> Image.Image:
-    if not isinstance(input_image, Image.Image):
-        raise TypeError(f"input_image must be one PIL image (the first frame), got {type(input_image).__name__}; "
-                        "load it with PIL.Image.open(path)")
-    return input_image
-
-
-class ImageConditionUnit(PipelineUnit):
-    """Builds ``y``, the image-to-video condition the transformer reads beside the noisy latents.
-
-    ``y`` is ``(1, 4 + 16, latent frames, height / 8, width / 8)``: a mask that is one on the first latent frame and
-    zero elsewhere, then the normalised VAE latents (distribution mode) of a video whose first frame is
-    ``input_image`` resized to ``height x width`` and whose other frames are zero. ``y`` is ``None`` when the model
-    takes no image. This is also where a mismatch between the inputs and the transformer is reported, before any
-    encoder runs.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("input_image", "height", "width", "num_frames"), output_params=("y",),
-                         onload_model_names=("vae",))
-
-    def process(self, pipe: WanVideoPipeline, input_image: Image.Image | None, height: int, width: int,
-                num_frames: int) -> dict:
-        if input_image is None:
-            # Without a loaded transformer (a stage that leaves it out) there is nothing to check against.
-            if pipe.dit is not None and pipe.takes_image_condition():
-                raise ValueError(f"{pipe.describe_transformer()} is an image-to-video model and needs the first "
-                                 "frame: pass input_image=<PIL image>, or load a text-to-video Wan transformer")
-            return {"y": None}
-        _check_image(input_image)
-        if not pipe.takes_image_condition():
-            # Dropping the image silently would return a video unrelated to it.
-            raise ValueError(f"input_image was given, but {pipe.describe_transformer()} takes no image (a "
-                             "text-to-video model); load an image-to-video Wan (e.g. "
-                             "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers), or drop input_image (to start from existing "
-                             "frames, pass input_video)")
-        image = input_image.convert("RGB")
-        if image.size != (width, height):
-            image = image.resize((width, height), Image.Resampling.LANCZOS)  # diffusers' VideoProcessor default
-        first = image_to_tensor(image)
-        video = torch.zeros(1, 3, num_frames, height, width)
-        video[:, :, 0] = first[0]
-        latents = pipe.vae.encode(video.to(pipe.device, pipe.vae.dtype)).latent_dist.mode().float()
-        mean, inverse_std = pipe.latent_statistics(latents)
-        # diffusers repeats the first pixel frame's mask 4 times and folds 4 pixel frames into each latent frame,
-        # which amounts to ones on latent frame 0 and zeros elsewhere.
-        mask = torch.zeros(1, MASK_CHANNELS, *latents.shape[2:], device=latents.device)
-        mask[:, :, 0] = 1
-        condition = torch.cat([mask, (latents - mean) * inverse_std], dim=1)
-        return {"y": condition.to(pipe.torch_dtype)}
-
-
-class ImageEmbedderUnit(PipelineUnit):
-    """Encodes ``input_image`` with the CLIP vision encoder into ``clip_feature`` (its penultimate hidden states).
-
-    The image goes to the CLIP processor as given (it resizes and crops on its own). ``clip_feature`` is ``None``
-    without an image or when the transformer has no image cross-attention (``image_dim`` unset). It is shared state:
-    diffusers gives both CFG branches the same image embeddings.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("input_image",), output_params=("clip_feature",),
-                         onload_model_names=("image_encoder",))
-
-    def process(self, pipe: WanVideoPipeline, input_image: Image.Image | None) -> dict:
-        if input_image is None or not pipe.takes_image_embedding():
-            return {"clip_feature": None}
-        _check_image(input_image)
-        if pipe.image_encoder is None:
-            raise ValueError("this transformer reads CLIP image features (image_dim="
-                             f"{pipe.dit.config.image_dim}), so input_image needs the image encoder; add "
-                             "'<model_id>:image_encoder/model*.safetensors' to the model configs")
-        if pipe.image_processor is None:
-            raise ValueError("encoding input_image needs the CLIP image processor; load the pipeline with "
-                             "from_pretrained from a repository that has image_processor/, or pass "
-                             "image_processor_config=ModelConfig(...) naming that folder")
-        pixels = pipe.image_processor(images=input_image, return_tensors="pt").pixel_values
-        hidden = pipe.image_encoder(pixel_values=pixels.to(pipe.device, pipe.image_encoder.dtype),
-                                    output_hidden_states=True).hidden_states
-        return {"clip_feature": hidden[-2].to(pipe.torch_dtype)}
 
 
 class PromptEmbedderUnit(PipelineUnit):
@@ -283,8 +211,10 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
-    model_fn_params = ("prompt_emb", "y", "clip_feature")
+    model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio")
     training_columns = ("video", "prompt")
+    # Extra inputs a sample may leave out: the reference takes the first frame of the video for them.
+    derived_inputs = ("input_image",)
     # The reference's Wan commands name layers as in the original Wan code; suffixes match self- and cross-attention.
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
@@ -294,6 +224,7 @@ class WanVideoPipeline(TextToLatentPipeline):
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
         super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
                          manage_model_devices=manage_model_devices)
+        self.dit2: torch.nn.Module | None = None
         self.image_encoder: torch.nn.Module | None = None
         self.image_processor: Any = None
         # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
@@ -310,14 +241,16 @@ class WanVideoPipeline(TextToLatentPipeline):
         Args:
             torch_dtype: Weight and activation dtype.
             device: The compute device.
-            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``,
-                ``image_encoder``).
-            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder.
+            model_configs: One config per model (any subset of ``dit``, ``dit2``, ``vae``, ``text_encoder``,
+                ``image_encoder``); a second transformer becomes ``dit2``, the low-noise expert.
+            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder, or
+                ``google/umt5-xxl/`` beside an original-layout T5 file.
             offload_device: Where models wait while not in use.
             skeleton_configs: Entries of ``model_configs`` to build without weights.
             image_processor_config: The ``CLIPImageProcessor`` folder. When an image encoder is loaded and this is
                 ``None``, the ``image_processor/`` folder of the image encoder's repository is used (for local
-                paths, the ``image_processor`` folder beside the image encoder's folder, if there is one).
+                paths, the ``image_processor`` folder beside the image encoder's folder, if there is one); an
+                original-layout CLIP file gets the released preprocessing at its image size.
 
         Raises:
             ValueError: As ``BasePipeline.from_pretrained``.
@@ -329,25 +262,71 @@ class WanVideoPipeline(TextToLatentPipeline):
         config = image_processor_config or cls._companions(pipe.model_configs, tokenizer_config).get("image_processor")
         if config is not None:
             pipe.image_processor = load_image_processor(config)
+        elif pipe.image_encoder is not None:
+            pipe.image_processor = clip_image_processor(pipe.image_encoder)
         return pipe
 
     @classmethod
     def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
-        """The tokenizer as in ``BasePipeline``, plus the image processor beside a loaded image encoder."""
-        companions = super()._companions(roles, tokenizer_config)
-        processor = _sibling_image_processor(roles["image_encoder"]) if "image_encoder" in roles else None
-        if processor is not None:
-            companions["image_processor"] = processor
+        """The tokenizer (``google/umt5-xxl/`` beside an original T5 file, else as in ``BasePipeline``), plus the image
+        processor beside a diffusers-layout image encoder (an original CLIP file ships none)."""
+        text_encoder = roles.get("text_encoder")
+        if text_encoder is not None and "tokenizer" not in roles and tokenizer_config is None \
+                and is_original_layout(text_encoder):
+            companions = {"tokenizer": sibling_folder(text_encoder, UMT5_TOKENIZER_FOLDER)}
+            companions = {name: config for name, config in companions.items() if config is not None}
+        else:
+            companions = super()._companions(roles, tokenizer_config)
+        encoder = roles.get("image_encoder")
+        if encoder is not None and not is_original_layout(encoder):
+            processor = sibling_folder(encoder, "image_processor")
+            if processor is not None:
+                companions["image_processor"] = processor
         return companions
 
-    def takes_image_condition(self) -> bool:
-        """Whether the transformer reads ``y`` (``in_channels`` above ``out_channels``).
+    def _assign(self, component: Any, config: ModelConfig) -> str:
+        """As ``BasePipeline._assign``; a second transformer is the low-noise expert ``dit2`` (Wan2.2 A14B)."""
+        if self.model_roles.get(type(component).__name__) == "dit" and self.dit is not None and self.dit2 is None:
+            self.dit2 = component
+            self.model_configs["dit2"] = config
+            return "dit2"
+        return super()._assign(component, config)
+
+    # ---- what the loaded models take ------------------------------------------------------------------------------
+
+    @property
+    def latent_channels(self) -> int:
+        """Latent channels: the VAE's ``z_dim``, else the transformer's output channels."""
+        if self.vae is not None:
+            return self.vae.config.z_dim
+        return self.dit.config.out_channels if self.dit is not None else 16
+
+    def spatial_compression(self) -> int:
+        """Pixels per latent pixel: 8 for the Wan2.1 VAE, 16 for the Wan2.2 VAE."""
+        if self.vae is not None:
+            return self.vae.config.scale_factor_spatial or 8
+        return 16 if self.latent_channels == WAN22_LATENT_CHANNELS else 8
+
+    def size_multiple(self) -> int:
+        """Pixels per token side: the VAE's compression times the transformer's 2x2 patch (16, or 32 for Wan2.2)."""
+        return self.spatial_compression() * PATCH_SIZE
+
+    def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
+        """The latents of a ``num_frames``-frame video of ``height x width`` pixels (sizes already rounded)."""
+        scale = self.spatial_compression()
+        return (1, self.latent_channels, (num_frames - 1) // VAE_TEMPORAL_SCALE + 1, height // scale, width // scale)
+
+    def image_conditioning(self) -> str | None:
+        """How the transformer takes a first frame: ``"channels"`` (``y``, image-to-video), ``"first_frame"``
+        (the first latent frame, Wan2.2 TI2V) or None (text-to-video).
 
         Without a transformer (a stage that does not load it) the image encoder's presence decides.
         """
         if self.dit is None:
-            return self.image_encoder is not None
-        return self.dit.config.in_channels != self.dit.config.out_channels
+            return "channels" if self.image_encoder is not None else None
+        if self.dit.config.in_channels != self.dit.config.out_channels:
+            return "channels"
+        return "first_frame" if self.dit.config.out_channels == WAN22_LATENT_CHANNELS else None
 
     def takes_image_embedding(self) -> bool:
         """Whether the transformer reads ``clip_feature`` (its ``image_dim`` is set)."""
@@ -359,14 +338,17 @@ class WanVideoPipeline(TextToLatentPipeline):
         """The transformer's image-related config, for error messages."""
         if self.dit is None:
             return "the pipeline (no transformer loaded, no image encoder)"
-        return f"the transformer (in_channels={self.dit.config.in_channels}, image_dim={self.dit.config.image_dim})"
+        return (f"the transformer (in_channels={self.dit.config.in_channels}, out_channels="
+                f"{self.dit.config.out_channels}, image_dim={self.dit.config.image_dim})")
+
+    # ---- training -------------------------------------------------------------------------------------------------
 
     def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
         """The unit state for one dataset sample (``video`` frames, ``prompt``, and the ``extra_inputs`` columns).
 
-        For an image-to-video transformer the condition image is the sample's ``input_image`` column when it has
-        one, else the video's first frame (what the model is trained to continue), so video-only datasets train it
-        too. A text-to-video transformer gets no image unless the sample has an ``input_image`` column.
+        The condition image is the sample's ``input_image`` column when it has one, else the video's first frame
+        (what the model is trained to continue) when ``--extra_inputs`` names ``input_image`` or the transformer
+        needs an image (image-to-video), as the reference trainer takes it.
 
         Raises:
             ValueError: ``input_image`` is a path that was not loaded.
@@ -376,39 +358,70 @@ class WanVideoPipeline(TextToLatentPipeline):
         if isinstance(input_image, str):
             raise ValueError(f"the input_image column holds the path {input_image!r}, not an image; add input_image "
                              "to --data_file_keys (e.g. --data_file_keys video,input_image) so it is loaded")
-        if input_image is None and self.takes_image_condition():
+        if input_image is None and ("input_image" in extra_inputs or self.image_conditioning() == "channels"):
             input_image = frames[0]
         inputs_shared = {
             "input_video": frames, "height": frames[0].height, "width": frames[0].width, "num_frames": len(frames),
             "cfg_scale": 1, "seed": None, "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": 512,
-            "input_image": input_image, **{name: sample[name] for name in extra_inputs},
+            **{name: sample[name] for name in extra_inputs if name not in self.derived_inputs},
+            "input_image": input_image,
         }  # fmt: skip
         return inputs_shared, {"prompt": sample["prompt"]}, {}
 
+    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
+        """With a first-frame condition (TI2V) the first latent frame is given, not predicted: the loss skips it."""
+        if inputs_shared.get("first_frame_latents") is None:
+            return None
+        return (slice(None), slice(None), slice(1, None))
+
+    # ---- denoising ------------------------------------------------------------------------------------------------
+
+    def expert(self, timestep: torch.Tensor | float, boundary_ratio: float | None = None) -> torch.nn.Module:
+        """The transformer for ``timestep``: ``dit``, or with two experts ``dit2`` below ``boundary_ratio * 1000``
+        (default: the release's boundary for the model kind). Onloads it when the pipeline manages devices."""
+        if self.dit2 is None:
+            return self.dit
+        if boundary_ratio is None:
+            boundary_ratio = I2V_BOUNDARY_RATIO if self.image_conditioning() == "channels" else T2V_BOUNDARY_RATIO
+        name = "dit" if float(torch.as_tensor(timestep).reshape(-1)[0]) >= boundary_ratio * 1000 else "dit2"
+        self.load_models_to_device([name])
+        return getattr(self, name)
+
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
-                 y: torch.Tensor | None = None, clip_feature: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 y: torch.Tensor | None = None, clip_feature: torch.Tensor | None = None,
+                 first_frame_latents: torch.Tensor | None = None, boundary_ratio: float | None = None,
+                 **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``latents`` at ``timestep`` (scale 0 to 1000).
 
-        With an image-to-video transformer, ``y`` is concatenated to the latents along channels and
-        ``clip_feature`` goes to the image cross-attention.
+        With an image-to-video transformer, ``y`` is concatenated to the latents along channels and ``clip_feature``
+        goes to the image cross-attention. A Wan2.2-latent (TI2V) transformer gets one timestep per token, as
+        diffusers gives it with ``expand_timesteps``; with ``first_frame_latents`` the first latent frame is that
+        condition, at timestep 0.
 
         Raises:
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
         """
+        dit = self.expert(timestep, boundary_ratio)
         timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(latents.shape[0])
         hidden = latents if y is None else torch.cat([latents, y.to(latents.dtype)], dim=1)
-        if hidden.shape[1] != self.dit.config.in_channels:
-            raise ValueError(f"the transformer takes in_channels={self.dit.config.in_channels}, but got "
+        if hidden.shape[1] != dit.config.in_channels:
+            raise ValueError(f"the transformer takes in_channels={dit.config.in_channels}, but got "
                              f"{hidden.shape[1]} (latents {latents.shape[1]} + y "
                              f"{0 if y is None else y.shape[1]}); an image-to-video transformer needs input_image, "
                              "a text-to-video one must not get it")
-        return self.dit(hidden_states=hidden.to(self.dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
-                        encoder_hidden_states_image=clip_feature, return_dict=False)[0]
+        if dit.config.out_channels == WAN22_LATENT_CHANNELS and y is None:
+            hidden, timestep = _first_frame_inputs(hidden, timestep, first_frame_latents)
+        return dit(hidden_states=hidden.to(dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
+                   encoder_hidden_states_image=clip_feature, return_dict=False)[0]
 
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
-        """The final latents through the VAE, as ``(B, frames, 3, H, W)`` values in ``[0, 1]``."""
+        """The final latents through the VAE, as ``(B, frames, 3, H, W)`` values in ``[0, 1]``; a first-frame
+        condition takes the place of the first latent frame."""
         self.load_models_to_device(["vae"])
         latents = inputs_shared["latents"].to(self.vae.dtype)
+        first = inputs_shared.get("first_frame_latents")
+        if first is not None:
+            latents = torch.cat([first.to(latents), latents[:, :, 1:]], dim=2)
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
@@ -419,7 +432,8 @@ class WanVideoPipeline(TextToLatentPipeline):
                  denoising_strength: float = 1.0,
                  height: int = 480, width: int = 832, num_frames: int = 81, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 50, max_sequence_length: int = 512,
-                 output_type: str = "pil", progress_bar: bool = True) -> list[Image.Image] | torch.Tensor:
+                 boundary_ratio: float | None = None, output_type: str = "pil",
+                 progress_bar: bool = True) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -427,16 +441,18 @@ class WanVideoPipeline(TextToLatentPipeline):
             negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
             cfg_scale: Classifier-free guidance scale; 1 turns CFG off and halves the work per step.
             input_video: Start from these frames instead of pure noise (video-to-video).
-            input_image: The first frame, for an image-to-video model (which needs it); resized to
-                ``height x width``. A text-to-video model rejects it.
+            input_image: The first frame, for an image-to-video model (which needs it) or a TI2V model (which may
+                take it); resized to ``height x width``. A text-to-video model rejects it.
             denoising_strength: With ``input_video``: how much of the schedule to run (1 ignores the video).
-            height: Frame height in pixels, rounded to a multiple of 16.
-            width: Frame width in pixels, rounded to a multiple of 16.
+            height: Frame height in pixels, rounded to a multiple of ``size_multiple()`` (16; 32 for Wan2.2 TI2V).
+            width: Frame width in pixels, rounded likewise.
             num_frames: Frame count, rounded down to the form 4k+1.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on.
             num_inference_steps: Denoising steps.
             max_sequence_length: Prompt tokens the text encoder sees (padded to this length).
+            boundary_ratio: With two experts (``dit2`` loaded), the fraction of the 1000 training timesteps at which
+                the low-noise expert takes over; default the release's (0.875 text-to-video, 0.9 image-to-video).
             output_type: ``"pil"`` for a list of frames, ``"pt"`` for a ``(1, frames, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
@@ -444,45 +460,31 @@ class WanVideoPipeline(TextToLatentPipeline):
             raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
         if output_type not in ("pil", "pt"):
             raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
-        latent_shape = (1, self.latent_channels, (round_frames(num_frames) - 1) // VAE_TEMPORAL_SCALE + 1,
-                        round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
+        if boundary_ratio is not None and not 0 < boundary_ratio < 1:
+            raise ValueError(f"boundary_ratio={boundary_ratio!r} must lie between 0 and 1, e.g. 0.875")
+        multiple = self.size_multiple()
+        latent_shape = self.latent_shape(round_size(height, multiple), round_size(width, multiple),
+                                         round_frames(num_frames))
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_video": input_video, "input_image": input_image,
             "denoising_strength": denoising_strength,
             "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
-            "max_sequence_length": max_sequence_length,
+            "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
         }  # fmt: skip
         video = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                              progress_bar=progress_bar)
         return video if output_type == "pt" else tensor_to_images(video[0])
 
 
-def _sibling_image_processor(encoder_config: ModelConfig) -> ModelConfig | None:
-    """The ``image_processor/`` folder of the repository (or local folder tree) the image encoder came from."""
-    if encoder_config.model_id is not None:
-        return ModelConfig(model_id=encoder_config.model_id, origin_file_pattern="image_processor/")
-    first = Path(encoder_config.path if isinstance(encoder_config.path, str) else encoder_config.path[0])
-    folder = (first if first.is_dir() else first.parent).parent / "image_processor"
-    return ModelConfig(path=str(folder)) if folder.is_dir() else None
-
-
-def load_image_processor(config: ModelConfig) -> Any:
-    """Resolves an image-processor folder (e.g. pattern ``"image_processor/"``) and loads its ``CLIPImageProcessor``.
-
-    Raises:
-        ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
-    """
-    files = resolve_files(config)
-    folders = [path if path.is_dir() else path.parent for path in files]
-    folder = next((f for f in folders if (f / "preprocessor_config.json").is_file()), None)
-    if folder is None:
-        raise ModelLoadError(f"{config.describe()} resolved to {[str(f) for f in files]}, which hold no "
-                             "preprocessor_config.json; point it at the repository's image_processor/ folder")
-    from transformers import CLIPImageProcessor
-
-    try:
-        return CLIPImageProcessor.from_pretrained(str(folder))
-    except Exception as error:  # noqa: BLE001 - processor errors come in many types
-        raise ModelLoadError(f"cannot load the image processor in {folder} ({type(error).__name__}: {error}); "
-                             "restore the repository's preprocessor_config.json") from error
+def _first_frame_inputs(hidden: torch.Tensor, timestep: torch.Tensor,
+                        first_frame_latents: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token timesteps ``(B, tokens)`` for a Wan2.2-latent transformer, and the latents with the condition as
+    their first frame; that frame's tokens get timestep 0 (diffusers' ``expand_timesteps`` mask)."""
+    batch, _, frames, height, width = hidden.shape
+    per_frame = timestep.reshape(batch, 1).expand(batch, frames).clone()
+    if first_frame_latents is not None:
+        hidden = torch.cat([first_frame_latents.to(hidden), hidden[:, :, 1:]], dim=2)
+        per_frame[:, 0] = 0
+    tokens = (height // PATCH_SIZE) * (width // PATCH_SIZE)
+    return hidden, per_frame.repeat_interleave(tokens, dim=1)

@@ -44,7 +44,10 @@ def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
     assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES}
     video = build_parser(video=True).parse_args([])
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, "num_frames": 81, "allow_shorter_videos": False}
+    # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, "num_frames": 81,
+                           "allow_shorter_videos": False, "use_gradient_checkpointing": True}
+    assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
 
 def test_a_valid_command_parses_with_its_types():

@@ -67,8 +67,19 @@ def test_script_stops_on_error_and_launches_training(script):
     assert launch_commands(text), f"{script} holds no `accelerate launch ... train.py` command"
 
 
+def test_the_reference_wan_scripts_exist():
+    """The reference's Wan commands (DiffSynth-Studio examples/wanvideo/model_training) under the same names."""
+    names = {str(script.relative_to(REPO / "examples/wanvideo/model_training")) for script in SCRIPTS
+             if script.is_relative_to(REPO / "examples/wanvideo")}
+    assert {f"lora/{name}.sh" for name in ("Wan2.1-T2V-1.3B", "Wan2.1-I2V-14B-480P", "Wan2.2-T2V-A14B",
+                                           "Wan2.2-I2V-A14B", "Wan2.2-TI2V-5B")} <= names
+    assert {f"special/{kind}/Wan2.1-I2V-14B-480P.sh" for kind in ("split_training", "low_vram_training")} <= names
+
+
 @pytest.mark.parametrize("script", ["qwen_image/model_training/special/split_training/Qwen-Image-LoRA.sh",
-                                    "wanvideo/model_training/special/split_training/Wan2.1-T2V-1.3B-LoRA.sh"])
+                                    "wanvideo/model_training/special/split_training/Wan2.1-T2V-1.3B-LoRA.sh",
+                                    "wanvideo/model_training/special/split_training/Wan2.1-I2V-14B-480P.sh",
+                                    "wanvideo/model_training/special/low_vram_training/Wan2.1-I2V-14B-480P.sh"])
 def test_split_script_has_both_stages(script):
     tasks = []
     for words in launch_commands((REPO / "examples" / script).read_text()):

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.core.loader.tiny_models import WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS
 from diffsynth.pipelines.wan_video import WanVideoPipeline
 
 from .helpers import load_script, train_lora
 
 SCRIPT = "examples/wanvideo/model_training/validate_lora/Wan2.1-T2V-1.3B.py"
-MODELS = ",".join(f"{WAN_MODEL_ID}:{WAN_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
+MODELS = ",".join(f"{WAN_ORIGINAL_MODEL_ID}:{WAN_ORIGINAL_PATTERNS[name]}"
+                  for name in ("dit", "text_encoder", "vae"))
 RENDER = ["--height", "32", "--width", "32", "--num_frames", "5", "--steps", "2", "--device", "cpu",
           "--torch_dtype", "float32"]
 

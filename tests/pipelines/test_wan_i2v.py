@@ -102,8 +102,8 @@ def test_units_do_what_they_declare(pipes):
 
 def test_the_image_to_video_model_without_an_image_is_refused(pipes):
     ours, _ = pipes
-    with pytest.raises(ValueError, match=r"in_channels=36, image_dim=32\) is an image-to-video model and needs the "
-                                         r"first frame: pass input_image="):
+    with pytest.raises(ValueError, match=r"in_channels=36, out_channels=16, image_dim=32\) is an image-to-video model "
+                                         r"and needs the first frame: pass input_image="):
         ours(PROMPT, cfg_scale=1.0, seed=0, progress_bar=False, **SIZE)
     with pytest.raises(TypeError, match="input_image must be one PIL image"):
         ours(PROMPT, cfg_scale=1.0, input_image="frame.png", seed=0, progress_bar=False, **SIZE)
@@ -111,7 +111,7 @@ def test_the_image_to_video_model_without_an_image_is_refused(pipes):
 
 def test_an_image_for_a_text_to_video_model_is_refused(base):
     pipe = WanVideoPipeline.from_pretrained(torch.float32, "cpu", configs(WAN_MODEL_ID, WAN_PATTERNS, "dit"))
-    assert pipe.image_processor is None and not pipe.takes_image_condition()
+    assert pipe.image_processor is None and pipe.image_conditioning() is None
     with pytest.raises(ValueError, match="input_image was given, but the transformer .* takes no image .*drop "
                                          "input_image"):
         pipe.run_units({**SIZE, "input_image": picture(0)}, {"prompt": PROMPT}, {})

@@ -1,5 +1,8 @@
 """Builds the diffusers / transformers class a folder's ``config.json`` names and loads its safetensors shards.
 
+The original Wan release layouts (a ``WanModel`` config, ``.pth`` encoders and VAEs) load into the same classes:
+``original_wan.identify`` says which class and config they make and where each tensor comes from.
+
 The model is built with its parameters on the meta device (``accelerate.init_empty_weights``), so building costs no
 memory, then every shard is assigned into it in the requested dtype and on the requested device: the weights are
 allocated once, where they will live. Buffers computed in ``__init__`` (rotary tables) are built for real, under the
@@ -21,6 +24,8 @@ import torch
 from ..device import resolve_device
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .original_wan import OriginalWanModel, identify
+from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
 from .state_dict import assign_shards, meta_tensor_names, plan_keys, read_headers, transformers_key_renamer
 
@@ -43,14 +48,15 @@ def resolve_dtype(torch_dtype: torch.dtype | str, name: str = "torch_dtype") -> 
 
 
 def weight_files(files: list[Path]) -> list[Path]:
-    """The safetensors files among ``files`` (a folder contributes every ``*.safetensors`` directly inside it)."""
+    """The weight files among ``files``: safetensors (a folder contributes every ``*.safetensors`` directly inside
+    it), and ``.pth`` files, which only the original-Wan route reads (with PyTorch's restricted loader)."""
     found: list[Path] = []
     for path in files:
         if path.is_dir():
             found += sorted(path.glob("*.safetensors"))
-        elif path.name.endswith(".safetensors"):
+        elif path.name.endswith(".safetensors") or path.suffix == PTH_SUFFIX:
             found.append(path)
-        elif path.suffix in (".bin", ".pt", ".pth", ".ckpt"):
+        elif path.suffix in (".bin", ".pt", ".ckpt"):
             raise ModelLoadError(
                 f"{path} is a pickle checkpoint; only safetensors files are loaded (pickles can run code). Convert it "
                 "with safetensors.torch.save_file, or use the repository's .safetensors files"
@@ -90,45 +96,85 @@ def find_model_class(model_config: dict[str, Any], config_path: Path) -> tuple[s
             f"{config_path} names no class: a diffusers config has '_class_name', a transformers config has "
             "'architectures'; use the config.json of a diffusers or transformers repository"
         )
+    return library, library_class(library, name, config_path)
+
+
+def library_class(library: str, name: object, where: object) -> type[torch.nn.Module]:
+    """The model class ``name`` of ``diffusers`` or ``transformers``.
+
+    Raises:
+        ModelLoadError: The installed library has no such model class; the message names ``where`` it was asked for.
+    """
     module = __import__(library)
     cls = getattr(module, str(name), None) if isinstance(name, str) else None
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise ModelLoadError(
-            f"{config_path} names {library} class {name!r}, which {library} {module.__version__} does not provide; "
+            f"{where} names {library} class {name!r}, which {library} {module.__version__} does not provide; "
             f"check the class name, or upgrade {library}"
         )
-    return library, cls
+    return cls
 
 
-def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """Builds ``cls`` from ``folder/config.json`` with every parameter on the meta device.
+def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype,
+                      config: dict[str, Any] | None = None) -> torch.nn.Module:
+    """Builds ``cls`` from ``folder/config.json`` (or from ``config``) with every parameter on the meta device.
 
     Only parameters go to meta: buffers and plain tensors computed in ``__init__`` (RoPE frequencies) are small and
     are not in the checkpoint, so they are built for real, under ``dtype`` as the default dtype like
     ``from_pretrained`` does.
+
+    Args:
+        library: ``"diffusers"`` or ``"transformers"``.
+        cls: The model class.
+        folder: The folder holding ``config.json``; with ``config``, only named in messages.
+        dtype: The default dtype while building.
+        config: The class's config as a dict, for checkpoints that ship none of the library's own (original
+            layouts): ``from_config`` arguments for diffusers, the config class's arguments for transformers.
     """
     from accelerate import init_empty_weights
 
+    where = folder / "config.json" if config is None else folder
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with init_empty_weights(include_buffers=False):
             if library == "diffusers":
-                return cls.from_config(cls.load_config(str(folder)))
-            from transformers import AutoConfig
+                return cls.from_config(config if config is not None else cls.load_config(str(folder)))
+            if config is not None:
+                model_config = cls.config_class(**config)
+            else:
+                from transformers import AutoConfig
 
-            model_config = AutoConfig.from_pretrained(str(folder))
+                model_config = AutoConfig.from_pretrained(str(folder))
             model_config.dtype = dtype
             return cls(model_config)
     except ModelLoadError:
         raise
     except Exception as error:  # noqa: BLE001 - a config the class rejects
         raise ModelLoadError(
-            f"cannot build {cls.__name__} from {folder / 'config.json'} ({type(error).__name__}: {error}); the config "
-            f"does not fit the installed {library}"
+            f"cannot build {cls.__name__} from {where} ({type(error).__name__}: {error}); the config does not fit "
+            f"the installed {library}"
         ) from error
     finally:
         torch.set_default_dtype(previous)
+
+
+def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, OriginalWanModel | None]:
+    """``(library, class, folder, original)`` for a model's weight files: an original Wan layout (``original`` set)
+    or the class the folder's ``config.json`` names."""
+    original = identify(shards)
+    if original is not None:
+        return original.library, library_class(original.library, original.class_name, original.source), \
+            original.source, original
+    folder = shards[0].parent
+    library, cls = find_model_class(read_config(folder), folder / "config.json")
+    return library, cls, folder, None
+
+
+def _empty_model(shards: list[Path], dtype: torch.dtype) -> tuple[str, torch.nn.Module, Path, OriginalWanModel | None]:
+    library, cls, folder, original = _blueprint(shards)
+    model = build_empty_model(library, cls, folder, dtype, config=original.config if original else None)
+    return library, model, folder, original
 
 
 def _fp32_modules(library: str, model: torch.nn.Module, dtype: torch.dtype) -> tuple[str, ...]:
@@ -192,12 +238,15 @@ def load_model_from_files(
     reason = incomplete_reason(shards)
     if reason is not None:
         raise ModelLoadError(f"cannot load {folder}: {reason}; download or copy the missing files")
-    library, cls = find_model_class(read_config(folder), folder / "config.json")
-    model = build_empty_model(library, cls, folder, dtype)
+    library, model, folder, original = _empty_model(shards, dtype)
+    cls = type(model)
     expected = model.state_dict()
-    rename = transformers_key_renamer(model) if library == "transformers" else None
-    ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
-    plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
+    if original is not None:  # already under the model's names
+        plan = plan_keys(original.entries, expected)
+    else:
+        rename = transformers_key_renamer(model) if library == "transformers" else None
+        ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+        plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
     assign_shards(model, plan, dtype, target, fp32_modules=_fp32_modules(library, model, dtype))
     if library == "transformers":
         _tie_weights(model, set(expected) - set(plan))
@@ -247,9 +296,7 @@ def load_skeleton(config: ModelConfig, torch_dtype: torch.dtype | str = torch.bf
     shards = weight_files(resolve_files(config))
     if not shards:
         raise ModelLoadError(f"{config.describe()} holds no .safetensors file, so it names no model to build")
-    folder = shards[0].parent
-    library, cls = find_model_class(read_config(folder), folder / "config.json")
-    return build_empty_model(library, cls, folder, dtype).eval()
+    return _empty_model(shards, dtype)[1].eval()
 
 
 def model_class_name(config: ModelConfig) -> str | None:
@@ -257,13 +304,12 @@ def model_class_name(config: ModelConfig) -> str | None:
     folder without weights (a tokenizer).
 
     Raises:
-        ModelLoadError: As ``find_model_class``.
+        ModelLoadError: As ``find_model_class``, or an unknown ``.pth`` file.
     """
     shards = weight_files(resolve_files(config))
     if not shards:
         return None
-    folder = shards[0].parent
-    return find_model_class(read_config(folder), folder / "config.json")[1].__name__
+    return _blueprint(shards)[1].__name__
 
 
 def _tokenizer_folder(files: list[Path]) -> Path | None:

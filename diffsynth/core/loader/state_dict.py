@@ -1,22 +1,28 @@
-"""Safetensors shards into a model built on the meta device, one shard at a time.
+"""Checkpoint shards into a model built on the meta device, one shard at a time.
 
 The checkpoint headers are read first (no tensor data) to map checkpoint keys to model keys and to reject unexpected
 keys and shape mismatches before anything is allocated. Each shard is then read, cast to the target dtype, moved to
 the target device and assigned into the model with ``load_state_dict(..., assign=True)``: the meta parameters are
 replaced by the loaded tensors, so the weights are allocated once, and peak extra memory is one shard rather than the
 whole model.
+
+Shards are safetensors files, or the ``.pth`` state dicts of the original Wan releases (read only through ``pth.py``,
+PyTorch's restricted loader). An entry may carry a ``convert`` function for checkpoints whose tensors differ from the
+model's by more than their name (a fused qkv projection split in three, an extra leading axis).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .errors import ModelLoadError
+from .pth import PTH_SUFFIX, PthCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -25,20 +31,53 @@ _SAFETENSORS_FIX = "it may be truncated by an interrupted download or copy; dele
 
 @dataclass(frozen=True)
 class CheckpointEntry:
-    """Where one checkpoint tensor lives, read from the safetensors header only."""
+    """Where one checkpoint tensor lives, read from the file's header only.
+
+    Attributes:
+        file: The shard holding the tensor.
+        checkpoint_key: The tensor's name in that file.
+        shape: The shape the model receives (after ``convert``).
+        convert: Turns the stored tensor into the model's (e.g. one third of a fused qkv weight); None stores it as
+            it is.
+    """
 
     file: Path
     checkpoint_key: str
     shape: tuple[int, ...]
+    convert: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-def _open(file: Path):
-    from safetensors import safe_open
+class _SafetensorsCheckpoint:
+    """``safe_open`` behind the interface ``PthCheckpoint`` also offers (``keys``, ``shape``, ``get_tensor``)."""
 
-    try:
-        return safe_open(str(file), framework="pt", device="cpu")
-    except Exception as error:  # noqa: BLE001 - SafetensorError, OSError and header decode errors alike
-        raise ModelLoadError(f"{file} is not a valid safetensors file ({error}); {_SAFETENSORS_FIX}") from None
+    def __init__(self, file: Path) -> None:
+        from safetensors import safe_open
+
+        try:
+            self._handle = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as error:  # noqa: BLE001 - SafetensorError, OSError and header decode errors alike
+            raise ModelLoadError(f"{file} is not a valid safetensors file ({error}); {_SAFETENSORS_FIX}") from None
+
+    def __enter__(self) -> _SafetensorsCheckpoint:
+        self._handle.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._handle.__exit__(*exc_info)
+
+    def keys(self) -> list[str]:
+        return list(self._handle.keys())
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle.get_slice(key).get_shape())
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self._handle.get_tensor(key)
+
+
+def open_checkpoint(file: Path) -> _SafetensorsCheckpoint | PthCheckpoint:
+    """Opens a shard for reading: ``.pth`` through the restricted loader, anything else as safetensors."""
+    return PthCheckpoint(file) if Path(file).suffix == PTH_SUFFIX else _SafetensorsCheckpoint(Path(file))
 
 
 def read_headers(files: list[Path]) -> dict[str, CheckpointEntry]:
@@ -49,15 +88,14 @@ def read_headers(files: list[Path]) -> dict[str, CheckpointEntry]:
     """
     entries: dict[str, CheckpointEntry] = {}
     for file in files:
-        with _open(file) as handle:
+        with open_checkpoint(file) as handle:
             for key in handle.keys():
                 if key in entries:
                     raise ModelLoadError(
                         f"checkpoint key {key!r} is in both {entries[key].file} and {file}; the shards overlap, so "
                         "they are not one checkpoint (remove the stray file)"
                     )
-                shape = tuple(handle.get_slice(key).get_shape())
-                entries[key] = CheckpointEntry(file=file, checkpoint_key=key, shape=shape)
+                entries[key] = CheckpointEntry(file=file, checkpoint_key=key, shape=handle.shape(key))
     return entries
 
 
@@ -131,7 +169,10 @@ def plan_keys(
         plan[model_key] = entry
     if unexpected:
         unexpected.sort()
-        shown = ", ".join(repr(k) if k == m else f"{k!r} (as {m!r})" for k, m in unexpected[:10])
+        shown = ", ".join(
+            repr(entries[k].checkpoint_key) if entries[k].checkpoint_key == m else f"{entries[k].checkpoint_key!r} "
+            f"(as {m!r})" for k, m in unexpected[:10]
+        )
         more = f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""
         raise ModelLoadError(
             f"{len(unexpected)} checkpoint key(s) are not in the model: {shown}{more} (first in "
@@ -159,19 +200,21 @@ def assign_shards(
     Floating tensors are cast to ``dtype`` (float32 inside ``fp32_modules``); integer and bool tensors keep their
     type. Casting happens on the CPU before the move, so the device never holds a wider copy.
     """
-    by_file: dict[Path, list[tuple[str, str]]] = {}
+    by_file: dict[Path, list[tuple[str, CheckpointEntry]]] = {}
     for model_key, entry in plan.items():
-        by_file.setdefault(entry.file, []).append((model_key, entry.checkpoint_key))
+        by_file.setdefault(entry.file, []).append((model_key, entry))
     for file, keys in by_file.items():
         shard: dict[str, torch.Tensor] = {}
-        with _open(file) as handle:
-            for model_key, checkpoint_key in keys:
+        with open_checkpoint(file) as handle:
+            for model_key, entry in keys:
                 try:
-                    tensor = handle.get_tensor(checkpoint_key)
+                    tensor = handle.get_tensor(entry.checkpoint_key)
                 except Exception as error:  # noqa: BLE001 - data past the end of a truncated file
                     raise ModelLoadError(
-                        f"{file}: cannot read tensor {checkpoint_key!r} ({error}); {_SAFETENSORS_FIX}"
+                        f"{file}: cannot read tensor {entry.checkpoint_key!r} ({error}); {_SAFETENSORS_FIX}"
                     ) from None
+                if entry.convert is not None:
+                    tensor = entry.convert(tensor)
                 if tensor.is_floating_point():
                     target = torch.float32 if keeps_fp32(model_key, fp32_modules) else dtype
                     tensor = tensor.to(dtype=target)

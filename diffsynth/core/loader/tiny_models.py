@@ -1,10 +1,11 @@
-"""Tiny random-weight Qwen-Image and Wan (text- and image-to-video) repos, written in the real repositories' layout.
+"""Tiny random-weight Qwen-Image and Wan repos, written in the real repositories' layouts.
 
 The models are the real diffusers / transformers classes with tiny configs, saved the way the real diffusers repos
 are (sharded safetensors with an index, ``config.json`` per component, ``tokenizer/``, ``scheduler/`` and a root
 ``model_index.json``), so both this package's loader and diffusers' own ``QwenImagePipeline.from_pretrained`` /
-``WanPipeline.from_pretrained`` / ``WanImageToVideoPipeline.from_pretrained`` read them. They build in about a
-second and are identical for a given seed.
+``WanPipeline.from_pretrained`` / ``WanImageToVideoPipeline.from_pretrained`` read them. The Wan repos are also
+written in the original Wan release layouts (``tiny_wan.py``). They build in a few seconds and are identical for a
+given seed.
 
 No tokenizer files exist offline, so the tokenizers are built from scratch: a byte-level BPE ``Qwen2Tokenizer``
 without merges (one token per byte, plus the Qwen chat/vision special tokens) and a small unigram ``T5Tokenizer``.
@@ -17,17 +18,26 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import shutil
 from pathlib import Path
 
-import torch
+from .tiny_common import SHARD_SIZE, TINY_MARKER, model_index, padded, prepare_repo, seeded, write_json
+from .tiny_wan import (WAN22_I2V_MODEL_ID, WAN22_T2V_MODEL_ID, WAN22_TI2V_MODEL_ID, WAN22_A14B_PATTERNS,
+                       WAN22_TI2V_PATTERNS, WAN_BUILDERS, WAN_I2V_IMAGE_PROCESSOR_CONFIG, WAN_I2V_MODEL_ID,
+                       WAN_I2V_ORIGINAL_MODEL_ID, WAN_I2V_ORIGINAL_PATTERNS, WAN_I2V_PATTERNS, WAN_MODEL_ID,
+                       WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS, WAN_PATTERNS, WAN_SCHEDULER_CONFIG,
+                       build_t5_tokenizer, build_tiny_wan, build_tiny_wan_i2v)
+
+# The Wan names are re-exported: tests and scripts import every tiny repo's id and patterns from this module.
+__all__ = [
+    "BUILDERS", "QWEN_IMAGE_MODEL_ID", "QWEN_IMAGE_PATTERNS", "QWEN_IMAGE_SCHEDULER_CONFIG", "TINY_MARKER",
+    "WAN22_A14B_PATTERNS", "WAN22_I2V_MODEL_ID", "WAN22_T2V_MODEL_ID", "WAN22_TI2V_MODEL_ID", "WAN22_TI2V_PATTERNS",
+    "WAN_I2V_IMAGE_PROCESSOR_CONFIG", "WAN_I2V_MODEL_ID", "WAN_I2V_ORIGINAL_MODEL_ID", "WAN_I2V_ORIGINAL_PATTERNS",
+    "WAN_I2V_PATTERNS", "WAN_MODEL_ID", "WAN_ORIGINAL_MODEL_ID", "WAN_ORIGINAL_PATTERNS", "WAN_PATTERNS",
+    "WAN_SCHEDULER_CONFIG", "build_qwen_tokenizer", "build_t5_tokenizer", "build_tiny_models", "build_tiny_qwen_image",
+    "build_tiny_wan", "build_tiny_wan_i2v", "main",
+]
 
 QWEN_IMAGE_MODEL_ID = "Qwen/Qwen-Image"
-WAN_MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-WAN_I2V_MODEL_ID = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
-TINY_MARKER = ".diffsynth_tiny_model"
 
 # Patterns that select each component of the repos written here, as given to --model_id_with_origin_paths.
 QWEN_IMAGE_PATTERNS = {
@@ -35,17 +45,6 @@ QWEN_IMAGE_PATTERNS = {
     "text_encoder": "text_encoder/model*.safetensors",
     "vae": "vae/diffusion_pytorch_model.safetensors",
     "tokenizer": "tokenizer/",
-}
-WAN_PATTERNS = {
-    "dit": "transformer/diffusion_pytorch_model*.safetensors",
-    "text_encoder": "text_encoder/model*.safetensors",
-    "vae": "vae/diffusion_pytorch_model.safetensors",
-    "tokenizer": "tokenizer/",
-}
-WAN_I2V_PATTERNS = {
-    **WAN_PATTERNS,
-    "image_encoder": "image_encoder/model*.safetensors",
-    "image_processor": "image_processor/",
 }
 
 # scheduler/scheduler_config.json of Qwen/Qwen-Image (the released repository's values).
@@ -66,92 +65,9 @@ QWEN_IMAGE_SCHEDULER_CONFIG = {
     "use_exponential_sigmas": False,
     "use_karras_sigmas": False,
 }
-# scheduler/scheduler_config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (UniPC in flow-prediction mode, shift 3).
-WAN_SCHEDULER_CONFIG = {
-    "_class_name": "UniPCMultistepScheduler",
-    "beta_end": 0.02,
-    "beta_schedule": "linear",
-    "beta_start": 0.0001,
-    "disable_corrector": [],
-    "dynamic_thresholding_ratio": 0.995,
-    "final_sigmas_type": "zero",
-    "flow_shift": 3.0,
-    "lower_order_final": True,
-    "num_train_timesteps": 1000,
-    "predict_x0": True,
-    "prediction_type": "flow_prediction",
-    "rescale_betas_zero_snr": False,
-    "sample_max_value": 1.0,
-    "solver_order": 2,
-    "solver_p": None,
-    "solver_type": "bh2",
-    "steps_offset": 0,
-    "thresholding": False,
-    "timestep_spacing": "linspace",
-    "trained_betas": None,
-    "use_beta_sigmas": False,
-    "use_exponential_sigmas": False,
-    "use_flow_sigmas": True,
-    "use_karras_sigmas": False,
-}
-# image_processor/preprocessor_config.json of the Wan2.1 I2V repositories (CLIP ViT-H/14 preprocessing), with the
-# 224-pixel resize and crop shrunk to the tiny image encoder's image_size.
-TINY_CLIP_IMAGE_SIZE = 32
-WAN_I2V_IMAGE_PROCESSOR_CONFIG = {
-    "crop_size": {"height": TINY_CLIP_IMAGE_SIZE, "width": TINY_CLIP_IMAGE_SIZE},
-    "do_center_crop": True,
-    "do_convert_rgb": True,
-    "do_normalize": True,
-    "do_rescale": True,
-    "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_processor_type": "CLIPImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "resample": 3,
-    "rescale_factor": 0.00392156862745098,
-    "size": {"shortest_edge": TINY_CLIP_IMAGE_SIZE},
-}
 QWEN_SPECIAL_TOKENS = (
     "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
 )  # fmt: skip
-# Shard limits small enough that each sharded component is written in at least two files, like the real repos.
-_SHARD_SIZE = "100KB"
-
-
-@contextlib.contextmanager
-def _seeded(seed: int):
-    """Seeds torch's global generator for one component without disturbing the caller's random state."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-def _prepare_repo(root: Path, model_id: str) -> Path:
-    """Creates an empty repo folder; refuses to delete a folder this module did not write (it may hold real weights)."""
-    repo = Path(root) / model_id
-    if repo.exists():
-        if not (repo / TINY_MARKER).is_file():
-            raise FileExistsError(
-                f"{repo} exists and is not a tiny model written by this module (no {TINY_MARKER}); it may hold the "
-                "real weights. Choose another --output folder, or delete it yourself"
-            )
-        shutil.rmtree(repo)
-    repo.mkdir(parents=True)
-    (repo / TINY_MARKER).write_text("random-weight test model written by diffsynth.core.loader.tiny_models\n")
-    return repo
-
-
-def _model_index(pipeline: str, components: dict[str, tuple[str, str]]) -> dict:
-    import diffusers
-
-    index = {"_class_name": pipeline, "_diffusers_version": diffusers.__version__}
-    index.update({name: [library, cls] for name, (library, cls) in components.items()})
-    return index
 
 
 def build_qwen_tokenizer():
@@ -166,21 +82,6 @@ def build_qwen_tokenizer():
     return tokenizer
 
 
-def build_t5_tokenizer():
-    """A small unigram ``T5Tokenizer``: pad/eos/unk, the word-start piece, letters, digits and a few words."""
-    from transformers import T5Tokenizer
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    pieces += [(char, -4.0) for char in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
-    words = ("a", "the", "of", "and", "in", "on", "with", "cat", "dog", "man", "woman", "red", "blue", "photo", "video")
-    pieces += [("\u2581" + word, -3.0) for word in words]
-    return T5Tokenizer(vocab=pieces, extra_ids=0)
-
-
-def _padded(size: int, multiple: int = 8) -> int:
-    return (size + multiple - 1) // multiple * multiple
-
-
 def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed: int = 0) -> Path:
     """Writes a tiny Qwen-Image repo at ``root/<model_id>`` and returns its folder.
 
@@ -191,14 +92,14 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    repo = _prepare_repo(root, model_id)
+    repo = prepare_repo(root, model_id)
     tokenizer = build_qwen_tokenizer()
     tokenizer.save_pretrained(repo / "tokenizer")
     token = tokenizer.convert_tokens_to_ids
     hidden = 32  # the text encoder's hidden size is the transformer's joint_attention_dim
     text_config = {
         "hidden_size": hidden, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "vocab_size": _padded(len(tokenizer)),
+        "num_key_value_heads": 1, "vocab_size": padded(len(tokenizer)),
         "bos_token_id": token("<|endoftext|>"), "eos_token_id": token("<|im_end|>"),
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
     }  # fmt: skip
@@ -206,7 +107,7 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
         "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": hidden,
         "fullatt_block_indexes": [0],
     }  # fmt: skip
-    with _seeded(seed):
+    with seeded(seed):
         text_encoder = Qwen2_5_VLForConditionalGeneration(
             Qwen2_5_VLConfig(
                 text_config=text_config,
@@ -217,21 +118,21 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
                 vision_end_token_id=token("<|vision_end|>"),
             )
         )
-    text_encoder.save_pretrained(repo / "text_encoder", max_shard_size=_SHARD_SIZE)
-    with _seeded(seed + 1):
+    text_encoder.save_pretrained(repo / "text_encoder", max_shard_size=SHARD_SIZE)
+    with seeded(seed + 1):
         transformer = QwenImageTransformer2DModel(
             patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16,
             num_attention_heads=2, joint_attention_dim=hidden, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
         )  # fmt: skip
-    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
-    with _seeded(seed + 2):
+    transformer.save_pretrained(repo / "transformer", max_shard_size=SHARD_SIZE)
+    with seeded(seed + 2):
         vae = AutoencoderKLQwenImage(
             base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True],
             latents_mean=[round(-0.4 + 0.05 * i, 2) for i in range(16)],
             latents_std=[round(0.6 + 0.05 * i, 2) for i in range(16)],
         )  # fmt: skip
     vae.save_pretrained(repo / "vae")
-    _write_json(repo / "scheduler" / "scheduler_config.json", QWEN_IMAGE_SCHEDULER_CONFIG)
+    write_json(repo / "scheduler" / "scheduler_config.json", QWEN_IMAGE_SCHEDULER_CONFIG)
     components = {
         "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
         "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
@@ -239,113 +140,11 @@ def build_tiny_qwen_image(root: Path, model_id: str = QWEN_IMAGE_MODEL_ID, seed:
         "transformer": ("diffusers", "QwenImageTransformer2DModel"),
         "vae": ("diffusers", "AutoencoderKLQwenImage"),
     }
-    _write_json(repo / "model_index.json", _model_index("QwenImagePipeline", components))
+    write_json(repo / "model_index.json", model_index("QwenImagePipeline", components))
     return repo
 
 
-def _write_wan_shared(repo: Path, seed: int) -> int:
-    """Writes what the Wan text- and image-to-video repos share: ``tokenizer/``, ``text_encoder/``, ``vae/`` and
-    ``scheduler/``; returns the text encoder's width (the transformer's ``text_dim``).
-
-    Seeds: ``seed`` for the text encoder, ``seed + 2`` for the VAE (``seed + 1`` is the caller's transformer).
-    """
-    from diffusers import AutoencoderKLWan
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    tokenizer = build_t5_tokenizer()
-    tokenizer.save_pretrained(repo / "tokenizer")
-    text_dim = 32
-    with _seeded(seed):
-        text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=_padded(len(tokenizer)), d_model=text_dim, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0,
-            )
-        )  # fmt: skip
-    text_encoder.save_pretrained(repo / "text_encoder", max_shard_size="50KB")
-    with _seeded(seed + 2):
-        vae = AutoencoderKLWan(
-            base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True]
-        )
-    vae.save_pretrained(repo / "vae")
-    _write_json(repo / "scheduler" / "scheduler_config.json", WAN_SCHEDULER_CONFIG)
-    return text_dim
-
-
-def _write_wan_transformer(repo: Path, seed: int, text_dim: int, in_channels: int = 16, image_dim: int | None = None,
-                           added_kv_proj_dim: int | None = None) -> None:
-    """Writes a tiny sharded ``transformer/`` (WanTransformer3DModel); the last three arguments make it an I2V one."""
-    from diffusers import WanTransformer3DModel
-
-    with _seeded(seed):
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_channels,
-            out_channels=16, text_dim=text_dim, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=image_dim,
-            added_kv_proj_dim=added_kv_proj_dim,
-        )  # fmt: skip
-    transformer.save_pretrained(repo / "transformer", max_shard_size=_SHARD_SIZE)
-
-
-_WAN_COMPONENTS = {
-    "scheduler": ("diffusers", "UniPCMultistepScheduler"),
-    "text_encoder": ("transformers", "UMT5EncoderModel"),
-    "tokenizer": ("transformers", "T5TokenizerFast"),
-    "transformer": ("diffusers", "WanTransformer3DModel"),
-    "vae": ("diffusers", "AutoencoderKLWan"),
-}
-
-
-def build_tiny_wan(root: Path, model_id: str = WAN_MODEL_ID, seed: int = 0) -> Path:
-    """Writes a tiny Wan2.1 text-to-video repo at ``root/<model_id>`` and returns its folder.
-
-    Layout: ``transformer/`` (WanTransformer3DModel, sharded), ``vae/`` (AutoencoderKLWan, one file),
-    ``text_encoder/`` (UMT5EncoderModel, sharded; ``shared.weight`` and ``encoder.embed_tokens.weight`` are tied, so
-    only the first is stored), ``tokenizer/``, ``scheduler/`` and ``model_index.json``. Weights are float32.
-    """
-    repo = _prepare_repo(root, model_id)
-    text_dim = _write_wan_shared(repo, seed)
-    _write_wan_transformer(repo, seed + 1, text_dim)
-    _write_json(repo / "model_index.json", _model_index("WanPipeline", _WAN_COMPONENTS))
-    return repo
-
-
-def build_tiny_wan_i2v(root: Path, model_id: str = WAN_I2V_MODEL_ID, seed: int = 0) -> Path:
-    """Writes a tiny Wan2.1 image-to-video repo at ``root/<model_id>`` and returns its folder.
-
-    The text-to-video layout (see ``build_tiny_wan``) plus ``image_encoder/`` (CLIPVisionModel, one file) and
-    ``image_processor/`` (CLIPImageProcessor settings), with a transformer that takes the image: ``in_channels=36``
-    (16 noisy latents + 4 mask + 16 condition latents), ``image_dim`` equal to the image encoder's width and
-    ``added_kv_proj_dim`` equal to the transformer's own width, as in ``Wan-AI/Wan2.1-I2V-14B-480P-Diffusers``.
-    Weights are float32; ``model_index.json`` names ``WanImageToVideoPipeline``.
-    """
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    repo = _prepare_repo(root, model_id)
-    text_dim = _write_wan_shared(repo, seed)
-    image_dim = 32
-    with _seeded(seed + 3):
-        image_encoder = CLIPVisionModel(
-            CLIPVisionConfig(
-                hidden_size=image_dim, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                image_size=TINY_CLIP_IMAGE_SIZE, patch_size=8, projection_dim=image_dim,
-            )
-        )  # fmt: skip
-    image_encoder.save_pretrained(repo / "image_encoder")
-    _write_json(repo / "image_processor" / "preprocessor_config.json", WAN_I2V_IMAGE_PROCESSOR_CONFIG)
-    # added_kv_proj_dim is the transformer's inner width (heads x head dim), as in the released I2V configs.
-    _write_wan_transformer(repo, seed + 1, text_dim, in_channels=36, image_dim=image_dim, added_kv_proj_dim=32)
-    components = {
-        **_WAN_COMPONENTS,
-        "image_encoder": ("transformers", "CLIPVisionModel"),
-        "image_processor": ("transformers", "CLIPImageProcessor"),
-    }
-    _write_json(repo / "model_index.json", _model_index("WanImageToVideoPipeline", components))
-    return repo
-
-
-BUILDERS = {"qwen_image": build_tiny_qwen_image, "wan": build_tiny_wan, "wan_i2v": build_tiny_wan_i2v}
+BUILDERS = {"qwen_image": build_tiny_qwen_image, **WAN_BUILDERS}
 
 
 def build_tiny_models(root: Path, seed: int = 0, only: tuple[str, ...] | None = None) -> dict[str, Path]:

@@ -25,10 +25,10 @@ from diffsynth.core import parse_model_id_with_origin_paths
 from diffsynth.lora import load_lora
 from diffsynth.pipelines.wan_video import WanVideoPipeline, save_video
 
-MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+# The original release files, as lora/Wan2.1-T2V-1.3B.sh trains on them (the tokenizer: google/umt5-xxl/ beside them).
+MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B"
 MODEL_ID_WITH_ORIGIN_PATHS = ",".join(f"{MODEL_ID}:{pattern}" for pattern in (
-    "transformer/diffusion_pytorch_model*.safetensors", "text_encoder/model*.safetensors",
-    "vae/diffusion_pytorch_model.safetensors"))
+    "diffusion_pytorch_model*.safetensors", "models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"))
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
 

@@ -12,7 +12,7 @@ accelerate launch examples/wanvideo/model_training/train.py \
   --width 832 \
   --num_frames 49 \
   --dataset_repeat 1 \
-  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B-Diffusers:text_encoder/model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B-Diffusers:vae/diffusion_pytorch_model.safetensors" \
+  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-T2V-1.3B:Wan2.1_VAE.pth" \
   --output_path "./models/train/Wan2.1-T2V-1.3B_lora_cache" \
   --lora_base_model "dit" \
   --lora_target_modules "q,k,v,o,ffn.0,ffn.2" \
@@ -24,7 +24,7 @@ accelerate launch --config_file configs/accelerate_deepspeed_zero3_cpu_offload.y
   --dataset_base_path "./models/train/Wan2.1-T2V-1.3B_lora_cache" \
   --num_frames 49 \
   --dataset_repeat 100 \
-  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B-Diffusers:transformer/diffusion_pytorch_model*.safetensors" \
+  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B:diffusion_pytorch_model*.safetensors" \
   --learning_rate 1e-4 \
   --num_epochs 5 \
   --remove_prefix_in_ckpt "pipe.dit." \

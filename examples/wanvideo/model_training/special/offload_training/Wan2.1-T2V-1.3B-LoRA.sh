@@ -22,7 +22,7 @@ accelerate launch --num_processes 1 examples/wanvideo/model_training/train.py \
   --width 832 \
   --num_frames 49 \
   --dataset_repeat 100 \
-  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B-Diffusers:transformer/diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B-Diffusers:text_encoder/model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B-Diffusers:vae/diffusion_pytorch_model.safetensors" \
+  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-T2V-1.3B:Wan2.1_VAE.pth" \
   --learning_rate 1e-4 \
   --num_epochs 5 \
   --remove_prefix_in_ckpt "pipe.dit." \

@@ -1,0 +1,239 @@
+"""The original Wan release layouts, loaded into the diffusers / transformers classes.
+
+The ``Wan-AI/Wan2.1-*`` and ``Wan-AI/Wan2.2-*`` repositories (without ``-Diffusers``) ship the files of the original
+Wan code rather than diffusers folders:
+
+- the DiT: ``config.json`` naming ``WanModel`` beside ``diffusion_pytorch_model*.safetensors`` shards (at the
+  repository root, or in ``high_noise_model/`` and ``low_noise_model/`` for the Wan2.2 A14B experts);
+- ``models_t5_umt5-xxl-enc-bf16.pth`` (UMT5 encoder) with its tokenizer in ``google/umt5-xxl/``;
+- ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth``;
+- ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`` (Wan2.1 image-to-video only).
+
+``identify`` tells from the files themselves (the config's class, the tensor names of a ``.pth``) which of these a
+set of files is, and returns the class to build, its config and where each of its tensors comes from. The class is
+always diffusers' or transformers' (``WanTransformer3DModel``, ``AutoencoderKLWan``, ``UMT5EncoderModel``,
+``CLIPVisionModel``): the original code is never imported. The DiT's renaming is diffusers' own
+``convert_wan_transformer_to_diffusers``; ``dit_original_keys`` is its inverse, used to write original-layout files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelLoadError
+from .original_wan_encoders import (clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys)
+from .original_wan_vae import (is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys)
+from .pth import PTH_SUFFIX
+from .state_dict import CheckpointEntry, read_headers
+
+ORIGINAL_DIT_CLASS = "WanModel"
+# The tokenizer folder every original Wan repository ships beside the T5 file (t5_tokenizer in wan/configs/*.py).
+UMT5_TOKENIZER_FOLDER = "google/umt5-xxl"
+# Defaults of WanModel.__init__ in wan/modules/model.py, for fields a config.json leaves out.
+_WAN_MODEL_DEFAULTS = {"dim": 2048, "ffn_dim": 8192, "freq_dim": 256, "num_heads": 16, "num_layers": 32,
+                       "in_dim": 16, "out_dim": 16, "eps": 1e-6}  # fmt: skip
+_KNOWN_PTH = ("the UMT5 text encoder (models_t5_umt5-xxl-enc-bf16.pth), the Wan2.1 or Wan2.2 VAE (Wan2.1_VAE.pth, "
+              "Wan2.2_VAE.pth) or the CLIP image encoder (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth)")
+
+# diffusers module paths of WanTransformer3DModel -> the original WanModel's (whole modules, weights and biases).
+_DIT_TOP = {
+    "patch_embedding": "patch_embedding", "proj_out": "head.head", "scale_shift_table": "head.modulation",
+    "condition_embedder.time_embedder.linear_1": "time_embedding.0",
+    "condition_embedder.time_embedder.linear_2": "time_embedding.2",
+    "condition_embedder.text_embedder.linear_1": "text_embedding.0",
+    "condition_embedder.text_embedder.linear_2": "text_embedding.2",
+    "condition_embedder.time_proj": "time_projection.1",
+    "condition_embedder.image_embedder.norm1": "img_emb.proj.0",
+    "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
+    "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
+    "condition_embedder.image_embedder.norm2": "img_emb.proj.4",
+    "condition_embedder.image_embedder.pos_embed": "img_emb.emb_pos",
+}  # fmt: skip
+_DIT_BLOCK = {
+    "scale_shift_table": "modulation", "norm2": "norm3",
+    "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v",
+    "attn1.to_out.0": "self_attn.o", "attn1.norm_q": "self_attn.norm_q", "attn1.norm_k": "self_attn.norm_k",
+    "attn2.to_q": "cross_attn.q", "attn2.to_k": "cross_attn.k", "attn2.to_v": "cross_attn.v",
+    "attn2.to_out.0": "cross_attn.o", "attn2.norm_q": "cross_attn.norm_q", "attn2.norm_k": "cross_attn.norm_k",
+    "attn2.add_k_proj": "cross_attn.k_img", "attn2.add_v_proj": "cross_attn.v_img",
+    "attn2.norm_added_k": "cross_attn.norm_k_img",
+    "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OriginalWanModel:
+    """One original-layout checkpoint, described as the diffusers / transformers model it loads into.
+
+    Attributes:
+        kind: ``"dit"``, ``"umt5"``, ``"vae"`` or ``"clip"``.
+        library: ``"diffusers"`` or ``"transformers"``.
+        class_name: The class to build, e.g. ``"WanTransformer3DModel"``.
+        config: The class's config (``from_config`` arguments for diffusers, the config class's for transformers).
+        entries: ``{model key: where its tensor is}``, ready for ``plan_keys``.
+        source: The file or folder, for messages.
+    """
+
+    kind: str
+    library: str
+    class_name: str
+    config: dict[str, Any]
+    entries: dict[str, CheckpointEntry] = field(repr=False)
+    source: Path
+
+
+def identify(files: list[Path]) -> OriginalWanModel | None:
+    """The original Wan model ``files`` hold, or None when they are not an original layout (a diffusers or
+    transformers folder, a tokenizer).
+
+    Raises:
+        ModelLoadError: A ``.pth`` file is not one of the Wan release files, several ``.pth`` files form one entry,
+            or an original file lacks tensors its structure needs. The message names the file.
+    """
+    pth = [path for path in files if path.is_file() and path.suffix == PTH_SUFFIX]
+    if pth:
+        if len(files) != 1:
+            raise ModelLoadError(f"{[str(f) for f in files]} hold a .pth file among other files; a .pth file is a "
+                                 "whole model: give each one its own entry")
+        return _identify_pth(pth[0])
+    shards = [path for path in files if path.is_file() and path.name.endswith(".safetensors")]
+    folders = {shard.parent for shard in shards}
+    if len(folders) != 1:
+        return None
+    folder = folders.pop()
+    config = _original_dit_config(folder)
+    if config is None:
+        return None
+    entries = read_headers(shards)
+    shapes = {key: entry.shape for key, entry in entries.items()}
+    return OriginalWanModel(
+        kind="dit", library="diffusers", class_name="WanTransformer3DModel",
+        config=dit_config(config, shapes, folder / "config.json"),
+        entries=_renamed(entries, dit_model_keys(list(entries))), source=folder,
+    )  # fmt: skip
+
+
+def _original_dit_config(folder: Path) -> dict[str, Any] | None:
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # the diffusers loader reports a missing or broken config.json itself
+    return config if isinstance(config, dict) and config.get("_class_name") == ORIGINAL_DIT_CLASS else None
+
+
+def _identify_pth(file: Path) -> OriginalWanModel:
+    entries = read_headers([file])
+    shapes = {key: entry.shape for key, entry in entries.items()}
+    if is_umt5(shapes):
+        sources = umt5_model_keys(list(entries))
+        kind, library, name, config = "umt5", "transformers", "UMT5EncoderModel", umt5_config(shapes, str(file))
+    elif is_clip(shapes):
+        sources = clip_model_keys(list(entries))
+        kind, library, name, config = "clip", "transformers", "CLIPVisionModel", clip_config(shapes, str(file))
+    elif "decoder.middle.0.residual.0.gamma" in shapes:
+        keys = wan22_vae_model_keys(list(entries)) if is_wan22_vae(shapes) else wan21_vae_model_keys(list(entries))
+        sources = {model_key: (key, None) for model_key, key in keys.items()}
+        kind, library, name, config = "vae", "diffusers", "AutoencoderKLWan", vae_config(shapes, str(file))
+    else:
+        shown = ", ".join(repr(key) for key in list(entries)[:5])
+        raise ModelLoadError(f"{file} is not an original Wan release file this loader knows ({_KNOWN_PTH}); its "
+                             f"first tensors are {shown}. Other checkpoints are read only as safetensors: point "
+                             "the pattern at the right file, or convert this one to a diffusers folder")
+    return OriginalWanModel(kind=kind, library=library, class_name=name, config=config,
+                            entries=_converted(entries, sources), source=file)
+
+
+def _renamed(entries: dict[str, CheckpointEntry], keys: dict[str, str]) -> dict[str, CheckpointEntry]:
+    return _converted(entries, {model_key: (key, None) for model_key, key in keys.items()})
+
+
+def _converted(entries: dict[str, CheckpointEntry], sources: dict[str, tuple[str, Any]]) -> dict[str, CheckpointEntry]:
+    """Entries under the model's names, each with the shape it has after its conversion (worked out on meta)."""
+    import torch
+
+    converted = {}
+    for model_key, (key, convert) in sources.items():
+        entry = entries[key]
+        shape = entry.shape
+        if convert is not None:
+            shape = tuple(convert(torch.empty(entry.shape, device="meta")).shape)
+        converted[model_key] = CheckpointEntry(file=entry.file, checkpoint_key=key, shape=shape, convert=convert)
+    return converted
+
+
+def dit_model_keys(checkpoint_keys: list[str]) -> dict[str, str]:
+    """``{WanTransformer3DModel key: original key}``, by diffusers' ``convert_wan_transformer_to_diffusers``."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    return convert_wan_transformer_to_diffusers({key: key for key in checkpoint_keys})
+
+
+def dit_original_keys(model_keys: list[str]) -> dict[str, str]:
+    """``{WanTransformer3DModel key: original key}``, the inverse of ``dit_model_keys`` (to write original files).
+
+    Raises:
+        ValueError: A key has no counterpart in the original ``WanModel``.
+    """
+    original = {}
+    for key in model_keys:
+        module, _, param = key.rpartition(".")
+        if key in _DIT_TOP:  # a bare parameter (the head's modulation, the FLF2V image positions)
+            original[key] = _DIT_TOP[key]
+            continue
+        if module in _DIT_TOP:
+            original[key] = f"{_DIT_TOP[module]}.{param}"
+            continue
+        parts = key.split(".")
+        layer = ".".join(parts[2:-1]) if parts[-1] in ("weight", "bias") else ".".join(parts[2:])
+        suffix = f".{parts[-1]}" if parts[-1] in ("weight", "bias") else ""
+        if parts[0] != "blocks" or layer not in _DIT_BLOCK:
+            raise ValueError(f"WanTransformer3DModel key {key!r} has no counterpart in the original WanModel")
+        original[key] = f"blocks.{parts[1]}.{_DIT_BLOCK[layer]}{suffix}"
+    return original
+
+
+def dit_config(original: dict[str, Any], shapes: dict[str, tuple[int, ...]], config_path: Path) -> dict[str, Any]:
+    """The ``WanTransformer3DModel`` config of an original DiT: sizes from its ``config.json``, and from the weights'
+    shapes what ``WanModel`` leaves out of its config (patch size, text width, image projection).
+
+    Raises:
+        ModelLoadError: The config's sizes are not numbers, or the patch embedding is missing.
+    """
+    values = {**_WAN_MODEL_DEFAULTS, **{k: v for k, v in original.items() if k in _WAN_MODEL_DEFAULTS}}
+    if not all(isinstance(values[k], (int, float)) and values[k] > 0 for k in values):
+        raise ModelLoadError(f"{config_path} holds a size that is not a positive number ({values}); restore the "
+                             "repository's config.json")
+    if "patch_embedding.weight" not in shapes or "text_embedding.0.weight" not in shapes:
+        raise ModelLoadError(f"the shards beside {config_path} lack the patch or text embedding of a WanModel; the "
+                             "pattern leaves shards out, or the folder holds another model")
+    dim, heads = int(values["dim"]), int(values["num_heads"])
+    config = {
+        "patch_size": list(shapes["patch_embedding.weight"][2:]), "num_attention_heads": heads,
+        "attention_head_dim": dim // heads, "in_channels": int(values["in_dim"]),
+        "out_channels": int(values["out_dim"]), "text_dim": shapes["text_embedding.0.weight"][1],
+        "freq_dim": int(values["freq_dim"]), "ffn_dim": int(values["ffn_dim"]), "num_layers": int(values["num_layers"]),
+        "cross_attn_norm": "blocks.0.norm3.weight" in shapes,
+        "qk_norm": "rms_norm_across_heads" if "blocks.0.self_attn.norm_q.weight" in shapes else None,
+        "eps": float(values["eps"]), "image_dim": None, "added_kv_proj_dim": None,
+    }  # fmt: skip
+    if "img_emb.proj.0.weight" in shapes:  # Wan2.1 image-to-video: CLIP features through img_emb, k_img / v_img
+        config.update(image_dim=shapes["img_emb.proj.0.weight"][0], added_kv_proj_dim=dim)
+    if "img_emb.emb_pos" in shapes:
+        config["pos_embed_seq_len"] = shapes["img_emb.emb_pos"][1]
+    return config
+
+
+def original_dit_config_json(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The ``config.json`` an original release would hold for a ``WanTransformer3DModel`` config (the fields
+    ``WanModel`` registers; the others are implied by its weights)."""
+    return {
+        "_class_name": ORIGINAL_DIT_CLASS, "_diffusers_version": "0.33.0", "model_type": model_type,
+        "dim": config["num_attention_heads"] * config["attention_head_dim"], "eps": config["eps"],
+        "ffn_dim": config["ffn_dim"], "freq_dim": config["freq_dim"], "in_dim": config["in_channels"],
+        "num_heads": config["num_attention_heads"], "num_layers": config["num_layers"],
+        "out_dim": config["out_channels"], "text_len": 512,
+    }  # fmt: skip

@@ -1,0 +1,173 @@
+"""Wan's image conditioning: the first frame as the transformer's ``y`` (Wan2.1 / Wan2.2 image-to-video), as the
+first latent frame (Wan2.2 TI2V-5B), and as CLIP features (Wan2.1 image-to-video).
+
+Which one a model takes is read from its transformer (see ``WanVideoPipeline.image_conditioning``):
+
+- ``"channels"``: ``in_channels`` above ``out_channels``. The transformer reads the noisy latents concatenated along
+  channels with ``y``: a 4-channel first-frame mask and the normalised VAE latents of a video whose first frame is the
+  image and whose other frames are zero, as diffusers' ``WanImageToVideoPipeline`` builds it.
+- ``"first_frame"``: the Wan2.2 latent space (48 channels). The image's normalised latents replace the first latent
+  frame and that frame's tokens get timestep 0, as diffusers does with ``expand_timesteps`` (Wan2.2-TI2V-5B).
+- CLIP features, besides ``y``, when the transformer has image cross-attention (``image_dim`` set).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from PIL import Image
+
+from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..diffusion.base_pipeline import PipelineUnit
+from .common import image_to_tensor
+
+if TYPE_CHECKING:
+    from .wan_video import WanVideoPipeline
+
+# Channels of the first-frame mask in ``y``: one per pixel frame folded into a latent frame.
+MASK_CHANNELS = 4
+
+
+def check_image(input_image: Any) -> Image.Image:
+    """``input_image`` if it is one PIL image, else a ``TypeError`` saying how to load one."""
+    if not isinstance(input_image, Image.Image):
+        raise TypeError(f"input_image must be one PIL image (the first frame), got {type(input_image).__name__}; "
+                        "load it with PIL.Image.open(path)")
+    return input_image
+
+
+class ImageConditionUnit(PipelineUnit):
+    """Encodes ``input_image`` with the VAE into the condition the transformer takes: ``y`` or ``first_frame_latents``
+    (see the module docstring); both are ``None`` without an image or for a model that takes neither.
+
+    This is also where a mismatch between the inputs and the transformer is reported, before any encoder runs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_image", "height", "width", "num_frames"),
+                         output_params=("y", "first_frame_latents"), onload_model_names=("vae",))
+
+    def process(self, pipe: WanVideoPipeline, input_image: Image.Image | None, height: int, width: int,
+                num_frames: int) -> dict:
+        mode = pipe.image_conditioning()
+        if input_image is None:
+            # Without a loaded transformer (a stage that leaves it out) there is nothing to check against.
+            if pipe.dit is not None and mode == "channels":
+                raise ValueError(f"{pipe.describe_transformer()} is an image-to-video model and needs the first "
+                                 "frame: pass input_image=<PIL image>, or load a text-to-video Wan transformer")
+            return {"y": None, "first_frame_latents": None}
+        check_image(input_image)
+        if mode is None:
+            # Dropping the image silently would return a video unrelated to it.
+            raise ValueError(f"input_image was given, but {pipe.describe_transformer()} takes no image (a "
+                             "text-to-video model); load an image-to-video Wan (e.g. "
+                             "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers), or drop input_image (to start from existing "
+                             "frames, pass input_video)")
+        image = input_image.convert("RGB")
+        if image.size != (width, height):
+            image = image.resize((width, height), Image.Resampling.LANCZOS)  # diffusers' VideoProcessor default
+        first = image_to_tensor(image)
+        if mode == "first_frame":
+            latents = self._normalised_latents(pipe, first.unsqueeze(2))
+            return {"y": None, "first_frame_latents": latents.to(pipe.torch_dtype)}
+        video = torch.zeros(1, 3, num_frames, height, width)
+        video[:, :, 0] = first[0]
+        latents = self._normalised_latents(pipe, video)
+        # diffusers repeats the first pixel frame's mask 4 times and folds 4 pixel frames into each latent frame,
+        # which amounts to ones on latent frame 0 and zeros elsewhere.
+        mask = torch.zeros(1, MASK_CHANNELS, *latents.shape[2:], device=latents.device)
+        mask[:, :, 0] = 1
+        return {"y": torch.cat([mask, latents], dim=1).to(pipe.torch_dtype), "first_frame_latents": None}
+
+    @staticmethod
+    def _normalised_latents(pipe: WanVideoPipeline, video: torch.Tensor) -> torch.Tensor:
+        latents = pipe.vae.encode(video.to(pipe.device, pipe.vae.dtype)).latent_dist.mode().float()
+        mean, inverse_std = pipe.latent_statistics(latents)
+        return (latents - mean) * inverse_std
+
+
+class ImageEmbedderUnit(PipelineUnit):
+    """Encodes ``input_image`` with the CLIP vision encoder into ``clip_feature`` (its penultimate hidden states).
+
+    The image goes to the CLIP processor as given (it resizes and crops on its own). ``clip_feature`` is ``None``
+    without an image or when the transformer has no image cross-attention (``image_dim`` unset). It is shared state:
+    diffusers gives both CFG branches the same image embeddings.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_image",), output_params=("clip_feature",),
+                         onload_model_names=("image_encoder",))
+
+    def process(self, pipe: WanVideoPipeline, input_image: Image.Image | None) -> dict:
+        if input_image is None or not pipe.takes_image_embedding():
+            return {"clip_feature": None}
+        check_image(input_image)
+        if pipe.image_encoder is None:
+            raise ValueError("this transformer reads CLIP image features (image_dim="
+                             f"{pipe.dit.config.image_dim}), so input_image needs the image encoder; add "
+                             "'<model_id>:image_encoder/model*.safetensors' (diffusers layout) or "
+                             "'<model_id>:models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth' (original layout) "
+                             "to the model configs")
+        if pipe.image_processor is None:
+            raise ValueError("encoding input_image needs the CLIP image processor; load the pipeline with "
+                             "from_pretrained from a repository that has image_processor/, or pass "
+                             "image_processor_config=ModelConfig(...) naming that folder")
+        pixels = pipe.image_processor(images=input_image, return_tensors="pt").pixel_values
+        hidden = pipe.image_encoder(pixel_values=pixels.to(pipe.device, pipe.image_encoder.dtype),
+                                    output_hidden_states=True).hidden_states
+        return {"clip_feature": hidden[-2].to(pipe.torch_dtype)}
+
+
+def is_original_layout(config: ModelConfig) -> bool:
+    """Whether a config names an original Wan release file (``.pth``) rather than a diffusers / transformers folder;
+    told from the name alone, so no file is opened."""
+    names = [config.origin_file_pattern] if config.model_id is not None else (
+        [config.path] if isinstance(config.path, str) else list(config.path))
+    return any(str(name).endswith(".pth") for name in names)
+
+
+def sibling_folder(config: ModelConfig, folder: str) -> ModelConfig | None:
+    """``folder`` in the repository (or local folder tree) ``config`` came from: the same repository for a repository
+    config; for local paths, beside a ``.pth`` file, or beside the model's own folder (``None`` when absent)."""
+    if config.model_id is not None:
+        return ModelConfig(model_id=config.model_id, origin_file_pattern=folder.rstrip("/") + "/")
+    first = Path(config.path if isinstance(config.path, str) else config.path[0])
+    parent = first.parent if first.is_file() and first.suffix == ".pth" else (first if first.is_dir() else
+                                                                               first.parent).parent
+    candidate = parent / folder
+    return ModelConfig(path=str(candidate)) if candidate.is_dir() else None
+
+
+def clip_image_processor(image_encoder: torch.nn.Module) -> Any:
+    """The CLIP preprocessing the Wan2.1 image-to-video repositories ship, at the encoder's image size; for the
+    original layout, whose CLIP file comes without a processor."""
+    from transformers import CLIPImageProcessor
+
+    from ..core.loader.original_wan_encoders import clip_image_processor_config
+
+    config = clip_image_processor_config(image_encoder.config.image_size)
+    config.pop("image_processor_type")
+    return CLIPImageProcessor(**config)
+
+
+def load_image_processor(config: ModelConfig) -> Any:
+    """Resolves an image-processor folder (e.g. pattern ``"image_processor/"``) and loads its ``CLIPImageProcessor``.
+
+    Raises:
+        ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
+    """
+    files = resolve_files(config)
+    folders = [path if path.is_dir() else path.parent for path in files]
+    folder = next((f for f in folders if (f / "preprocessor_config.json").is_file()), None)
+    if folder is None:
+        raise ModelLoadError(f"{config.describe()} resolved to {[str(f) for f in files]}, which hold no "
+                             "preprocessor_config.json; point it at the repository's image_processor/ folder")
+    from transformers import CLIPImageProcessor
+
+    try:
+        return CLIPImageProcessor.from_pretrained(str(folder))
+    except Exception as error:  # noqa: BLE001 - processor errors come in many types
+        raise ModelLoadError(f"cannot load the image processor in {folder} ({type(error).__name__}: {error}); "
+                             "restore the repository's preprocessor_config.json") from error
