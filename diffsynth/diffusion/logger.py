@@ -29,7 +29,8 @@ from diffsynth.core.device import warn_once
 from diffsynth.core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
 from diffsynth.core.loader.loading import resolve_dtype
 from diffsynth.lora.formats import from_peft_state_dict, is_peft_lora_key, write_lora
-from diffsynth.lora.inspect import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, inspect_lora, skeleton_from_metadata
+from diffsynth.lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY
+from diffsynth.lora.inspect import inspect_lora, skeleton_from_metadata
 from diffsynth.lora.naming import naming_for
 
 logger = logging.getLogger(__name__)

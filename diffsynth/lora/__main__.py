@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .formats import LAYOUTS, read_file, read_lora, write_lora
-from .inspect import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, inspect_lora, skeleton_from_folder, skeleton_from_metadata
+from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, read_file, read_lora, write_lora
+from .inspect import inspect_lora, skeleton_from_folder, skeleton_from_metadata
 from .naming import lora_layer_names, naming_for
 
 # Entries that describe the base model and the run; a converted file keeps them.

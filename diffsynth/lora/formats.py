@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..core.files import atomic_save_safetensors
-from .naming import DIFFUSERS_NAMING, ModuleNaming
+from .naming import DIFFUSERS_NAMING, ModuleNaming, naming_for
 
 LAYOUTS = ("universal", "diffusers", "kohya", "peft")
 FORMAT_VERSION = 2
@@ -47,6 +47,8 @@ STRIPPED_PREFIXES = ("transformer.", "diffusion_model.", "base_model.model.", "p
 UNDERSCORE_PREFIXES = ("lora_unet_", "lora_transformer_", "lycoris_")
 DIFFUSERS_COMPONENT = "transformer"
 FOLDED_SCALE_KEY = "diffsynth.lora.folded_scale"
+MODEL_CLASS_KEY = "diffsynth.lora.base_model_class"
+MODEL_CONFIG_KEY = "diffsynth.lora.base_model_config"
 _META = "diffsynth.lora."
 _FACTOR_KEY = re.compile(r"^(?P<layer>.+?)\.(?P<part>lora_A|lora_B|lora_down|lora_up)(?:\.(?P<adapter>[^.]+))?"
                          r"\.weight$")
@@ -274,7 +276,7 @@ def read_file(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_names: Collection[str] | None = None,
-              naming: ModuleNaming = DIFFUSERS_NAMING, metadata: Mapping[str, str] | None = None,
+              naming: ModuleNaming | None = None, metadata: Mapping[str, str] | None = None,
               strict: bool = True) -> LoRAWeights:
     """Reads a LoRA in any supported layout, naming its layers as the diffusers model does.
 
@@ -282,7 +284,8 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
         source: A ``.safetensors`` file, or a state dict in memory.
         module_names: The model's LoRA-able layer names (diffusers names); needed to read kohya's underscored names,
             and to check that every layer matches a module. None trusts the names in the file.
-        naming: The model's native naming, so native names (ComfyUI-style files) resolve to diffusers names.
+        naming: The model's native naming, so native names (ComfyUI-style files) resolve to diffusers names; None
+            takes the naming of the base model the file records (diffusers names when it records none).
         metadata: Entries that override the file's own (e.g. ``{"lora_alpha": "8"}`` for a file that lacks it).
         strict: Raise when some layers match no module (otherwise they are left out; ``unmatched`` lists them).
 
@@ -299,6 +302,7 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
         tensors, file_metadata = read_file(source)
         where = repr(str(source))
     file_metadata = {**file_metadata, **(metadata or {})}
+    naming = naming or naming_for(file_metadata.get(MODEL_CLASS_KEY, ""))
     _refuse_non_finite(tensors, where)
     groups, alphas, kinds = _group(tensors, where)
     resolver = _NameResolver(module_names, naming)

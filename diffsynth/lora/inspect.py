@@ -15,12 +15,10 @@ from typing import Any
 
 import torch
 
-from .formats import LoRAWeights, read_file, read_lora
+from .formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, LoRAWeights, read_file, read_lora
 from .naming import lora_layer_names, naming_for
 from .tools import ToolResult, check_tools
 
-MODEL_CLASS_KEY = "diffsynth.lora.base_model_class"
-MODEL_CONFIG_KEY = "diffsynth.lora.base_model_config"
 # The tools that must load the trainer's main file fully; musubi-tuner is reported, and converts with a command.
 REQUIRED_TOOLS = ("diffsynth", "diffusers", "ComfyUI", "DiffSynth-Studio")
 
