@@ -64,3 +64,23 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
         save_training_state(tmp_path, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
                             {"global_step": step}, keep_last=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
+
+
+@pytest.mark.parametrize("poisoned", ["weights", "optimizer"])
+def test_a_non_finite_state_is_refused_and_the_latest_checkpoint_stays(tmp_path, poisoned):
+    from diffsynth.core.finite import NonFiniteTensorError
+
+    model, optimizer, scheduler = trained_optimizer()
+    save_training_state(tmp_path, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
+                        {"global_step": 1})
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    state = optimizer.state_dict()
+    if poisoned == "weights":
+        weights["weight"][0, 0] = float("nan")
+    else:
+        state["state"][0]["exp_avg"][0, 0] = float("inf")
+    part = "trainable weights" if poisoned == "weights" else "optimizer state"
+    with pytest.raises(NonFiniteTensorError, match=f"not writing checkpoint .*step-2: the {part}"):
+        save_training_state(tmp_path, weights, state, scheduler.state_dict(), {"global_step": 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-1"

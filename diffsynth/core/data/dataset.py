@@ -265,6 +265,14 @@ class UnifiedDataset(Dataset):
                 sample[key] = loaded if isinstance(value, list) else loaded[0]
         return sample
 
+    def describe_sample(self, index: int) -> str:
+        """Where sample ``index`` comes from, for messages: its metadata row (numbered from 1, as the dataset checks
+        number them) and its data files."""
+        number = index % len(self.rows)
+        row = self.rows[number]
+        files = [f"{key}: {row[key]}" for key in self.data_file_keys if key in row]
+        return f"metadata {self.metadata_path} row {number + 1}" + (f" ({', '.join(files)})" if files else "")
+
     def _load(self, relative: str, key: str) -> Any:
         path = self.base_path / relative
         operator = operator_for(path, key)
