@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..core.loader import ModelConfig, ModelLoadError, load_skeleton, model_class_name
-from ..core.loader.config import parse_model_id_with_origin_paths
+from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, model_class_name,
+                           parse_model_id_with_origin_paths)
 from ..core.offload_training.block_swap import find_block_list
 from .base_pipeline import BasePipeline
 from .parsers import FlagError, split_csv, task_stage

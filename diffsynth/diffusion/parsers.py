@@ -264,7 +264,8 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group.add_argument("--enable_tensorboard_log", action="store_true",
                        help="Write TensorBoard events under <output_path>/logs (needs: pip install tensorboard).")
     group.add_argument("--enable_csv_log", action="store_true",
-                       help="Append step, loss and learning rate to <output_path>/logs/metrics.csv.")
+                       help="Append step, loss, learning rate and the running count of skipped non-finite steps "
+                            "to <output_path>/logs/metrics.csv.")
     group.add_argument("--enable_wandb_log", action="store_true",
                        help="Log metrics to Weights & Biases (needs: pip install wandb).")
     group.add_argument("--wandb_project", type=str, default="diffsynth", help="Weights & Biases project name.")

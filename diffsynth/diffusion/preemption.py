@@ -11,8 +11,10 @@ send SIGKILL; a user presses Ctrl-C (SIGINT). While a stage runs, the first of t
 - stage 1 stops after the sample in progress (its files are atomic, so a rerun caches only what is missing), without
   waiting for other processes: their sample counts differ, so a per-sample collective could deadlock.
 
-A second signal restores the handlers that were there before and delivers the signal to them: Ctrl-C twice raises
-``KeyboardInterrupt`` at once, a second SIGTERM terminates the process as usual.
+Ctrl-C pressed again (a second SIGINT) restores the handlers that were there before and hands the signal to the
+SIGINT one: ``KeyboardInterrupt`` at once, without saving. A repeated SIGTERM only repeats the request: a process
+can receive one SIGTERM twice (from the scheduler, which may signal every process of a job, and from a launcher
+such as torchrun forwarding its own), and a scheduler that means to stop at once sends SIGKILL.
 
 Independently, :class:`CheckpointClock` makes a training-state checkpoint due every ``--checkpoint_every_minutes``,
 so even a SIGKILL without warning loses at most that much work.
@@ -74,10 +76,14 @@ class PreemptionListener:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self.received is None:
             self.received = signum
-            logger.warning("received %s: finishing the current step, then saving and exiting (send it again to abort "
-                           "at once, without saving)", signal.Signals(signum).name)
+            logger.warning("received %s: finishing the current step, then saving and exiting (press Ctrl-C again to "
+                           "abort at once, without saving)", name)
+            return
+        if signum != signal.SIGINT:
+            logger.warning("received %s again: already stopping after the current step", name)
             return
         previous = self._previous.get(signum, signal.SIG_DFL)
         self._restore()

@@ -20,6 +20,7 @@ import logging
 import math
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -355,8 +356,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 progress["batch_in_epoch"] += 1
                 if not accelerator.sync_gradients:
                     continue
-                # Bookkeeping: schedule (a skipped step advances it too), guard, logs and checkpoints.
-                lr_scheduler.step()
+                # Bookkeeping: schedule, guard, logs and checkpoints. A skipped step advances the schedule too, on
+                # purpose, so torch's warning that the optimizer did not step first is silenced.
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                    lr_scheduler.step()
                 progress["global_step"] += 1
                 step = progress["global_step"]
                 diverged = guard.record(step, applied, [] if applied else _sample_names(accelerator, dataset, window))
