@@ -1,7 +1,8 @@
 """The training framework: pipelines built from units, the stage split, losses, the training module and the runner.
 
-The trainer entry (``trainer.main``), the runner and the logger import accelerate lazily through their own modules;
-import them from there (``from diffsynth.diffusion.trainer import main``).
+The trainer entry (``trainer.main``, and ``trainer.cli``, which runs it and exits with the code of its outcome), the
+runner and the logger import accelerate lazily through their own modules; import them from there
+(``from diffsynth.diffusion.trainer import main``).
 """
 
 from .base_pipeline import (SCOPES, BasePipeline, PipelineUnit, PipelineUnitRunner, PruneCacheUnit, StateKey,

@@ -31,6 +31,7 @@ import torch
 
 from ..core.data.cache_codec import decode_tree, encode_tree
 from ..core.files import atomic_save_safetensors, atomic_write_json
+from ..core.finite import require_finite
 from .parsers import split_csv
 
 logger = logging.getLogger(__name__)
@@ -61,14 +62,20 @@ def save_training_state(output_path: str | os.PathLike, trainable: Mapping[str, 
 
     Returns:
         The checkpoint folder.
+
+    Raises:
+        NonFiniteTensorError: A weight or optimizer state holds NaN or inf; nothing is written, so the newest
+            checkpoint on disk stays one a resume can use.
     """
     folder = checkpoint_folder(output_path, int(progress["global_step"]))
+    tensors, structure = encode_tree({"optimizer": dict(optimizer_state), "lr_scheduler": dict(scheduler_state)},
+                                     "state")
+    require_finite(trainable, f"not writing checkpoint {folder}: the trainable weights")
+    require_finite(tensors, f"not writing checkpoint {folder}: the optimizer state")
     staging = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     atomic_save_safetensors(trainable, staging / "trainable.safetensors")
-    tensors, structure = encode_tree({"optimizer": dict(optimizer_state), "lr_scheduler": dict(scheduler_state)},
-                                     "state")
     atomic_save_safetensors(tensors, staging / "state.safetensors", {"structure": json.dumps(structure)})
     atomic_write_json(staging / "progress.json", dict(progress))
     if folder.exists():

@@ -27,9 +27,9 @@ import torch
 from diffsynth import __version__
 from diffsynth.core.device import warn_once
 from diffsynth.core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from diffsynth.core.finite import require_finite
 from diffsynth.core.loader.loading import resolve_dtype
-from diffsynth.lora.formats import from_peft_state_dict, is_peft_lora_key, write_lora
-from diffsynth.lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY
+from diffsynth.lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
 from diffsynth.lora.inspect import inspect_lora, skeleton_from_metadata
 from diffsynth.lora.naming import naming_for
 
@@ -277,7 +277,12 @@ class ModelLogger:
         Mixed runs (a LoRA plus ``--trainable_models``) therefore keep everything they trained, in one file that
         this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written as a LoRA file
         is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure.
+
+        Raises:
+            NonFiniteTensorError: A weight holds NaN or inf; nothing is written (checked on every process, which all
+                hold the same weights, so all of them stop together).
         """
+        require_finite(state_dict, f"not writing {self._file(name)}: the trained weights")
         prefix = self.remove_prefix_in_ckpt
         is_lora = bool(state_dict) and all(key.startswith(prefix) and is_peft_lora_key(key.removeprefix(prefix))
                                            for key in state_dict)
@@ -293,12 +298,14 @@ class ModelLogger:
         self._unsaved = False
         return path
 
-    def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn) -> Path | None:
-        """Logs the step's loss and learning rate, and saves ``step-<step>`` every ``save_steps`` optimizer steps.
+    def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn,
+                    metrics: Mapping[str, float | torch.Tensor] | None = None) -> Path | None:
+        """Logs the step's loss, learning rate and ``metrics``, and saves ``step-<step>`` every ``save_steps``
+        optimizer steps.
 
         Call it on every process after each optimizer step; ``step`` counts optimizer steps from 1.
         """
-        self.log_metrics(step, {"loss": loss, "lr": lr})
+        self.log_metrics(step, {"loss": loss, "lr": lr, **(metrics or {})})
         self._unsaved = True
         if self.save_steps is None or step % self.save_steps:
             return None

@@ -2,7 +2,9 @@
 
 Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged. Flags
 beyond the reference (seeding, schedulers, clipping, mixed precision, resuming, a step budget) default to doing
-nothing, so a reference command trains exactly as it did there.
+nothing, so a reference command trains exactly as it did there. Two safety nets are on by default and change no
+healthy run's weights: timed training-state checkpoints (``--checkpoint_every_minutes``) and the stop after
+consecutive non-finite steps (``--max_nonfinite_steps``).
 
 Only checks that need nothing but the flags live here. Whether model files exist, and whether a LoRA target matches
 a module, is the loader's and the training module's business: they know the files and the model.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -175,6 +178,10 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="Upper end of the drawn training timesteps; e.g. 0.5 trains on the noisier half only.")
     group.add_argument("--max_train_steps", type=int, default=None,
                        help="Stop after this many optimizer steps, even within an epoch; unset runs all epochs.")
+    group.add_argument("--max_nonfinite_steps", type=int, default=3,
+                       help="A step whose loss or gradient norm is NaN or inf is skipped (no update) and counted; "
+                            "after this many such steps in a row training stops with exit code 3, naming the "
+                            "samples and the last checkpoint.")
     return parser
 
 
@@ -194,7 +201,12 @@ def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
                        help="Prefix removed from the weight names saved, so files load into the bare model.")
     group.add_argument("--save_steps", type=int, default=None,
-                       help="Also save every N optimizer steps; unset saves at the end of each epoch only.")
+                       help="Also write a LoRA file and a training-state checkpoint every N optimizer steps; unset "
+                            "writes them at the end of each epoch.")
+    group.add_argument("--checkpoint_every_minutes", type=float, default=30.0,
+                       help="Also write a training-state checkpoint (for --resume_from_checkpoint, not a LoRA file) "
+                            "once this many minutes have passed since the last one, so a crash or preemption "
+                            "loses at most that much work; 0 turns it off.")
     group.add_argument("--checkpoints_total_limit", type=int, default=2,
                        help="Training-state checkpoints (for --resume_from_checkpoint) kept in "
                             "output_path/checkpoints; older ones are deleted. LoRA files are always kept.")
@@ -278,7 +290,8 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group.add_argument("--enable_tensorboard_log", action="store_true",
                        help="Write TensorBoard events under <output_path>/logs (needs: pip install tensorboard).")
     group.add_argument("--enable_csv_log", action="store_true",
-                       help="Append step, loss and learning rate to <output_path>/logs/metrics.csv.")
+                       help="Append step, loss, learning rate and the running count of skipped non-finite steps "
+                            "to <output_path>/logs/metrics.csv.")
     group.add_argument("--enable_wandb_log", action="store_true",
                        help="Log metrics to Weights & Biases (needs: pip install wandb).")
     group.add_argument("--wandb_project", type=str, default="diffsynth", help="Weights & Biases project name.")
@@ -318,14 +331,33 @@ _LOWER_BOUNDS = (
     ("lora_rank", 1, True, "--lora_rank 32"),
     ("lora_alpha", 0, False, "--lora_alpha 32, or drop it to use the rank"),
     ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
+    ("max_nonfinite_steps", 1, True, "--max_nonfinite_steps 3"),
+    ("checkpoint_every_minutes", 0, True, "--checkpoint_every_minutes 30, or 0 for no timed checkpoints"),
 )
+# Fixes for float flags that have no lower bound above.
+_FLOAT_EXAMPLES = {
+    "min_timestep_boundary": "--min_timestep_boundary 0",
+    "max_timestep_boundary": "--max_timestep_boundary 1",
+    "cpu_offload_split_threshold": "--cpu_offload_split_threshold 256",
+}
+
+
+def _finite_problems(args: argparse.Namespace) -> list[str]:
+    """Every float flag, the model-specific ones included, must be a finite number: argparse's ``float`` takes
+    ``nan`` and ``inf``, and an infinite learning rate or clipping norm trains NaN weights."""
+    examples = {**{name: example for name, _, _, example in _LOWER_BOUNDS}, **_FLOAT_EXAMPLES}
+    return [f"--{name} {value} must be a finite number (nan and inf are refused); pass e.g. "
+            f"{examples.get(name, f'--{name} 1.0')}"
+            for name, value in vars(args).items() if isinstance(value, float) and not math.isfinite(value)]
 
 
 def _bound_problems(args: argparse.Namespace) -> list[str]:
     problems = []
     for name, bound, inclusive, example in _LOWER_BOUNDS:
         value = getattr(args, name, None)
-        if value is None or value > bound or (inclusive and value == bound):
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            continue  # unset, or reported by _finite_problems
+        if value > bound or (inclusive and value == bound):
             continue
         relation = f"at least {bound}" if inclusive else f"greater than {bound}"
         problems.append(f"--{name} {value} must be {relation}; pass e.g. {example}")
@@ -354,7 +386,7 @@ def _offload_problems(args: argparse.Namespace) -> list[str]:
                                                             or args.use_gradient_checkpointing_offload):
         problems.append("--block_swap_h2d_only reuses a few GPU slots, which only works when each block is "
                         "recomputed in backward; add --use_gradient_checkpointing")
-    if threshold is not None and threshold <= 0:
+    if threshold is not None and math.isfinite(threshold) and threshold <= 0:
         problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
                         f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
     return problems
@@ -435,7 +467,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     Raises:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
-    problems = _bound_problems(args) + _offload_problems(args) + _size_problems(args) + _task_problems(args)
+    problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
+                + _task_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")
@@ -443,7 +476,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         problems.append(f"--output_path {args.output_path!r} is a file, but checkpoints go into a folder; pass a "
                         f"folder path (it is created if missing)")
     problems += _overwrite_problems(args)
-    if not 0.0 <= args.min_timestep_boundary < args.max_timestep_boundary <= 1.0:
+    boundaries = (args.min_timestep_boundary, args.max_timestep_boundary)
+    if all(map(math.isfinite, boundaries)) and not 0.0 <= boundaries[0] < boundaries[1] <= 1.0:
         problems.append(f"--min_timestep_boundary {args.min_timestep_boundary} and --max_timestep_boundary "
                         f"{args.max_timestep_boundary} must satisfy 0 <= min < max <= 1; e.g. --min_timestep_boundary "
                         "0 --max_timestep_boundary 1")

@@ -7,6 +7,10 @@ move between host and device. Weights that move cannot be wrapped by DDP, so the
 moved nor prepared (only the optimizer and the dataloader are), and the trainable gradients are averaged across
 processes without DDP: by each manager's ``after_backward()``, or by a ``GradientSynchronizer`` under block swap.
 Without either, only the models the stage computes with move to the device.
+
+Each optimizer step ends with one all-reduce that carries the loss and three verdicts every process must share: a
+non-finite loss or gradient (the step is skipped everywhere, ``nonfinite_guard``), a stop signal (every process stops
+after the same step, ``preemption``), and a due timed checkpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import signal
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,12 +34,15 @@ from ..core.data.bad_samples import pop_skipped
 from ..core.data.cache import cache_file_path, save_cache_sample, write_cache_info, write_cache_manifest
 from ..core.data.cache_sync import summarise, sync_stage_one_cache
 from ..core.data.fingerprint import digest
+from ..core.finite import is_finite
 from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
-from .checkpoint import save_training_state, training_flags
+from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
 from .logger import ModelLogger
+from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
+from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
 from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
@@ -42,6 +51,33 @@ logger = logging.getLogger(__name__)
 def _first(batch: list[Any]) -> Any:
     """One sample per step: samples differ in size, so they are not stacked."""
     return batch[0]
+
+
+class _Indexed(Dataset):
+    """``(index, sample)`` pairs of a dataset, so that a step can name the samples it trained on."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        return index, self.dataset[index]
+
+
+def _sample_names(accelerator: Any, dataset: Dataset, indices: list[int]) -> list[str]:
+    """What the samples at ``indices`` on every process are (their metadata rows or cache files); a collective."""
+    from accelerate.utils import gather_object
+
+    describe = getattr(dataset, "describe_sample", lambda index: f"dataset index {index}")
+    return gather_object([describe(index) for index in indices])
+
+
+def _signal_name(preemption: PreemptionListener) -> str:
+    if preemption.received is None:
+        return "a stop signal another process received"
+    return signal.Signals(preemption.received).name
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -128,6 +164,9 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
 
     Returns:
         The number of samples this process computed (not counting those it kept or skipped).
+
+    Raises:
+        RunPreempted: SIGTERM / SIGINT arrived; this process stopped after the sample in progress.
     """
     from accelerate.utils import gather_object
 
@@ -147,19 +186,24 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
         # Written once every stale file is gone: from here on the folder holds only samples of this dataset.
         write_cache_manifest(args.output_path, num_samples, skipped, command)
     loader = DataLoader(Subset(dataset, sync.todo), batch_size=1, collate_fn=_first,
-                        num_workers=args.dataset_num_workers)
+                        num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
     bar = tqdm(zip(sync.todo, loader), total=len(sync.todo), desc="caching",
                disable=not accelerator.is_local_main_process)
     skipped_here = []
-    for index, sample in bar:
-        bad = pop_skipped(sample)
-        if bad:
-            logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
-            skipped_here.extend(bad)
-            continue
-        state = module.process_sample(sample)
-        save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info,
-                          sync.fingerprints[index])
+    with PreemptionListener() as preemption:
+        for done, (index, sample) in enumerate(bar, start=1):
+            bad = pop_skipped(sample)
+            if bad:
+                logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
+                skipped_here.extend(bad)
+            else:
+                state = module.process_sample(sample)
+                save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info,
+                                  sync.fingerprints[index])
+            if preemption.requested and done < len(sync.todo):
+                raise RunPreempted(f"stage 1 stopped by {_signal_name(preemption)} after {done} of the "
+                                   f"{len(sync.todo)} samples process {accelerator.process_index} had to compute; "
+                                   f"rerun the same command to compute the other {len(sync.todo) - done}", done)
     accelerator.wait_for_everyone()
     counts = gather_object([sync.counts()])
     late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
@@ -199,6 +243,38 @@ def _trainable_state(accelerator: Any, module: DiffusionTrainingModule):
     return collect
 
 
+def _agree(accelerator: Any, loss: torch.Tensor, *flags: bool) -> tuple[float, list[bool]]:
+    """The step's one all-reduce: ``loss`` averaged over the processes, and each flag, set if any process set it."""
+    local = torch.cat([loss.detach().float().reshape(1).cpu(), torch.tensor([float(flag) for flag in flags])])
+    total = accelerator.reduce(local.to(accelerator.device), reduction="sum").tolist()
+    return total[0] / accelerator.num_processes, [value > 0 for value in total[1:]]
+
+
+def _optimizer_step(accelerator: Any, optimizer: Any, params: list[torch.nn.Parameter],
+                    micro_losses: list[torch.Tensor], args: argparse.Namespace, check_gradients: bool,
+                    *flags: bool) -> tuple[float, bool, list[bool]]:
+    """Checks the step's losses (and gradients), agrees with the other processes, and applies the update unless a
+    process saw a non-finite value; the gradients are zeroed either way.
+
+    Returns:
+        ``(mean loss over micro-batches and processes, whether the update was applied, flags as agreed)``.
+    """
+    norm, clipped = None, False
+    if check_gradients:
+        if args.max_grad_norm is not None:
+            norm, clipped = accelerator.clip_grad_norm_(params, args.max_grad_norm), True
+        else:
+            norm = gradient_norm(params)
+    finite = step_is_finite(micro_losses, norm)
+    mean_loss, (nonfinite, *agreed) = _agree(accelerator, torch.stack(micro_losses).mean(), not finite, *flags)
+    if not nonfinite:
+        if args.max_grad_norm is not None and not clipped:
+            accelerator.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+    optimizer.zero_grad()
+    return mean_loss, not nonfinite, agreed
+
+
 def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
                          model_logger: ModelLogger, args: argparse.Namespace,
                          resume: tuple[dict, dict, dict] | None = None) -> dict[str, Any]:
@@ -213,8 +289,15 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
-        ``{"global_step", "losses", "skipped_samples"}``: the optimizer steps done, the mean loss of each (over its
-        micro-batches and the processes), and the samples replaced because their files failed to decode.
+        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples"}``: the optimizer steps done, the mean loss
+        of each (over its micro-batches and the processes; NaN or inf for a skipped step), how many steps were skipped
+        as non-finite (over the whole run, resumed parts included), and the samples replaced because their files
+        failed to decode.
+
+    Raises:
+        TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).
+        RunPreempted: SIGTERM / SIGINT arrived; the step in progress finished, then a checkpoint and the weights file
+            of that step were written.
     """
     from diffusers.optimization import get_scheduler
 
@@ -228,8 +311,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     params = [param for param in module.parameters() if param.requires_grad]
     optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
     sampler = EpochShuffleSampler(len(dataset), args.seed)
-    dataloader = DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=_first,
-                            num_workers=args.dataset_num_workers)
+    dataloader = DataLoader(_Indexed(dataset), batch_size=1, sampler=sampler, collate_fn=_first,
+                            num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
     if deepspeed:
         trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
         initialize_deepspeed_gradient_checkpointing(accelerator)
@@ -250,91 +333,136 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                                  num_training_steps=total_steps)
     # The run id lets pruning tell this run's checkpoints from others'; the flags let a resume check its own.
     progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": args.seed,
-                "run_id": getattr(args, "run_id", None), "flags": training_flags(args, module.pipe.lora_target_aliases)}
+                "nonfinite_steps": 0, "run_id": getattr(args, "run_id", None),
+                "flags": training_flags(args, module.pipe.lora_target_aliases)}
     if resume is not None:
         optimizer_state, scheduler_state, saved = resume
         optimizer.load_state_dict(optimizer_state)
         lr_scheduler.load_state_dict(scheduler_state)
         progress.update({key: saved[key] for key in ("global_step", "micro_step", "epoch", "batch_in_epoch")})
+        progress["nonfinite_steps"] = saved.get("nonfinite_steps", 0)  # absent from checkpoints of older versions
+    guard = NonFiniteGuard(args.max_nonfinite_steps, skipped=progress["nonfinite_steps"])
+    # fp16's gradient scaler skips overflowing steps itself (calibration); DeepSpeed steps inside backward.
+    check_gradients = not deepspeed and accelerator.scaler is None
+    clock = CheckpointClock(args.checkpoint_every_minutes)
+    resumed_from = checkpoint_folder(args.output_path, progress["global_step"])
+    last_checkpoint = resumed_from if resume is not None and resumed_from.is_dir() else None
+    last_weights = None
 
     saved_step = progress["global_step"]
 
     def checkpoint() -> None:
-        nonlocal saved_step
+        nonlocal saved_step, last_checkpoint
         saved_step = progress["global_step"]
+        clock.reset()
         if deepspeed:
             return  # ZeRO partitions the optimizer states; resuming under DeepSpeed is refused at start-up
         if accelerator.is_main_process:
             save_training_state(args.output_path, _trainable_state(accelerator, module)(), optimizer.state_dict(),
                                 lr_scheduler.state_dict(), progress, keep_last=args.checkpoints_total_limit)
         accelerator.wait_for_everyone()
+        last_checkpoint = checkpoint_folder(args.output_path, saved_step)
 
     bar = tqdm(total=total_steps, initial=progress["global_step"], desc="training",
                disable=not accelerator.is_local_main_process)
     losses: list[float] = []
     micro_losses: list[torch.Tensor] = []
+    window: list[int] = []  # dataset indices of this process's micro-batches in the current step
     # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's here, all processes'.
     skipped, skipped_total = 0, 0
+    preempted = False
     step_started = time.perf_counter()
-    while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
-        # Data: this epoch's order, skipping the batches a resumed run already consumed.
-        skip = progress["batch_in_epoch"]
-        batches = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
-        # accelerate's loaders count epochs themselves and pass their count to the sampler; a loader made to skip
-        # batches starts counting at 0, so both are told the epoch explicitly.
-        batches.set_epoch(progress["epoch"])
-        sampler.set_epoch(progress["epoch"])
-        for sample in batches:
-            skipped += _note_skipped(sample)
-            # Forward and backward, accumulating over micro-batches.
-            with accelerator.accumulate(trained):
-                sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
-                generator = step_generator(args.seed, sample_index)
-                with accelerator.autocast():
-                    loss = trained(sample, generator=generator)
-                accelerator.backward(loss)
-                micro_losses.append(loss.detach().float())
-                # Offload: unload what is left, hand host gradients to .grad and average them before the step.
-                for manager in managers:
-                    manager.after_backward(sync_gradients=accelerator.sync_gradients)
-                if swap_grad_sync is not None and accelerator.sync_gradients:
-                    swap_grad_sync.all_reduce_mean()
-                if accelerator.sync_gradients and args.max_grad_norm is not None:
-                    accelerator.clip_grad_norm_(params, args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            progress["micro_step"] += 1
-            progress["batch_in_epoch"] += 1
-            if not accelerator.sync_gradients:
-                continue
-            # Bookkeeping: schedule, averaged loss, progress bar, logs and checkpoints.
-            lr_scheduler.step()
-            progress["global_step"] += 1
-            mean_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
-            micro_losses.clear()
-            losses.append(mean_loss)
-            seconds = time.perf_counter() - step_started
-            bar.update(1)
-            bar.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{seconds:.2f}")
-            lr = lr_scheduler.get_last_lr()[0]
-            model_logger.on_step_end(progress["global_step"], mean_loss, lr, _trainable_state(accelerator, module))
-            if args.save_steps and progress["global_step"] % args.save_steps == 0:
+    with PreemptionListener() as preemption:
+        while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
+            # Data: this epoch's order, skipping the batches a resumed run already consumed.
+            skip = progress["batch_in_epoch"]
+            batches = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+            # accelerate's loaders count epochs themselves and pass their count to the sampler; a loader made to skip
+            # batches starts counting at 0, so both are told the epoch explicitly.
+            batches.set_epoch(progress["epoch"])
+            sampler.set_epoch(progress["epoch"])
+            for index, sample in batches:
+                skipped += _note_skipped(sample)
+                # Forward and backward, accumulating over micro-batches; then the checked optimizer step.
+                with accelerator.accumulate(trained):
+                    sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
+                    generator = step_generator(args.seed, sample_index)
+                    with accelerator.autocast():
+                        loss = trained(sample, generator=generator)
+                    window.append(index)
+                    if deepspeed:  # DeepSpeed updates inside backward: the loss is checked before it
+                        _, (nonfinite,) = _agree(accelerator, loss, not is_finite(loss))
+                        if nonfinite:
+                            step = progress["global_step"] + 1
+                            guard.record(step, False, _sample_names(accelerator, dataset, window))
+                            raise guard.diverged(step, None, last_weights, deepspeed=True)
+                    accelerator.backward(loss)
+                    micro_losses.append(loss.detach().float())
+                    # Offload: unload what is left, hand host gradients to .grad and average them before the step.
+                    for manager in managers:
+                        manager.after_backward(sync_gradients=accelerator.sync_gradients)
+                    if swap_grad_sync is not None and accelerator.sync_gradients:
+                        swap_grad_sync.all_reduce_mean()
+                    if accelerator.sync_gradients:
+                        mean_loss, applied, (stop, checkpoint_due) = _optimizer_step(
+                            accelerator, optimizer, params, micro_losses, args, check_gradients,
+                            preemption.requested, clock.due())
+                progress["micro_step"] += 1
+                progress["batch_in_epoch"] += 1
+                if not accelerator.sync_gradients:
+                    continue
+                # Bookkeeping: schedule, guard, logs and checkpoints. A skipped step advances the schedule too, on
+                # purpose, so torch's warning that the optimizer did not step first is silenced.
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                    lr_scheduler.step()
+                progress["global_step"] += 1
+                step = progress["global_step"]
+                diverged = guard.record(step, applied, [] if applied else _sample_names(accelerator, dataset, window))
+                progress["nonfinite_steps"] = guard.skipped
+                window.clear()
+                micro_losses.clear()
+                losses.append(mean_loss)
+                seconds = time.perf_counter() - step_started
+                bar.update(1)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{seconds:.2f}")
+                lr = lr_scheduler.get_last_lr()[0]
+                last_weights = model_logger.on_step_end(step, mean_loss, lr, _trainable_state(accelerator, module),
+                                                        {"nonfinite_steps": guard.skipped}) or last_weights
+                if diverged:
+                    raise guard.diverged(step, last_checkpoint, last_weights)
+                if (args.save_steps and step % args.save_steps == 0) or checkpoint_due:
+                    checkpoint()
+                step_started = time.perf_counter()
+                if step >= total_steps:
+                    break
+                if stop:
+                    preempted = True
+                    break
+            skipped_total += _report_skipped(accelerator, skipped, progress["epoch"])
+            skipped = 0
+            if progress["batch_in_epoch"] >= len(dataloader):
+                # The epoch ran to its end: save it and move the data position to the next one.
+                last_weights = model_logger.on_epoch_end(progress["epoch"],
+                                                         _trainable_state(accelerator, module)) or last_weights
+                progress["epoch"] += 1
+                progress["batch_in_epoch"] = 0
                 checkpoint()
-            step_started = time.perf_counter()
-            if progress["global_step"] >= total_steps:
+            if preempted:
                 break
-        skipped_total += _report_skipped(accelerator, skipped, progress["epoch"])
-        skipped = 0
-        if progress["batch_in_epoch"] >= len(dataloader):
-            # The epoch ran to its end: save it and move the data position to the next one.
-            model_logger.on_epoch_end(progress["epoch"], _trainable_state(accelerator, module))
-            progress["epoch"] += 1
-            progress["batch_in_epoch"] = 0
-            checkpoint()
     bar.close()
+    # A run cut short (--max_train_steps, a signal) can be continued from here: the training state first, as it is
+    # what a resume needs when a scheduler's grace period runs out, then the weights file.
     if saved_step != progress["global_step"]:
-        checkpoint()  # a run cut short by --max_train_steps can be continued from here
+        checkpoint()
     model_logger.on_train_end(progress["global_step"], _trainable_state(accelerator, module))
     for placer in [*managers, *swaps]:
         placer.remove()
-    return {"global_step": progress["global_step"], "losses": losses, "skipped_samples": skipped_total}
+    if preempted:
+        kept = (f"the weights are in {args.output_path}; continue from them with --lora_checkpoint (DeepSpeed writes "
+                "no training-state checkpoint)" if deepspeed else f"checkpoint {last_checkpoint} written; rerun the "
+                "same command with --resume_from_checkpoint latest to continue")
+        raise RunPreempted(f"training stopped by {_signal_name(preemption)} after optimizer step "
+                           f"{progress['global_step']}: {kept}", progress["global_step"])
+    return {"global_step": progress["global_step"], "losses": losses, "nonfinite_steps": guard.skipped,
+            "skipped_samples": skipped_total}

@@ -1,7 +1,8 @@
 """The generic trainer entry: flags -> dataset -> pipeline -> training module -> task stage.
 
-Each model's ``examples/<model>/model_training/train.py`` calls ``main`` with its pipeline class. Everything that
-can be checked cheaply (flags, dataset files, cache presence) is checked before any model is loaded.
+Each model's ``examples/<model>/model_training/train.py`` calls ``cli`` with its pipeline class; ``cli`` runs ``main``
+and exits with the code of its outcome (``exit_codes``). Everything that can be checked cheaply (flags, dataset
+files, cache presence, the flags that name models, on weightless builds) is checked before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -13,20 +14,21 @@ import random
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
-from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, parse_model_configs,
-                           parse_model_id_with_origin_paths, resolve_files)
+from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
+from .exit_codes import run_with_exit_code
 from .logger import ModelLogger
+from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .runner import launch_data_process_task, launch_training_task
-from .training_module import DiffusionTrainingModule, resolve_lora_targets
+from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
 
@@ -134,22 +136,6 @@ def rerun_command(argv: Sequence[str] | None) -> str:
     return shlex.join(["accelerate", "launch", sys.argv[0], *flags])
 
 
-def check_lora_targets(args: argparse.Namespace, pipeline_class: type[BasePipeline],
-                       configs: Sequence[ModelConfig]) -> None:
-    """Checks ``--lora_target_modules`` on a weightless build of the LoRA's model, before minutes of loading."""
-    if not args.lora_base_model or task_stage(args.task)[1] == "data_process":
-        return
-    for config in configs:
-        try:
-            skeleton = load_skeleton(config, torch_dtype=args.torch_dtype)
-        except ModelLoadError:
-            continue  # a tokenizer folder, or a model the real load will report on
-        if pipeline_class.model_roles.get(type(skeleton).__name__) == args.lora_base_model:
-            resolve_lora_targets(skeleton, split_csv(args.lora_target_modules), pipeline_class.lora_target_aliases,
-                                 args.lora_base_model)
-            return
-
-
 def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
@@ -173,23 +159,18 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     # Offloaded training streams weights from host memory, so they are loaded there.
     load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
     with without_zero3_init(accelerator):
-        check_lora_targets(args, pipeline_class, configs)
+        check_model_flags(args, pipeline_class, configs)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
                                               skeleton_configs=skeletons)
 
 
 def fp8_model_names(args: argparse.Namespace, pipe: BasePipeline) -> list[str]:
-    """The pipeline slots of the ``--fp8_models`` entries."""
+    """The pipeline slots of the ``--fp8_models`` entries (checked to be loaded models by ``check_model_flags``)."""
     if not args.fp8_models:
         return []
     wanted = parse_model_id_with_origin_paths(args.fp8_models)
-    names = [name for name, config in pipe.model_configs.items() if config in wanted]
-    unmatched = [config.describe() for config in wanted if config not in pipe.model_configs.values()]
-    if unmatched:
-        raise FlagError([f"--fp8_models entries {unmatched} are not among the models loaded; copy them exactly from "
-                         "--model_id_with_origin_paths"])
-    return names
+    return [name for name, config in pipe.model_configs.items() if config in wanted]
 
 
 def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
@@ -279,3 +260,12 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     if isinstance(dataset, UnifiedDataset):
         result["skipped_samples"] += len(dataset.excluded)  # those left out at start-up
     return {**result, "module": module}
+
+
+def cli(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> NoReturn:
+    """The command-line entry of every ``train.py``: runs :func:`main` and exits with the code of how it ended.
+
+    See :mod:`diffsynth.diffusion.exit_codes`: 0 done, 1 error, 2 bad flags or input, 3 non-finite values (diverged),
+    75 preempted (resumable), 130 aborted by a second Ctrl-C.
+    """
+    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video))

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..core.files import atomic_save_safetensors
+from ..core.finite import require_finite
 from .naming import DIFFUSERS_NAMING, ModuleNaming, naming_for
 
 LAYOUTS = ("universal", "diffusers", "kohya", "peft")
@@ -303,7 +304,8 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
         where = repr(str(source))
     file_metadata = {**file_metadata, **(metadata or {})}
     naming = naming or naming_for(file_metadata.get(MODEL_CLASS_KEY, ""))
-    _refuse_non_finite(tensors, where)
+    # A diverged run's file would merge NaN into every weight it touches (an all-black image).
+    require_finite(tensors, f"LoRA {where} (written by a diverged run? use an earlier file)")
     groups, alphas, kinds = _group(tensors, where)
     resolver = _NameResolver(module_names, naming)
     layers, unmatched, prefixes, native_hits = {}, [], set(), 0
@@ -332,13 +334,6 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
         weights[name] = pending.layer(name, native, settings, folded, where)
     layout = _layout_name(prefixes, kinds, bool(alphas), file_metadata, native_hits)
     return LoRAWeights(weights, layout, file_metadata, where, unmatched)
-
-
-def _refuse_non_finite(tensors: Mapping[str, torch.Tensor], where: str) -> None:
-    for key, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{where} holds non-finite values (NaN or inf) in {key!r}: the run that wrote it "
-                             "diverged; use an earlier epoch's file or retrain with a lower --learning_rate")
 
 
 def _group(tensors: Mapping[str, torch.Tensor], where: str

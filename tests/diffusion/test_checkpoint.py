@@ -128,3 +128,22 @@ def test_flags_that_change_the_trainable_weights_are_named_with_both_values(tmp_
     assert "--lora_rank 8: the checkpoint" in problems[1] and "resume with --lora_rank 4" in problems[1]
     assert "--lora_alpha 8: the checkpoint" in problems[2] and "unset --lora_alpha equals --lora_rank" in problems[2]
     assert flag_mismatches(tmp_path, None, training_flags(flags(lora_rank=8), aliases)) == []
+
+
+@pytest.mark.parametrize("poisoned", ["weights", "optimizer"])
+def test_a_non_finite_state_is_refused_and_the_latest_checkpoint_stays(tmp_path, poisoned):
+    from diffsynth.core.finite import NonFiniteTensorError
+
+    model, optimizer, scheduler = trained_optimizer()
+    save_training_state(tmp_path, model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), progress(1))
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    state = optimizer.state_dict()
+    if poisoned == "weights":
+        weights["weight"][0, 0] = float("nan")
+    else:
+        state["state"][0]["exp_avg"][0, 0] = float("inf")
+    part = "trainable weights" if poisoned == "weights" else "optimizer state"
+    with pytest.raises(NonFiniteTensorError, match=f"not writing checkpoint .*step-2: the {part}"):
+        save_training_state(tmp_path, weights, state, scheduler.state_dict(), progress(2))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
+    assert resolve_checkpoint("latest", tmp_path) == tmp_path / "checkpoints" / "step-1"

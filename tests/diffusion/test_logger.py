@@ -277,3 +277,19 @@ def test_invalid_settings_fail_at_construction(tmp_path):
         ModelLogger(tmp_path, save_dtype="int8")
     with pytest.raises(ValueError, match="--lora_alpha 0 must be positive"):
         ModelLogger(tmp_path, lora_metadata={"lora_alpha": 0})
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_non_finite_weights_are_never_written(trained, tmp_path, lora):
+    from diffsynth.core.finite import NonFiniteTensorError
+
+    state_dict = {key: value.detach().clone() for key, value in named_trainable(trained[2]).items()}
+    if not lora:
+        state_dict = {"pipe.dit.proj_out.weight": torch.ones(2, 3)}
+    next(iter(state_dict.values()))[0, 0] = float("nan")
+    logger = lora_logger(tmp_path, save_steps=1)
+    with pytest.raises(NonFiniteTensorError, match=r"not writing .*step-1\.safetensors: the trained weights"):
+        logger.on_step_end(1, 0.5, 1e-4, lambda: state_dict)
+    with pytest.raises(NonFiniteTensorError, match=r"epoch-0\.safetensors"):
+        logger.on_epoch_end(0, lambda: state_dict)
+    assert not list(tmp_path.glob("*.safetensors"))

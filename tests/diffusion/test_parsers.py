@@ -35,6 +35,8 @@ EXTRA_DEFAULTS = {
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
+# Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
+SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
 STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
@@ -42,10 +44,10 @@ STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "
 
 def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
-    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES}
+    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS}
     video = build_parser(video=True).parse_args([])
     # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, "num_frames": 81,
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, "num_frames": 81,
                            "allow_shorter_videos": False, "use_gradient_checkpointing": True}
     assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
@@ -203,7 +205,8 @@ def test_flag_table_lists_every_flag_under_its_group():
     table = flag_table(parser)
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
-    assert len(flags) == len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + 2  # plus --num_frames, --allow_shorter_videos
+    assert len(flags) == (len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + len(SAFETY_DEFAULTS)
+                          + 2)  # + the video flags --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
@@ -223,3 +226,24 @@ def test_flag_table_escapes_pipes_and_handles_extra_flags():
     table = flag_table(parser)
     assert '| `--mode` | `"a\\|b"` | one \\| two lines |' in table
     assert "| `target` | unset | positional |" in table
+
+
+FLOAT_FLAGS = [action.option_strings[0] for action in build_parser(video=True)._actions if action.type is float]
+
+
+def test_the_float_flags_are_the_ones_expected():
+    assert set(FLOAT_FLAGS) == {"--learning_rate", "--weight_decay", "--max_grad_norm", "--min_timestep_boundary",
+                                "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
+                                "--cpu_offload_split_threshold"}
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("flag", FLOAT_FLAGS)
+def test_every_float_flag_refuses_nan_and_inf(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(VALID + ["--enable_model_cpu_offload", f"{flag}={value}"])  # "-inf" alone reads as a flag
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{flag} {float(value)} must be a finite number (nan and inf are refused); pass e.g. {flag} " in error
+    problems = error.split("error:")[1].strip().splitlines()
+    assert len([line for line in problems if flag in line]) == 1  # not also a bound or range complaint

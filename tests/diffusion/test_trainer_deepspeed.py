@@ -6,6 +6,8 @@ that run is marked ``gpu``.
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +105,23 @@ def test_two_gpus_under_zero3_train_identical_weights(tmp_path, tiny_root):
     done = launch(config, [*raw(tmp_path / "data"), *COMMON, "--output_path", str(tmp_path / "out")], tiny_root)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "epoch-1.safetensors").is_file()
+
+
+def test_a_non_finite_loss_stops_zero3_training_before_its_update(two_stage_runs, tiny_root):
+    from diffsynth.core.finite import nonfinite_names
+    from tests.diffusion.test_nonfinite_guard import poison, saved_tensors
+
+    folder, *_ = two_stage_runs
+    cache = folder / "poisoned_cache"
+    shutil.copytree(folder / "cache", cache)
+    poison(cache / "0" / "1.safetensors")
+    done = launch(write_configs(folder), [
+        "--dataset_base_path", str(cache), *COMMON, "--task", "sft:train", "--num_epochs", "2", "--offload_models",
+        f"{PATTERN['text_encoder']},{PATTERN['vae']}", "--initialize_model_on_cpu", "--output_path",
+        str(folder / "poisoned"),
+    ], tiny_root)  # fmt: skip
+    # The launcher (torch elastic, even for one process) exits with 1 and reports the process's own code.
+    assert done.returncode == 1 and re.search(r"exitcode\s*: 3 ", done.stderr), done.stderr[-3000:]
+    assert "DeepSpeed applies each update inside backward" in done.stderr
+    assert f"cache file {cache / '0' / '1.safetensors'}" in done.stderr
+    assert not any(nonfinite_names(tensors) for tensors in saved_tensors(folder / "poisoned").values())

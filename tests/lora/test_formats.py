@@ -66,7 +66,7 @@ def test_bad_files_are_refused_with_the_file_named(tmp_path):
     nan = tmp_path / "diverged.safetensors"
     save_file({"diffusion_model.proj_out.lora_A.weight": torch.tensor([[float("nan"), 0.0]]),
                "diffusion_model.proj_out.lora_B.weight": torch.ones(1, 1)}, str(nan))
-    with pytest.raises(ValueError, match=rf"{nan}.*non-finite values .* 'diffusion_model.proj_out.lora_A.weight'"):
+    with pytest.raises(ValueError, match=rf"{nan}.*NaN or inf values in 1 of 2 tensors \(diffusion_model.proj_out"):
         read_lora(nan)
     pickle = tmp_path / "lora.pth"
     torch.save({"a": torch.ones(1)}, pickle)

@@ -363,6 +363,10 @@ class CacheDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files) * self.repeat
 
+    def describe_sample(self, index: int) -> str:
+        """Where sample ``index`` comes from, for messages: its cache file."""
+        return f"cache file {self.files[index % len(self.files)]}"
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """The state ``{"shared", "posi", "nega"}`` of file ``index % files``, tensors on the CPU."""
         if not -len(self) <= index < len(self):

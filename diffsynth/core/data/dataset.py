@@ -330,6 +330,14 @@ class UnifiedDataset(Dataset):
                 sample[key] = loaded if isinstance(value, list) else loaded[0]
         return sample
 
+    def describe_sample(self, index: int) -> str:
+        """Where sample ``index`` comes from, for messages: its metadata row (numbered from 1, as the dataset checks
+        number them) and its data files."""
+        row = self._order[index % len(self._order)]
+        cells = self.rows[row]
+        files = [f"{key}: {cells[key]}" for key in self.data_file_keys if key in cells]
+        return f"metadata {self.metadata_path} row {row + 1}" + (f" ({', '.join(files)})" if files else "")
+
     def _load(self, row: int, relative: str, key: str) -> Any:
         path = self.base_path / relative
         operator = operator_for(path, key)

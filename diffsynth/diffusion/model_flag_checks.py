@@ -1,0 +1,132 @@
+"""Checks of the flags that name models or their parts, made on weightless builds before any weight loads.
+
+``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models`` and ``--blocks_to_swap``
+can only be checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
+slot is read from its ``config.json`` and the models whose structure matters (the LoRA's model, the denoiser) are
+built on the meta device (``load_skeleton``: a second or so, no weights); every problem is then reported at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import torch
+
+from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, model_class_name,
+                           parse_model_id_with_origin_paths)
+from ..core.offload_training.block_swap import find_block_list
+from .base_pipeline import BasePipeline
+from .parsers import FlagError, split_csv, task_stage
+from .training_module import resolve_lora_targets
+
+
+def _slots(pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
+    """The pipeline slot of each config whose model class the pipeline knows (tokenizers and unknown classes are
+    left to the real load, which reports them)."""
+    slots = {}
+    for config in configs:
+        try:
+            name = model_class_name(config)
+        except ModelLoadError:
+            continue
+        role = pipeline_class.model_roles.get(name) if name else None
+        if role is not None:
+            slots[role] = config
+    return slots
+
+
+def _unknown_names(flag: str, value: str, names: Sequence[str], slots: dict[str, ModelConfig]) -> list[str]:
+    unknown = [name for name in names if name not in slots]
+    if not unknown:
+        return []
+    loaded = ", ".join(sorted(slots)) or "none"
+    return [f"{flag} {value}: {unknown} name no loaded model (the models loaded are: {loaded}); name one of them, "
+            "or load the model with --model_id_with_origin_paths / --model_paths"]
+
+
+def _fp8_problems(args: argparse.Namespace, configs: Sequence[ModelConfig], slots: dict[str, ModelConfig],
+                  trains: bool) -> list[str]:
+    if not args.fp8_models:
+        return []
+    wanted = parse_model_id_with_origin_paths(args.fp8_models)
+    unmatched = [config.describe() for config in wanted if config not in configs]
+    problems = []
+    if unmatched:
+        problems.append(f"--fp8_models entries {unmatched} are not among the models loaded; copy them exactly from "
+                        "--model_id_with_origin_paths")
+    full = [name for name, config in slots.items() if config in wanted and name in split_csv(args.trainable_models)]
+    if trains and full:
+        problems.append(f"--fp8_models includes {full}, which --trainable_models trains in full; fp8 storage is for "
+                        "frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
+    return problems
+
+
+def _block_swap_problems(blocks_to_swap: int, denoisers: dict[str, torch.nn.Module]) -> list[str]:
+    problems = []
+    for name, model in denoisers.items():
+        try:
+            blocks, list_name = find_block_list(model)
+        except ValueError:
+            problems.append(f"--blocks_to_swap {blocks_to_swap}: {name} ({type(model).__name__}) has no block list "
+                            "to swap; drop --blocks_to_swap")
+            continue
+        if blocks_to_swap > len(blocks):
+            problems.append(f"--blocks_to_swap {blocks_to_swap}, but {name} ({type(model).__name__}) has only "
+                            f"{len(blocks)} blocks in {list_name}; pass at most --blocks_to_swap {len(blocks)}")
+    return problems
+
+
+def _skeletons(names: set[str | None], slots: dict[str, ModelConfig], torch_dtype: str) -> dict[str, torch.nn.Module]:
+    """Weightless builds of the named models that are loaded (a model that cannot be built is left to the real load,
+    which reports it with its files)."""
+    built = {}
+    for name in sorted(name for name in names if name in slots):
+        try:
+            built[name] = load_skeleton(slots[name], torch_dtype=torch_dtype)
+        except ModelLoadError:
+            continue
+    return built
+
+
+def _lora_target_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+                          model: torch.nn.Module | None) -> list[str]:
+    if model is None:
+        return []
+    targets = split_csv(args.lora_target_modules)
+    if not targets:
+        return [f"--lora_base_model {args.lora_base_model} needs --lora_target_modules, e.g. "
+                "'to_q,to_k,to_v,to_out.0'"]
+    try:
+        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, args.lora_base_model)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
+def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+                      configs: Sequence[ModelConfig]) -> None:
+    """Checks the model-naming flags against the models ``configs`` name, without loading any weight.
+
+    Call it once the model files are resolved (``config.json`` is read) and before the pipeline loads. Stage 1
+    (``*:data_process``) trains nothing and swaps no block, and may leave the trained model out, so only
+    ``--fp8_models`` is checked there.
+
+    Raises:
+        FlagError: One line per problem, each naming the flag, the value and the fix.
+    """
+    trains = task_stage(args.task)[1] != "data_process"
+    slots = _slots(pipeline_class, configs)
+    problems = _fp8_problems(args, configs, slots, trains)
+    if trains:
+        trainable = split_csv(args.trainable_models)
+        problems += _unknown_names("--trainable_models", args.trainable_models, trainable, slots)
+        if args.lora_base_model:
+            problems += _unknown_names("--lora_base_model", args.lora_base_model, [args.lora_base_model], slots)
+        denoisers = pipeline_class.denoising_model_names if args.blocks_to_swap else ()
+        skeletons = _skeletons({args.lora_base_model, *denoisers}, slots, args.torch_dtype)
+        problems += _lora_target_problems(args, pipeline_class, skeletons.get(args.lora_base_model))
+        problems += _block_swap_problems(args.blocks_to_swap, {name: skeletons[name] for name in denoisers
+                                                               if name in skeletons})
+    if problems:
+        raise FlagError(problems)
