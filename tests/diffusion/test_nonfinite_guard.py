@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from diffsynth.core.finite import nonfinite_names
-from diffsynth.diffusion.checkpoint import latest_checkpoint, load_training_state
+from diffsynth.diffusion.checkpoint import load_training_state, resolve_checkpoint
 from diffsynth.diffusion.nonfinite_guard import NonFiniteGuard, TrainingDivergedError, step_is_finite
 from diffsynth.diffusion.trainer import cli, main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
@@ -96,7 +96,7 @@ def test_a_diverging_run_exits_with_3_and_leaves_only_finite_files(dataset, tmp_
     assert any(path.parent == output for path in files) and any("checkpoints" in path.parts for path in files)
     assert {path: nonfinite_names(tensors) for path, tensors in files.items() if nonfinite_names(tensors)} == {}
     # `latest` resumes from finite weights and optimizer state, and the message points at it.
-    latest = latest_checkpoint(output)
+    latest = resolve_checkpoint("latest", output)
     weights, optimizer_state, _, progress = load_training_state(latest)
     assert progress["global_step"] < bad[-1] and f"the last checkpoint is {latest}" in error
     moments = {f"{index}.{key}": value for index, state in optimizer_state["state"].items()

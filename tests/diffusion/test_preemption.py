@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from diffsynth.core.data import CacheError, DatasetError
 from diffsynth.core.finite import NonFiniteTensorError, nonfinite_names
 from diffsynth.diffusion import exit_codes
-from diffsynth.diffusion.checkpoint import latest_checkpoint, read_progress
+from diffsynth.diffusion.checkpoint import read_progress, resolve_checkpoint
 from diffsynth.diffusion.nonfinite_guard import TrainingDivergedError
 from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.preemption import CheckpointClock, PreemptionListener, RunPreempted
@@ -118,7 +118,7 @@ def test_stage_one_stops_after_the_sample_in_progress_and_a_rerun_completes_it(d
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as exit_info:
         cli(QwenImagePipeline, argv)
     assert exit_info.value.code == exit_codes.PREEMPTED
-    assert "stage 1 stopped by SIGTERM after caching 1 of the 3 samples" in caplog.text
+    assert "stage 1 stopped by SIGTERM after 1 of the 3 samples process 0 had to compute" in caplog.text
     assert sorted(path.name for path in (tmp_path / "cache" / "0").iterdir()) == ["0.safetensors"]
     monkeypatch.setattr(runner, "save_cache_sample", save)
     assert main(QwenImagePipeline, argv)["cached"] == 2
@@ -149,7 +149,7 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_ends_where_an_uninterrup
     assert process.returncode == exit_codes.PREEMPTED, log[-3000:]
     stopped = int(metrics.read_text().splitlines()[-1].split(",")[0])
     assert 1 <= stopped < 60 and "training stopped by SIGTERM after optimizer step" in log
-    assert latest_checkpoint(output) == output / "checkpoints" / f"step-{stopped}"
+    assert resolve_checkpoint("latest", output) == output / "checkpoints" / f"step-{stopped}"
     resumed = main(QwenImagePipeline, [*flags, "--output_path", str(output), "--resume_from_checkpoint", "latest"])
     assert resumed["global_step"] == 60 and len(resumed["losses"]) == 60 - stopped
     main(QwenImagePipeline, [*flags, "--output_path", str(tmp_path / "uninterrupted")])
@@ -222,6 +222,6 @@ def test_two_processes_skip_the_same_steps_and_stop_at_the_same_step(dataset, tm
     assert steps == [3, 3]
     first, second = (load_file(str(output / f"rank{rank}.safetensors")) for rank in (0, 1))
     assert max_difference(first, second) == 0 and not nonfinite_names(first)
-    progress = read_progress(latest_checkpoint(output))
+    progress = read_progress(resolve_checkpoint("latest", output))
     # Epoch 0's three steps hold all six samples, so both copies of the damaged one: one or two skipped steps.
     assert progress["global_step"] == 3 and progress["nonfinite_steps"] in (1, 2)
