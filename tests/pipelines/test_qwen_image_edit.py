@@ -18,6 +18,8 @@ from diffsynth.core.loader.tiny_models import (QWEN_IMAGE_EDIT_2509_MODEL_ID, QW
 from diffsynth.pipelines import qwen_image_edit
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
+from .edit_reference import diffusers_edit_pipeline, shrink_reference_sizes
+
 PROMPT, NEGATIVE = "paint the square blue", "blurry, low quality"
 # Small stand-ins for the reference's 1024 x 1024 (VAE) and 384 x 384 (2509's encoder) pixel areas.
 EDIT_PIXELS, CONDITION_PIXELS = 96 * 96, 64 * 64
@@ -36,37 +38,10 @@ def ours(model_id, **kwargs):
     return pipe
 
 
-def theirs(pipeline_class, tiny_root, model_id, processor):
-    """diffusers' pipeline from the repo's components; the processor is ours (without torchvision, transformers
-    cannot build ``Qwen2VLProcessor``'s video part, so diffusers' ``from_pretrained`` cannot load the folder)."""
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
-    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-    repo = tiny_root / model_id
-    pipe = pipeline_class(
-        transformer=QwenImageTransformer2DModel.from_pretrained(repo / "transformer"),
-        vae=AutoencoderKLQwenImage.from_pretrained(repo / "vae"),
-        text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(repo / "text_encoder"),
-        tokenizer=AutoTokenizer.from_pretrained(repo / "tokenizer"), processor=processor,
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(repo / "scheduler"),
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 @pytest.fixture
 def small_reference_sizes(monkeypatch):
     """diffusers' edit image areas lowered to the ones ``ours`` sets."""
-    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
-
-    full_size = pipeline_qwenimage_edit.calculate_dimensions
-
-    def edit_dimensions(target_area, ratio):
-        return full_size(EDIT_PIXELS if target_area == 1024 * 1024 else target_area, ratio)
-
-    monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions", edit_dimensions)
-    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", EDIT_PIXELS)
-    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", CONDITION_PIXELS)
+    shrink_reference_sizes(monkeypatch, EDIT_PIXELS, CONDITION_PIXELS)
 
 
 def render(pipe, edit_image, cfg_scale, seed=7, **kwargs):
@@ -88,8 +63,8 @@ def test_matches_diffusers_edit_pipelines(base, tiny_root, small_reference_sizes
     from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
 
     pipe = ours(model_id)
-    reference = theirs(QwenImageEditPlusPipeline if isinstance(edit_image, list) else QwenImageEditPipeline,
-                       tiny_root, model_id, pipe.processor)
+    reference = diffusers_edit_pipeline(QwenImageEditPlusPipeline if isinstance(edit_image, list)
+                                        else QwenImageEditPipeline, tiny_root / model_id, pipe.processor)
     for cfg_scale in (1.0, 3.5):
         image = render(pipe, edit_image, cfg_scale)
         expected = reference_render(reference, edit_image, cfg_scale)
