@@ -7,6 +7,8 @@ both sides: diffusers reads them from its module constants, this pipeline from t
 (templates, processor, packing, ``img_shapes``, CFG, the schedule) runs as it does at full size.
 """
 
+import shutil
+
 import pytest
 import torch
 from PIL import Image
@@ -165,3 +167,14 @@ def test_bad_edit_images_are_named(base, edit_image, message):
     pipe = ours(QWEN_IMAGE_EDIT_MODEL_ID)
     with pytest.raises(ValueError, match=message):
         render(pipe, edit_image, 1.0)
+
+
+def test_a_processor_not_on_disk_yet_is_loaded_at_the_first_edit(tiny_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tmp_path))
+    repo = tmp_path / QWEN_IMAGE_EDIT_MODEL_ID
+    shutil.copytree(tiny_root / QWEN_IMAGE_EDIT_MODEL_ID, repo, ignore=shutil.ignore_patterns("processor"))
+    pipe = ours(QWEN_IMAGE_EDIT_MODEL_ID)
+    assert pipe.processor is None  # nothing downloaded for a pipeline that may never edit
+    shutil.copytree(tiny_root / QWEN_IMAGE_EDIT_MODEL_ID / "processor", repo / "processor")  # as a download would
+    render(pipe, RED, 1.0)
+    assert pipe.processor is not None
