@@ -165,8 +165,9 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     with accelerator.local_main_process_first():
         for config in [*configs, *([tokenizer] if tokenizer else [])]:
             resolve_files(config)
-        for config in pipeline_class.companion_configs(configs, tokenizer, inputs=split_csv(args.extra_inputs),
-                                                       **options):
+        # Stage 2 starts from cached states, so inputs such as edit images need no companion folder there.
+        inputs = [] if task_stage(args.task)[1] == "train" else split_csv(args.extra_inputs)
+        for config in pipeline_class.companion_configs(configs, tokenizer, inputs=inputs, **options):
             resolve_files(config)
     device = accelerator.device
     # Offloaded training streams weights from host memory, so they are loaded there.

@@ -87,8 +87,9 @@ def edit_image_list(edit_image: Image.Image | Sequence[Image.Image]) -> tuple[li
         raise ValueError("edit_image is an empty list; give one edit image, or a list of them")
     for image in images:
         if isinstance(image, (str, Path)):
-            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; add edit_image to "
-                             "--data_file_keys (e.g. --data_file_keys image,edit_image) so the dataset loads it")
+            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; open it with PIL "
+                             "(Image.open), or when training add edit_image to --data_file_keys (e.g. "
+                             "--data_file_keys image,edit_image) so the dataset loads it")
         if not isinstance(image, Image.Image):
             raise ValueError(f"edit_image holds a {type(image).__name__}; pass PIL images (one, or a list)")
     return images, several

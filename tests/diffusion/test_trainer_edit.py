@@ -128,6 +128,13 @@ def test_offload_and_block_swap_give_the_plain_lora(reference, pair_dataset, tmp
     assert max_difference(lora(tmp_path / "out"), lora(reference[0])) < 1e-6
 
 
+def test_block_swap_keeps_2511s_zero_cond_t(pair_dataset, tmp_path):
+    # zero_cond_t doubles the timestep batch and hands every block a modulation index; swapped blocks must pass it.
+    for name, mode in (("plain", []), ("swap", ["--blocks_to_swap", "2", "--block_swap_h2d_only"])):
+        one_stage(pair_dataset, tmp_path / name, QWEN_IMAGE_EDIT_2511_MODEL_ID, "--num_epochs", "1", *mode)
+    assert max_difference(lora(tmp_path / "plain", "epoch-0"), lora(tmp_path / "swap", "epoch-0")) < 1e-6
+
+
 def test_fp8_trains_an_edit_lora(pair_dataset, tmp_path):
     result = one_stage(pair_dataset, tmp_path / "out", QWEN_IMAGE_EDIT_2509_MODEL_ID, "--fp8_models",
                        dit(QWEN_IMAGE_EDIT_2509_MODEL_ID), "--num_epochs", "1")
