@@ -61,6 +61,11 @@ class BasePipeline(torch.nn.Module):
     training_columns: tuple[str, ...] = ()
     #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
     derived_inputs: tuple[str, ...] = ()
+    #: Keyword arguments of ``from_pretrained`` (and ``companion_configs``) beyond the shared ones, which the trainer
+    #: fills from flags only some pipelines take (Qwen-Image: ``processor_config``, ``zero_cond_t``).
+    load_options: tuple[str, ...] = ()
+    #: State inputs that must hold loaded images, so a dataset column feeding one belongs in ``--data_file_keys``.
+    image_inputs: tuple[str, ...] = ()
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -115,12 +120,15 @@ class BasePipeline(torch.nn.Module):
         return pipe
 
     @classmethod
-    def companion_configs(cls, model_configs: Sequence[ModelConfig],
-                          tokenizer_config: ModelConfig | None = None) -> list[ModelConfig]:
+    def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
+                          inputs: Sequence[str] = (), **options: Any) -> list[ModelConfig]:
         """The folders ``from_pretrained`` reads besides the models' own, such as the tokenizer beside the text encoder.
 
         Each model's slot is found from the class its ``config.json`` names, so the models' files must be resolved
         first. A launcher resolves these too before any process loads, so that they are downloaded once per machine.
+        ``inputs`` are the state inputs the run feeds (``--extra_inputs``) and ``options`` the ``load_options`` it
+        passes to ``from_pretrained``; a pipeline whose companions depend on them (Qwen-Image-Edit's processor) reads
+        them, the others ignore them.
         """
         roles = {}
         for config in model_configs:

@@ -129,6 +129,12 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                             "and downloaded only when missing.")
     group.add_argument("--tokenizer_path", type=str, default=None,
                        help="Tokenizer folder; unset takes it from the model repository.")
+    group.add_argument("--processor_path", type=str, default=None,
+                       help="Qwen-Image-Edit: Qwen2.5-VL processor folder that reads the edit images; unset takes the "
+                            "processor/ folder of the transformer's repository.")
+    group.add_argument("--zero_cond_t", action="store_true",
+                       help="Qwen-Image-Edit-2511: modulate the edit images' tokens as at timestep 0. The released "
+                            "2511 transformer's config already turns it on; the flag turns it on for any other.")
     group.add_argument("--extra_inputs", type=str, default=None,
                        help="Comma list of extra metadata columns passed to the pipeline (e.g. edit_image).")
     group.add_argument("--offload_models", type=str, default=None,

@@ -85,8 +85,17 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
 
     Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
     ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files.
+
+    Raises:
+        FlagError: An extra input the pipeline reads as images (``edit_image``) is missing from ``--data_file_keys``.
     """
     extra_inputs = split_csv(args.extra_inputs)
+    unloaded = [name for name in extra_inputs
+                if name in pipeline_class.image_inputs and name not in split_csv(args.data_file_keys)]
+    if unloaded:
+        raise FlagError([f"--extra_inputs {name} takes images, but --data_file_keys {args.data_file_keys!r} leaves "
+                         f"the {name} column as paths; add it, e.g. --data_file_keys image,{name}"
+                         for name in unloaded])
     repeat = args.dataset_repeat
     caching = task_stage(args.task)[1] == "data_process"
     if caching and repeat > 1:
@@ -136,13 +145,41 @@ def rerun_command(argv: Sequence[str] | None) -> str:
     return shlex.join(["accelerate", "launch", sys.argv[0], *flags])
 
 
+# Flags that only some pipelines take, by the ``from_pretrained`` option (``BasePipeline.load_options``) they fill.
+PIPELINE_OPTION_FLAGS = {"processor_config": "--processor_path", "zero_cond_t": "--zero_cond_t"}
+
+
+def pipeline_load_options(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> dict[str, Any]:
+    """The ``from_pretrained`` options the pipeline-specific flags ask for.
+
+    Raises:
+        FlagError: A flag the pipeline does not take (it would do nothing), or a ``--processor_path`` that is not a
+            folder.
+    """
+    options: dict[str, Any] = {}
+    problems = []
+    if args.processor_path:
+        if not os.path.isdir(args.processor_path):
+            problems.append(f"--processor_path {args.processor_path!r} is not a folder; pass the processor/ folder of "
+                            "a Qwen-Image-Edit repository, or drop the flag to take the transformer repository's")
+        options["processor_config"] = ModelConfig(path=args.processor_path)
+    if args.zero_cond_t:
+        options["zero_cond_t"] = True
+    problems += [f"{PIPELINE_OPTION_FLAGS[name]} does not apply to {pipeline_class.__name__}; drop it"
+                 for name in options if name not in pipeline_class.load_options]
+    if problems:
+        raise FlagError(problems)
+    return options
+
+
 def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
-    Missing files, the pipeline's companion folders (tokenizer, image processor) included, are downloaded once per
-    machine: the local main process fetches them while the others wait at a barrier, then every process loads from
-    disk.
+    Missing files, the pipeline's companion folders (tokenizer, image processor, the edit processor when the run
+    feeds edit images) included, are downloaded once per machine: the local main process fetches them while the
+    others wait at a barrier, then every process loads from disk.
     """
+    options = pipeline_load_options(args, pipeline_class)
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
     skeletons = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
     unmatched = [config.describe() for config in skeletons if config not in configs]
@@ -153,7 +190,9 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     with accelerator.local_main_process_first():
         for config in [*configs, *([tokenizer] if tokenizer else [])]:
             resolve_files(config)
-        for config in pipeline_class.companion_configs(configs, tokenizer):
+        # Stage 2 starts from cached states, so inputs such as edit images need no companion folder there.
+        inputs = [] if task_stage(args.task)[1] == "train" else split_csv(args.extra_inputs)
+        for config in pipeline_class.companion_configs(configs, tokenizer, inputs=inputs, **options):
             resolve_files(config)
     device = accelerator.device
     # Offloaded training streams weights from host memory, so they are loaded there.
@@ -162,7 +201,7 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
         check_model_flags(args, pipeline_class, configs)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
-                                              skeleton_configs=skeletons)
+                                              skeleton_configs=skeletons, **options)
 
 
 def fp8_model_names(args: argparse.Namespace, pipe: BasePipeline) -> list[str]:

@@ -1,11 +1,14 @@
-"""Qwen-Image text-to-image (and image-to-image) as declared units over the diffusers / transformers models.
+"""Qwen-Image text-to-image, image-to-image and image editing as declared units over the diffusers / transformers
+models.
 
 Models, by pipeline name: ``dit`` (``QwenImageTransformer2DModel``), ``vae`` (``AutoencoderKLQwenImage``),
-``text_encoder`` (``Qwen2_5_VLForConditionalGeneration``) and ``tokenizer``. The computation follows diffusers'
-``QwenImagePipeline`` step for step (prompt template, latent packing, flow-matching schedule with Qwen-Image's
-resolution-dependent shift, CFG with norm rescaling, latent de-normalisation), so both produce the same image from
-the same weights and seed. Latents live in the state unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn``
-packs them into 2x2 patches for the transformer and unpacks its prediction.
+``text_encoder`` (``Qwen2_5_VLForConditionalGeneration``), ``tokenizer`` and, for editing, ``processor`` (the
+Qwen2.5-VL processor). The computation follows diffusers' ``QwenImagePipeline`` step for step (prompt template, latent
+packing, flow-matching schedule with Qwen-Image's resolution-dependent shift, CFG with norm rescaling, latent
+de-normalisation), so both produce the same image from the same weights and seed; with ``edit_image`` it follows
+``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``qwen_image_edit.py``). Latents live in the state
+unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn`` packs them into 2x2 patches for the transformer and
+unpacks its prediction.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig
+from ..core.loader import ModelConfig, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
                      tensor_to_images)
+from .qwen_image_edit import (EDIT_CONDITION_PIXELS, EDIT_IMAGE_PIXELS, EDIT_TEMPLATE_DROP_TOKENS,
+                              EditImageEmbedderUnit, default_processor_config, encode_edit_prompt, load_processor,
+                              output_size, processor_if_present, set_zero_cond_t)
 
 __all__ = ["ModelConfig", "QwenImagePipeline"]
 
@@ -35,6 +41,7 @@ PROMPT_TEMPLATE = (
 PROMPT_TEMPLATE_DROP_TOKENS = 34
 TOKENIZER_MAX_LENGTH = 1024
 VAE_SCALE = 8
+DEFAULT_SIZE = 1328
 
 # Pipeline name of each model class.
 MODEL_ROLES = {
@@ -96,30 +103,36 @@ class InputImageEmbedderUnit(PipelineUnit):
 class PromptEmbedderUnit(PipelineUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen2.5-VL through the chat template.
 
-    Outputs the last hidden states after the template's system turn, at most ``max_sequence_length`` tokens, and a
-    mask that is ``None`` when no token is padding (always, for one prompt).
+    With ``edit_image`` the edit images are encoded with the prompt, in the Edit template (see
+    ``qwen_image_edit.encode_edit_prompt``), and nothing is truncated; otherwise the text-to-image template is used
+    and at most ``max_sequence_length`` tokens are kept. Outputs the last hidden states after the template's system
+    turn and a mask that is ``None`` when no token is padding (always, for one prompt).
     """
 
     def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length", "edit_image"),
                          input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
                          output_params=("prompt_emb", "prompt_emb_mask"), onload_model_names=("text_encoder",))
 
-    def process(self, pipe: QwenImagePipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+    def process(self, pipe: QwenImagePipeline, prompt: str | None, max_sequence_length: int | None,
+                edit_image: Image.Image | Sequence[Image.Image] | None) -> dict:
         if pipe.text_encoder is None or pipe.tokenizer is None:
             raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
                              "'Qwen/Qwen-Image:text_encoder/model*.safetensors' to the model configs")
-        texts = [PROMPT_TEMPLATE.format(prompt or "")]
-        tokens = pipe.tokenizer(texts, max_length=TOKENIZER_MAX_LENGTH + PROMPT_TEMPLATE_DROP_TOKENS, padding=True,
-                                truncation=True, return_tensors="pt").to(pipe.device)
-        output = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                                   output_hidden_states=True)
-        hidden, mask = output.hidden_states[-1], tokens.attention_mask.bool()
-        kept = [states[row_mask][PROMPT_TEMPLATE_DROP_TOKENS:] for states, row_mask in zip(hidden, mask)]
+        if edit_image is not None:
+            hidden, mask = encode_edit_prompt(pipe, prompt or "", edit_image)
+            drop, limit = EDIT_TEMPLATE_DROP_TOKENS, None
+        else:
+            tokens = pipe.tokenizer([PROMPT_TEMPLATE.format(prompt or "")],
+                                    max_length=TOKENIZER_MAX_LENGTH + PROMPT_TEMPLATE_DROP_TOKENS, padding=True,
+                                    truncation=True, return_tensors="pt").to(pipe.device)
+            hidden = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                                       output_hidden_states=True).hidden_states[-1]
+            mask, drop, limit = tokens.attention_mask, PROMPT_TEMPLATE_DROP_TOKENS, max_sequence_length or 512
+        kept = [states[row_mask][drop:] for states, row_mask in zip(hidden, mask.bool())]
         length = max(len(states) for states in kept)
         embeddings = torch.stack([torch.cat([s, s.new_zeros(length - len(s), s.shape[1])]) for s in kept])
         embeddings_mask = torch.stack([torch.arange(length, device=pipe.device) < len(s) for s in kept]).long()
-        limit = max_sequence_length or 512
         embeddings, embeddings_mask = embeddings[:, :limit], embeddings_mask[:, :limit]
         return {"prompt_emb": embeddings.to(pipe.torch_dtype),
                 "prompt_emb_mask": None if bool(embeddings_mask.all()) else embeddings_mask}
@@ -135,16 +148,83 @@ class QwenImagePipeline(TextToLatentPipeline):
     denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")
+    #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
+    image_inputs = ("edit_image",)
+    load_options = ("processor_config", "zero_cond_t")
     scheduler_preset = "qwen_image"
+    #: Pixel area each edit image is resized to for the VAE (and for Qwen-Image-Edit's encoder), and the area
+    #: Edit-2509 / 2511 show the encoder; diffusers' values, which the models were trained at.
+    edit_image_pixels = EDIT_IMAGE_PIXELS
+    edit_condition_pixels = EDIT_CONDITION_PIXELS
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
         super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
                          manage_model_devices=manage_model_devices)
-        self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
+        #: The Qwen2.5-VL processor that reads edit images; loaded from ``processor_config`` on first use if unset.
+        self.processor: Any = None
+        self.processor_config: ModelConfig | None = None
+        # The VAE encodes the edit images next to the training image, so it is onloaded once for both.
+        self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), EditImageEmbedderUnit(), LatentsUnit(),
+                      PromptEmbedderUnit()]
+
+    @classmethod
+    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
+                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
+                        processor_config: ModelConfig | None = None,
+                        zero_cond_t: bool | None = None) -> QwenImagePipeline:
+        """Loads the models as ``BasePipeline.from_pretrained`` does, plus what editing needs.
+
+        Args:
+            torch_dtype: Weight and activation dtype.
+            device: The compute device.
+            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``).
+            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder.
+            offload_device: Where models wait while not in use.
+            skeleton_configs: Entries of ``model_configs`` to build without weights.
+            processor_config: The Qwen2.5-VL processor folder (``--processor_path``), loaded now. Unset: the
+                ``processor/`` folder of the transformer's repository (see
+                ``qwen_image_edit.default_processor_config``), loaded now when it is on disk, else downloaded on the
+                first edit.
+            zero_cond_t: Edit-2511's ``zero_cond_t`` (``--zero_cond_t``); ``None`` keeps the transformer config's.
+
+        Raises:
+            ValueError: As ``BasePipeline.from_pretrained``.
+            ModelLoadError: The processor folder holds no readable processor.
+        """
+        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
+                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
+                                       skeleton_configs=skeleton_configs)
+        if processor_config is not None:
+            pipe.processor_config, pipe.processor = processor_config, load_processor(processor_config)
+        else:
+            pipe.processor_config = default_processor_config(pipe.model_configs.get("dit"))
+            pipe.processor = processor_if_present(pipe.processor_config)
+        if zero_cond_t is not None and pipe.dit is not None:
+            set_zero_cond_t(pipe.dit, zero_cond_t)
+        return pipe
+
+    @classmethod
+    def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
+                          inputs: Sequence[str] = (), processor_config: ModelConfig | None = None,
+                          zero_cond_t: bool | None = None) -> list[ModelConfig]:
+        """The tokenizer as in ``BasePipeline``, plus the default processor folder when ``inputs`` hold
+        ``edit_image`` and no ``processor_config`` names one (``zero_cond_t`` needs no files)."""
+        companions = super().companion_configs(model_configs, tokenizer_config)
+        if "edit_image" in inputs and processor_config is None:
+            dit = next((c for c in model_configs if model_class_name(c) == "QwenImageTransformer2DModel"), None)
+            companions.append(default_processor_config(dit))
+        return companions
+
+    def edit_processor(self) -> Any:
+        """The Qwen2.5-VL processor, loaded (and downloaded if missing) from ``processor_config`` on first use."""
+        if self.processor is None:
+            self.processor = load_processor(self.processor_config or default_processor_config(None))
+        return self.processor
 
     def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
         """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).
@@ -168,17 +248,24 @@ class QwenImagePipeline(TextToLatentPipeline):
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
-                 prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 prompt_emb_mask: torch.Tensor | None = None, edit_latents: Sequence[torch.Tensor] | None = None,
+                 **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
-        Extra state keys are accepted and ignored, since the loop passes the whole state.
+        ``edit_latents`` (reference images) are packed after the latents, each with its own ``img_shapes`` entry;
+        the prediction keeps only the latents' tokens. Extra state keys are accepted and ignored, since the loop
+        passes the whole state.
         """
         batch, _, height, width = latents.shape
         timestep = torch.as_tensor(timestep, device=latents.device).to(latents.dtype).reshape(-1).expand(batch)
-        prediction = self.dit(hidden_states=pack_latents(latents), timestep=timestep / 1000,
+        tokens, shapes = [pack_latents(latents)], [(1, height // 2, width // 2)]
+        for reference in edit_latents or ():
+            tokens.append(pack_latents(reference.to(latents.dtype)).expand(batch, -1, -1))
+            shapes.append((1, reference.shape[-2] // 2, reference.shape[-1] // 2))
+        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000,
                               encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
-                              img_shapes=[[(1, height // 2, width // 2)]] * batch, return_dict=False)[0]
-        return unpack_latents(prediction, height, width)
+                              img_shapes=[shapes] * batch, return_dict=False)[0]
+        return unpack_latents(prediction[:, :tokens[0].shape[1]], height, width)
 
     def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule)."""
@@ -198,24 +285,28 @@ class QwenImagePipeline(TextToLatentPipeline):
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,
-                 input_image: Image.Image | None = None, denoising_strength: float = 1.0, height: int = 1328,
-                 width: int = 1328, seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30,
-                 max_sequence_length: int = 512, output_type: str = "pil",
+                 input_image: Image.Image | None = None, denoising_strength: float = 1.0,
+                 edit_image: Image.Image | Sequence[Image.Image] | None = None, height: int | None = None,
+                 width: int | None = None, seed: int | None = None, rand_device: str = "cpu",
+                 num_inference_steps: int = 30, max_sequence_length: int = 512, output_type: str = "pil",
                  progress_bar: bool = True) -> Image.Image | torch.Tensor:
         """Generates one image.
 
         Args:
-            prompt: What to draw.
+            prompt: What to draw, or (with ``edit_image``) how to change the edit images.
             negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
             cfg_scale: Classifier-free guidance scale; 1 turns CFG off and halves the work per step.
             input_image: Start from this image instead of pure noise (image-to-image).
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
-            height: Output height in pixels, rounded to a multiple of 16.
-            width: Output width in pixels, rounded to a multiple of 16.
+            edit_image: The image to edit (Qwen-Image-Edit), or a list of images, even of one (Edit-2509 / 2511); see
+                ``qwen_image_edit.py``.
+            height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
+                height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does.
+            width: Output width in pixels, rounded to a multiple of 16; unset as ``height``.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
             num_inference_steps: Denoising steps.
-            max_sequence_length: Prompt tokens kept after the template (at most 1024).
+            max_sequence_length: Prompt tokens kept after the template (at most 1024); an edit prompt is not cut.
             output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
@@ -225,11 +316,14 @@ class QwenImagePipeline(TextToLatentPipeline):
             raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
         if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
             raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else \
+            output_size(self, edit_image)
+        height, width = height or default_height, width or default_width
         latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
-            "height": height, "width": width, "seed": seed, "rand_device": rand_device,
+            "edit_image": edit_image, "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length,
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},

@@ -50,8 +50,9 @@ def test_stages_run_complementary_units(pipe):
     assert full.active_model_names() == ["vae", "text_encoder", "dit"]
     cached = stage_one.process_sample(SAMPLE)
     assert {scope: sorted(values) for scope, values in cached.items()} == {
-        "shared": ["input_latents"], "posi": ["prompt_emb", "prompt_emb_mask"], "nega": []}
+        "shared": ["edit_latents", "input_latents"], "posi": ["prompt_emb", "prompt_emb_mask"], "nega": []}
     assert cached["shared"]["input_latents"].shape == (1, 16, 6, 4)
+    assert cached["shared"]["edit_latents"] is None  # a text-to-image sample has no reference images
 
 
 def test_a_cached_state_gives_the_one_stage_loss(pipe):

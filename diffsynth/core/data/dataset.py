@@ -1,9 +1,10 @@
 """``UnifiedDataset``: the rows of a metadata file, with their data-file columns loaded by the file operators.
 
 A metadata file (``.csv``, ``.json`` holding a list of objects, or ``.jsonl`` with one object a line) has one row per
-sample. Columns named in ``data_file_keys`` hold a path relative to ``--dataset_base_path`` (or a list of paths); they
-are replaced by the loaded file when a sample is read: an image becomes a PIL image, a video a list of PIL frames.
-Every other column passes through unchanged (CSV cells are strings).
+sample. Columns named in ``data_file_keys`` hold a path relative to ``--dataset_base_path``, or several: a JSON list,
+or in a CSV cell the paths separated by commas (``"a.jpg,b.jpg"``, as for Qwen-Image-Edit-2509's edit images). They
+are replaced by the loaded file when a sample is read: an image becomes a PIL image, a video a list of PIL frames, and
+several paths a list of those. Every other column passes through unchanged (CSV cells are strings).
 
 Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
 columns and cells, and the header of every data file (for a video, also its frame count against ``--num_frames``). A
@@ -185,6 +186,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
     rows, columns = read_metadata(metadata_path)
     if not rows:
         raise DatasetError(f"metadata {metadata_path} has no rows; add one row per training sample")
+    if Path(metadata_path).suffix.lower() == ".csv":
+        rows = [_split_file_lists(row, data_file_keys) for row in rows]
     missing = [column for column in required_columns if column not in columns]
     if missing:
         raise DatasetError(
@@ -206,8 +209,19 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
     return CheckedDataset(rows, pixels, tuple(options))
 
 
+def _split_file_lists(row: dict[str, Any], data_file_keys: Sequence[str]) -> dict[str, Any]:
+    """A CSV row with each data-file cell that names several paths (``"a.jpg, b.jpg"``) turned into their list.
+
+    CSV cells are flat text, so a comma is how a CSV row lists several files; blanks between commas are left in, for
+    the check to name.
+    """
+    return {key: [part.strip() for part in value.split(",")]
+            if key in data_file_keys and isinstance(value, str) and "," in value else value
+            for key, value in row.items()}
+
+
 def _file_list(value: Any, where: str, key: str) -> list[str]:
-    """A data-file cell as a list of paths; a cell holds one path or (JSON only) a list of them."""
+    """A data-file cell as a list of paths; a cell holds one path or a list of them."""
     values = value if isinstance(value, list) else [value]
     if not values or any(_is_blank(item) or not isinstance(item, str) for item in values):
         raise DatasetError(

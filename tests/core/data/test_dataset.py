@@ -103,6 +103,32 @@ def test_a_list_of_files_in_a_json_row_loads_every_file(folder):
     assert [image.size for image in item["image"]] == [(64, 64), (80, 160)]
 
 
+def test_a_csv_cell_naming_several_files_loads_each(folder):
+    write_metadata(folder / "metadata.csv", [{"image": "a.png", "edit_image": "c.png, sub/b.jpg", "prompt": "edit"},
+                                             {"image": "a.png", "edit_image": "c.png", "prompt": "one"}])
+    dataset = build(folder, data_file_keys=("image", "edit_image"))
+    assert [image.size for image in dataset[0]["edit_image"]] == [(80, 160), (192, 96)]
+    assert isinstance(dataset[1]["edit_image"], Image.Image)
+    # Only data-file columns are split: a prompt keeps its commas.
+    assert build(folder, data_file_keys=("image",))[0]["edit_image"] == "c.png, sub/b.jpg"
+
+
+@pytest.mark.parametrize("metadata", ["metadata.csv", "metadata.json"])
+def test_a_missing_file_in_a_list_names_the_row_and_path(folder, metadata):
+    write_metadata(folder / metadata, [{"image": "a.png", "edit_image": ["c.png"], "prompt": "edit"},
+                                       {"image": "a.png", "edit_image": ["c.png", "gone.png"], "prompt": "edit"}]
+                   if metadata.endswith(".json") else
+                   [{"image": "a.png", "edit_image": "c.png", "prompt": "edit"},
+                    {"image": "a.png", "edit_image": "c.png,gone.png", "prompt": "edit"}])
+    with pytest.raises(DataFileNotFoundError, match=r"row 2 column 'edit_image': .*gone\.png does not exist"):
+        build(folder, metadata, data_file_keys=("image", "edit_image"))
+
+
+def test_a_blank_between_commas_names_the_cell(folder):
+    write_metadata(folder / "metadata.csv", [{"image": "a.png", "edit_image": "c.png,,a.png", "prompt": "edit"}])
+    expect_error(folder, DatasetError, ["row 1", "'edit_image'", "c.png"], data_file_keys=("image", "edit_image"))
+
+
 def test_file_operators_are_looked_up_by_extension_so_new_kinds_plug_in(folder, monkeypatch):
     loaded = []
 

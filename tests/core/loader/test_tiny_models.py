@@ -7,7 +7,11 @@ import torch
 
 from diffsynth.core.loader import ModelConfig, load_model, load_tokenizer
 from diffsynth.core.loader.tiny_models import (
+    QWEN_IMAGE_EDIT_2509_MODEL_ID,
+    QWEN_IMAGE_EDIT_2511_MODEL_ID,
+    QWEN_IMAGE_EDIT_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
+    QWEN_VL_PREPROCESSOR_CONFIG,
     QWEN_IMAGE_SCHEDULER_CONFIG,
     TINY_MARKER,
     WAN_PATTERNS,
@@ -34,6 +38,27 @@ def test_qwen_image_repo_has_the_real_layout(tiny_root):
     assert index["_class_name"] == "QwenImagePipeline"
     assert index["transformer"] == ["diffusers", "QwenImageTransformer2DModel"]
     assert index["text_encoder"] == ["transformers", "Qwen2_5_VLForConditionalGeneration"]
+
+
+@pytest.mark.parametrize(("model_id", "pipeline", "zero_cond_t"), [
+    (QWEN_IMAGE_EDIT_MODEL_ID, "QwenImageEditPipeline", False),
+    (QWEN_IMAGE_EDIT_2509_MODEL_ID, "QwenImageEditPlusPipeline", False),
+    (QWEN_IMAGE_EDIT_2511_MODEL_ID, "QwenImageEditPlusPipeline", True),
+])
+def test_edit_repos_have_the_real_layout(tiny_root, model_id, pipeline, zero_cond_t):
+    repo = tiny_root / model_id
+    index = json.loads((repo / "model_index.json").read_text())
+    assert index["_class_name"] == pipeline and index["processor"] == ["transformers", "Qwen2VLProcessor"]
+    assert json.loads((repo / "processor" / "preprocessor_config.json").read_text()) == QWEN_VL_PREPROCESSOR_CONFIG
+    assert (repo / "processor" / "video_preprocessor_config.json").is_file()
+    assert (repo / "processor" / "tokenizer_config.json").is_file()
+    assert json.loads((repo / "transformer" / "config.json").read_text())["zero_cond_t"] is zero_cond_t
+    assert len(list((repo / "transformer").glob("diffusion_pytorch_model-0000*.safetensors"))) >= 2
+    # The released Edit repositories hold Qwen-Image's text encoder and VAE, and a transformer of their own.
+    for shared in ("vae/diffusion_pytorch_model.safetensors", "text_encoder/model-00001-of-00004.safetensors"):
+        assert (repo / shared).read_bytes() == (tiny_root / QWEN / shared).read_bytes()
+    transformer = "transformer/diffusion_pytorch_model-00001-of-00004.safetensors"
+    assert (repo / transformer).read_bytes() != (tiny_root / QWEN / transformer).read_bytes()
 
 
 def test_wan_repo_has_the_real_layout(tiny_root):
