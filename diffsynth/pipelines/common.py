@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from PIL import Image
 
 from ..core.device import resolve_device
+from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
 from ..diffusion.flow_match import FlowMatchScheduler
 
@@ -106,3 +108,18 @@ class TextToLatentPipeline(BasePipeline):
         mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
         inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
         return mean, inverse_std
+
+
+def preprocessor_folder(config: ModelConfig, fix: str) -> Path:
+    """The folder among ``config``'s files (downloaded when missing) that holds a ``preprocessor_config.json``.
+
+    Raises:
+        ModelLoadError: None does; the message ends with ``fix`` (where to point the config instead).
+    """
+    files = resolve_files(config)
+    folders = [path if path.is_dir() else path.parent for path in files]
+    folder = next((f for f in folders if (f / "preprocessor_config.json").is_file()), None)
+    if folder is None:
+        raise ModelLoadError(f"{config.describe()} resolved to {[str(f) for f in files]}, which hold no "
+                             f"preprocessor_config.json; {fix}")
+    return folder

@@ -35,7 +35,7 @@ from PIL import Image
 
 from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_to_tensor
+from .common import image_to_tensor, preprocessor_folder
 
 if TYPE_CHECKING:
     from .qwen_image import QwenImagePipeline
@@ -189,13 +189,8 @@ def load_processor(config: ModelConfig) -> Any:
     Raises:
         ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
     """
-    files = resolve_files(config)
-    folders = [path if path.is_dir() else path.parent for path in files]
-    folder = next((f for f in folders if (f / "preprocessor_config.json").is_file()), None)
-    if folder is None:
-        raise ModelLoadError(f"{config.describe()} resolved to {[str(f) for f in files]}, which hold no "
-                             "preprocessor_config.json; point --processor_path (processor_config) at a Qwen-Image-Edit "
-                             "repository's processor/ folder")
+    folder = preprocessor_folder(config, "point --processor_path (processor_config) at a Qwen-Image-Edit "
+                                         "repository's processor/ folder")
     from transformers import Qwen2VLProcessor
     from transformers.utils import is_torchvision_available
 

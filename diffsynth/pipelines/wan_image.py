@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..core.loader import ModelConfig, ModelLoadError
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_to_tensor
+from .common import image_to_tensor, preprocessor_folder
 
 if TYPE_CHECKING:
     from .wan_video import WanVideoPipeline
@@ -158,12 +158,7 @@ def load_image_processor(config: ModelConfig) -> Any:
     Raises:
         ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
     """
-    files = resolve_files(config)
-    folders = [path if path.is_dir() else path.parent for path in files]
-    folder = next((f for f in folders if (f / "preprocessor_config.json").is_file()), None)
-    if folder is None:
-        raise ModelLoadError(f"{config.describe()} resolved to {[str(f) for f in files]}, which hold no "
-                             "preprocessor_config.json; point it at the repository's image_processor/ folder")
+    folder = preprocessor_folder(config, "point it at the repository's image_processor/ folder")
     from transformers import CLIPImageProcessor
 
     try:

@@ -25,15 +25,6 @@ def in_process_runs(base, fresh_accelerate_state):
     """Every test here runs the trainer in-process on the tiny repos."""
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from diffsynth.core.data.example_dataset import build_example_dataset
-
-    folder = tmp_path_factory.mktemp("dataset")
-    build_example_dataset(folder, num_images=3)
-    return folder
-
-
 def poison(path):
     """Writes NaN into a cached sample's latents, as damaged bytes on disk would."""
     with safe_open(str(path), framework="pt") as handle:

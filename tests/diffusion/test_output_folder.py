@@ -30,15 +30,6 @@ def in_process_runs(base, fresh_accelerate_state):
     """Every test here runs the trainer in-process on the tiny repos."""
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from diffsynth.core.data.example_dataset import build_example_dataset
-
-    folder = tmp_path_factory.mktemp("dataset")
-    build_example_dataset(folder, num_images=3)
-    return folder
-
-
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fails the test if any model weights are loaded."""

@@ -30,15 +30,6 @@ def in_process_runs(base, fresh_accelerate_state):
     """Every test here runs the trainer in-process on the tiny repos."""
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from diffsynth.core.data.example_dataset import build_example_dataset
-
-    folder = tmp_path_factory.mktemp("dataset")
-    build_example_dataset(folder, num_images=3)
-    return folder
-
-
 def test_the_first_signal_asks_and_a_second_ctrl_c_aborts_at_once():
     before = signal.getsignal(signal.SIGINT)
     with PreemptionListener() as listener:

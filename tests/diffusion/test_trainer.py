@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
@@ -37,13 +36,6 @@ OFFLOAD_MODES = {"plain": [], "offload": ["--enable_model_cpu_offload"],
 @pytest.fixture(autouse=True)
 def in_process_runs(base, fresh_accelerate_state):
     """Every test here runs the trainer in-process on the tiny repos."""
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dataset")
-    build_example_dataset(folder, num_images=3)
-    return folder
 
 
 def raw(dataset, *extra):

@@ -57,5 +57,5 @@ def test_edit_script_trains_a_lora_on_the_tiny_repos(script, num_edit_images, ba
     pipe = result["module"].pipe
     assert pipe.processor is not None and pipe.dit.zero_cond_t is ("2511" in script)
     weights = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
-    assert weights and all(key.startswith("transformer.transformer_blocks.") for key in weights)
+    assert weights and all(key.startswith("diffusion_model.transformer_blocks.") for key in weights)
     assert max(value.abs().max().item() for key, value in weights.items() if "lora_B" in key) > 0

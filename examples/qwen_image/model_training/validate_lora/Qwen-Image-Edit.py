@@ -12,7 +12,7 @@ For Edit-2509 or 2511, name their transformer and give the images in order (the 
         --edit_image person.png --edit_image colour.png --prompt "paint the dress in picture 1 the colour of picture 2"
 
 Several edit images are passed as a list, which selects Edit-2509's prompt form; ``--as_list`` does so for one image
-too. The LoRA is merged into the weights (``diffsynth.core.load_lora``); ``--lora_alpha_scale 0`` renders the base
+too. The LoRA is merged into the weights (``diffsynth.lora.load_lora``); ``--lora_alpha_scale 0`` renders the base
 model with the same seed, for a before-and-after comparison. Unset ``--height`` / ``--width`` follow the (last) edit
 image's aspect ratio at about 1024 x 1024 pixels.
 """
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from diffsynth.core import ModelConfig, load_lora, parse_model_id_with_origin_paths
+from diffsynth.core import ModelConfig, parse_model_id_with_origin_paths
+from diffsynth.lora import load_lora
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
 MODEL_ID_WITH_ORIGIN_PATHS = (
