@@ -18,6 +18,7 @@ from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from tests.conftest import reset_accelerate_state
+from tests.diffusion.conftest import lora, max_difference
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
@@ -57,15 +58,6 @@ def two_stage(dataset, output, *extra):
         f"{PATTERN['text_encoder']},{PATTERN['vae']}", *extra,
     ])  # fmt: skip
     return stage_one, stage_two
-
-
-def lora(output, name="epoch-1"):
-    return load_file(str(output / f"{name}.safetensors"))
-
-
-def max_difference(first, second):
-    assert first.keys() == second.keys()
-    return max((first[key] - second[key]).abs().max().item() for key in first)
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +153,9 @@ def test_the_lora_loads_into_diffusers_and_changes_its_output(reference, tiny_ro
 
 def test_the_loss_falls_when_overfitting_one_image(dataset, tmp_path, tiny_root):
     from diffsynth.core import ModelConfig
-    from diffsynth.lora import load_lora
     from diffsynth.core.data import UnifiedDataset
     from diffsynth.diffusion.loss import FlowMatchSFTLoss
+    from diffsynth.lora import load_lora
 
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "metadata.csv").write_text("image,prompt\nimage_000.png,a shape\n")

@@ -12,17 +12,22 @@ import shutil
 import pytest
 import torch
 from PIL import Image, ImageOps
-from safetensors.torch import load_file
 
 from diffsynth.core.data import DataFileNotFoundError, DatasetError
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.core.loader.tiny_models import (QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_EDIT_2511_MODEL_ID,
-                                               QWEN_IMAGE_EDIT_MODEL_ID, QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS)
+from diffsynth.core.loader.tiny_models import (
+    QWEN_IMAGE_EDIT_2509_MODEL_ID,
+    QWEN_IMAGE_EDIT_2511_MODEL_ID,
+    QWEN_IMAGE_EDIT_MODEL_ID,
+    QWEN_IMAGE_MODEL_ID,
+    QWEN_IMAGE_PATTERNS,
+)
 from diffsynth.diffusion.parsers import FlagError
 from diffsynth.diffusion.trainer import main
 from diffsynth.lora import read_lora
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from tests.conftest import reset_accelerate_state
+from tests.diffusion.conftest import lora, max_difference
 from tests.pipelines.edit_reference import diffusers_edit_pipeline, shrink_reference_sizes
 
 TARGETS = "to_q,to_k,to_v,add_q_proj,to_out.0,img_mlp.net.2,txt_mod.1"
@@ -63,15 +68,6 @@ def raw(metadata):
 def one_stage(metadata, output, model_id=QWEN_IMAGE_EDIT_2509_MODEL_ID, *extra):
     return main(QwenImagePipeline, [*raw(metadata), *common(model_id), "--output_path", str(output),
                                     "--num_epochs", "2", *extra])
-
-
-def lora(output, name="epoch-1"):
-    return load_file(str(output / f"{name}.safetensors"))
-
-
-def max_difference(first, second):
-    assert first.keys() == second.keys()
-    return max((first[key] - second[key]).abs().max().item() for key in first)
 
 
 @pytest.fixture(scope="module")
