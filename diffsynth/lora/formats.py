@@ -241,8 +241,13 @@ def write_lora(path: str | os.PathLike, weights: LoRAWeights, layout: str, namin
 
     Returns:
         ``path`` as a ``Path``.
+
+    Raises:
+        NonFiniteTensorError: A factor holds NaN or inf once folded and cast; nothing is written.
     """
     tensors, layout_entries = to_state_dict(weights, layout, naming, dtype)
+    # Checked after folding and casting: a scale folded into float16 factors can overflow to inf.
+    require_finite(tensors, f"not writing LoRA file {path}")
     entries = {"format": "pt", **{key: str(value) for key, value in (metadata or {}).items()},
                **describe_metadata(weights, naming), **layout_entries}
     return atomic_save_safetensors(tensors, path, entries)

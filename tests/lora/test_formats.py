@@ -84,3 +84,13 @@ def test_bad_files_are_refused_with_the_file_named(tmp_path):
               metadata={FOLDED_SCALE_KEY: "0"})
     with pytest.raises(ValueError, match="must be a non-zero finite number"):
         read_lora(folded)
+
+
+def test_a_scale_folded_into_float16_that_overflows_is_not_written(tmp_path):
+    from diffsynth.core.finite import NonFiniteTensorError
+
+    big = LoRAWeights({"proj_out": LoRALayer(torch.ones(1, 2), torch.full((2, 1), 60000.0), 4.0)})
+    with pytest.raises(NonFiniteTensorError, match="not writing LoRA file"):
+        write_lora(tmp_path / "big.safetensors", big, "universal", WAN_NAMING, dtype=torch.float16)
+    assert not (tmp_path / "big.safetensors").exists()
+    write_lora(tmp_path / "big.safetensors", big, "kohya", WAN_NAMING, dtype=torch.float16)  # unfolded: fits
