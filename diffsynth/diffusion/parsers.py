@@ -16,6 +16,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from .placement_config import PlacementConfig, PlacementError
+
 logger = logging.getLogger(__name__)
 
 TASKS = ("sft", "sft:data_process", "sft:train", "direct_distill", "direct_distill:data_process",
@@ -280,9 +282,6 @@ _LOWER_BOUNDS = (
     ("gradient_accumulation_steps", 1, True, "--gradient_accumulation_steps 1"),
     ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
     ("checkpoints_total_limit", 1, True, "--checkpoints_total_limit 2"),
-    ("blocks_to_swap", 0, True, "--blocks_to_swap 10, or 0 for no block swap"),
-    ("offload_prefetch_depth", 0, True, "--offload_prefetch_depth 1, or 0 for no prefetch"),
-    ("block_swap_ring_size", 1, True, "--block_swap_ring_size 2"),
     ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
     ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
     ("max_grad_norm", 0, False, "--max_grad_norm 1.0, or drop it to clip nothing"),
@@ -305,31 +304,12 @@ def _bound_problems(args: argparse.Namespace) -> list[str]:
 
 
 def _offload_problems(args: argparse.Namespace) -> list[str]:
-    problems = []
-    if args.enable_optimizer_cpu_offload and not args.enable_model_cpu_offload:
-        problems.append("--enable_optimizer_cpu_offload only works together with --enable_model_cpu_offload; "
-                        "add --enable_model_cpu_offload, or drop --enable_optimizer_cpu_offload")
-    threshold = args.cpu_offload_split_threshold
-    if threshold is not None and not args.enable_model_cpu_offload:
-        problems.append(f"--cpu_offload_split_threshold {threshold} has no effect without --enable_model_cpu_offload; "
-                        f"add --enable_model_cpu_offload, or drop --cpu_offload_split_threshold")
-    if args.offload_prefetch_depth is not None and not args.enable_model_cpu_offload:
-        problems.append(f"--offload_prefetch_depth {args.offload_prefetch_depth} has no effect without "
-                        "--enable_model_cpu_offload; add --enable_model_cpu_offload, or drop --offload_prefetch_depth")
-    if getattr(args, "blocks_to_swap", 0) and args.enable_model_cpu_offload:
-        problems.append(f"--blocks_to_swap {args.blocks_to_swap} and --enable_model_cpu_offload both move the "
-                        "transformer's weights; use one of them (--enable_model_cpu_offload keeps less on the GPU, "
-                        "block swap moves whole blocks)")
-    if getattr(args, "block_swap_h2d_only", False) and not getattr(args, "blocks_to_swap", 0):
-        problems.append("--block_swap_h2d_only streams the blocks --blocks_to_swap selects; add --blocks_to_swap N")
-    if getattr(args, "block_swap_h2d_only", False) and not (args.use_gradient_checkpointing
-                                                            or args.use_gradient_checkpointing_offload):
-        problems.append("--block_swap_h2d_only reuses a few GPU slots, which only works when each block is "
-                        "recomputed in backward; add --use_gradient_checkpointing")
-    if threshold is not None and threshold <= 0:
-        problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
-                        f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
-    return problems
+    # The placement rules (offload, block swap, checkpointing) live with the configuration the runner receives.
+    try:
+        PlacementConfig.from_args(args)
+    except PlacementError as error:
+        return error.problems
+    return []
 
 
 def _size_problems(args: argparse.Namespace) -> list[str]:

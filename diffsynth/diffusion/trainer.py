@@ -21,6 +21,7 @@ from .checkpoint import load_training_state, read_progress, resolve_checkpoint
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .logger import ModelLogger
 from .parsers import FlagError, parse_args, split_csv, task_stage
+from .placement_config import PlacementConfig
 from .runner import launch_data_process_task, launch_training_task
 from .training_module import DiffusionTrainingModule, resolve_lora_targets
 
@@ -111,12 +112,13 @@ def check_lora_targets(args: argparse.Namespace, pipeline_class: type[BasePipeli
             return
 
 
-def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
+def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any,
+                  placement: PlacementConfig | None = None) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
-    Missing files, the pipeline's companion folders (tokenizer, image processor) included, are downloaded once per
-    machine: the local main process fetches them while the others wait at a barrier, then every process loads from
-    disk.
+    Models whose weights ``placement`` (by default the flags') streams from host memory are loaded there. Missing
+    files, the pipeline's companion folders (tokenizer, image processor) included, are downloaded once per machine:
+    the local main process fetches them while the others wait at a barrier, then every process loads from disk.
     """
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
     skeletons = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
@@ -131,8 +133,8 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
         for config in pipeline_class.companion_configs(configs, tokenizer):
             resolve_files(config)
     device = accelerator.device
-    # Offloaded training streams weights from host memory, so they are loaded there.
-    load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
+    placement = placement if placement is not None else PlacementConfig.from_args(args)
+    load_device = "cpu" if args.initialize_model_on_cpu or placement.weights_on_host else device
     with without_zero3_init(accelerator):
         check_lora_targets(args, pipeline_class, configs)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
@@ -163,6 +165,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
+    placement = PlacementConfig.from_args(args)
     _, stage = task_stage(args.task)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
@@ -180,7 +183,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     else:
         dataset = build_raw_dataset(args, pipeline_class)
     # Models and the training module.
-    pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
+    pipe = load_pipeline(args, pipeline_class, accelerator, placement)  # under DeepSpeed: whole, then ZeRO partitions at prepare
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(
@@ -194,7 +197,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         fp8_models=fp8_model_names(args, pipe),
     )  # fmt: skip
     if stage == "data_process":
-        return {"cached": launch_data_process_task(accelerator, dataset, module, args)}
+        return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement)}
     if stage == "train":
         expected = module.cache_info()
         # Stage 1 may have left the trained model out entirely (it never runs it); then there is no config to match.
@@ -213,7 +216,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
                                          lora_metadata=module.lora_config or None)
     model_logger.save_training_args(args)
     try:
-        result = launch_training_task(accelerator, dataset, module, model_logger, args, resume)
+        result = launch_training_task(accelerator, dataset, module, model_logger, args, placement, resume)
     finally:
         model_logger.close()
     if accelerator.is_main_process:
