@@ -200,8 +200,7 @@ class BlockSwap(ResidencyPolicy):
 
     @property
     def trace(self) -> list[tuple] | None:
-        """``("forward",)``, ``("compute", block)``, ``("recompute", block)``, ``("load", block, slot)``, ``("evict",
-        block, slot)`` and ``("self_heal", block)`` events, with ``record_trace``; None otherwise."""
+        """The driver's events and ``("load"|"evict", block, slot)``, ``("self_heal", block)``; None untraced."""
         return self.driver.trace if self.driver is not None else None
 
     def _record(self, *event: Any) -> None:

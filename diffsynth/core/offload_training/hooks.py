@@ -6,7 +6,8 @@ Per-leaf offload with prefetch, classic block swap and the H2D-only ring are one
 
 - a pass starts: the root's forward pre-hook outside backward (unit 0's without a root) -> ``on_pass_start``;
 - a unit runs forward: its pre-hook -> ``before_forward``; its forward hook -> ``after_forward``;
-- a unit is re-run inside backward (gradient checkpointing): its pre-hook during a backward -> ``before_recompute``;
+- a unit is re-run inside backward (gradient checkpointing): its hooks during a backward -> ``before_recompute``,
+  ``after_recompute``;
 - the gradient of a unit's output arrives: a tensor hook per output, if asked -> ``on_backward_start``;
 - a unit's input gradients are complete: an identity autograd node on its inputs -> ``on_backward_done``.
 
@@ -83,11 +84,6 @@ def inside_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def saved_tensors_are_hooked() -> bool:
-    """Whether saved-tensor hooks are active (non-reentrant checkpointing): autograd then keeps no weight."""
-    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-
-
 class ResidencyMeter:
     """Bytes of weights a policy holds on the device now, and their peak (what the planner predicts per policy);
     weights placed on the device for good (a LoRA, the unmanaged parts of a block-swapped model) are not counted.
@@ -129,6 +125,10 @@ class ResidencyPolicy:
 
     def before_recompute(self, unit: int) -> None:
         """``unit`` is re-run inside backward (gradient checkpointing)."""
+
+    def after_recompute(self, unit: int, needs_backward: bool) -> None:
+        """``unit``'s re-run is done; ``needs_backward``: an output needs a gradient (without, no backward of this
+        call will come: a unit fed only by inputs that need none, such as a timestep modulation, is done now)."""
 
     def on_backward_start(self, unit: int) -> None:
         """A gradient of ``unit``'s outputs has arrived (only with ``wants_backward_start``)."""
@@ -196,7 +196,6 @@ class ResidencyDriver:
                 self._handles.append(root.register_forward_hook(self._root_post_hook, always_call=True))
 
     def record(self, *event: Any) -> None:
-        """Appends ``event`` to ``trace`` when tracing."""
         if self.trace is not None:
             self.trace.append(event)
 
@@ -238,7 +237,9 @@ class ResidencyDriver:
         if unit == 0 and self.root is None:
             self._pass_start()
         needs_backward = grad and (self._trainable[unit] or any(t.requires_grad for t in iter_tensors((args, kwargs))))
-        self.policy.before_forward(unit, needs_backward, needs_backward and saved_tensors_are_hooked())
+        # Saved-tensor hooks around the call (non-reentrant checkpointing): autograd keeps no weight of this unit.
+        hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+        self.policy.before_forward(unit, needs_backward, needs_backward and hooked)
         self.record("compute", unit)
         wrapped = self._bracket(unit, args, kwargs) if grad else None
         self._bounded[unit] = wrapped is not None
@@ -252,20 +253,19 @@ class ResidencyDriver:
         return wrapped
 
     def _post_hook(self, unit: int, module: nn.Module, args: tuple, output: Any) -> None:
-        if inside_backward():
-            return  # a recompute: the policy keeps what it loaded until the unit's backward is done
+        recompute = inside_backward()
         needs_backward = False
         if torch.is_grad_enabled():
             for tensor in iter_tensors(output):
                 if tensor.requires_grad and tensor.grad_fn is not None:
                     needs_backward = True
-                    if not self.policy.wants_backward_start:
+                    if recompute or not self.policy.wants_backward_start:
                         break
-                    tensor.register_hook(functools.partial(self._backward_start, unit))
-        self.policy.after_forward(unit, needs_backward, self._bounded[unit])
-
-    def _backward_start(self, unit: int, grad: torch.Tensor) -> None:
-        self.policy.on_backward_start(unit)
+                    tensor.register_hook(lambda grad, unit=unit: self.policy.on_backward_start(unit))
+        if recompute:
+            self.policy.after_recompute(unit, needs_backward)
+        else:
+            self.policy.after_forward(unit, needs_backward, self._bounded[unit])
 
     def _push_saved_tensor_hooks(self) -> None:
         pack_own, unpack_own = self._saved_tensor_hooks

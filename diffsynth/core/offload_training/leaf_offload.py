@@ -1,7 +1,8 @@
 """The offload manager's policy: every unit (a leaf module by default) is on the device only while it computes.
 
-A unit is loaded for its forward, its recompute and its backward, and released after each; a unit whose inputs need
-no gradient has no moment that ends its backward and stays loaded until ``end_pass()``. With a prefetch scheduler
+A unit is loaded for its forward, its recompute and its backward, and released after each (a recompute whose outputs
+need no gradient has no backward: it is released at once); a unit whose inputs need no gradient but whose outputs do
+has no moment that ends its backward and stays loaded until ``end_pass()``. With a prefetch scheduler
 (``prefetch.py``) loads and releases go through it: it copies the next K units of the recorded order ahead and keeps
 a released unit loaded when it is among them.
 """
@@ -77,6 +78,10 @@ class LeafOffloadPolicy(ResidencyPolicy):
         if needs_backward and self.prefetch is not None:
             self.prefetch.expect_backward()
         self._release(unit)
+
+    def after_recompute(self, unit: int, needs_backward: bool) -> None:
+        if not needs_backward:
+            self._release(unit)  # no backward will release it: its outputs need no gradient
 
     def on_backward_done(self, unit: int) -> None:
         if not self.units[unit].loaded_until_after_backward:

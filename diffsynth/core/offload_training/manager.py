@@ -137,8 +137,10 @@ class OffloadTrainingManager:
         self._loaded_on_demand: list[TensorOffloader] = []
         self._prefetch = self._make_prefetch_scheduler()
         self.policy = LeafOffloadPolicy(self.units, self._prefetch)
+        # Meta tensors (a planner's dry run) have no addresses to recognise weights by, and free nothing anyway.
+        saved = None if self.device.type == "meta" else (self._pack_saved_weight, self._resolve_saved_weight)
         self.driver = ResidencyDriver([unit.module for unit in self.units], self.policy, root=model,
-                                      saved_tensor_hooks=(self._pack_saved_weight, self._resolve_saved_weight))
+                                      saved_tensor_hooks=saved)
 
     # ---- construction -------------------------------------------------------------------------------------------
 
@@ -278,9 +280,9 @@ class OffloadTrainingManager:
 
         Tensors go back to the device they were on when the manager was built; host gradients are kept.
         """
-        self.after_backward()
+        self.after_backward()  # ends the prefetch pass too
         if self._prefetch is not None:
-            self._prefetch.close()
+            self._prefetch.engine.close()
         for offloader in self._resident:
             offloader.offload()
         self.driver.remove()

@@ -177,11 +177,6 @@ class PrefetchScheduler:
         self._following = self.recorded is not None
         self._overflowed = self._saw_backward = self._backward_expected = False
 
-    def close(self) -> None:
-        """Ends the pass and waits for every copy the engine still runs."""
-        self.end_pass()
-        self.engine.close()
-
     # ---- inspection ---------------------------------------------------------------------------------------------
 
     def recorded_order(self) -> list[tuple[str, str]]:
