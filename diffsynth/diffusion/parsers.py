@@ -248,6 +248,19 @@ def add_block_swap_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def add_planner_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the memory planner flags: budgets the placement is chosen to fit before anything loads (docs Low_VRAM)."""
+    group = parser.add_argument_group("Memory planner")
+    group.add_argument("--vram_budget", type=str, default=None,
+                       help="GPU memory in GB the run may use, or auto (free memory less 0.5 GB): the planner predicts "
+                            "every placement before loading and picks the fastest that fits. Offload or block swap "
+                            "flags given explicitly win; then it only predicts and warns.")
+    group.add_argument("--ram_budget", type=str, default=None,
+                       help="Host memory in GB the run may use, or auto (available memory less 2 GB); planned "
+                            "together with --vram_budget.")
+    return parser
+
+
 def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the metric-logging flags: CSV, TensorBoard and Weights & Biases."""
     group = parser.add_argument_group("Logging")
@@ -268,7 +281,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config, add_gradient_config,
-                add_offload_training_config, add_block_swap_config, add_logging_config):
+                add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
         add(parser)
     return parser
 

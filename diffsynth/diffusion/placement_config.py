@@ -50,9 +50,11 @@ class PlacementConfig:
     block_swap_h2d_only: bool = False
     block_swap_ring_size: int = 2
     use_pinned_memory_for_block_swap: bool = False
+    vram_budget: str | None = None
+    ram_budget: str | None = None
 
     def __post_init__(self) -> None:
-        problems = self._bound_problems() + self._cross_flag_problems()
+        problems = self._bound_problems() + self._cross_flag_problems() + self._budget_problems()
         if problems:
             raise PlacementError(problems)
 
@@ -65,6 +67,11 @@ class PlacementConfig:
     def gradient_checkpointing(self) -> bool:
         """Whether blocks are checkpointed (``--use_gradient_checkpointing_offload`` implies it)."""
         return self.use_gradient_checkpointing or self.use_gradient_checkpointing_offload
+
+    @property
+    def planned(self) -> bool:
+        """Whether the memory planner runs (a budget is given)."""
+        return self.vram_budget is not None or self.ram_budget is not None
 
     @property
     def weights_on_host(self) -> bool:
@@ -96,6 +103,20 @@ class PlacementConfig:
         if threshold is not None and threshold <= 0:
             problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
                             f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
+        return problems
+
+    def _budget_problems(self) -> list[str]:
+        problems = []
+        for flag, value, example in (("vram_budget", self.vram_budget, 24), ("ram_budget", self.ram_budget, 64)):
+            if value is None or value == "auto":
+                continue
+            try:
+                valid = float(value) > 0
+            except ValueError:
+                valid = False
+            if not valid:
+                problems.append(f"--{flag} {value} must be a positive size in GB (e.g. --{flag} {example}) or auto "
+                                "(what the machine has free, less a margin)")
         return problems
 
     def _cross_flag_problems(self) -> list[str]:

@@ -67,6 +67,9 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.blocks_to_swap:
         problems.append(f"--blocks_to_swap {args.blocks_to_swap} and DeepSpeed both decide where the weights live; "
                         "drop --blocks_to_swap (ZeRO-3's offload_param keeps the weights in CPU memory)")
+    if args.vram_budget is not None or args.ram_budget is not None:
+        problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
+                        "them (ZeRO-3 partitions and offloads by its config)")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -170,6 +173,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
+    elif placement.planned and stage != "data_process":
+        from .planner import plan_placement  # imports the planning dry run only when asked for
+
+        placement = plan_placement(args, pipeline_class, placement, accelerator.device)
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_path) \
         if args.resume_from_checkpoint else None
     if checkpoint is not None and args.seed is None:
@@ -190,8 +197,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         pipe, task=args.task, trainable_models=split_csv(args.trainable_models),
         lora_base_model=args.lora_base_model, lora_target_modules=split_csv(args.lora_target_modules),
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_checkpoint=args.lora_checkpoint,
-        use_gradient_checkpointing=args.use_gradient_checkpointing,
-        use_gradient_checkpointing_offload=args.use_gradient_checkpointing_offload,
+        use_gradient_checkpointing=placement.gradient_checkpointing,
+        use_gradient_checkpointing_offload=placement.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
         fp8_models=fp8_model_names(args, pipe),

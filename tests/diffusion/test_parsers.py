@@ -30,7 +30,7 @@ EXTRA_DEFAULTS = {
     "resume_from_checkpoint": None, "max_train_steps": None, "lora_alpha": None, "torch_dtype": "bfloat16", "checkpoints_total_limit": 2,
     "min_timestep_boundary": 0.0, "max_timestep_boundary": 1.0, "fp8_models": None,
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
-    "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None,
+    "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "vram_budget": None, "ram_budget": None,
 }  # fmt: skip
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

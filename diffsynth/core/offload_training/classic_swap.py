@@ -35,11 +35,11 @@ class ClassicBlockSwap(BlockSwap):
         slots = {i: [s for s in tensor_slots(blocks[i], f"{list_name}.{i}")
                      if not (s.is_param and s.get().requires_grad)] for i in self.swapped}
         pool = self._host_pool([tensor_nbytes(s.get()) for block in slots.values() for s in block])
-        self._moved = {i: [(slot, pool.allocate_like(slot.get().detach().contiguous())) for slot in block]
-                       for i, block in slots.items()}
-        for moved in self._moved.values():
-            for slot, host in moved:
-                self._keep_on_host(slot, host)
+        self._moved = {i: [] for i in slots}
+        for i, block in slots.items():
+            for slot in block:  # each copy replaces its tensor at once, so host memory holds one extra at most
+                self._moved[i].append((slot, pool.allocate_like(slot.get().detach().contiguous())))
+                self._keep_on_host(*self._moved[i][-1])
         self._nbytes = {i: sum(tensor_nbytes(host) for _, host in moved) for i, moved in self._moved.items()}
         self._offloaded_bytes = sum(self._nbytes.values())
         self._loaded: set[int] = set()
