@@ -17,7 +17,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .core.loader.loading import resolve_dtype
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
 from .diffusion.parsers import build_parser
@@ -56,13 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("\n  " + "\n  ".join(error.problems))
     module, class_name, _ = PIPELINES[pipeline]
     pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
-    if args.architecture is not None:
-        model, others = build_architecture(args.architecture, resolve_dtype(args.torch_dtype)), []
+    if args.architecture is not None:  # then any --fp8_models entry means the denoiser
+        model, others, fp8 = build_architecture(args.architecture, args.torch_dtype), [], bool(args.fp8_models)
     else:
-        model, others = denoiser_skeleton(args, pipeline_class)
+        model, others, fp8 = denoiser_skeleton(args, pipeline_class)
     height, width, frames = sample_shape(args)
     workload = build_workload(model, args, others, pipeline_class.lora_target_aliases,
-                              f"{args.architecture or type(model).__name__} at {width}x{height}x{frames}")
+                              f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
+                              f"{width}x{height}x{frames}", fp8=fp8)
     profile = profile_named(args.device_profile)
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)
     ram = budget_bytes(placement.ram_budget, "ram_budget", None)

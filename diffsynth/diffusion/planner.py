@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.fp8 import enable_fp8_storage
 from ..core.gradient import gradient_checkpoint_forward
 from ..core.loader import ModelLoadError, load_skeleton, parse_model_configs, parse_model_id_with_origin_paths
 from ..core.loader.loading import resolve_dtype
@@ -60,14 +61,14 @@ DEVICE_MARGIN_BYTES = GIB // 2
 """Device memory left free by ``--vram_budget auto``."""
 
 
-def build_architecture(name: str, dtype: torch.dtype) -> nn.Module:
+def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     """The denoiser of a released model (``ARCHITECTURES``) on the meta device."""
     import diffusers
 
     class_name, config = ARCHITECTURES[name]
     with torch.device("meta"):
         model = getattr(diffusers, class_name)(**config)
-    return model.to(dtype).eval()
+    return model.to(resolve_dtype(dtype)).eval()
 
 
 def sample_shape(args: argparse.Namespace) -> tuple[int, int, int]:
@@ -106,9 +107,10 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
 
 
 def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes: Sequence[int] = (),
-                   aliases: dict[str, str] | None = None, description: str = "") -> Workload:
+                   aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
-    in full with ``--trainable_models``, and a step on inputs of the largest sample."""
+    in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
+    on inputs of the largest sample."""
     from peft import LoraConfig, inject_adapter_in_model
 
     dtype = resolve_dtype(args.torch_dtype)
@@ -124,6 +126,8 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
                 param.requires_grad_(True)
     else:
         model.requires_grad_(True)
+    if fp8:
+        enable_fp8_storage(model)
     inputs = denoiser_inputs(model, *sample_shape(args), dtype)
 
     def set_checkpointing(enabled: bool) -> None:
@@ -255,16 +259,17 @@ def plan_workload(workload: Workload, placement: PlacementConfig, profile: Devic
     return PlanReport(chosen, rows, vram_bytes, ram_bytes, profile, explicit is not None)
 
 
-def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn.Module, list[int]]:
-    """The denoiser on the meta device from the model files' configs, and the tensor sizes of the other models the
-    stage runs each step (none when training from a stage-1 cache).
+def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn.Module, list[int], bool]:
+    """The denoiser on the meta device from the model files' configs, the tensor sizes of the other models the stage
+    runs each step (none when training from a stage-1 cache), and whether ``--fp8_models`` names the denoiser.
 
     Raises:
         FlagError: No denoiser among the models.
     """
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
     weightless = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
-    denoiser, others = None, []
+    fp8 = parse_model_id_with_origin_paths(args.fp8_models) if args.fp8_models else []
+    denoiser, others, denoiser_fp8 = None, [], False
     for config in configs:
         try:
             skeleton = load_skeleton(config, torch_dtype=args.torch_dtype)
@@ -272,14 +277,14 @@ def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn
             continue  # a tokenizer folder
         role = pipeline_class.model_roles.get(type(skeleton).__name__)
         if role in pipeline_class.denoising_model_names and denoiser is None:
-            denoiser = skeleton
+            denoiser, denoiser_fp8 = skeleton, config in fp8
         elif config not in weightless and task_stage(args.task)[1] != "train":
             others += [tensor_nbytes(t) for t in {id(t): t for t in [*skeleton.parameters(),
                                                                       *skeleton.buffers()]}.values()]
     if denoiser is None:
         raise FlagError([f"the memory planner found no denoiser ({', '.join(pipeline_class.denoising_model_names)}) "
                          "among --model_id_with_origin_paths / --model_paths; it plans the model that trains"])
-    return denoiser, others
+    return denoiser, others, denoiser_fp8
 
 
 def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: PlacementConfig,
@@ -296,8 +301,8 @@ def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: Pla
                          "python -m diffsynth.plan --device_profile NAME"])
     vram = budget_bytes(placement.vram_budget, "vram_budget", torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES)
     ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
-    model, others = denoiser_skeleton(args, pipeline_class)
-    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases)
+    model, others, fp8 = denoiser_skeleton(args, pipeline_class)
+    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases, fp8=fp8)
     try:
         report = plan_workload(workload, placement, measure_device(device), vram, ram)
     except NoPlanFits as error:

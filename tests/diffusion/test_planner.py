@@ -27,7 +27,7 @@ PROFILE = DeviceProfile("test", 1 << 30, 10.0, 1.0, "a made-up device")
 @pytest.fixture
 def qwen_workload(base):
     args = parse_args(COMMAND + ["--task", "sft"])
-    model, others = denoiser_skeleton(args, QwenImagePipeline)
+    model, others, _ = denoiser_skeleton(args, QwenImagePipeline)
     return build_workload(model, args, others, QwenImagePipeline.lora_target_aliases)
 
 
@@ -78,7 +78,7 @@ def test_predictions_add_up_and_moving_policies_need_less_device_memory(qwen_wor
 
 def test_one_stage_training_counts_the_other_models_and_training_from_a_cache_does_not(base):
     one_stage = parse_args(COMMAND[:1] + [f"{QWEN},{TEXT_ENCODER}"] + COMMAND[2:])
-    _, others = denoiser_skeleton(one_stage, QwenImagePipeline)
+    _, others, _ = denoiser_skeleton(one_stage, QwenImagePipeline)
     assert others and sum(others) > 0
     cached = parse_args(["--model_id_with_origin_paths", f"{QWEN},{TEXT_ENCODER}", "--lora_base_model", "dit",
                          "--lora_target_modules", "to_q", "--task", "sft:train", "--dataset_base_path", "cache"])
@@ -135,7 +135,7 @@ def test_wan_inputs_follow_the_frame_count(base):
     args = parse_args(["--model_id_with_origin_paths", f"{WAN_MODEL_ID}:{WAN_PATTERNS['dit']}", "--lora_base_model",
                        "dit", "--lora_target_modules", "q", "--dataset_metadata_path", "m.csv", "--height", "32",
                        "--width", "32", "--num_frames", "9"], video=True)
-    model, _ = denoiser_skeleton(args, WanVideoPipeline)
+    model = denoiser_skeleton(args, WanVideoPipeline)[0]
     workload = build_workload(model, args, (), WanVideoPipeline.lora_target_aliases)
     short = build_workload(denoiser_skeleton(args, WanVideoPipeline)[0],
                            parse_args(["--model_id_with_origin_paths", f"{WAN_MODEL_ID}:{WAN_PATTERNS['dit']}",
@@ -145,3 +145,17 @@ def test_wan_inputs_follow_the_frame_count(base):
     # 9 frames are 3 latent frames, 5 are 2: half again as many tokens, so more saved and more FLOPs.
     assert workload.footprint(False).saved_bytes > short.footprint(False).saved_bytes
     assert workload.footprint(False).flops > short.footprint(False).flops
+
+
+def test_fp8_models_halve_the_frozen_linear_weights_the_plan_holds_and_moves(base):
+    plain_args = parse_args(COMMAND)
+    fp8_args = parse_args(COMMAND + ["--fp8_models", QWEN])
+    model, others, fp8 = denoiser_skeleton(fp8_args, QwenImagePipeline)
+    assert fp8 and not denoiser_skeleton(plain_args, QwenImagePipeline)[2]
+    stored = build_workload(model, fp8_args, others, QwenImagePipeline.lora_target_aliases, fp8=True)
+    full = build_workload(denoiser_skeleton(plain_args, QwenImagePipeline)[0], plain_args, (),
+                          QwenImagePipeline.lora_target_aliases)
+    assert stored.trainable_bytes == full.trainable_bytes  # the LoRA stays float32
+    assert stored.model_bytes < 0.75 * full.model_bytes
+    plan = Plan("on", "offload")
+    assert predict(plan, stored, PROFILE).parts["moving weights"] < predict(plan, full, PROFILE).parts["moving weights"]

@@ -46,6 +46,7 @@ class SavedTensorMeter:
         self._excluded = {storage_key(tensor) for tensor in exclude}
         self._seen: set[int] = set()
         self.bytes = 0
+        self.largest = 0
         self._context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -53,6 +54,7 @@ class SavedTensorMeter:
         if key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             self.bytes += tensor.untyped_storage().nbytes()
+            self.largest = max(self.largest, tensor.untyped_storage().nbytes())
         return tensor
 
     def __enter__(self) -> SavedTensorMeter:
@@ -119,12 +121,14 @@ class StepFootprint:
         block_input_bytes: Per block, the bytes of its tensor inputs that need a gradient (what checkpointing keeps
             and activation offload moves to the host).
         flops: Floating-point operations of forward and backward, recomputation included.
+        largest_saved_bytes: The largest single tensor saved (a gradient of its size is made in backward).
     """
 
     saved_bytes: int
     block_saved_bytes: list[int]
     block_input_bytes: list[int]
     flops: int
+    largest_saved_bytes: int = 0
 
 
 def measure_step(model: torch.nn.Module, step: Callable[[], torch.Tensor],
@@ -165,5 +169,5 @@ def measure_step(model: torch.nn.Module, step: Callable[[], torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
-    return StepFootprint(meter.bytes, saved, inputs, counter.get_total_flops())
+    return StepFootprint(meter.bytes, saved, inputs, counter.get_total_flops(), meter.largest)
 

@@ -8,9 +8,10 @@ fits both budgets. The components and their assumptions:
 - device memory = weights that stay on the device + the policy's moving weights at their peak (its residency meter)
   + trainable parameters, their gradients and AdamW's two states + activations + models the stage also runs, plus the
   CUDA context (``CUDA_CONTEXT_BYTES``) and the caching allocator's slack (``ALLOCATOR_SLACK``). Activations at the
-  peak are what the forward saved, plus, in backward, one block's activations again for its gradients (and once more
-  for its recompute under checkpointing). ``allocated`` leaves out context and slack: it is the figure to compare with
-  ``torch.cuda.max_memory_allocated``.
+  peak are what the forward saved plus, in backward, a gradient and an input of the largest saved tensor's size and,
+  under checkpointing, the recomputed activations of the block being differentiated (an assumption about the
+  working set, to be checked on a GPU with ``scripts/bench_planner.py``). ``allocated`` leaves out context and slack:
+  it is the figure to compare with ``torch.cuda.max_memory_allocated``.
 - host memory = the process (``HOST_BASELINE_BYTES``: Python, torch, CUDA's host side, one sample in the loader) +
   the policy's masters (pinned arenas count in full) + activation offload's block inputs + the host optimizer, or the
   moment the masters are built while the loaded model still sits beside them, whichever is larger.
@@ -176,9 +177,11 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
     """Predicts the peak device memory, peak host memory and step time of ``plan`` on ``profile``."""
     checkpointing = plan.checkpointing != "off"
     footprint, unchecked = workload.footprint(checkpointing), workload.footprint(False)
-    block = max(unchecked.block_saved_bytes, default=0)
     offloaded_inputs = sum(footprint.block_input_bytes) if plan.checkpointing == "offload" else 0
-    activations = footprint.saved_bytes - offloaded_inputs + (2 if checkpointing else 1) * block
+    # In backward, gradients as large as the largest saved tensor live beside it; under checkpointing the block
+    # being differentiated holds its recomputed activations too.
+    working = 2 * unchecked.largest_saved_bytes + (max(unchecked.block_saved_bytes, default=0) if checkpointing else 0)
+    activations = footprint.saved_bytes - offloaded_inputs + working
     residency = workload.residency(plan)
     trainable = workload.trainable_bytes
     on_host = plan.policy != "device"
