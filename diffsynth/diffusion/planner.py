@@ -164,7 +164,7 @@ def plan_modes(placement: PlacementConfig) -> tuple[list[str], list[str]]:
     return modes, policies
 
 
-def explicit_plan(placement: PlacementConfig, workload: Workload) -> Plan | None:
+def explicit_plan(placement: PlacementConfig) -> Plan | None:
     """The plan the placement flags name, when they name one (offload or block swap); None leaves it to the planner."""
     mode = ("offload" if placement.use_gradient_checkpointing_offload
             else "on" if placement.use_gradient_checkpointing else "off")
@@ -243,7 +243,7 @@ def plan_workload(workload: Workload, placement: PlacementConfig, profile: Devic
     Raises:
         NoPlanFits: No candidate fits the budgets.
     """
-    explicit = explicit_plan(placement, workload)
+    explicit = explicit_plan(placement)
     modes, policies = plan_modes(placement)
     predictions = [predict(plan, workload, profile) for plan in candidate_plans(workload, modes, policies)]
     if explicit is not None:

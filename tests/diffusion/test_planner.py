@@ -58,13 +58,13 @@ def test_explicit_placement_flags_are_predicted_not_replaced(qwen_workload):
 
 @pytest.mark.parametrize("plan", [Plan("on", "h2d", 2, ring_size=1), Plan("off", "classic", 1, pinned=False),
                                   Plan("offload", "offload", prefetch_depth=2), Plan("on", "device")])
-def test_a_plan_applied_to_the_placement_gives_valid_flags_that_name_it_again(plan, qwen_workload):
+def test_a_plan_applied_to_the_placement_gives_valid_flags_that_name_it_again(plan):
     placement = apply_plan(PlacementConfig(vram_budget="24"), plan)
     assert placement.vram_budget == "24"
     args = parse_args(COMMAND + plan.flags())
     assert PlacementConfig.from_args(args) == dataclasses.replace(placement, vram_budget=None)
     if plan.policy != "device":
-        assert explicit_plan(placement, qwen_workload) == plan
+        assert explicit_plan(placement) == plan
 
 
 def test_predictions_add_up_and_moving_policies_need_less_device_memory(qwen_workload):

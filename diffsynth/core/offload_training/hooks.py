@@ -196,6 +196,7 @@ class ResidencyDriver:
                 self._handles.append(root.register_forward_hook(self._root_post_hook, always_call=True))
 
     def record(self, *event: Any) -> None:
+        """Appends ``event`` to ``trace`` when tracing."""
         if self.trace is not None:
             self.trace.append(event)
 

@@ -149,11 +149,9 @@ class OffloadTrainingManager:
         # A resident tensor is loaded once for good, so an optimizer-offloaded one would never publish its gradient:
         # trainable tensors the root module holds directly stay on the device instead.
         resident_params = {id(param) for param in resident.params}
-        params: dict[int, torch.nn.Parameter] = {}
+        params = {id(param): param for spec in specs for param in spec.params}
         buffers: dict[int, tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]] = {}
         for spec in specs:
-            for param in spec.params:
-                params[id(param)] = param
             for module, name in spec.buffers:
                 tensor = module._buffers[name]
                 self._buffer_keys[(id(module), name)] = id(tensor)
