@@ -24,12 +24,12 @@ import torch
 from diffusers import QwenImageTransformer2DModel
 from peft import LoraConfig, inject_adapter_in_model
 
-from diffsynth.core.device import allocate_host_bytes, peak_memory_bytes, reset_peak_memory, resolve_device, synchronize
+from diffsynth.core.device import peak_memory_bytes, reset_peak_memory, resolve_device, synchronize
 from diffsynth.core.gradient import gradient_checkpoint_forward
 from diffsynth.core.offload_training import BlockSwapConfig, OffloadTrainingManager, create_offloader
 from diffsynth.core.planning.footprint import measure_step
 from diffsynth.core.planning.plans import Plan, Workload, predict
-from diffsynth.core.planning.profiles import MEASURED_COMPUTE_EFFICIENCY, DeviceProfile, measure_device
+from diffsynth.core.planning.profiles import measure_device
 
 MIB = 2**20
 
@@ -67,24 +67,6 @@ def set_checkpointing(model: torch.nn.Module, mode: str) -> None:
     offload = mode == "offload"
     model.enable_gradient_checkpointing(
         gradient_checkpointing_func=lambda block, *args: gradient_checkpoint_forward(block, True, offload, *args))
-
-
-def cpu_profile() -> DeviceProfile:
-    """This CPU's memory copy rate and BF16 product rate, measured as ``measure_device`` does on CUDA."""
-    source = allocate_host_bytes(256 * MIB, pinned=False).fill_(1)
-    target = torch.empty_like(source)
-    a = torch.randn(1024, 1024, dtype=torch.bfloat16)
-    copy_s = matmul_s = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        target.copy_(source)
-        copy_s = min(copy_s, time.perf_counter() - start)
-        start = time.perf_counter()
-        a @ a
-        matmul_s = min(matmul_s, time.perf_counter() - start)
-    return DeviceProfile("measured-cpu", 0, 256 * MIB / copy_s / 1e9, 2 * 1024**3 / matmul_s / 1e12,
-                         "measured on this machine", compute_efficiency=MEASURED_COMPUTE_EFFICIENCY,
-                         link_efficiency=1.0)
 
 
 def measure_plan(plan: Plan, args: argparse.Namespace, device: torch.device, base: torch.nn.Module) -> dict:
@@ -146,7 +128,7 @@ def main() -> None:
     meta_inputs = inputs(args.image_tokens, args.text_tokens, "meta")
     workload = Workload(meta, meta.transformer_blocks, lambda: meta(**meta_inputs)[0].float().square().mean(),
                         lambda enabled: set_checkpointing(meta, "on" if enabled else "off"))
-    profile = measure_device(device) if cuda else cpu_profile()
+    profile = measure_device(device)
     base = build(args.num_blocks, "cpu")
     print(f"Qwen-Image-shaped DiT, {args.num_blocks} blocks, {args.image_tokens} image + {args.text_tokens} text "
           f"tokens, LoRA r16, on {device} ({profile.tflops:.1f} TFLOPS, {profile.h2d_gbps:.1f} GB/s measured)")

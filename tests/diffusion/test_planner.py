@@ -121,14 +121,58 @@ def test_plan_cli_refuses_bad_flags_by_name(capsys):
 
 # ---- the trainer -----------------------------------------------------------------------------------------------------
 
-def test_the_trainer_refuses_a_budget_without_cuda_before_loading(base, tmp_path, fresh_accelerate_state,
-                                                                  monkeypatch):
+def test_the_trainer_refuses_an_auto_budget_without_cuda_before_loading(base, tmp_path, fresh_accelerate_state,
+                                                                       monkeypatch):
     from diffsynth.diffusion import trainer
 
     monkeypatch.setattr(trainer, "load_pipeline", lambda *a, **k: pytest.fail("models loaded before the refusal"))
     monkeypatch.setattr(trainer, "build_raw_dataset", lambda *a, **k: pytest.fail("dataset read before the refusal"))
-    with pytest.raises(FlagError, match=r"--vram_budget 24 .* CUDA device.*python -m diffsynth.plan"):
-        trainer.main(QwenImagePipeline, COMMAND + ["--vram_budget", "24", "--output_path", str(tmp_path)])
+    with pytest.raises(FlagError, match=r"--vram_budget auto measures the CUDA device.*--vram_budget 24"):
+        trainer.main(QwenImagePipeline, COMMAND + ["--vram_budget", "auto", "--output_path", str(tmp_path)])
+
+
+TRAIN = ["--model_id_with_origin_paths", ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}"
+                                                  for name in ("dit", "text_encoder", "vae")),
+         "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,to_out.0", "--lora_rank", "4",
+         "--learning_rate", "1e-3", "--torch_dtype", "float32", "--seed", "3", "--max_pixels", "4096",
+         "--use_gradient_checkpointing", "--num_epochs", "1"]
+
+
+def test_the_trainer_trains_with_the_plan_chosen_for_its_budget(base, tmp_path, fresh_accelerate_state, caplog,
+                                                                monkeypatch):
+    import torch
+
+    from diffsynth.diffusion import runner
+    from safetensors.torch import load_file
+
+    from diffsynth.core.data.example_dataset import build_example_dataset
+    from diffsynth.core.planning.profiles import measure_device
+    from diffsynth.diffusion.trainer import main
+    from tests.conftest import reset_accelerate_state
+
+    build_example_dataset(tmp_path / "data", num_images=2)
+    data = ["--dataset_base_path", str(tmp_path / "data"), "--dataset_metadata_path",
+            str(tmp_path / "data" / "metadata.csv")]
+    args = parse_args(data + TRAIN)
+    model, others, _ = denoiser_skeleton(args, QwenImagePipeline)
+    workload = build_workload(model, args, others, QwenImagePipeline.lora_target_aliases)
+    everything = predict(Plan("on", "device"), workload, measure_device(torch.device("cpu"))).device_bytes
+    main(QwenImagePipeline, data + TRAIN + ["--output_path", str(tmp_path / "plain")])
+    reset_accelerate_state()
+    placements = []
+    place_models = runner.place_models
+    monkeypatch.setattr(runner, "place_models", lambda module, device, placement: placements.append(placement)
+                        or place_models(module, device, placement))
+    with caplog.at_level("INFO", logger="diffsynth.diffusion.planner"):
+        main(QwenImagePipeline, data + TRAIN + ["--output_path", str(tmp_path / "planned"),
+                                                "--vram_budget", f"{(everything - 1) / GIB:.12f}"])
+    chosen = [r.message for r in caplog.records if r.message.startswith("planner: ")]
+    assert chosen and "all on the GPU" not in chosen[0], chosen
+    # The runner placed the models as planned: the weights stream from host memory.
+    assert placements and all(placement.weights_on_host for placement in placements)
+    plain, planned = (load_file(str(tmp_path / name / "epoch-0.safetensors")) for name in ("plain", "planned"))
+    assert plain.keys() == planned.keys()
+    assert max((plain[key] - planned[key]).abs().max().item() for key in plain) < 1e-6
 
 
 def test_wan_inputs_follow_the_frame_count(base):

@@ -7,7 +7,7 @@ fits both budgets. The components and their assumptions:
 
 - device memory = weights that stay on the device + the policy's moving weights at their peak (its residency meter)
   + trainable parameters, their gradients and AdamW's two states + activations + models the stage also runs, plus the
-  CUDA context (``CUDA_CONTEXT_BYTES``) and the caching allocator's slack (``ALLOCATOR_SLACK``). Activations at the
+  CUDA context (the profile's ``context_bytes``) and the caching allocator's slack (``ALLOCATOR_SLACK``). Activations at the
   peak are what the forward saved plus, in backward, a gradient and an input of the largest saved tensor's size and,
   under checkpointing, the recomputed activations of the block being differentiated (an assumption about the
   working set, to be checked on a GPU with ``scripts/bench_planner.py``). ``allocated`` leaves out context and slack:
@@ -35,8 +35,6 @@ from .profiles import GIB, DeviceProfile
 from .residency import (Residency, arena_bytes, classic_swap_residency, h2d_ring_residency, leaf_offload_residency,
                         stream_sizes, swap_sizes)
 
-CUDA_CONTEXT_BYTES = int(0.75 * GIB)
-"""Device memory the CUDA context and the math libraries' workspaces take before any tensor (assumed)."""
 ALLOCATOR_SLACK = 0.08
 """Share of the allocated bytes the caching allocator holds on top, in partly used blocks (assumed)."""
 HOST_BASELINE_BYTES = 3 * GIB
@@ -194,7 +192,7 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
              "activations": activations,
              "other models": 0 if plan.policy == "offload" else sum(workload.other_model_sizes)}
     allocated = sum(parts.values())
-    parts["CUDA context + slack"] = CUDA_CONTEXT_BYTES + int(ALLOCATOR_SLACK * allocated)
+    parts["CUDA context + slack"] = profile.context_bytes + int(ALLOCATOR_SLACK * allocated)
     host_steady = (residency.host_bytes if residency else 0) + offloaded_inputs
     host_steady += 3 * trainable if plan.optimizer_offload else 0
     if plan.policy == "offload":

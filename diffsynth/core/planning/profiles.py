@@ -31,6 +31,8 @@ LINK_EFFICIENCY = 0.8
 """Assumed share of the link's peak that copies from pinned memory achieve (protocol overhead)."""
 MEASURED_COMPUTE_EFFICIENCY = 0.55
 """Assumed share of a large BF16 matrix product's measured rate that a training step achieves."""
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+"""Device memory the CUDA context and the math libraries' workspaces take before any tensor (assumed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,7 @@ class DeviceProfile:
         source: Where the figures come from.
         compute_efficiency: Share of ``tflops`` a training step achieves.
         link_efficiency: Share of ``h2d_gbps`` a pinned copy achieves.
+        context_bytes: Device memory taken before any tensor (the CUDA context; none on the CPU).
     """
 
     name: str
@@ -55,6 +58,7 @@ class DeviceProfile:
     source: str
     compute_efficiency: float = COMPUTE_EFFICIENCY
     link_efficiency: float = LINK_EFFICIENCY
+    context_bytes: int = CUDA_CONTEXT_BYTES
 
     @property
     def flops_per_second(self) -> float:
@@ -103,12 +107,15 @@ def profile_named(name: str) -> DeviceProfile:
 
 
 def measure_device(device: torch.device, copy_bytes: int = 256 * 2**20, size: int = 4096) -> DeviceProfile:
-    """Measures a CUDA device: its free memory, one large pinned host-to-device copy, and a BF16 matrix product.
+    """Measures a device: one large (pinned) host-to-device copy, a BF16 matrix product, and on CUDA the free memory.
 
     Takes about a second. The throughput is what a large matrix product achieves, so the planner's efficiency applies
-    on top of it as it does to a peak figure.
+    on top of it as it does to a peak figure. On the CPU the "device" is host memory: its size is not measured (0),
+    there is no context, and a copy is a memory copy (the figures exercise the planner, they do not speed it up).
     """
-    host = allocate_host_bytes(copy_bytes, pinned=True)
+    cuda = device.type == "cuda"
+    size = size if cuda else 1024
+    host = allocate_host_bytes(copy_bytes, pinned=cuda)
     target = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
     best_copy = best_matmul = float("inf")
@@ -122,7 +129,8 @@ def measure_device(device: torch.device, copy_bytes: int = 256 * 2**20, size: in
         a @ a
         synchronize(device)
         best_matmul = min(best_matmul, time.perf_counter() - start)
-    free, _ = torch.cuda.mem_get_info(device)
-    return DeviceProfile(f"measured-{torch.cuda.get_device_name(device)}", free, copy_bytes / best_copy / 1e9,
-                         2 * size**3 / best_matmul / 1e12, "measured on this machine",
-                         compute_efficiency=MEASURED_COMPUTE_EFFICIENCY, link_efficiency=1.0)
+    free = torch.cuda.mem_get_info(device)[0] if cuda else 0
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    return DeviceProfile(f"measured-{name}", free, copy_bytes / best_copy / 1e9, 2 * size**3 / best_matmul / 1e12,
+                         "measured on this machine", compute_efficiency=MEASURED_COMPUTE_EFFICIENCY,
+                         link_efficiency=1.0, context_bytes=CUDA_CONTEXT_BYTES if cuda else 0)
