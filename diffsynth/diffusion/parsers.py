@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
+from .placement_config import PlacementConfig, PlacementError
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +291,19 @@ def add_block_swap_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def add_planner_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the memory planner flags: budgets the placement is chosen to fit before anything loads (docs Low_VRAM)."""
+    group = parser.add_argument_group("Memory planner")
+    group.add_argument("--vram_budget", type=str, default=None,
+                       help="GPU memory in GB the run may use, or auto (free memory less 0.5 GB): the planner predicts "
+                            "every placement before loading and picks the fastest that fits. Offload or block swap "
+                            "flags given explicitly win; then it only predicts and warns.")
+    group.add_argument("--ram_budget", type=str, default=None,
+                       help="Host memory in GB the run may use, or auto (available memory less 2 GB); planned "
+                            "together with --vram_budget.")
+    return parser
+
+
 def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the metric-logging flags: CSV, TensorBoard and Weights & Biases."""
     group = parser.add_argument_group("Logging")
@@ -313,7 +327,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_logging_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
         add(parser)
     return parser
 
@@ -327,9 +341,6 @@ _LOWER_BOUNDS = (
     ("gradient_accumulation_steps", 1, True, "--gradient_accumulation_steps 1"),
     ("save_steps", 1, True, "--save_steps 500, or drop it to save once per epoch"),
     ("checkpoints_total_limit", 1, True, "--checkpoints_total_limit 2"),
-    ("blocks_to_swap", 0, True, "--blocks_to_swap 10, or 0 for no block swap"),
-    ("offload_prefetch_depth", 0, True, "--offload_prefetch_depth 1, or 0 for no prefetch"),
-    ("block_swap_ring_size", 1, True, "--block_swap_ring_size 2"),
     ("lr_warmup_steps", 0, True, "--lr_warmup_steps 0 for no warm-up"),
     ("max_train_steps", 1, True, "--max_train_steps 1000, or drop it to run all epochs"),
     ("max_grad_norm", 0, False, "--max_grad_norm 1.0, or drop it to clip nothing"),
@@ -371,31 +382,12 @@ def _bound_problems(args: argparse.Namespace) -> list[str]:
 
 
 def _offload_problems(args: argparse.Namespace) -> list[str]:
-    problems = []
-    if args.enable_optimizer_cpu_offload and not args.enable_model_cpu_offload:
-        problems.append("--enable_optimizer_cpu_offload only works together with --enable_model_cpu_offload; "
-                        "add --enable_model_cpu_offload, or drop --enable_optimizer_cpu_offload")
-    threshold = args.cpu_offload_split_threshold
-    if threshold is not None and not args.enable_model_cpu_offload:
-        problems.append(f"--cpu_offload_split_threshold {threshold} has no effect without --enable_model_cpu_offload; "
-                        f"add --enable_model_cpu_offload, or drop --cpu_offload_split_threshold")
-    if args.offload_prefetch_depth is not None and not args.enable_model_cpu_offload:
-        problems.append(f"--offload_prefetch_depth {args.offload_prefetch_depth} has no effect without "
-                        "--enable_model_cpu_offload; add --enable_model_cpu_offload, or drop --offload_prefetch_depth")
-    if getattr(args, "blocks_to_swap", 0) and args.enable_model_cpu_offload:
-        problems.append(f"--blocks_to_swap {args.blocks_to_swap} and --enable_model_cpu_offload both move the "
-                        "transformer's weights; use one of them (--enable_model_cpu_offload keeps less on the GPU, "
-                        "block swap moves whole blocks)")
-    if getattr(args, "block_swap_h2d_only", False) and not getattr(args, "blocks_to_swap", 0):
-        problems.append("--block_swap_h2d_only streams the blocks --blocks_to_swap selects; add --blocks_to_swap N")
-    if getattr(args, "block_swap_h2d_only", False) and not (args.use_gradient_checkpointing
-                                                            or args.use_gradient_checkpointing_offload):
-        problems.append("--block_swap_h2d_only reuses a few GPU slots, which only works when each block is "
-                        "recomputed in backward; add --use_gradient_checkpointing")
-    if threshold is not None and math.isfinite(threshold) and threshold <= 0:
-        problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
-                        f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
-    return problems
+    # The placement rules (offload, block swap, checkpointing) live with the configuration the runner receives.
+    try:
+        PlacementConfig.from_args(args)
+    except PlacementError as error:
+        return error.problems
+    return []
 
 
 def _size_problems(args: argparse.Namespace) -> list[str]:

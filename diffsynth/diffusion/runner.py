@@ -35,13 +35,14 @@ from ..core.data.cache import cache_file_path, save_cache_sample, write_cache_in
 from ..core.data.cache_sync import summarise, sync_stage_one_cache
 from ..core.data.fingerprint import digest
 from ..core.finite import is_finite
-from ..core.offload_training import BlockSwap, BlockSwapConfig, OffloadTrainingManager, create_offloader
+from ..core.offload_training import BlockSwap, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
 from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
 from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
+from .placement_config import PlacementConfig
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
 from .training_module import DiffusionTrainingModule
 
@@ -112,7 +113,7 @@ def step_generator(seed: int, sample_index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state))
 
 
-def place_models(module: DiffusionTrainingModule, device: torch.device, args: argparse.Namespace
+def place_models(module: DiffusionTrainingModule, device: torch.device, placement: PlacementConfig
                  ) -> tuple[list[OffloadTrainingManager], list[BlockSwap]]:
     """Puts the stage's models where they compute: on the device, under offload managers, or under block swap.
 
@@ -126,12 +127,12 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, args: ar
     pipe = module.pipe
     pipe.manage_model_devices = False
     names = module.active_model_names()
-    if not args.enable_model_cpu_offload:
+    if not placement.enable_model_cpu_offload:
         swaps = []
         for name in names:
             model = getattr(pipe, name)
-            if getattr(args, "blocks_to_swap", 0) and name in pipe.denoising_model_names:
-                swaps.append(create_offloader(model, BlockSwapConfig.from_args(args), device))
+            if placement.blocks_to_swap and name in pipe.denoising_model_names:
+                swaps.append(create_offloader(model, placement.block_swap, device))
             else:
                 model.to(device)
         return [], swaps
@@ -139,16 +140,12 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, args: ar
     for name in names:
         model = getattr(pipe, name)
         trains = any(param.requires_grad for param in model.parameters())
-        managers.append(OffloadTrainingManager(
-            model, device, enable_optimizer_cpu_offload=bool(args.enable_optimizer_cpu_offload and trains),
-            cpu_offload_split_threshold=args.cpu_offload_split_threshold,
-            prefetch_depth=getattr(args, "offload_prefetch_depth", None),
-        ))
+        managers.append(OffloadTrainingManager(model, device, **placement.offload_options(trains)))
     return managers, []
 
 
 def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule,
-                             args: argparse.Namespace, command: str | None = None) -> int:
+                             args: argparse.Namespace, placement: PlacementConfig, command: str | None = None) -> int:
     """Stage 1: runs the stage's units on every sample and writes one cache file per sample.
 
     Processes take every ``num_processes``-th sample. A rerun keeps each file whose fingerprint still matches its
@@ -172,7 +169,7 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
 
     info = module.cache_info()
     models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
-    place_models(module, accelerator.device, args)  # stage 1 never runs the denoiser, so nothing is swapped
+    place_models(module, accelerator.device, placement)  # stage 1 never runs the denoiser, so nothing is swapped
     if accelerator.is_main_process:
         write_cache_info(args.output_path, info)
     accelerator.wait_for_everyone()
@@ -276,7 +273,7 @@ def _optimizer_step(accelerator: Any, optimizer: Any, params: list[torch.nn.Para
 
 
 def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
-                         model_logger: ModelLogger, args: argparse.Namespace,
+                         model_logger: ModelLogger, args: argparse.Namespace, placement: PlacementConfig,
                          resume: tuple[dict, dict, dict] | None = None) -> dict[str, Any]:
     """Trains ``module`` on ``dataset`` for ``--num_epochs`` (or ``--max_train_steps``) optimizer steps.
 
@@ -286,6 +283,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         module: The training module; trainable weights already restored when resuming.
         model_logger: Writes LoRA files, metrics and the flags.
         args: The parsed flags; ``args.seed`` must be set.
+        placement: Where the weights live (offload, block swap), made once from the flags.
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
@@ -307,7 +305,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         release_unused_models(module)
         managers, swaps = [], []
     else:
-        managers, swaps = place_models(module, accelerator.device, args)
+        managers, swaps = place_models(module, accelerator.device, placement)
     params = [param for param in module.parameters() if param.requires_grad]
     optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
     sampler = EpochShuffleSampler(len(dataset), args.seed)

@@ -27,6 +27,7 @@ from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
+from .placement_config import PlacementConfig
 from .runner import launch_data_process_task, launch_training_task
 from .training_module import DiffusionTrainingModule
 
@@ -72,6 +73,9 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.blocks_to_swap:
         problems.append(f"--blocks_to_swap {args.blocks_to_swap} and DeepSpeed both decide where the weights live; "
                         "drop --blocks_to_swap (ZeRO-3's offload_param keeps the weights in CPU memory)")
+    if args.vram_budget is not None or args.ram_budget is not None:
+        problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
+                        "them (ZeRO-3 partitions and offloads by its config)")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -172,12 +176,14 @@ def pipeline_load_options(args: argparse.Namespace, pipeline_class: type[BasePip
     return options
 
 
-def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any) -> BasePipeline:
+def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], accelerator: Any,
+                  placement: PlacementConfig | None = None) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
-    Missing files, the pipeline's companion folders (tokenizer, image processor, the edit processor when the run
-    feeds edit images) included, are downloaded once per machine: the local main process fetches them while the
-    others wait at a barrier, then every process loads from disk.
+    Models whose weights ``placement`` (by default the flags') streams from host memory are loaded there. Missing
+    files, the pipeline's companion folders (tokenizer, image processor, the edit processor when the run feeds edit
+    images) included, are downloaded once per machine: the local main process fetches them while the others wait at
+    a barrier, then every process loads from disk.
     """
     options = pipeline_load_options(args, pipeline_class)
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
@@ -195,8 +201,8 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
         for config in pipeline_class.companion_configs(configs, tokenizer, inputs=inputs, **options):
             resolve_files(config)
     device = accelerator.device
-    # Offloaded training streams weights from host memory, so they are loaded there.
-    load_device = "cpu" if args.initialize_model_on_cpu or args.enable_model_cpu_offload else device
+    placement = placement if placement is not None else PlacementConfig.from_args(args)
+    load_device = "cpu" if args.initialize_model_on_cpu or placement.weights_on_host else device
     with without_zero3_init(accelerator):
         check_model_flags(args, pipeline_class, configs)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
@@ -222,23 +228,29 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
+    placement = PlacementConfig.from_args(args)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
     claim = claim_output_folder(args, accelerator, pipeline_class.lora_target_aliases)
     try:
-        return run_task(pipeline_class, args, accelerator, claim, rerun_command(argv))
+        return run_task(pipeline_class, args, accelerator, claim, placement, rerun_command(argv))
     finally:
         claim.release()
 
 
 def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accelerator: Any,
-             claim: OutputClaim, command: str) -> dict:
-    """The body of :func:`main` once the output folder is this run's: data, models, then the task stage.
+             claim: OutputClaim, placement: PlacementConfig, command: str) -> dict:
+    """The body of :func:`main` once the output folder is this run's: the plan, data, models, then the task stage.
 
+    ``placement`` is the flags' placement, replaced by the planner's choice under ``--vram_budget``/``--ram_budget``;
     ``command`` is the command line that reruns this stage, recorded in a stage-1 cache for its completion message.
     """
     _, stage = task_stage(args.task)
+    if placement.planned and stage != "data_process" and deepspeed_config(accelerator) is None:
+        from .planner import plan_placement  # imports the planning dry run only when asked for
+
+        placement = plan_placement(args, pipeline_class, placement, accelerator.device)
     args.run_id = claim.run_id  # recorded in training_args.json and in every checkpoint
     checkpoint = claim.checkpoint
     if checkpoint is not None and args.seed is None:
@@ -254,21 +266,22 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         dataset = build_raw_dataset(args, pipeline_class)
         decode_at_startup(accelerator, dataset, args.on_bad_sample)
     # Models and the training module.
-    pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
+    # Under DeepSpeed the models load whole; ZeRO partitions them at prepare.
+    pipe = load_pipeline(args, pipeline_class, accelerator, placement)
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(
         pipe, task=args.task, trainable_models=split_csv(args.trainable_models),
         lora_base_model=args.lora_base_model, lora_target_modules=split_csv(args.lora_target_modules),
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_checkpoint=args.lora_checkpoint,
-        use_gradient_checkpointing=args.use_gradient_checkpointing,
-        use_gradient_checkpointing_offload=args.use_gradient_checkpointing_offload,
+        use_gradient_checkpointing=placement.gradient_checkpointing,
+        use_gradient_checkpointing_offload=placement.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
         fp8_models=fp8_model_names(args, pipe),
     )  # fmt: skip
     if stage == "data_process":
-        return {"cached": launch_data_process_task(accelerator, dataset, module, args, command=command)}
+        return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement, command=command)}
     if stage == "train":
         expected = module.cache_info()
         # Stage 1 may have left the trained model out entirely (it never runs it); then there is no config to match.
@@ -291,7 +304,7 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
                                          resume_step=resume[2]["global_step"] if resume else None)
     model_logger.save_training_args(args)
     try:
-        result = launch_training_task(accelerator, dataset, module, model_logger, args, resume)
+        result = launch_training_task(accelerator, dataset, module, model_logger, args, placement, resume)
     finally:
         model_logger.close()
     if accelerator.is_main_process:

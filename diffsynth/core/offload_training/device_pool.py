@@ -1,24 +1,15 @@
 """Device buffers for the offload manager's weight copies: allocated once, then reused from one pass to the next.
 
-Every time a unit loads, each of its weights needs a device tensor of the weight's size; without a pool that is a
-fresh allocation on the caching allocator, freed again when the unit unloads, a few hundred times per step. The pool
-keeps the buffers instead: a load takes a free buffer of exactly the weight's byte size (any dtype: buffers are flat
-bytes viewed as the weight), and an unload gives it back. The pool grows only while a size is short, so after the
-first pass or two it holds, per size, as many buffers as were ever in flight at once, and allocates nothing more.
+Without a pool every load allocates a device tensor per weight and every unload frees it, a few hundred times per
+step. The pool lends a free buffer of exactly the weight's byte size instead (flat bytes viewed as any dtype) and
+takes it back on unload; it grows only while a size is short. Only sizes that recur in the model are pooled
+(``recurring_sizes``): a size one tensor has (an embedding table) would keep its buffer for good, as if never
+offloaded, so it goes through the caching allocator.
 
-Only sizes that recur in the model are pooled (``recurring_sizes``: a transformer's blocks share a handful of shapes).
-A size that a single tensor has (an embedding table, an input projection) would keep its buffer for good, which is
-the same device memory as never offloading that tensor; such loads go through the caching allocator as before.
-
-Two guards make reuse safe:
-- Events: a buffer given back records an event on the current stream, where the last kernels reading it were queued;
-  the next load of that buffer makes its stream wait for the event on the GPU, so a copy never overwrites memory a
-  kernel may still read. (The prefetch engine's copy stream already waits for all compute queued before a submit; the
-  event covers copies made on any other stream.)
-- Escapes: a buffer is reused only if nothing but the pool references its memory when it comes back. A tensor that
-  kept a view of the weight past the unit's unload (a saved tensor the manager did not see, a user's reference)
-  would otherwise read another weight's bytes later; such a buffer is left to that reference and counted in
-  ``escapes``, and the pool allocates a new one in its place.
+Two guards make reuse safe. Events: a buffer given back records an event on the current stream, and its next load
+waits for it, so a copy never overwrites memory a kernel may still read. Escapes: a buffer is reused only if nothing
+but the pool references its memory when it comes back; one that something kept a view of (a saved tensor the manager
+did not see, a user's reference) is left to that reference, counted in ``escapes``, and replaced.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
 """H2D-only weight streaming for frozen-base (LoRA) training: a ring of device slots, one copy per block load.
 
-See ``block_swap.py`` for the shared hooks and the configuration; this module holds the streaming offloader itself.
+A policy on the residency driver (``hooks.py``); configuration and public API in ``block_swap.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..device import allocate_host_bytes
 from .block_swap import NO_CHECKPOINTING_MESSAGE, BlockSwap, BlockSwapConfig, is_adapter_parameter, streaming_block_indices
-from .memory_buffer import PinnedArenaPool, align, tensor_nbytes
+from .memory_buffer import align, tensor_nbytes
 from .transfer import TensorSlot, byte_views, tensor_slots
 
 logger = logging.getLogger(__name__)
@@ -31,7 +29,6 @@ class _StreamedBlock:
     nbytes: int
     master: torch.Tensor
     master_views: list[torch.Tensor]
-    original_devices: list[torch.device]
     slot_views: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)
 
 
@@ -86,21 +83,16 @@ class H2DOnlyBlockSwap(BlockSwap):
                 offsets.append(align(end))
                 end = offsets[-1] + tensor_nbytes(slot.get())
             plans[index] = (slots, offsets, end)
-        pool = PinnedArenaPool([plan[2] for plan in plans.values()],
-                               allocator=functools.partial(allocate_host_bytes, pinned=config.use_pinned_memory))
+        pool = self._host_pool([plan[2] for plan in plans.values()])
         self.streamed: dict[int, _StreamedBlock] = {}
-        managed = set()
         for index, (slots, offsets, nbytes) in plans.items():
             tensors = [slot.get().data for slot in slots]
             master = pool.allocate(nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
             views = byte_views(master, tensors, offsets)
             for slot, tensor, view in zip(slots, tensors, views):
                 view.copy_(tensor)
-                managed.add(id(slot.get()))
-            self.streamed[index] = _StreamedBlock(index, slots, offsets, nbytes, master, views,
-                                                  [t.device for t in tensors])
-            for slot, view in zip(slots, views):
-                slot.bind(view)
+                self._keep_on_host(slot, view)
+            self.streamed[index] = _StreamedBlock(index, slots, offsets, nbytes, master, views)
         slot_bytes = max(block.nbytes for block in self.streamed.values())
         self._offloaded_bytes = sum(block.nbytes for block in self.streamed.values())
         # The ring is allocated once; every load copies into it, and each block's views into it are made here.
@@ -110,7 +102,7 @@ class H2DOnlyBlockSwap(BlockSwap):
         self.meter.add(slot_bytes * self.ring_size)
         self.in_slot: list[int | None] = [None] * self.ring_size
         self._pass_needs_backward = False
-        self._start(managed, config.use_pinned_memory, slot_bytes)
+        self._start(slot_bytes)
         logger.info("H2D-only block swap on %s.%s: streaming blocks %s of %d through %d device slot(s) of %.1f MiB "
                     "(engine %s)", type(model).__name__ if model is not None else "", list_name, self.stream_indices,
                     self.num_blocks, self.ring_size, slot_bytes / 2**20, self.engine_name)
@@ -136,20 +128,16 @@ class H2DOnlyBlockSwap(BlockSwap):
     def _ensure(self, index: int) -> None:
         rank = self.rank[index]
         if self.in_slot[rank % self.ring_size] != rank:
-            # Needed but never prefetched: load it now and carry on.
-            self.self_heals += 1
-            if self.timer is not None:
-                self.timer.of(index).self_heals += 1
-            self._record("self_heal", index)
+            self._self_heal(index)
             self._load(rank)
         self.engine.wait(index)
 
-    def _on_forward_start(self) -> None:
+    def on_pass_start(self) -> None:
         self._pass_needs_backward = False
         for rank in range(self.ring_size):
             self._load(rank)
 
-    def _before_forward(self, index: int, needs_backward: bool, checkpointed: bool) -> None:
+    def before_forward(self, index: int, needs_backward: bool, checkpointed: bool) -> None:
         if index not in self.rank:
             return
         if needs_backward and not checkpointed:
@@ -159,7 +147,7 @@ class H2DOnlyBlockSwap(BlockSwap):
         self._pass_needs_backward |= needs_backward
         self._ensure(index)
 
-    def _after_forward(self, index: int, needs_backward: bool) -> None:
+    def after_forward(self, index: int, needs_backward: bool, bounded: bool) -> None:
         rank = self.rank.get(index)
         if rank is None:
             return
@@ -170,20 +158,13 @@ class H2DOnlyBlockSwap(BlockSwap):
             for first in range(self.ring_size):
                 self._load(first)
 
-    def _on_recompute(self, index: int) -> None:
+    def before_recompute(self, index: int) -> None:
         if index in self.rank:
             self._ensure(index)
 
-    def _on_backward_done(self, index: int) -> None:
+    def on_backward_done(self, index: int) -> None:
         rank = self.rank.get(index)
         if rank is not None and rank - self.ring_size >= 0:
             self._load(rank - self.ring_size)
-
-    def _restore(self) -> None:
-        for block in self.streamed.values():
-            for slot, view, device in zip(block.slots, block.master_views, block.original_devices):
-                slot.bind(view.to(device, copy=True))
-        self.streamed.clear()
-        self.ring.clear()
 
 

@@ -1,18 +1,9 @@
 """``OffloadTrainingManager``: train a model whose weights live in host memory, one unit on the device at a time.
 
 The manager plans offload units (``placement.py``), gives every tensor an offloader (``offloader.py``) with its host
-master in a pinned arena (``memory_buffer.py``), and brackets each unit with hooks:
-
-- forward: load before the unit's call, unload after it;
-- backward: load when the gradient of the unit's output arrives, unload when the gradient of its inputs has been
-  computed (an identity autograd node on the unit's inputs marks that moment exactly, keyword arguments included);
-  a unit whose inputs need no gradient has no such moment and stays loaded until ``after_backward()``;
-- gradient checkpointing: a unit re-run inside backward keeps its weights until its own backward is done
-  (``_in_recompute``), so each weight is loaded once for recompute and backward together;
-- prefetch (``prefetch_depth`` K > 0, the default on CUDA): the order in which units run is recorded in the first
-  pass, and later passes copy the next K units' weights ahead of use on a copy stream (``prefetch.py``);
-- device buffers (``reuse_device_buffers``, on by default): the weights' device copies are buffers allocated in the
-  first passes and lent again on every later load (``device_pool.py``), so steady-state steps allocate nothing.
+master in a pinned arena (``memory_buffer.py``) and its device copies in reused buffers (``device_pool.py``), and
+hands the units to the residency driver (``hooks.py``) with the leaf-offload policy (``leaf_offload.py``), which
+prefetches along the recorded order (``prefetch.py``).
 
 While the root module runs, a saved-tensor hook replaces every weight that autograd saves for backward by a small
 reference that is resolved against the reloaded copy in backward. Without it, autograd's saved views (``weight.t()``
@@ -27,20 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 import torch
 
 from ..device import resolve_device, synchronize
-from .autograd_hooks import inside_backward, iter_tensors, wrap_inputs
 from .device_pool import DeviceBufferPool, DevicePoolStats, recurring_sizes
 from .grad_sync import GradientSynchronizer, distributed_world_size
+from .hooks import ResidencyDriver, ResidencyMeter
+from .leaf_offload import LeafOffloadPolicy, OffloadUnit
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, frozen_tensors, tensor_nbytes
-from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, ResidencyMeter, StaticParamOffloader,
-                        TensorOffloader, TrainableParamOffloader)
+from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, StaticParamOffloader, TensorOffloader,
+                        TrainableParamOffloader)
 from .placement import UnitSpec, plan_units
-from .prefetch import BACKWARD, FORWARD, RECOMPUTE, CopyNowEngine, PrefetchScheduler, PrefetchStats
-from .transfer import CopyPair, DirectEngine
+from .prefetch import PrefetchScheduler, PrefetchStats
+from .transfer import make_engine
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +40,8 @@ MB = 1024 * 1024
 
 @dataclasses.dataclass
 class OffloadTrainingConfig:
-    """What the manager does, checked at construction.
-
-    Args:
-        target_device: The compute device.
-        enable_optimizer_cpu_offload: Keep trainable weights (and so the optimizer and gradients) on the host too.
-        cpu_offload_split_threshold: In MB; keep modules up to this size whole as one unit. None: one unit per leaf.
-        prefetch_depth: K, how many units' weights are copied ahead of use; 0 turns prefetch off. None (auto) is
-            1 on CUDA, 0 elsewhere (without a copy stream, prefetch cannot overlap anything). Resolved here.
-        reuse_device_buffers: Copy weights into device buffers kept and reused across loads (``DeviceBufferPool``)
-            instead of allocating each copy afresh.
-    """
+    """What the manager does (the arguments of ``OffloadTrainingManager``), checked at construction; a None
+    ``prefetch_depth`` is resolved here (1 on CUDA, 0 elsewhere: without a copy stream nothing could overlap)."""
 
     target_device: str | torch.device
     enable_optimizer_cpu_offload: bool = False
@@ -98,39 +80,6 @@ class _SavedWeight:
     storage_offset: int
 
 
-class OffloadUnit:
-    """Runtime state of one unit: its offloaders and why it is loaded."""
-
-    def __init__(self, name: str, module: torch.nn.Module, offloaders: list[TensorOffloader]) -> None:
-        self.name = name
-        self.module = module
-        self.offloaders = offloaders
-        self.offloaded_nbytes = sum(o.nbytes for o in offloaders if o.counts_toward_residency)
-        self.is_loaded = False
-        self.prefetched = False
-        self.pending_backward = 0
-        self.last_call_wrapped = False
-        self.loaded_until_after_backward = False
-
-    def load(self, deferred: list[CopyPair] | None = None) -> list[TensorOffloader]:
-        """Loads every tensor (a no-op when loaded); with ``deferred``, queues the copies there (see ``onload``).
-
-        Returns:
-            The offloaders whose copies were queued in ``deferred``.
-        """
-        if self.is_loaded:
-            return []
-        self.is_loaded = True
-        return [offloader for offloader in self.offloaders if offloader.onload(deferred)]
-
-    def unload(self) -> None:
-        if self.is_loaded:
-            self.is_loaded = False
-            self.prefetched = False
-            for offloader in self.offloaders:
-                offloader.offload()
-
-
 class OffloadTrainingManager:
     """Keeps a model's weights in host memory and moves each unit to the compute device only while it computes.
 
@@ -148,11 +97,9 @@ class OffloadTrainingManager:
             current unit computes, so compute waits for copies only when they are slower. Costs device memory for
             up to K more units (the K largest at worst). 0 turns it off; None (default) is 1 on CUDA and 0 on the
             CPU (which has no copy stream; K > 0 runs the same schedule there with plain copies).
-        reuse_device_buffers: Keep the device buffers that weights are copied into and lend them again on later
-            loads (default): no allocation per load once the first passes have sized the pool, at the cost of
-            holding, per weight size, as many buffers as were ever in flight at once. Only sizes that at least two
-            tensors share are pooled; a one-off size (an embedding table) is allocated per load, so the pool never
-            keeps it. False allocates every copy on the caching allocator (and frees it on unload).
+        reuse_device_buffers: Copy weights into device buffers kept and lent again on later loads (default; see
+            ``device_pool.py``): no allocation per load after the first passes, for holding per weight size as many
+            buffers as were ever in flight at once. False allocates every copy (and frees it on unload).
 
     Raises:
         ValueError: A bad device, threshold or prefetch depth, or optimizer offload on a model with nothing to train.
@@ -187,12 +134,13 @@ class OffloadTrainingManager:
         # Offloaded models are not wrapped by DDP, so the manager averages their gradients itself.
         trainable = [param for param in model.parameters() if param.requires_grad]
         self._grad_sync = GradientSynchronizer(trainable) if trainable and distributed_world_size() > 1 else None
-        self._in_recompute: set[str] = set()
         self._loaded_on_demand: list[TensorOffloader] = []
-        self._pushed_saved_tensor_hooks = 0
         self._prefetch = self._make_prefetch_scheduler()
-        self._handles: list[Any] = []
-        self._register_hooks()
+        self.policy = LeafOffloadPolicy(self.units, self._prefetch)
+        # Meta tensors (a planner's dry run) have no addresses to recognise weights by, and free nothing anyway.
+        saved = None if self.device.type == "meta" else (self._pack_saved_weight, self._resolve_saved_weight)
+        self.driver = ResidencyDriver([unit.module for unit in self.units], self.policy, root=model,
+                                      saved_tensor_hooks=saved)
 
     # ---- construction -------------------------------------------------------------------------------------------
 
@@ -201,11 +149,9 @@ class OffloadTrainingManager:
         # A resident tensor is loaded once for good, so an optimizer-offloaded one would never publish its gradient:
         # trainable tensors the root module holds directly stay on the device instead.
         resident_params = {id(param) for param in resident.params}
-        params: dict[int, torch.nn.Parameter] = {}
+        params = {id(param): param for spec in specs for param in spec.params}
         buffers: dict[int, tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]] = {}
         for spec in specs:
-            for param in spec.params:
-                params[id(param)] = param
             for module, name in spec.buffers:
                 tensor = module._buffers[name]
                 self._buffer_keys[(id(module), name)] = id(tensor)
@@ -240,120 +186,24 @@ class OffloadTrainingManager:
         depth = self.config.prefetch_depth
         if not depth:
             return None
-        if self.device.type == "cuda":
-            engine = DirectEngine(self.device)
-        else:
+        if self.device.type != "cuda":
             logger.info("offload prefetch (depth %d) on %s: no copy stream, so prefetched weights are copied at once "
                         "(the schedule runs, nothing overlaps)", depth, self.device)
-            engine = CopyNowEngine(self.device)
+        # Without a copy stream whole units are copied with torch's (threaded) copy, as an unprefetched load is.
+        engine = make_engine("direct" if self.device.type == "cuda" else "sync", self.device, pinned_masters=True,
+                             threaded_host_copy=True)
         return PrefetchScheduler(self.units, depth, engine)
-
-    def _register_hooks(self) -> None:
-        for unit in self.units:
-            self._handles.append(unit.module.register_forward_pre_hook(
-                self._make_pre_hook(unit), with_kwargs=True))
-            self._handles.append(unit.module.register_forward_hook(self._make_post_hook(unit)))
-        self._handles.append(self.model.register_forward_pre_hook(self._push_saved_tensor_hooks, prepend=True))
-        if self._prefetch is not None:
-            self._handles.append(self.model.register_forward_pre_hook(self._on_root_forward, prepend=True))
-        self._handles.append(self.model.register_forward_hook(self._pop_saved_tensor_hooks, always_call=True))
-
-    # ---- forward and backward hooks -----------------------------------------------------------------------------
-
-    def _make_pre_hook(self, unit: OffloadUnit) -> Any:
-        def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            recompute = inside_backward()
-            self._demand(unit, RECOMPUTE if recompute else FORWARD)
-            if recompute:
-                self._in_recompute.add(unit.name)
-                return None
-            unit.last_call_wrapped = False
-            if not torch.is_grad_enabled():
-                return None
-            return self._wrap_inputs(unit, args, kwargs)
-        return pre_hook
-
-    def _wrap_inputs(self, unit: OffloadUnit, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        wrapped = wrap_inputs(lambda: self._on_backward_done(unit), args, kwargs)
-        if wrapped is not None:
-            unit.pending_backward += 1
-            unit.last_call_wrapped = True
-        return wrapped
-
-    def _make_post_hook(self, unit: OffloadUnit) -> Any:
-        def post_hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-            if unit.name in self._in_recompute:
-                return
-            if torch.is_grad_enabled():
-                needs_backward = False
-                for tensor in iter_tensors(output):
-                    if tensor.requires_grad and tensor.grad_fn is not None:
-                        tensor.register_hook(lambda grad: self._on_backward_start(unit))
-                        needs_backward = True
-                if needs_backward and not unit.last_call_wrapped:
-                    unit.loaded_until_after_backward = True
-                if needs_backward and self._prefetch is not None:
-                    self._prefetch.expect_backward()
-            self._release(unit)
-        return post_hook
-
-    def _on_backward_start(self, unit: OffloadUnit) -> None:
-        self._demand(unit, BACKWARD)
-
-    def _demand(self, unit: OffloadUnit, phase: str) -> None:
-        if self._prefetch is None:
-            unit.load()
-        else:
-            self._prefetch.demand(unit, phase)
-
-    def _release(self, unit: OffloadUnit) -> None:
-        if self._prefetch is None:
-            unit.unload()
-        else:
-            self._prefetch.release(unit)
-
-    def _on_root_forward(self, module: torch.nn.Module, args: tuple) -> None:
-        if not inside_backward():
-            self._prefetch.at_root_forward()
-
-    def _on_backward_done(self, unit: OffloadUnit) -> None:
-        unit.pending_backward -= 1
-        if unit.pending_backward == 0 and not unit.loaded_until_after_backward:
-            self._release(unit)
-            self._in_recompute.discard(unit.name)
 
     # ---- saved weights ------------------------------------------------------------------------------------------
 
-    def _push_saved_tensor_hooks(self, module: torch.nn.Module, args: tuple) -> None:
-        outer_pack, outer_unpack = torch._C._autograd._top_saved_tensors_default_hooks(False) or (None, None)
-
-        def pack(tensor: torch.Tensor) -> Any:
-            offloader = self._offloader_of_device_copy(tensor)
-            if offloader is not None:
-                return _SavedWeight(offloader, tensor.size(), tensor.stride(), tensor.storage_offset())
-            return (outer_unpack, outer_pack(tensor)) if outer_pack is not None else (None, tensor)
-
-        def unpack(packed: Any) -> torch.Tensor:
-            if isinstance(packed, _SavedWeight):
-                return self._resolve_saved_weight(packed)
-            outer, value = packed
-            return outer(value) if outer is not None else value
-
-        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
-        self._pushed_saved_tensor_hooks += 1
-
-    def _pop_saved_tensor_hooks(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if self._pushed_saved_tensor_hooks:
-            self._pushed_saved_tensor_hooks -= 1
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-
-    def _offloader_of_device_copy(self, tensor: torch.Tensor) -> TensorOffloader | None:
+    def _pack_saved_weight(self, tensor: torch.Tensor) -> _SavedWeight | None:
+        """A reference to the offloader whose device copy ``tensor`` views, or None for any other tensor."""
         if tensor.layout != torch.strided or tensor.device != self.device:
             return None
         offloader = self.meter.copies.get(tensor.untyped_storage().data_ptr())
         if offloader is None or offloader.device_copy.dtype != tensor.dtype:
             return None
-        return offloader
+        return _SavedWeight(offloader, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     def _resolve_saved_weight(self, saved: _SavedWeight) -> torch.Tensor:
         offloader = saved.offloader
@@ -377,13 +227,8 @@ class OffloadTrainingManager:
                 on the micro-steps of gradient accumulation that end without an optimizer step (accelerate's
                 ``accelerator.sync_gradients``), so the all-reduce runs once per optimizer step.
         """
-        if self._prefetch is not None:
-            self._prefetch.end_pass()
-        for unit in self.units:
-            unit.pending_backward = 0
-            unit.loaded_until_after_backward = False
-            unit.unload()
-        self._in_recompute.clear()
+        self.policy.end_pass()
+        self.driver.reset()
         for offloader in self._loaded_on_demand:
             offloader.offload()
         self._loaded_on_demand.clear()
@@ -433,14 +278,12 @@ class OffloadTrainingManager:
 
         Tensors go back to the device they were on when the manager was built; host gradients are kept.
         """
-        self.after_backward()
+        self.after_backward()  # ends the prefetch pass too
         if self._prefetch is not None:
-            self._prefetch.close()
+            self._prefetch.engine.close()
         for offloader in self._resident:
             offloader.offload()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.driver.remove()
         for offloader in self._offloaders.values():
             offloader.restore()
         self._offloaders.clear()

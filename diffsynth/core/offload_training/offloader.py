@@ -37,39 +37,14 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..device import copy_into, copy_to_device, record_event, synchronize_event
 from .device_pool import DeviceBufferPool
 from .memory_buffer import BaseBufferPool, tensor_nbytes
+from .hooks import ResidencyMeter
 from .transfer import CopyPair
-
-
-class ResidencyMeter:
-    """Counts the bytes of weights and buffers the manager has currently copied to the device, and their peak.
-
-    Trainable weights kept on the device for good (``AlwaysOnDeviceParamOffloader``) are not counted: they are not
-    moved per use.
-
-    It also indexes every live device copy by its storage address, so that a tensor autograd is about to save can be
-    recognised as (a view of) a managed weight in constant time.
-    """
-
-    def __init__(self) -> None:
-        self.current = 0
-        self.peak = 0
-        self.copies: dict[int, TensorOffloader] = {}
-
-    def add(self, nbytes: int) -> None:
-        self.current += nbytes
-        self.peak = max(self.peak, self.current)
-
-    def sub(self, nbytes: int) -> None:
-        self.current -= nbytes
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
 
 
 class TensorOffloader:
     """Base class: reference-counted loading of one tensor onto the compute device.
 
-    Subclasses implement ``_load``, ``_unload`` and ``restore``; ``device_copy`` is the tensor the model computes
+    Subclasses implement ``_load``, ``_bind``, ``_unload`` and ``restore``; ``device_copy`` is the tensor the model computes
     with while loaded (the manager uses it to recognise saved weights in autograd's graph).
 
     Args:
@@ -184,16 +159,13 @@ class TensorOffloader:
         return copy
 
     def _load(self, deferred: list[CopyPair] | None) -> None:
-        """Makes ``device_copy`` (filled now, or by the engine when ``deferred`` is given)."""
-        raise NotImplementedError
+        """Makes ``device_copy`` (filled now, or by the engine when ``deferred`` is given); nothing by default."""
 
     def _bind(self) -> None:
-        """Points the module's tensor at ``device_copy``, once its contents can be read."""
-        raise NotImplementedError
+        """Points the module's tensor at ``device_copy``, once its contents can be read; nothing by default."""
 
     def _unload(self) -> None:
-        """Points the module's tensor back at its resting place."""
-        raise NotImplementedError
+        """Points the module's tensor back at its resting place; nothing by default."""
 
     def restore(self) -> None:
         """Turns the tensor back into an ordinary tensor on its original device."""
@@ -323,15 +295,6 @@ class AlwaysOnDeviceParamOffloader(TensorOffloader):
         param.data = param.data.to(device)
         if param.grad is not None:
             param.grad = param.grad.to(device)
-
-    def _load(self, deferred: list[CopyPair] | None) -> None:
-        pass
-
-    def _bind(self) -> None:
-        pass
-
-    def _unload(self) -> None:
-        pass
 
     def restore(self) -> None:
         self.param.data = self.param.data.to(self.original_device)

@@ -21,7 +21,8 @@ the manager would unload them anyway: under gradient checkpointing that is after
 weight crosses the bus once for its forward and once for its recompute and backward together.
 
 The schedule is the same on every device; only the engine differs: ``DirectEngine`` (a copy stream, events) on CUDA,
-``CopyNowEngine`` (plain copies, at once) on the CPU, where the tests run it.
+``SyncEngine`` (plain copies, at once) on the CPU, where the tests run it. The scheduler alone knows which units are
+prefetched and not used yet.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .transfer import CopyPair, TransferEngine
 
 if TYPE_CHECKING:
-    from .manager import OffloadUnit
+    from .leaf_offload import OffloadUnit
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +48,6 @@ MAX_TRACE_EVENTS = 1 << 16
 ``after_backward()``; its trace must not grow for ever); it runs without prefetch."""
 
 Event = tuple[str, int]
-
-
-class CopyNowEngine(TransferEngine):
-    """Copies inside ``submit``, as an unprefetched load does (``copy_to_device``): the engine without a copy stream.
-
-    ``SyncEngine`` would do too, but its single-threaded ``memmove`` (right for block swap's copies on a busy host)
-    is slower than torch's copy for whole units, which would make prefetch look slower than no prefetch on the CPU.
-    """
-
-    name = "copy-now"
-
-    def submit(self, key: Hashable, copies: Sequence[CopyPair]) -> None:
-        for destination, source in copies:
-            destination.copy_(source)
 
 
 @dataclasses.dataclass
@@ -143,17 +130,16 @@ class PrefetchScheduler:
         """The manager is done with ``unit`` for now: keeps it loaded, as a prefetch, when the recorded order needs it
         again among the next K units that hold or need a prefetch slot; unloads it otherwise."""
         index = self._index[id(unit)]
-        if self._following and unit.is_loaded and not unit.prefetched:
-            count = len(self._live_prefetches())
+        if self._following and unit.is_loaded and index not in self._prefetched:
+            count = len(self._prefetched)
             for other in self._slot_units(also=index):
                 if count >= self.depth:
                     break
                 if other == index:
-                    unit.prefetched = True
                     self._prefetched.add(index)
                     self.stats.kept += 1
                     return
-                if not self.units[other].prefetched:
+                if other not in self._prefetched:
                     count += 1
         unit.unload()
 
@@ -175,6 +161,7 @@ class PrefetchScheduler:
     def end_pass(self) -> None:
         """Ends the pass: unloads unused prefetches, and records this pass's order if it was not the recorded one."""
         if not self._current and not self._overflowed:
+            self._drop_prefetched()  # a look-ahead at the root's forward may have prefetched, with nothing run since
             return
         if self._following and self._position != len(self.recorded):
             self._order_changed(f"the pass ended after {self._position} of {len(self.recorded)} recorded events")
@@ -190,11 +177,6 @@ class PrefetchScheduler:
         self._following = self.recorded is not None
         self._overflowed = self._saw_backward = self._backward_expected = False
 
-    def close(self) -> None:
-        """Ends the pass and waits for every copy the engine still runs."""
-        self.end_pass()
-        self.engine.close()
-
     # ---- inspection ---------------------------------------------------------------------------------------------
 
     def recorded_order(self) -> list[tuple[str, str]]:
@@ -204,7 +186,7 @@ class PrefetchScheduler:
     @property
     def prefetched_units(self) -> list[str]:
         """Names of the units prefetched and not used yet (at most ``depth``)."""
-        return [self.units[index].name for index in sorted(self._live_prefetches())]
+        return [self.units[index].name for index in sorted(self._prefetched)]
 
     # ---- internals ----------------------------------------------------------------------------------------------
 
@@ -223,8 +205,7 @@ class PrefetchScheduler:
         self._current.append(event)
 
     def _take(self, unit: OffloadUnit, index: int) -> None:
-        if unit.prefetched:
-            unit.prefetched = False
+        if index in self._prefetched:
             self._prefetched.discard(index)
             self.stats.hits += 1
         elif not unit.is_loaded and unit.offloaded_nbytes:
@@ -232,11 +213,6 @@ class PrefetchScheduler:
         unit.load()
         for offloader in unit.offloaders:
             offloader.wait_for_copy()
-
-    def _live_prefetches(self) -> set[int]:
-        # Something else may have unloaded a prefetched unit (it then lost its flag): forget it here too.
-        self._prefetched = {index for index in self._prefetched if self.units[index].prefetched}
-        return self._prefetched
 
     def _slot_units(self, also: int | None = None) -> Iterator[int]:
         """Units of the recorded order from the current position, each once, nearest first, that hold a prefetch slot
@@ -246,25 +222,24 @@ class PrefetchScheduler:
             if index not in seen:
                 seen.add(index)
                 unit = self.units[index]
-                if index == also or unit.prefetched or (not unit.is_loaded and unit.offloaded_nbytes):
+                if index == also or index in self._prefetched or (not unit.is_loaded and unit.offloaded_nbytes):
                     yield index
 
     def _look_ahead(self, current: int | None = None) -> None:
         # The unit computing now will be released before its next use, where it may be kept: its slot is reserved.
-        count = len(self._live_prefetches())
+        count = len(self._prefetched)
         for index in self._slot_units(also=current):
             if count >= self.depth:
                 return
             if index == current:
                 count += 1
-            elif not self.units[index].prefetched:
+            elif index not in self._prefetched:
                 self._prefetch(self.units[index], index)
                 count += 1
 
     def _prefetch(self, unit: OffloadUnit, index: int) -> None:
         copies: list[CopyPair] = []
         queued = unit.load(copies)
-        unit.prefetched = True
         self._prefetched.add(index)
         self.stats.prefetches += 1
         if copies:
@@ -274,12 +249,10 @@ class PrefetchScheduler:
                 offloader.copy_pending = waiter
 
     def _drop_prefetched(self, keep: int | None = None) -> None:
-        for index in sorted(self._live_prefetches()):
-            if index != keep:
-                unit = self.units[index]
-                unit.unload()  # the offloaders wait for their copies before freeing them
-                self.stats.dropped += 1
-        self._live_prefetches()
+        for index in sorted(self._prefetched - {keep}):
+            self.units[index].unload()  # the offloaders wait for their copies before freeing them
+            self.stats.dropped += 1
+        self._prefetched &= {keep}
 
     def _stop_following(self, keep: int | None = None) -> None:
         self._following = False

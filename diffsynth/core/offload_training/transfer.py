@@ -1,23 +1,18 @@
-"""Transfer engines for block swap: how host bytes reach the compute device, behind one small interface.
+"""Transfer engines: how host bytes reach the compute device, behind one small interface, for every policy.
 
-The residency logic in ``block_swap.py`` (which block sits in which slot, when it is loaded or evicted) only calls
-``submit``, ``wait``, ``synchronize`` and ``close``. Every stream, event and thread lives here, so the same residency
-code overlaps copies with compute on a GPU and runs, synchronously, on a CPU-only machine where the tests exercise it.
-
-| engine           | host source | how a load is done                                                  | devices   |
-|------------------|-------------|---------------------------------------------------------------------|-----------|
-| ``DirectEngine`` | pinned      | async copies on a private copy stream, one event per load           | CUDA      |
-| ``StagedEngine`` | pageable    | a worker thread memmoves into a few staging buffers (pinned on      | CUDA, CPU |
-|                  |             | CUDA) and copies each to the device (async on CUDA)                 |           |
-| ``SyncEngine``   | any         | a plain copy inside ``submit``; ``wait`` has nothing left to do     | any       |
+Policies only call ``submit``, ``wait``, ``synchronize`` and ``close``; every stream, event and thread lives here, so
+the same residency code overlaps copies with compute on a GPU and runs, synchronously, on a CPU-only machine where the
+tests exercise it. ``DirectEngine``: pinned sources, async copies on a copy stream (CUDA). ``StagedEngine``: pageable
+sources, a worker thread memmoves them through a few staging buffers (pinned on CUDA). ``SyncEngine``: a plain copy
+inside ``submit`` (any device).
 
 Ordering contract, the same for every engine: ``submit`` writes its destinations only after all compute queued so far
 on the device has run (on CUDA the copy stream waits for an event recorded on the compute stream at submit time), so a
 caller may submit into a buffer as soon as it has *queued* the last computation that reads it; ``wait(key)`` orders
 every computation queued afterwards behind that key's copy.
 
-The byte-level helpers the residency logic copies with live here too: ``TensorSlot`` (re-pointing a parameter or a
-buffer at another tensor), ``byte_views`` (typed views into a flat buffer) and ``as_bytes``/``copy_bytes``.
+Byte-level helpers live here too: ``TensorSlot`` (re-pointing a parameter or a buffer at another tensor),
+``byte_views`` (typed views into a flat buffer) and ``as_bytes``/``copy_bytes``.
 """
 
 from __future__ import annotations
@@ -144,16 +139,11 @@ class TransferTimer:
 
     def format(self, title: str) -> str:
         """A table, one row per key and a total: loads, copy time, waits, late copies, stall time, self-heals."""
-        lines = [title, f"{'block':>6} {'loads':>6} {'copy ms':>10} {'ms/load':>8} {'waits':>6} {'late':>5} "
-                        f"{'stall ms':>9} {'self-heal':>9}"]
-        total = BlockTiming()
-        for key in sorted(self.blocks, key=str):
-            timing = self.blocks[key]
-            lines.append(self._row(str(key), timing))
-            for field in dataclasses.fields(BlockTiming):
-                setattr(total, field.name, getattr(total, field.name) + getattr(timing, field.name))
-        lines.append(self._row("total", total))
-        return "\n".join(lines)
+        fields = [field.name for field in dataclasses.fields(BlockTiming)]
+        total = BlockTiming(*(sum(getattr(timing, name) for timing in self.blocks.values()) for name in fields))
+        rows = [(str(key), self.blocks[key]) for key in sorted(self.blocks, key=str)] + [("total", total)]
+        return "\n".join([title, f"{'block':>6} {'loads':>6} {'copy ms':>10} {'ms/load':>8} {'waits':>6} {'late':>5} "
+                                 f"{'stall ms':>9} {'self-heal':>9}"] + [self._row(name, t) for name, t in rows])
 
     @staticmethod
     def _row(name: str, t: BlockTiming) -> str:
@@ -196,14 +186,26 @@ class SyncEngine(TransferEngine):
 
     The default without CUDA, so the residency logic runs everywhere. Compute is blocked for the whole copy, so its
     timing reports every copy's time as stall time too.
+
+    Args:
+        threaded_host_copy: Copy host to host with torch's copy (split over its threads) instead of one ``memmove``:
+            faster for whole units of many tensors on an idle host, slower for a block's few large copies on a busy one.
     """
 
     name = "sync"
 
+    def __init__(self, device: torch.device, timer: TransferTimer | None = None,
+                 threaded_host_copy: bool = False) -> None:
+        super().__init__(device, timer)
+        self.threaded_host_copy = threaded_host_copy
+
     def submit(self, key: Hashable, copies: Sequence[CopyPair]) -> None:
         start = time.perf_counter()
         for dst, src in copies:
-            copy_bytes(as_bytes(dst), as_bytes(src))
+            if self.threaded_host_copy:
+                dst.copy_(src)
+            else:
+                copy_bytes(as_bytes(dst), as_bytes(src))
         if self.timer is not None:
             elapsed = (time.perf_counter() - start) * 1e3
             timing = self.timer.of(key)
@@ -367,12 +369,13 @@ class StagedEngine(TransferEngine):
 
 
 def make_engine(name: str, device: torch.device, pinned_masters: bool, num_buffers: int = 2,
-                buffer_bytes: int = DEFAULT_STAGING_BYTES, timer: TransferTimer | None = None) -> TransferEngine:
+                buffer_bytes: int = DEFAULT_STAGING_BYTES, timer: TransferTimer | None = None,
+                threaded_host_copy: bool = False) -> TransferEngine:
     """Builds the engine called ``name`` (one of ``ENGINES``) for ``device``.
 
     ``auto`` picks ``direct`` for pinned masters on CUDA (fastest; costs page-locked host memory for every streamed
     weight), ``staged`` for pageable masters on CUDA (only a few pinned buffers; a worker thread does the host copy),
-    and ``sync`` without CUDA, saying so once in the log.
+    and ``sync`` without CUDA, saying so once in the log. ``threaded_host_copy`` is passed to ``SyncEngine``.
     """
     if name not in ENGINES:
         raise ValueError(f"block swap transfer engine {name!r} is unknown; choose one of {', '.join(ENGINES)}")
@@ -387,4 +390,4 @@ def make_engine(name: str, device: torch.device, pinned_masters: bool, num_buffe
         return DirectEngine(device, timer)
     if name == "staged":
         return StagedEngine(device, num_buffers, buffer_bytes, timer)
-    return SyncEngine(device, timer)
+    return SyncEngine(device, timer, threaded_host_copy)

@@ -1,0 +1,90 @@
+"""``python -m diffsynth.plan``: the memory planner's table for a training command, for a device you may not have.
+
+    python -m diffsynth.plan --pipeline qwen-image <the training flags> --device_profile rtx4090-24gb
+    python -m diffsynth.plan --pipeline wan --architecture wan2.1-t2v-14b --lora_base_model dit \\
+        --height 480 --width 832 --num_frames 81 --device_profile rtx4090-24gb
+
+Takes the trainer's flags (the model files' configs are read, no weight is loaded; ``--architecture`` plans a released
+model without its files), predicts every placement on the profile and prints the table, the plan the trainer would
+choose within ``--vram_budget`` (default: the profile's memory) and ``--ram_budget`` (default: unbounded), and the
+flags that select it. Exits 1 when no plan fits, saying what would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .core.planning.plans import NoPlanFits
+from .core.planning.profiles import GIB, PROFILES, profile_named
+from .diffusion.parsers import build_parser
+from .diffusion.placement_config import PlacementConfig, PlacementError
+from .diffusion.planner import (ARCHITECTURES, DEVICE_MARGIN_BYTES, budget_bytes, build_architecture, build_workload,
+                                denoiser_skeleton, plan_workload, sample_shape)
+
+PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
+             "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True)}
+
+
+def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:
+    """The trainer's parser for ``pipeline`` plus the planner's own options."""
+    parser = build_parser("Predict the memory and step time of every placement of a training run.",
+                          video=PIPELINES[pipeline][2])
+    group = parser.add_argument_group("Plan")
+    group.add_argument("--pipeline", choices=sorted(PIPELINES), default="qwen-image",
+                       help="The model family the training flags are for.")
+    group.add_argument("--device_profile", choices=sorted(PROFILES), required=True,
+                       help="The device to plan for (see docs Low_VRAM for the figures and their sources).")
+    group.add_argument("--architecture", choices=sorted(ARCHITECTURES), default=None,
+                       help="Plan this released denoiser without its files instead of the model flags' one.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prints the plan table; returns 0, or 1 when no plan fits the budgets."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pipeline = _pipeline_of(argv)
+    parser = build_plan_parser(pipeline)
+    args = parser.parse_args(argv)
+    try:
+        placement = PlacementConfig.from_args(args)
+    except PlacementError as error:
+        parser.error("\n  " + "\n  ".join(error.problems))
+    module, class_name, _ = PIPELINES[pipeline]
+    pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
+    if args.architecture is not None:  # then any --fp8_models entry means the denoiser
+        model, others, fp8 = build_architecture(args.architecture, args.torch_dtype), [], bool(args.fp8_models)
+    else:
+        model, others, fp8 = denoiser_skeleton(args, pipeline_class)
+    height, width, frames = sample_shape(args)
+    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases,
+                              f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
+                              f"{width}x{height}x{frames}", fp8=fp8)
+    profile = profile_named(args.device_profile)
+    vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)
+    ram = budget_bytes(placement.ram_budget, "ram_budget", None)
+    try:
+        report = plan_workload(workload, placement, profile, vram, ram)
+    except NoPlanFits as error:
+        print(f"{workload.description} on {profile.name}: {error}")
+        return 1
+    print(f"{workload.description}, {workload.model_bytes / GIB:.1f} GiB of weights, "
+          f"{workload.trainable_bytes / GIB:.2f} GiB trainable")
+    print(report.format())
+    chosen = report.chosen
+    print(f"{'flags given' if report.explicit else 'chosen'}: {chosen.plan.describe()}, checkpointing "
+          f"{chosen.plan.checkpointing}: {' '.join(chosen.plan.flags()) or '(no placement flags)'}")
+    return 0
+
+
+def _pipeline_of(argv: Sequence[str]) -> str:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--pipeline", choices=sorted(PIPELINES), default="qwen-image")
+    return pre.parse_known_args(argv)[0].pipeline
+
+
+if __name__ == "__main__":
+    sys.exit(main())
