@@ -6,7 +6,8 @@ LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.forma
 (musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
 model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
-diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. Every file is written atomically, and only by the main process.
+diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. Every file is written
+atomically, and only by the main process.
 """
 
 from __future__ import annotations

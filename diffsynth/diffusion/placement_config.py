@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,7 +101,7 @@ class PlacementConfig:
             if value is not None and value < bound:
                 problems.append(f"--{name} {value} must be at least {bound}; pass e.g. {example}")
         threshold = self.cpu_offload_split_threshold
-        if threshold is not None and threshold <= 0:
+        if threshold is not None and math.isfinite(threshold) and threshold <= 0:  # nan and inf: parsers refuse them
             problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
                             f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
         return problems

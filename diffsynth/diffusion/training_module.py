@@ -184,10 +184,10 @@ class DiffusionTrainingModule(torch.nn.Module):
                 # LoRA weights train in float32 whatever the base dtype: bf16 updates of small factors lose most bits.
                 param.data = param.data.float()
                 param.requires_grad_(True)
+        config = {key: value for key, value in dict(getattr(model, "config", {})).items() if not key.startswith("_")}
         self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
                             "lora_base_model": self.lora_base_model, "base_model_class": type(model).__name__,
-                            "base_model_config": {key: value for key, value in dict(getattr(model, "config", {})).items()
-                                                  if not key.startswith("_")}}
+                            "base_model_config": config}
         if checkpoint is not None:
             self._load_lora_checkpoint(model, Path(checkpoint), alpha)
 

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("input", help="the LoRA .safetensors file to read (any layout)")
     convert.add_argument("output", help="where to write the converted file")
     convert.add_argument("--to", required=True, choices=LAYOUTS,
-                         help="universal: ComfyUI/DiffSynth-Studio/diffusers/musubi-tuner; diffusers: transformer.-keyed "
+                         help="universal: ComfyUI, DiffSynth-Studio and diffusers; diffusers: the transformer.-keyed "
                               "peft layout; kohya: lora_unet_* with .alpha (musubi-tuner's own); peft: the "
                               "reference's *.lora_A.default.weight")
     convert.add_argument("--model", default=None, help="as for inspect; needed to read kohya files not written here")
