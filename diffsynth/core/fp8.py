@@ -345,6 +345,20 @@ def _check_convertible(name: str, linear: torch.nn.Linear) -> None:
                          "add the layer to exclude")
 
 
+def fp32_kept_layers(module: torch.nn.Module) -> list[str]:
+    """The entries of the class's ``_keep_in_fp32_modules`` that name Linear layers, to pass as ``exclude``: what a
+    class keeps in float32 stays out of fp8 too (UMT5 casts the input of its ``wo`` layers to their weight's dtype,
+    which would be float8)."""
+    linears = [f".{path}." for path, child in module.named_modules() if isinstance(child, torch.nn.Linear)]
+    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+    return [entry for entry in keep if any(f".{entry}." in path for path in linears)]
+
+
+def holds_fp8_layers(module: torch.nn.Module) -> bool:
+    """Whether ``module`` already stores Linear weights in fp8 (converted at load, for a shared host copy)."""
+    return any(isinstance(child, Fp8Linear) for child in module.modules())
+
+
 def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | None = None,
                        exclude: Sequence[str] = (), per_channel: bool = True) -> Fp8Storage:
     """Stores the frozen Linear weights of ``module`` in float8_e4m3fn, up-cast per call (in place).

@@ -228,7 +228,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                 target.up.copy_(layer.up.float() * (layer.scale / target.scale))
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
-        from ..core.fp8 import enable_fp8_storage
+        from ..core.fp8 import enable_fp8_storage, fp32_kept_layers, holds_fp8_layers
 
         for name in names:
             model = self._model(name, "--fp8_models")
@@ -237,17 +237,15 @@ class DiffusionTrainingModule(torch.nn.Module):
                                  "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
             if any(param.is_meta for param in model.parameters()):
                 continue  # a skeleton from --offload_models holds no weights to convert
-            linears = [f".{path}." for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-            if not linears:
+            if holds_fp8_layers(model):
+                continue  # loaded in fp8 already: the host copy shared by the machine's processes is the fp8 one
+            if not any(isinstance(module, torch.nn.Linear) for module in model.modules()):
                 # The reference's low-VRAM commands list every model, convolutional VAEs included.
                 logger.warning("--fp8_models %s: %s has no Linear layer, so nothing is stored in fp8 (convolutions "
                                "keep their dtype)", name, type(model).__name__)
                 continue
-            # What the class keeps in float32 stays out of fp8 too: UMT5 casts the input of its `wo` layers to their
-            # weight's dtype, which would be float8.
-            keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-            exclude = [entry for entry in keep if any(f".{entry}." in path for path in linears)]
-            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model, exclude=exclude).summary())
+            storage = enable_fp8_storage(model, exclude=fp32_kept_layers(model))
+            logger.info("--fp8_models %s: %s", name, storage.summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:
