@@ -291,6 +291,16 @@ def add_block_swap_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def add_shared_host_weights_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flag that shares host copies of frozen weights between a machine's processes (docs Multi_GPU)."""
+    group = parser.add_argument_group("Several GPUs on one machine")
+    group.add_argument("--shared_host_weights", choices=("auto", "off"), default="auto",
+                       help="auto: with several processes on a machine, the frozen weights that offload or block "
+                            "swap keep in host memory are loaded once per machine into shared memory (RAM for one "
+                            "copy instead of one per GPU); off: each process loads its own copy.")
+    return parser
+
+
 def add_planner_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the memory planner flags: budgets the placement is chosen to fit before anything loads (docs Low_VRAM)."""
     group = parser.add_argument_group("Memory planner")
@@ -327,7 +337,8 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_shared_host_weights_config,
+                add_planner_config, add_logging_config):
         add(parser)
     return parser
 

@@ -33,6 +33,7 @@ EXTRA_DEFAULTS = {
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
     "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
+    "shared_host_weights": "auto",
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}

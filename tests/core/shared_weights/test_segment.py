@@ -3,13 +3,19 @@
 import gc
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from diffsynth.core.device import copy_into
+from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.core.shared_weights import (SEGMENT_PREFIX, LocalGroup, SharedSegment, is_shared_host,
                                            memory_files_supported, shared_span, shared_storage)
 from diffsynth.core.shared_weights.pss import segment_pss
+
+from .processes import run_ranks
 
 pytestmark = pytest.mark.skipif(not memory_files_supported(), reason="needs Linux memory files")
 
@@ -86,3 +92,34 @@ def test_a_process_alone_is_its_own_local_group():
     group = LocalGroup.of_this_process()
     assert (group.size, group.rank, group.is_main) == (1, 0, True)
     assert group.from_main("mine") == "mine" and group.gather(3) == [3]
+
+
+@pytest.mark.gpu
+def test_a_page_locked_segment_copies_to_the_gpu_without_blocking_the_host():
+    segment = SharedSegment.create(64 << 20, "gpu")
+    assert segment.lock_pages() and segment.flat.is_pinned()
+    host = segment.tensor(0, torch.float32, (16 << 20,))
+    host.copy_(torch.arange(16 << 20, dtype=torch.float32))
+    target = torch.empty_like(host, device="cuda")
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU work queued ahead of the copy
+    started = time.perf_counter()
+    copy_into(target, host)
+    issued = time.perf_counter() - started
+    torch.cuda.synchronize()
+    assert issued < 0.2 and torch.equal(target.cpu(), host)  # from pageable memory the host would wait the second
+    segment.close_handle()
+
+
+def load_page_locked(root: str) -> dict:
+    """Rank body: both processes load the tiny Qwen-Image DiT into the shared copy; each page-locks its mapping."""
+    from diffsynth.core.loader import SharedLoad, load_model_from_files
+
+    torch.cuda.set_device(0)
+    files = sorted((Path(root) / QWEN_IMAGE_MODEL_ID / "transformer").glob("*.safetensors"))
+    model = load_model_from_files(files, torch.bfloat16, shared=SharedLoad(LocalGroup.of_this_process()))
+    return {"pinned": all(param.is_pinned() and is_shared_host(param) for param in model.parameters())}
+
+
+@pytest.mark.gpu
+def test_every_process_page_locks_the_shared_copy(tiny_root, tmp_path):
+    assert [rank["pinned"] for rank in run_ranks(load_page_locked, 2, tmp_path, str(tiny_root))] == [True, True]
