@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
+from ..core.shared_weights import LocalGroup
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
@@ -254,7 +255,8 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     if placement.planned and stage != "data_process" and deepspeed_config(accelerator) is None:
         from .planner import plan_placement  # imports the planning dry run only when asked for
 
-        placement = plan_placement(args, pipeline_class, placement, accelerator.device)
+        placement = plan_placement(args, pipeline_class, placement, accelerator.device,
+                                   LocalGroup.of_this_process().size)
     args.run_id = claim.run_id  # recorded in training_args.json and in every checkpoint
     checkpoint = claim.checkpoint
     if checkpoint is not None and args.seed is None:
