@@ -8,7 +8,9 @@ the run in the same order (three collectives, also on machines where nothing is 
 1. the local main process makes the segment and offers it; the others map it (``SegmentOffer``);
 2. once every local process reports its mapping, the main process closes its handle (the kernel now frees the memory
    with the last mapping: see ``segment.py``), reads the shards into the segment one tensor at a time (cast to the
-   model's dtype, quantized to fp8 for ``--fp8_models``), and tells the others whether it succeeded;
+   model's dtype, quantized to fp8 for ``--fp8_models``), and tells the others whether it succeeded. They wait by
+   watching a status word at the start of the segment (and that the main process is alive), not in a collective:
+   a collective would time out on a slow disk (NCCL's default is 10 minutes);
 3. every process points those parameters at views of the segment, and loads what is left (buffers, unselected
    parameters) on its own.
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -34,6 +38,11 @@ from .state_dict import CheckpointEntry, planned_by_file, read_planned
 
 logger = logging.getLogger(__name__)
 
+
+HEADER_BYTES = 64
+"""The segment starts with the status of its filling (an int32), then the weights at 64-byte aligned offsets."""
+_FILLING, _FILLED, _FAILED = 0, 1, 2
+POLL_SECONDS = 0.05
 
 
 def format_bytes(nbytes: int) -> str:
@@ -71,14 +80,14 @@ class SegmentSlot:
     shape: tuple[int, ...]
 
 
-def plan_segment(model: torch.nn.Module, names: list[str]) -> tuple[dict[str, SegmentSlot], int]:
-    """Lays the named (meta) parameters out in the given order, each at a 64-byte aligned offset.
+def plan_segment(model: torch.nn.Module, names: list[str], start: int = 0) -> tuple[dict[str, SegmentSlot], int]:
+    """Lays the named (meta) parameters out in the given order from byte ``start``, each at a 64-byte aligned offset.
 
     Returns:
         ``({name: slot}, total bytes)``.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
-    slots, end = {}, 0
+    slots, end = {}, start
     for name in names:
         param = params[name]
         offset = align(end)
@@ -115,6 +124,26 @@ def _fill(segment: SharedSegment, model: torch.nn.Module, plan: dict[str, Checkp
                 segment.tensor(scale_slot.offset, scale_slot.dtype, scale_slot.shape).copy_(scale)
             slot = slots[key]
             segment.tensor(slot.offset, slot.dtype, slot.shape).copy_(tensor)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _wait_for_fill(segment: SharedSegment, owner: int, description: str) -> None:
+    """Waits until the local main process has filled the segment, or failed, or exited."""
+    status = segment.tensor(0, torch.int32, (1,))
+    while int(status[0]) == _FILLING:
+        if not _alive(owner):
+            raise ModelLoadError(f"the local main process (pid {owner}) exited while loading {description} into "
+                                 "shared memory; see its error")
+        time.sleep(POLL_SECONDS)
 
 
 def _offer(group: LocalGroup, nbytes: int, description: str) -> tuple[SharedSegment | None, object]:
@@ -157,7 +186,7 @@ def load_shared(model: torch.nn.Module, plan: dict[str, CheckpointEntry], dtype:
         model.requires_grad_(False)  # fp8 storage is for frozen weights, as --fp8_models makes them
         enable_fp8_storage(model, exclude=fp32_kept_layers(model))
     names = _shared_names(model, plan, request)
-    slots, nbytes = plan_segment(model, names)
+    slots, nbytes = plan_segment(model, names, start=HEADER_BYTES)
     segment, offer = _offer(group, nbytes, description) if group.is_main else (None, None)
     offer = group.from_main(offer)
     attach_error = None
@@ -176,6 +205,9 @@ def load_shared(model: torch.nn.Module, plan: dict[str, CheckpointEntry], dtype:
             _fill(segment, model, {key: plan[key] for key in names if key in plan}, slots, dtype, fp32_modules)
         except Exception as error:  # noqa: BLE001 - every process must learn of it, or the others wait forever
             failure = error
+        segment.tensor(0, torch.int32, (1,)).fill_(_FAILED if failure is not None else _FILLED)
+    elif shared:
+        _wait_for_fill(segment, offer.pid, description)
     failed = group.from_main(None if failure is None else f"{type(failure).__name__}: {failure}")
     if failure is not None:
         raise failure

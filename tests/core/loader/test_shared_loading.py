@@ -3,6 +3,7 @@ the loading process reach the others; one process alone loads as usual."""
 
 import gc
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,27 @@ def test_a_failure_while_filling_reaches_every_process(two_ranks):
     ranks = [rank["failure"] for rank in two_ranks]
     assert ranks[0]["raised"] == "img_in.weight cannot be converted"
     assert "local main process failed" in ranks[1]["raised"] and "img_in.weight" in ranks[1]["raised"]
+
+
+def load_slowly(root: str, seconds: float) -> dict:
+    """Rank body: the local main process takes ``seconds`` to convert one tensor while filling."""
+    group = LocalGroup.of_this_process()
+    files = shards(root, "qwen_dit")
+    _, model, _, _ = _empty_model(files, torch.float32)
+    plan = plan_keys(read_headers(files), model.state_dict())
+
+    def slow(tensor):
+        time.sleep(seconds)
+        return tensor
+
+    plan["img_in.weight"] = type(plan["img_in.weight"])(**{**vars(plan["img_in.weight"]), "convert": slow})
+    rest = load_shared(model, plan, torch.float32, (), SharedLoad(group))
+    return {"shared": "img_in.weight" not in rest}
+
+
+def test_the_others_wait_for_a_slow_fill_without_a_collective_timing_out(tiny_root, tmp_path):
+    ranks = run_ranks(load_slowly, 2, tmp_path, str(tiny_root), 10.0, collective_timeout=6)
+    assert [rank["shared"] for rank in ranks] == [True, True]
 
 
 def test_a_process_alone_loads_its_own_copy(tiny_root, caplog):
