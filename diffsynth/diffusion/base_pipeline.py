@@ -153,6 +153,12 @@ class BasePipeline(torch.nn.Module):
         config = tokenizer_config or _sibling_tokenizer(roles["text_encoder"]) or cls.default_tokenizer_config
         return {"tokenizer": config} if config is not None else {}
 
+    @classmethod
+    def slots_of(cls, class_names: Sequence[str | None]) -> list[str | None]:
+        """The slot each model of these classes takes when loaded in this order, as ``_assign`` will put it, without
+        loading anything; None for a class the pipeline has no slot for (or a folder without weights)."""
+        return [cls.model_roles.get(name) if name else None for name in class_names]
+
     def _assign(self, component: Any, config: ModelConfig) -> str:
         """Puts ``component`` in its slot and returns the slot's name."""
         name = self.model_roles.get(type(component).__name__)

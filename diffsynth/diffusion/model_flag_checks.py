@@ -21,7 +21,7 @@ from .parsers import FlagError, split_csv, task_stage
 from .training_module import resolve_lora_targets
 
 
-def model_slots(pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
+def _slots(pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
     """The pipeline slot of each config whose model class the pipeline knows (tokenizers and unknown classes are
     left to the real load, which reports them)."""
     slots = {}
@@ -116,7 +116,7 @@ def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipelin
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
     trains = task_stage(args.task)[1] != "data_process"
-    slots = model_slots(pipeline_class, configs)
+    slots = _slots(pipeline_class, configs)
     problems = _fp8_problems(args, configs, slots, trains)
     if trains:
         trainable = split_csv(args.trainable_models)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from ..core.loader import ModelConfig, SharedLoad, parse_model_id_with_origin_paths
+from ..core.loader import ModelConfig, ModelLoadError, SharedLoad, model_class_name, parse_model_id_with_origin_paths
 from ..core.offload_training.block_swap import host_parameters
 from ..core.shared_weights import LocalGroup
 from .base_pipeline import BasePipeline
-from .model_flag_checks import model_slots
 from .parsers import split_csv
 from .placement_config import PlacementConfig
 
@@ -42,17 +41,24 @@ def shared_loads(args: argparse.Namespace, pipeline_class: type[BasePipeline], c
     group = LocalGroup.of_this_process()
     trained = set(split_csv(args.trainable_models))
     fp8 = parse_model_id_with_origin_paths(args.fp8_models) if args.fp8_models else []
-    roles = model_slots(pipeline_class, configs)
+    slots = pipeline_class.slots_of([_class_name(config) for config in configs])
     swap_select = host_parameters(placement.block_swap) if placement.blocks_to_swap else None
 
     def how(config: ModelConfig) -> SharedLoad | None:
-        role = next((name for name, each in roles.items() if each == config), None)
-        if role is None or role in trained:
+        slot = next((slot for each, slot in zip(configs, slots) if each is config), None)
+        if slot is None or slot in trained:
             return None
         if placement.enable_model_cpu_offload:
             return SharedLoad(group, fp8=config in fp8)
-        if role in pipeline_class.denoising_model_names:
+        if slot in pipeline_class.denoising_model_names:  # the models block swap swaps
             return SharedLoad(group, select=swap_select, fp8=config in fp8)
         return None
 
     return how
+
+
+def _class_name(config: ModelConfig) -> str | None:
+    try:
+        return model_class_name(config)
+    except ModelLoadError:
+        return None  # reported by the load itself

@@ -287,6 +287,15 @@ class WanVideoPipeline(TextToLatentPipeline):
                 companions["image_processor"] = processor
         return companions
 
+    @classmethod
+    def slots_of(cls, class_names: Sequence[str | None]) -> list[str | None]:
+        """As ``BasePipeline.slots_of``; the second transformer is ``dit2``, as ``_assign`` puts it."""
+        slots = super().slots_of(class_names)
+        transformers = [index for index, slot in enumerate(slots) if slot == "dit"]
+        if len(transformers) > 1:
+            slots[transformers[1]] = "dit2"
+        return slots
+
     def _assign(self, component: Any, config: ModelConfig) -> str:
         """As ``BasePipeline._assign``; a second transformer is the low-noise expert ``dit2`` (Wan2.2 A14B)."""
         if self.model_roles.get(type(component).__name__) == "dit" and self.dit is not None and self.dit2 is None:

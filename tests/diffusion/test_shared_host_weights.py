@@ -115,6 +115,43 @@ def test_block_swap_shares_the_blocks_it_keeps_in_host_memory(wan_runs, mode):
     assert held(outputs[(mode, "off")])[0]["shared"] == []
 
 
+def decisions(run, *flags, processes=2):
+    """``{pattern: SharedLoad}`` for the models of a Wan2.2 A14B run that load into the shared copy, or None."""
+    from diffsynth.core.loader import parse_model_configs
+    from diffsynth.diffusion.parsers import parse_args
+    from diffsynth.diffusion.placement_config import PlacementConfig
+    from diffsynth.diffusion.shared_host_weights import shared_loads
+    from diffsynth.pipelines.wan_video import WanVideoPipeline
+
+    args = parse_args([*run, *flags], video=True)
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
+    how = shared_loads(args, WanVideoPipeline, configs, PlacementConfig.from_args(args), processes)
+    if how is None:
+        return None
+    return {config.origin_file_pattern: how(config) for config in configs if how(config) is not None}
+
+
+def test_what_each_placement_shares(base):
+    from diffsynth.core.loader.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
+
+    patterns = {name: WAN22_A14B_PATTERNS[name] for name in ("dit", "dit2", "text_encoder")}
+    run = ["--model_id_with_origin_paths", ",".join(f"{WAN22_T2V_MODEL_ID}:{p}" for p in patterns.values()),
+           "--lora_base_model", "dit", "--lora_target_modules", "q", "--dataset_metadata_path", "m.csv"]
+    offload = decisions(run, "--enable_model_cpu_offload", "--fp8_models", f"{WAN22_T2V_MODEL_ID}:{patterns['dit2']}")
+    # Every model, both experts included; the fp8 entry's copy is the fp8 one.
+    assert sorted(offload) == sorted(patterns.values()) and all(load.select is None for load in offload.values())
+    assert [pattern for pattern, load in offload.items() if load.fp8] == [patterns["dit2"]]
+    # Block swap swaps dit, not the second expert (it goes to the GPU whole): only dit's host blocks are shared.
+    swap = decisions(run, "--blocks_to_swap", "1")
+    assert list(swap) == [patterns["dit"]] and swap[patterns["dit"]].select is not None
+    # A model trained in full keeps its weights per process.
+    assert sorted(decisions(run, "--enable_model_cpu_offload", "--trainable_models", "dit2")) == sorted(
+        [patterns["dit"], patterns["text_encoder"]])
+    assert decisions(run, "--enable_model_cpu_offload", "--shared_host_weights", "off") is None
+    assert decisions(run, "--enable_model_cpu_offload", processes=1) is None
+    assert decisions(run) is None  # weights on the GPU: nothing in host memory to share
+
+
 def processes_mapping(name):
     """Ids of the processes on this machine that map a segment whose name starts with ``name``."""
     found = []

@@ -34,7 +34,7 @@ from ..fp8 import Fp8Linear, enable_fp8_storage, fp32_kept_layers, quantize_fp8
 from ..offload_training.memory_buffer import align
 from ..shared_weights import LocalGroup, SegmentOffer, SharedSegment
 from .errors import ModelLoadError
-from .state_dict import CheckpointEntry, planned_by_file, read_planned
+from .state_dict import CheckpointEntry, keeps_fp32, planned_by_file, read_planned
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,18 @@ def _fp8_scales(model: torch.nn.Module) -> dict[str, str]:
     """``{weight key: scale key}`` of every ``Fp8Linear``: the checkpoint's weight fills both."""
     return {f"{name}.weight": f"{name}.weight_scale" for name, module in model.named_modules()
             if isinstance(module, Fp8Linear)}
+
+
+def _cast_meta_parameters(model: torch.nn.Module, dtype: torch.dtype, fp32_modules: tuple[str, ...]) -> None:
+    """Gives every floating meta parameter the dtype it will be stored in (float32 inside the modules the class keeps
+    in float32, as ``read_planned`` casts it), so the segment's layout and fp8 scales follow the loaded model."""
+    for module_name, module in model.named_modules():
+        for attr, param in module._parameters.items():
+            if param is None or not param.is_meta or not param.is_floating_point():
+                continue
+            stored = torch.float32 if keeps_fp32(f"{module_name}.{attr}".lstrip("."), fp32_modules) else dtype
+            if param.dtype != stored:
+                module._parameters[attr] = torch.nn.Parameter(param.to(stored), requires_grad=param.requires_grad)
 
 
 def _shared_names(model: torch.nn.Module, plan: dict[str, CheckpointEntry], request: SharedLoad) -> list[str]:
@@ -182,11 +194,12 @@ def load_shared(model: torch.nn.Module, plan: dict[str, CheckpointEntry], dtype:
         ModelLoadError: The local main process failed to read the checkpoint (every process raises it).
     """
     group, description = request.group, type(model).__name__
+    _cast_meta_parameters(model, dtype, fp32_modules)
     if request.fp8 and any(isinstance(module, torch.nn.Linear) for module in model.modules()):
         model.requires_grad_(False)  # fp8 storage is for frozen weights, as --fp8_models makes them
         enable_fp8_storage(model, exclude=fp32_kept_layers(model))
     names = _shared_names(model, plan, request)
-    slots, nbytes = plan_segment(model, names, start=HEADER_BYTES)
+    slots, nbytes = plan_segment(model, names, start=HEADER_BYTES) if names else ({}, 0)
     segment, offer = _offer(group, nbytes, description) if group.is_main else (None, None)
     offer = group.from_main(offer)
     attach_error = None
