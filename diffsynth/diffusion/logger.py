@@ -250,8 +250,9 @@ class ModelLogger:
         """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
         failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
         users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
-        logger.info("LoRA files %s/<name>.safetensors are for %s, at strength 1.0 (musubi-tuner: python -m "
-                    "diffsynth.lora convert <file> <file>.musubi.safetensors --to kohya)", self.output_path, users)
+        # The folder is left out: a long path would make this line longer than a log viewer shows.
+        logger.info("the LoRA files are for %s, at strength 1.0 (musubi-tuner: python -m diffsynth.lora convert "
+                    "<file> <file>.musubi.safetensors --to kohya)", users)
         if failing:
             logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
                         "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)

@@ -304,6 +304,16 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+def add_console_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags for what the run prints: progress lines."""
+    group = parser.add_argument_group("Console")
+    group.add_argument("--progress_interval_seconds", type=float, default=30.0,
+                       help="When stderr is not a terminal (a log file, nohup, a scheduler, CI), progress is one "
+                            "line (step, epoch, loss, speed, ETA, peak GPU memory) after the first step, then at "
+                            "least this many seconds apart, instead of a tqdm bar; 0 writes a line every step.")
+    return parser
+
+
 def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model.",
                  video: bool = False) -> argparse.ArgumentParser:
     """Builds the full trainer parser; ``video`` swaps the image size group for the video one (adds --num_frames)."""
@@ -313,7 +323,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_logging_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_logging_config, add_console_config):
         add(parser)
     return parser
 
@@ -339,6 +349,7 @@ _LOWER_BOUNDS = (
     ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
     ("max_nonfinite_steps", 1, True, "--max_nonfinite_steps 3"),
     ("checkpoint_every_minutes", 0, True, "--checkpoint_every_minutes 30, or 0 for no timed checkpoints"),
+    ("progress_interval_seconds", 0, True, "--progress_interval_seconds 30, or 0 for a line every step"),
 )
 # Fixes for float flags that have no lower bound above.
 _FLOAT_EXAMPLES = {
