@@ -34,6 +34,7 @@ from ..core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedErro
 from ..core.loader import model_base_path
 from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
 from .logger import METRICS_FILE, TENSORBOARD_DIR, TRAINING_ARGS_FILE
+from .loss_chart import LOSS_CHART_FILE
 from .parsers import FlagError, task_stage
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
     "": (re.escape(TRAINING_ARGS_FILE), r"(epoch|step)-\d+\.safetensors", r"\.(epoch|step)-\d+\.safetensors\..+\.tmp",
          rf"\.{re.escape(TRAINING_ARGS_FILE)}\..+\.tmp"),
     re.escape(CHECKPOINTS_DIR): (r"step-\d+", r"\.step-\d+\.tmp"),
-    re.escape(str(METRICS_FILE.parent)): (re.escape(METRICS_FILE.name), rf"\.{re.escape(METRICS_FILE.name)}\..+\.tmp",
-                                          re.escape(TENSORBOARD_DIR.name)),
+    re.escape(str(METRICS_FILE.parent)): tuple(
+        pattern for name in (METRICS_FILE.name, LOSS_CHART_FILE.name)
+        for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")) + (re.escape(TENSORBOARD_DIR.name),),
 }
 # A stage-1 cache: its info file and <process index>/<sample index>.safetensors.
 STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
