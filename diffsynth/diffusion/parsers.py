@@ -305,12 +305,16 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def add_console_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flags for what the run prints: progress lines."""
+    """Adds the flags for what the run prints: progress lines, and tracebacks of the errors the user must fix."""
     group = parser.add_argument_group("Console")
     group.add_argument("--progress_interval_seconds", type=float, default=30.0,
                        help="When stderr is not a terminal (a log file, nohup, a scheduler, CI), progress is one "
                             "line (step, epoch, loss, speed, ETA, peak GPU memory) after the first step, then at "
                             "least this many seconds apart, instead of a tqdm bar; 0 writes a line every step.")
+    group.add_argument("--debug", action="store_true",
+                       help="Also print the traceback of errors the message says how to fix (flags, data, missing "
+                            "model files, the output folder, non-finite values: exit codes 2 and 3); "
+                            "DIFFSYNTH_DEBUG=1 does the same.")
     return parser
 
 

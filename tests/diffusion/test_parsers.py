@@ -39,7 +39,7 @@ DEPARTURES = {"output_path": "./output"}
 # Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
 # What the run prints: nothing that changes the training.
-CONSOLE_DEFAULTS = {"progress_interval_seconds": 30.0}
+CONSOLE_DEFAULTS = {"progress_interval_seconds": 30.0, "debug": False}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
 STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
