@@ -85,8 +85,9 @@ def test_a_lock_is_released_when_the_run_fails(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loading, "load_model_from_files", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        train(dataset, tmp_path / "out")
-    assert not (tmp_path / "out").exists()  # created by this run, nothing written: removed again
+        train(dataset, tmp_path / "runs" / "out")
+    # Created by this run, nothing written: removed again, with the parent it created.
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_new_run_in_an_old_runs_folder_is_refused_then_overwrite_or_resume_work(dataset, tmp_path, monkeypatch):
