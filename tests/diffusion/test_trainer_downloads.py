@@ -65,25 +65,21 @@ def test_companion_configs_follow_the_slots_the_model_classes_fill(base):
 
 
 def test_an_offline_run_with_missing_models_fails_in_seconds_with_one_message(tmp_path):
-    """The README's training command on a machine without the models and without a hub in reach, run for real in a
-    process of its own: the hubs' addresses point at a local port nobody listens on, so no test machine's network
-    is used, and what the user sees is the real client path up to the reachability check."""
-    from diffsynth.core.data.example_dataset import build_example_dataset
-
+    """The README's training section followed from the top on a machine without the models and without a hub in
+    reach, run for real in processes of their own: the hubs' addresses point at a local port nobody listens on, so no
+    test machine's network is used, and the user's view is the real path up to the hub check."""
     from ..core.loader.test_reachability import closed_port
+    from ..docs.test_readme import training_commands
 
-    build_example_dataset(tmp_path / "data" / "example_image_dataset", num_images=2)
+    dataset, trainings = training_commands()
+    subprocess.run([sys.executable, *dataset[1:]], cwd=tmp_path, check=True, capture_output=True, timeout=120)
     hub = f"http://127.0.0.1:{closed_port()}"
     env = {name: value for name, value in os.environ.items()
            if not name.lower().endswith("_proxy") and not name.startswith("DIFFSYNTH_")}
     env.update({"MODELSCOPE_ENDPOINT": hub, "HF_ENDPOINT": hub, "OMP_NUM_THREADS": "1"})
-    models = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
-    argv = [sys.executable, str(TRAIN_PY), "--dataset_base_path", "data/example_image_dataset",
-            "--dataset_metadata_path", "data/example_image_dataset/metadata.csv", "--model_id_with_origin_paths",
-            models, "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v", "--output_path",
-            "./models/train/Qwen-Image_lora", "--use_gradient_checkpointing", "--enable_model_cpu_offload"]
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(TRAIN_PY), *trainings[0]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
     seconds = time.monotonic() - started
     assert done.returncode == 2, done.stderr[-3000:]
     assert seconds < 5, f"an offline run took {seconds:.1f} s to fail"
