@@ -23,8 +23,10 @@ from tests.diffusion.test_trainer import COMMON, raw, stage_two_argv
 
 
 @pytest.fixture(autouse=True)
-def in_process_runs(base, fresh_accelerate_state):
-    """Every test here runs the trainer in-process on the tiny repos."""
+def in_process_runs(base, fresh_accelerate_state, monkeypatch):
+    """Every test here runs the trainer in-process on the tiny repos, as one process, without asking for tracebacks."""
+    for name in ("DIFFSYNTH_DEBUG", "RANK"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def with_missing_image(dataset, tmp_path, monkeypatch, request):
