@@ -264,7 +264,8 @@ class BasePipeline(torch.nn.Module):
             inputs_posi: Positive-branch inputs (e.g. ``{"prompt": ...}``).
             inputs_nega: Negative-branch inputs (e.g. ``{"negative_prompt": ...}``).
             latents_key: The shared key the units leave the initial latents under.
-            progress_bar: Show a tqdm bar over the denoising steps.
+            progress_bar: Show a tqdm bar over the denoising steps, on a terminal only (in a log file its redraws
+                would pile up into one long line).
 
         Returns:
             Whatever ``decode`` returns.
@@ -280,7 +281,8 @@ class BasePipeline(torch.nn.Module):
             raise ValueError(f"no {latents_key!r} in inputs_shared after the units ran; a unit must output it, "
                              f"or pass latents_key= the key that holds the latents")
         self.load_models_to_device(self.denoising_model_names)
-        for timestep in tqdm(self.scheduler.timesteps, desc="denoising", disable=not progress_bar):
+        # tqdm's disable=None turns the bar off where its stream is not a terminal.
+        for timestep in tqdm(self.scheduler.timesteps, desc="denoising", disable=None if progress_bar else True):
             prediction = self.predict_noise(inputs_shared, inputs_posi, inputs_nega, timestep)
             inputs_shared[latents_key] = self.scheduler.step(prediction, timestep, inputs_shared[latents_key])
         return self.decode(inputs_shared, inputs_posi, inputs_nega)

@@ -45,6 +45,11 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be resumed from; the message names the folder, what is wrong and what to do."""
 
 
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """``--resume_from_checkpoint`` names no checkpoint at all (a ``FileNotFoundError`` too, for callers that look
+    for missing files)."""
+
+
 def checkpoint_folder(output_path: str | os.PathLike, step: int) -> Path:
     """``<output_path>/checkpoints/step-<step>``."""
     return Path(output_path) / CHECKPOINTS_DIR / f"{_PREFIX}{step}"
@@ -143,9 +148,9 @@ def resolve_checkpoint(value: str, output_path: str | os.PathLike) -> Path:
         candidates = [(0, Path(value))] if (Path(value) / "progress.json").is_file() else []
     if not candidates:
         where = Path(output_path) / CHECKPOINTS_DIR if value == "latest" else Path(value)
-        raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint at {where}; pass a "
-                                f"{CHECKPOINTS_DIR}/{_PREFIX}<N> folder written by an earlier run with the same "
-                                "--output_path, or drop the flag to start afresh")
+        raise CheckpointNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint at {where}; pass a "
+                                      f"{CHECKPOINTS_DIR}/{_PREFIX}<N> folder written by an earlier run with the "
+                                      "same --output_path, or drop the flag to start afresh")
     failed = []
     for _, folder in candidates:
         problem = checkpoint_problem(folder)

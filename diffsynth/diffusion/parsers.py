@@ -201,10 +201,10 @@ def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             "is writing there. Not the model folder (./models).")
     group.add_argument("--overwrite_output", action="store_true",
                        help="Start afresh in an --output_path that holds an earlier run's outputs: removes the files "
-                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/tensorboard/, "
-                            "training_args.json; for *:data_process the cached samples and cache_info.json) before "
-                            "starting; other files are kept. Without it such a folder is refused, unless "
-                            "--resume_from_checkpoint continues the run.")
+                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/loss.png, "
+                            "logs/tensorboard/, training_args.json; for *:data_process the cached samples and "
+                            "cache_info.json) before starting; other files are kept. Without it such a folder is "
+                            "refused, unless --resume_from_checkpoint continues the run.")
     group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
                        help="Prefix removed from the weight names saved, so files load into the bare model.")
     group.add_argument("--save_steps", type=int, default=None,
@@ -318,6 +318,20 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+def add_console_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags for what the run prints: progress lines, and tracebacks of the errors the user must fix."""
+    group = parser.add_argument_group("Console")
+    group.add_argument("--progress_interval_seconds", type=float, default=30.0,
+                       help="When stderr is not a terminal (a log file, nohup, a scheduler, CI), progress is one "
+                            "line (step, epoch, loss, speed, ETA, peak GPU memory) after the first step, then at "
+                            "least this many seconds apart, instead of a tqdm bar; 0 writes a line every step.")
+    group.add_argument("--debug", action="store_true",
+                       help="Also print the traceback of errors the message says how to fix (flags, data, missing "
+                            "model files, the output folder, non-finite values: exit codes 2 and 3); "
+                            "DIFFSYNTH_DEBUG=1 does the same.")
+    return parser
+
+
 def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model.",
                  video: bool = False) -> argparse.ArgumentParser:
     """Builds the full trainer parser; ``video`` swaps the image size group for the video one (adds --num_frames)."""
@@ -327,7 +341,8 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config,
+                add_console_config):
         add(parser)
     return parser
 
@@ -350,6 +365,7 @@ _LOWER_BOUNDS = (
     ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
     ("max_nonfinite_steps", 1, True, "--max_nonfinite_steps 3"),
     ("checkpoint_every_minutes", 0, True, "--checkpoint_every_minutes 30, or 0 for no timed checkpoints"),
+    ("progress_interval_seconds", 0, True, "--progress_interval_seconds 30, or 0 for a line every step"),
 )
 # Fixes for float flags that have no lower bound above.
 _FLOAT_EXAMPLES = {

@@ -19,7 +19,6 @@ import argparse
 import logging
 import math
 import signal
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
-from tqdm.auto import tqdm
 
 from ..core.data import UnifiedDataset
 from ..core.data.bad_samples import pop_skipped
@@ -44,6 +42,7 @@ from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .placement_config import PlacementConfig
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
+from .progress import ProgressReport
 from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
@@ -184,11 +183,11 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
         write_cache_manifest(args.output_path, num_samples, skipped, command)
     loader = DataLoader(Subset(dataset, sync.todo), batch_size=1, collate_fn=_first,
                         num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
-    bar = tqdm(zip(sync.todo, loader), total=len(sync.todo), desc="caching",
-               disable=not accelerator.is_local_main_process)
+    report = ProgressReport(len(sync.todo), "caching", interval_seconds=args.progress_interval_seconds,
+                            enabled=accelerator.is_local_main_process, unit="sample", device=accelerator.device)
     skipped_here = []
     with PreemptionListener() as preemption:
-        for done, (index, sample) in enumerate(bar, start=1):
+        for done, (index, sample) in enumerate(zip(sync.todo, loader), start=1):
             bad = pop_skipped(sample)
             if bad:
                 logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
@@ -197,10 +196,12 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
                 state = module.process_sample(sample)
                 save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info,
                                   sync.fingerprints[index])
+            report.update()
             if preemption.requested and done < len(sync.todo):
                 raise RunPreempted(f"stage 1 stopped by {_signal_name(preemption)} after {done} of the "
                                    f"{len(sync.todo)} samples process {accelerator.process_index} had to compute; "
                                    f"rerun the same command to compute the other {len(sync.todo) - done}", done)
+    report.close()
     accelerator.wait_for_everyone()
     counts = gather_object([sync.counts()])
     late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
@@ -361,15 +362,16 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         accelerator.wait_for_everyone()
         last_checkpoint = checkpoint_folder(args.output_path, saved_step)
 
-    bar = tqdm(total=total_steps, initial=progress["global_step"], desc="training",
-               disable=not accelerator.is_local_main_process)
+    report = ProgressReport(total_steps, "training", interval_seconds=args.progress_interval_seconds,
+                            enabled=accelerator.is_local_main_process, initial=progress["global_step"],
+                            num_epochs=args.num_epochs, device=accelerator.device,
+                            samples_per_unit=args.gradient_accumulation_steps * accelerator.num_processes)
     losses: list[float] = []
     micro_losses: list[torch.Tensor] = []
     window: list[int] = []  # dataset indices of this process's micro-batches in the current step
     # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's here, all processes'.
     skipped, skipped_total = 0, 0
     preempted = False
-    step_started = time.perf_counter()
     with PreemptionListener() as preemption:
         while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
             # Data: this epoch's order, skipping the batches a resumed run already consumed.
@@ -421,9 +423,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 window.clear()
                 micro_losses.clear()
                 losses.append(mean_loss)
-                seconds = time.perf_counter() - step_started
-                bar.update(1)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{seconds:.2f}")
+                report.update(mean_loss, progress["epoch"])
                 lr = lr_scheduler.get_last_lr()[0]
                 last_weights = model_logger.on_step_end(step, mean_loss, lr, _trainable_state(accelerator, module),
                                                         {"nonfinite_steps": guard.skipped}) or last_weights
@@ -431,7 +431,6 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                     raise guard.diverged(step, last_checkpoint, last_weights)
                 if (args.save_steps and step % args.save_steps == 0) or checkpoint_due:
                     checkpoint()
-                step_started = time.perf_counter()
                 if step >= total_steps:
                     break
                 if stop:
@@ -448,7 +447,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 checkpoint()
             if preempted:
                 break
-    bar.close()
+    report.close()
     # A run cut short (--max_train_steps, a signal) can be continued from here: the training state first, as it is
     # what a resume needs when a scheduler's grace period runs out, then the weights file.
     if saved_step != progress["global_step"]:

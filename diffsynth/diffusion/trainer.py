@@ -22,7 +22,7 @@ from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_
 from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
-from .exit_codes import run_with_exit_code
+from .exit_codes import debug_requested, run_with_exit_code
 from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
@@ -318,6 +318,7 @@ def cli(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, v
     """The command-line entry of every ``train.py``: runs :func:`main` and exits with the code of how it ended.
 
     See :mod:`diffsynth.diffusion.exit_codes`: 0 done, 1 error, 2 bad flags or input, 3 non-finite values (diverged),
-    75 preempted (resumable), 130 aborted by a second Ctrl-C.
+    75 preempted (resumable), 130 aborted by a second Ctrl-C. Errors of codes 2 and 3 print their message without a
+    traceback unless ``--debug`` or ``DIFFSYNTH_DEBUG=1`` asks for it.
     """
-    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video))
+    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video, debug=debug_requested(argv)))

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from ..core.data.fingerprint import digest, weights_digest
+from ..core.finite import NonFiniteTensorError
 from ..core.gradient import gradient_checkpoint_forward
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
 from .loss import LOSSES, FlowMatchSFTLoss
-from .parsers import task_stage
+from .parsers import FlagError, task_stage
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,10 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         The file's update ``scale_file * B @ A`` is kept exactly: ``B`` is rescaled to this run's ``alpha / rank``, so
         a file with its scale folded in, or trained with another alpha, continues from the same weights delta.
+
+        Raises:
+            FlagError: The file is missing, unreadable, or made for other targets, another rank or another model.
+            NonFiniteTensorError: The file holds NaN or inf values (a diverged run's).
         """
         from ..lora import from_peft_state_dict, lora_layer_names, naming_for, read_lora
         from ..lora.formats import is_peft_lora_key
@@ -204,23 +209,25 @@ class DiffusionTrainingModule(torch.nn.Module):
                                     if is_peft_lora_key(name)}, alpha)
         try:
             loaded = read_lora(path, lora_layer_names(model), naming_for(model))
+        except NonFiniteTensorError as error:  # exit code 3, as for any diverged file
+            raise NonFiniteTensorError(f"--lora_checkpoint {path}: {error}", error.names) from None
         except (FileNotFoundError, ValueError) as error:
-            raise ValueError(f"--lora_checkpoint {path}: {error}") from None
+            raise FlagError([f"--lora_checkpoint {path}: {error}"]) from None
         made_with = loaded.metadata.get("lora_target_modules") or ", ".join(loaded.describe()["targets"])
         missing, extra = sorted(set(own.layers) - set(loaded.layers)), sorted(set(loaded.layers) - set(own.layers))
         if missing or extra:
-            raise ValueError(f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
+            raise FlagError([f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
                              f"(missing {missing[:3]}, extra {extra[:3]}): it was made with --lora_target_modules "
-                             f"{made_with!r}; pass those targets")
+                             f"{made_with!r}; pass those targets"])
         for name, layer in loaded.layers.items():
             target = own.layers[name]
             if layer.rank != target.rank:
-                raise ValueError(f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
-                                 f"pass --lora_rank {layer.rank}")
+                raise FlagError([f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
+                                 f"pass --lora_rank {layer.rank}"])
             if layer.down.shape != target.down.shape or layer.up.shape != target.up.shape:
-                raise ValueError(f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
+                raise FlagError([f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
                                  f"{tuple(layer.up.shape)}; this model's are {tuple(target.down.shape)}, "
-                                 f"{tuple(target.up.shape)}: it was trained on another model")
+                                 f"{tuple(target.up.shape)}: it was trained on another model"])
         with torch.no_grad():
             for name, layer in loaded.layers.items():
                 target = own.layers[name]
