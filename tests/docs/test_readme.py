@@ -46,7 +46,7 @@ def test_the_training_section_makes_the_dataset_first_and_its_commands_are_valid
     first = trainings[0]
     metadata = tmp_path / first[first.index("--dataset_metadata_path") + 1]
     assert metadata.is_file() and metadata.read_text().startswith("image,prompt")
-    # The plain command, then the same one with model CPU offload.
-    assert len(trainings) == 2 and trainings[1] == [*first, "--enable_model_cpu_offload"]
+    # The plain command, then the same one with model CPU offload, then with a memory budget for the planner.
+    assert trainings[1:] == [[*first, "--enable_model_cpu_offload"], [*first, "--vram_budget", "auto"]]
     for argv in trainings:
         validate_args(build_parser().parse_args(argv))
