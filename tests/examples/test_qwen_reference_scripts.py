@@ -1,0 +1,109 @@
+"""The reference's Qwen-Image commands run as written on the tiny repos, through the trainer's ``main``.
+
+Each ``accelerate launch`` command of a script runs from a scratch working folder, with only what a user on a small
+machine would change: the dataset (drawn at the path the script names), the sizes, the epochs and the dataset's
+repeat count, and ``DIFFSYNTH_MODEL_BASE_PATH`` pointing at the tiny repos (plus ``Qwen/Qwen-Image-2512``, a copy of
+the tiny Qwen-Image transformer repo under the 2512 release's id). A command launched with a DeepSpeed config runs
+under ``accelerate launch`` with that config, adapted to the CPU (see ``write_configs``): one process, the most
+accelerate runs DeepSpeed with on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_dataset import build_example_dataset
+from diffsynth.core.loader import resolve
+from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.diffusion import trainer
+from diffsynth.diffusion.parsers import build_parser
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from tests.conftest import reset_accelerate_state
+
+from .test_scripts import REPO, launch_commands, trainer_argv
+
+QWEN = REPO / "examples" / "qwen_image" / "model_training"
+SMALL = {"--num_epochs": "1", "--dataset_repeat": "1", "--max_pixels": "4096", "--height": "32", "--width": "32"}
+
+
+def small(argv: list[str], changes: dict[str, str] | None = None) -> list[str]:
+    """``argv`` with the sizes, epochs and repeat count (and ``changes``) replaced where the command has them."""
+    changes = {**SMALL, **(changes or {})}
+    argv = list(argv)
+    for index, word in enumerate(argv[:-1]):
+        if word in changes:
+            argv[index + 1] = changes[word]
+    return argv
+
+
+def config_file(words: list[str]) -> Path | None:
+    """The ``--config_file`` of an ``accelerate launch`` command, or None."""
+    launcher = words[:words.index(next(word for word in words if word.endswith("train.py")))]
+    return REPO / launcher[launcher.index("--config_file") + 1] if "--config_file" in launcher else None
+
+
+def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
+    """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
+    found = []
+    for words in launch_commands((QWEN / relative).read_text()):
+        train_py, argv = trainer_argv(words)
+        assert train_py == QWEN / "train.py", shlex.join(words)
+        found.append((config_file(words), small(argv)))
+    return found
+
+
+def draw_dataset(argv: list[str]) -> None:
+    """Draws a two-image dataset where a raw-data command expects one (stage 2 reads the cache instead)."""
+    args = build_parser().parse_args(argv)
+    if not args.task.endswith(":train") and not Path(args.dataset_metadata_path).is_file():
+        build_example_dataset(args.dataset_base_path, num_images=2)
+
+
+def run_in_process(argv: list[str]) -> dict:
+    draw_dataset(argv)
+    try:
+        return trainer.main(QwenImagePipeline, argv)
+    finally:
+        reset_accelerate_state()
+
+
+@pytest.fixture(scope="module")
+def model_root(tiny_root, tmp_path_factory) -> Path:
+    """The tiny repos, plus ``Qwen/Qwen-Image-2512`` (the tiny Qwen-Image repo under the 2512 id)."""
+    root = tmp_path_factory.mktemp("model_root")
+    for owner in tiny_root.iterdir():
+        (root / owner.name).mkdir()
+        for repo in owner.iterdir():
+            (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
+    (root / "Qwen" / "Qwen-Image-2512").symlink_to(tiny_root / QWEN_IMAGE_MODEL_ID, target_is_directory=True)
+    return root
+
+
+@pytest.fixture
+def workdir(model_root, tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(model_root))
+    return tmp_path
+
+
+def lora_update(path: Path) -> float:
+    """The largest ``lora_B`` entry of a LoRA file (0 for an untrained LoRA)."""
+    return max(value.abs().max().item() for key, value in load_file(str(path)).items() if "lora_B" in key)
+
+
+def test_low_vram_script_trains_under_its_deepspeed_config(workdir, model_root):
+    pytest.importorskip("deepspeed")
+    from tests.diffusion.test_trainer_deepspeed import launch, write_configs
+
+    (_, stage_one), (config, stage_two) = commands("special/low_vram_training/Qwen-Image-LoRA.sh")
+    assert config == QWEN / "special/low_vram_training/deepspeed_zero3_cpuoffload.yaml"
+    assert run_in_process(stage_one)["cached"] == 2
+    done = launch(write_configs(workdir, accelerate_yaml=config), stage_two, model_root, cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "released models this stage never runs" not in done.stderr  # stage 2 loads only the transformer
+    assert lora_update(workdir / "models/train/Qwen-Image_lora/epoch-0.safetensors") > 0
