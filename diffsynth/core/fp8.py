@@ -269,6 +269,7 @@ class Fp8Storage:
         layer_names: Dotted names of the converted layers (peft's ``.base_layer`` included where there is one).
         bytes_before: Bytes of those layers' weights before conversion.
         bytes_after: Bytes of their fp8 weights and scales (biases are not counted: they do not change).
+        kind: ``"Linear"`` (``enable_fp8_storage``) or ``"convolution"`` (``fp8_conv.enable_fp8_conv_storage``).
     """
 
     module: torch.nn.Module
@@ -276,6 +277,7 @@ class Fp8Storage:
     layer_names: list[str]
     bytes_before: int
     bytes_after: int
+    kind: str = "Linear"
 
     @property
     def saved_bytes(self) -> int:
@@ -284,17 +286,24 @@ class Fp8Storage:
     def summary(self) -> str:
         """One line for the log: how many layers, and their weight bytes before and after."""
         mib = 1024 * 1024
-        return (f"fp8 storage: {len(self.layer_names)} Linear layers, weights {self.bytes_before / mib:.2f} MiB -> "
+        return (f"fp8 storage: {len(self.layer_names)} {self.kind} layers, weights {self.bytes_before / mib:.2f} MiB -> "
                 f"{self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
 
     def remove(self, dtype: torch.dtype | None = None) -> int:
-        """Turns every :class:`Fp8Linear` of the module back into a plain Linear; returns how many.
+        """Turns every layer of this kind that is stored in fp8 back into a plain one; returns how many.
 
         Lossy: weights come back dequantized (the fp8 rounding stays). Remove an offload manager first.
 
         Args:
             dtype: The weights' dtype; default, each layer's dtype before conversion.
         """
+        if self.kind == "convolution":
+            from .fp8_conv import is_fp8_conv, restore_conv
+
+            converted = [module for module in self.module.modules() if is_fp8_conv(module)]
+            for conv in converted:
+                restore_conv(conv, dtype)
+            return len(converted)
         count = 0
         for parent in self.module.modules():
             for name, child in list(parent.named_children()):

@@ -141,9 +141,13 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                        help="Entries of --model_id_with_origin_paths that this stage never computes with (split "
                             "training); they are built without weights, so they cost no memory or load time.")
     group.add_argument("--fp8_models", type=str, default=None,
-                       help="Entries of --model_id_with_origin_paths whose frozen Linear weights are stored in "
-                            "float8 (per-row scaled, cast up per call): half the memory and offload traffic of "
-                            "bf16, about 2.5%% weight error. LoRA on such a model trains as usual.")
+                       help="Entries of --model_id_with_origin_paths whose frozen Linear and convolution weights are "
+                            "stored in float8 (scaled per output row or channel, cast up to --torch_dtype for each "
+                            "call, so nothing computes in fp8): half the memory and offload traffic of bf16, about "
+                            "2.5%% weight error. Embeddings, norms and biases stay in --torch_dtype (small, or read "
+                            "by index), as do layers the model class keeps in float32 (its code casts their inputs "
+                            "to their dtype); a listed model with no Linear or convolution layer is only noted. A "
+                            "LoRA on such a model trains in float32 as usual.")
     group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
                        help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
     group.add_argument("--initialize_model_on_cpu", action="store_true",

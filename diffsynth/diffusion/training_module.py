@@ -228,8 +228,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                 target.up.copy_(layer.up.float() * (layer.scale / target.scale))
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
-        from ..core.fp8 import enable_fp8_storage
-
+        """Stores the frozen Linear and convolution weights of each named model in fp8 (see ``core.fp8``)."""
         for name in names:
             model = self._model(name, "--fp8_models")
             if name in self.trainable_models and self.stage != "data_process":
@@ -237,17 +236,13 @@ class DiffusionTrainingModule(torch.nn.Module):
                                  "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
             if any(param.is_meta for param in model.parameters()):
                 continue  # a skeleton from --offload_models holds no weights to convert
-            linears = [f".{path}." for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-            if not linears:
-                # The reference's low-VRAM commands list every model, convolutional VAEs included.
-                logger.warning("--fp8_models %s: %s has no Linear layer, so nothing is stored in fp8 (convolutions "
-                               "keep their dtype)", name, type(model).__name__)
-                continue
-            # What the class keeps in float32 stays out of fp8 too: UMT5 casts the input of its `wo` layers to their
-            # weight's dtype, which would be float8.
-            keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-            exclude = [entry for entry in keep if any(f".{entry}." in path for path in linears)]
-            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model, exclude=exclude).summary())
+            summaries = store_model_in_fp8(model)
+            if summaries:
+                logger.info("--fp8_models %s: %s", name, "; ".join(summaries))
+            else:
+                # The reference's commands list every model; one without such layers is no error.
+                logger.warning("--fp8_models %s: %s has no Linear or convolution layer to store in fp8; it keeps its "
+                               "dtype", name, type(model).__name__)
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:
@@ -340,6 +335,26 @@ class DiffusionTrainingModule(torch.nn.Module):
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)
+
+
+def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
+    """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
+
+    What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
+    layers' weight dtype (UMT5's ``wo``); so do embeddings, norms and biases (small, or read by index).
+    """
+    from ..core.fp8 import enable_fp8_storage
+    from ..core.fp8_conv import CONV_TYPES, enable_fp8_conv_storage
+
+    modules = dict(model.named_modules())
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    summaries = []
+    for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
+        paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]
+        if paths:
+            exclude = [entry for entry in keep if any(f".{entry}." in path for path in paths)]
+            summaries.append(enable(model, exclude=exclude).summary())
+    return summaries
 
 
 def _plain_config(model: Any) -> dict[str, Any] | None:

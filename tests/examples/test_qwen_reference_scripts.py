@@ -107,3 +107,16 @@ def test_low_vram_script_trains_under_its_deepspeed_config(workdir, model_root):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "released models this stage never runs" not in done.stderr  # stage 2 loads only the transformer
     assert lora_update(workdir / "models/train/Qwen-Image_lora/epoch-0.safetensors") > 0
+
+
+def test_fp8_script_stores_every_model_in_fp8(workdir):
+    from diffsynth.core.fp8 import Fp8Linear
+    from diffsynth.core.fp8_conv import is_fp8_conv
+
+    [(_, argv)] = commands("special/fp8_training/Qwen-Image-LoRA.sh")
+    result = run_in_process(argv)
+    pipe = result["module"].pipe
+    assert all(is_fp8_conv(m) for m in pipe.vae.modules() if isinstance(m, torch.nn.Conv3d))
+    assert all(isinstance(m.base_layer, Fp8Linear) for m in pipe.dit.modules() if hasattr(m, "lora_A"))
+    assert any(isinstance(m, Fp8Linear) for m in pipe.text_encoder.modules())
+    assert result["global_step"] == 2 and lora_update(workdir / "models/train/Qwen-Image_lora_fp8/epoch-0.safetensors") > 0
