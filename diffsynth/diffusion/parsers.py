@@ -237,6 +237,13 @@ def add_lora_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="LoRA scale numerator (the update is scaled by alpha / rank); unset equals the rank.")
     group.add_argument("--lora_checkpoint", type=str, default=None,
                        help="LoRA .safetensors file whose weights start the training.")
+    group.add_argument("--preset_lora_path", type=str, default=None,
+                       help="Differential LoRA: a LoRA .safetensors file (any layout; docs/en/Using_LoRA.md) merged "
+                            "into the frozen weights of --preset_lora_model before training, so the new LoRA learns "
+                            "the difference from it. Use the new LoRA on the base with the preset merged (or both "
+                            "LoRAs loaded).")
+    group.add_argument("--preset_lora_model", type=str, default=None,
+                       help="Pipeline model the --preset_lora_path LoRA is merged into (e.g. dit).")
     return parser
 
 
@@ -453,6 +460,18 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _preset_lora_problems(args: argparse.Namespace) -> list[str]:
+    """The preset LoRA's two flags go together; whether the file fits its model is checked against the model (a
+    script's first command may write the file its second command merges)."""
+    problems = []
+    if bool(args.preset_lora_path) != bool(args.preset_lora_model):
+        given, missing = (("--preset_lora_path", "--preset_lora_model") if args.preset_lora_path
+                          else ("--preset_lora_model", "--preset_lora_path"))
+        problems.append(f"{given} {args.preset_lora_path or args.preset_lora_model} needs {missing}: the preset LoRA "
+                        "is merged into one model; pass both (e.g. --preset_lora_model dit), or neither")
+    return problems
+
+
 def _overwrite_problems(args: argparse.Namespace) -> list[str]:
     resume = args.resume_from_checkpoint
     if not (args.overwrite_output and resume):
@@ -478,7 +497,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args))
+                + _task_problems(args) + _preset_lora_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

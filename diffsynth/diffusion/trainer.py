@@ -266,6 +266,7 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
         fp8_models=fp8_model_names(args, pipe),
+        preset_lora=(args.preset_lora_model, args.preset_lora_path) if args.preset_lora_path else None,
     )  # fmt: skip
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, command=command)}

@@ -92,8 +92,11 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
-        fp8_models: Models whose frozen Linear weights are stored in float8 (after the LoRA is injected, so the
-            LoRA itself stays float32).
+        fp8_models: Models whose frozen Linear and convolution weights are stored in float8 (after the LoRA is
+            injected, so the LoRA itself stays float32).
+        preset_lora: ``(model name, LoRA file)``: a LoRA merged into that model's frozen weights first
+            (``--preset_lora_model`` / ``--preset_lora_path``, differential LoRA training). Skipped for a model this
+            stage holds without weights.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -105,7 +108,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
-                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = ()) -> None:
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
+                 preset_lora: tuple[str, str | Path] | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
@@ -118,6 +122,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.lora_config: dict[str, Any] = {}
         pipe.requires_grad_(False)
         pipe.eval()
+        if preset_lora is not None:
+            self._merge_preset_lora(*preset_lora)
         if self.stage != "data_process":
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
@@ -156,6 +162,21 @@ class DiffusionTrainingModule(torch.nn.Module):
             raise ValueError(f"{flag} names {name!r}, but the pipeline holds no such model; it holds "
                              f"{self.pipe.model_names()} (load it with --model_id_with_origin_paths or --model_paths)")
         return model
+
+    def _merge_preset_lora(self, name: str, path: str | Path) -> None:
+        """Merges a LoRA into a model's weights before anything else changes them (LoRA injection, fp8), so the
+        offloader, block swap and a stage-1 cache all see the merged weights."""
+        from ..lora import load_lora
+
+        model = getattr(self.pipe, name, None)
+        if not isinstance(model, torch.nn.Module) or any(param.is_meta for param in model.parameters()):
+            logger.info("--preset_lora_model %s: not computed with in --task %s; nothing to merge", name, self.task)
+            return
+        try:
+            merged = load_lora(model, path)
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"--preset_lora_path {path}: {error}") from None
+        logger.info("--preset_lora_path %s: merged into %d layers of %s", path, merged, name)
 
     def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,
                         lora_checkpoint: str | Path | None) -> None:

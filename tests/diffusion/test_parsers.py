@@ -21,6 +21,7 @@ REFERENCE_DEFAULTS = {
     "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
     "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
+    "preset_lora_path": None, "preset_lora_model": None,
     "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False,
     "enable_model_cpu_offload": False, "enable_optimizer_cpu_offload": False, "cpu_offload_split_threshold": None,
     "enable_tensorboard_log": False, "enable_csv_log": False, "enable_wandb_log": False, "wandb_project": "diffsynth",
@@ -248,3 +249,13 @@ def test_every_float_flag_refuses_nan_and_inf(flag, value, capsys):
     assert f"{flag} {float(value)} must be a finite number (nan and inf are refused); pass e.g. {flag} " in error
     problems = error.split("error:")[1].strip().splitlines()
     assert len([line for line in problems if flag in line]) == 1  # not also a bound or range complaint
+
+
+def test_a_preset_lora_needs_its_model_and_its_file_together(capsys):
+    for given in (["--preset_lora_path", "preset.safetensors"], ["--preset_lora_model", "dit"]):
+        with pytest.raises(SystemExit):
+            parse_args(VALID + given)
+        error = " ".join(capsys.readouterr().err.split())
+        assert f"{given[0]} {given[1]} needs --preset_lora_" in error and "pass both" in error
+    args = parse_args(VALID + ["--preset_lora_path", "preset.safetensors", "--preset_lora_model", "dit"])
+    assert (args.preset_lora_path, args.preset_lora_model) == ("preset.safetensors", "dit")

@@ -120,3 +120,15 @@ def test_fp8_script_stores_every_model_in_fp8(workdir):
     assert all(isinstance(m.base_layer, Fp8Linear) for m in pipe.dit.modules() if hasattr(m, "lora_A"))
     assert any(isinstance(m, Fp8Linear) for m in pipe.text_encoder.modules())
     assert result["global_step"] == 2 and lora_update(workdir / "models/train/Qwen-Image_lora_fp8/epoch-0.safetensors") > 0
+
+
+def test_differential_script_merges_the_first_lora_into_the_second_runs_base(workdir, caplog):
+    first, second = commands("special/differential_training/Qwen-Image-LoRA.sh")
+    # Five epochs as written: the second command merges the first's epoch-4 file (ten tiny steps each).
+    run_in_process(small(first[1], {"--num_epochs": "5"}))
+    with caplog.at_level("INFO", logger="diffsynth.diffusion.training_module"):
+        result = run_in_process(small(second[1], {"--num_epochs": "5"}))
+    preset = "./models/train/Qwen-Image-LoRA-deterministic/epoch-4.safetensors"
+    assert f"--preset_lora_path {preset}: merged into 24 layers of dit" in caplog.text  # 12 targets x 2 blocks
+    assert result["global_step"] == 10
+    assert lora_update(workdir / "models/train/Qwen-Image-LoRA-differencial/epoch-4.safetensors") > 0
