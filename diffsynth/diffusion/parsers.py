@@ -158,13 +158,19 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the optimisation flags: task, learning rate and schedule, epochs, accumulation, precision, resuming."""
     group = parser.add_argument_group("Training")
-    group.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate of AdamW.")
+    group.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate of the optimizer.")
     group.add_argument("--num_epochs", type=int, default=1, help="Epochs to train.")
     group.add_argument("--trainable_models", type=str, default=None,
                        help="Comma list of pipeline models trained in full (e.g. dit); unset trains only the LoRA.")
     group.add_argument("--find_unused_parameters", action="store_true",
                        help="Let DDP tolerate parameters that get no gradient; costs a graph walk per step.")
-    group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay.")
+    group.add_argument("--weight_decay", type=float, default=0.01, help="Weight decay of the optimizer.")
+    group.add_argument("--customized_optimizer", type=str, default=None,
+                       help="Optimizer class by dotted path, e.g. torch.optim.Adam or bitsandbytes.optim.AdamW8bit "
+                            "(pip install bitsandbytes), built with --learning_rate and --weight_decay; unset uses "
+                            "torch.optim.AdamW (DeepSpeed's CPU Adam when ZeRO offloads the optimizer). Checked to "
+                            "import before any model loads; a resume needs the optimizer its checkpoint was made "
+                            "with.")
     group.add_argument("--task", type=str, default="sft", choices=TASKS,
                        help="Training task; a :data_process / :train suffix runs one stage of split training.")
     group.add_argument("--gradient_accumulation_steps", type=int, default=1,
@@ -460,6 +466,22 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _optimizer_problems(args: argparse.Namespace) -> list[str]:
+    """The optimizer class must import now, not after the models loaded."""
+    if not args.customized_optimizer:
+        return []
+    from .optimizer import resolve_optimizer_class
+
+    try:
+        resolve_optimizer_class(args.customized_optimizer)
+    except ValueError as error:
+        return [str(error)]
+    if task_stage(args.task)[1] == "data_process":
+        return [f"--customized_optimizer {args.customized_optimizer} has no effect on --task {args.task}, which "
+                "trains nothing; pass it to the training stage"]
+    return []
+
+
 def _preset_lora_problems(args: argparse.Namespace) -> list[str]:
     """The preset LoRA's two flags go together; whether the file fits its model is checked against the model (a
     script's first command may write the file its second command merges)."""
@@ -497,7 +519,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _preset_lora_problems(args))
+                + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

@@ -18,7 +18,7 @@ REFERENCE_DEFAULTS = {
     "processor_path": None, "zero_cond_t": False,
     "offload_models": None, "initialize_model_on_cpu": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
-    "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1,
+    "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1, "customized_optimizer": None,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
     "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
     "preset_lora_path": None, "preset_lora_model": None,
@@ -259,3 +259,23 @@ def test_a_preset_lora_needs_its_model_and_its_file_together(capsys):
         assert f"{given[0]} {given[1]} needs --preset_lora_" in error and "pass both" in error
     args = parse_args(VALID + ["--preset_lora_path", "preset.safetensors", "--preset_lora_model", "dit"])
     assert (args.preset_lora_path, args.preset_lora_model) == ("preset.safetensors", "dit")
+
+
+@pytest.mark.parametrize(("path", "fragment"), [
+    ("Adam", "is not a dotted class path"),
+    ("no_such_package.optim.Adam", "module no_such_package.optim does not import"),
+    ("torch.optim.Adamm", "module torch.optim has no Adamm"),
+    ("torch.nn.Linear", "which is not a torch.optim.Optimizer subclass"),
+])
+def test_a_customized_optimizer_that_does_not_resolve_is_refused(path, fragment, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--customized_optimizer", path])
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"--customized_optimizer {path}" in error and fragment in error
+
+
+def test_a_customized_optimizer_is_checked_and_kept():
+    assert parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam"]).customized_optimizer == "torch.optim.Adam"
+    with pytest.raises(FlagError, match="has no effect on --task sft:data_process"):
+        validate_args(build_parser().parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam", "--task",
+                                                         "sft:data_process"]))

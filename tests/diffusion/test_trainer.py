@@ -372,3 +372,21 @@ def test_a_stage_one_cache_from_fp8_encoders_is_within_the_fp8_error(dataset, tm
             exact, fp8 = plain[key].float(), caches["fp8"][sample][key].float()
             error = ((fp8 - exact).norm() / exact.norm()).item()
             assert 0 < error < bound, (sample, key, error)
+
+
+def test_a_customized_optimizer_trains_with_optimizer_offload_and_resumes(dataset, tmp_path):
+    from safetensors import safe_open
+
+    flags = ["--customized_optimizer", "torch.optim.RMSprop", "--num_epochs", "1",
+             *OFFLOAD_MODES["optimizer_offload"]]
+    one_stage(dataset, tmp_path / "whole", *flags)
+    one_stage(dataset, tmp_path / "resumed", *flags, "--max_train_steps", "3")
+    with safe_open(str(tmp_path / "resumed" / "checkpoints" / "step-3" / "state.safetensors"), "pt") as state:
+        assert any("square_avg" in key for key in state.keys())  # RMSprop's state, not AdamW's exp_avg
+    resumed = one_stage(dataset, tmp_path / "resumed", *flags, "--resume_from_checkpoint", "latest")
+    assert resumed["global_step"] == 6
+    assert max_difference(lora(tmp_path / "whole", "epoch-0"), lora(tmp_path / "resumed", "epoch-0")) < 1e-6
+    with pytest.raises(FlagError, match="--customized_optimizer torch.optim.Adagrad: the checkpoint .* was trained "
+                                        "with --customized_optimizer torch.optim.RMSprop"):
+        one_stage(dataset, tmp_path / "resumed", *flags[:1], "torch.optim.Adagrad", *flags[2:],
+                  "--resume_from_checkpoint", "latest")
