@@ -109,6 +109,8 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
         keep_row_indices=caching,
+        column_types={name: pipeline_class.input_types[name] for name in extra_inputs
+                      if name in pipeline_class.input_types},
     )  # fmt: skip
 
 

@@ -390,3 +390,45 @@ def test_a_customized_optimizer_trains_with_optimizer_offload_and_resumes(datase
                                         "with --customized_optimizer torch.optim.RMSprop"):
         one_stage(dataset, tmp_path / "resumed", *flags[:1], "torch.optim.Adagrad", *flags[2:],
                   "--resume_from_checkpoint", "latest")
+
+
+@pytest.mark.parametrize("settings", [(0, "cpu", 2, 1.0), (7, "cpu", 3, 2.5)], ids=["2-steps", "3-steps-cfg"])
+def test_direct_distill_runs_each_samples_sampler_as_inference_does(tmp_path, settings):
+    """The first step's loss (the LoRA still does nothing) is the distance between the clean latents and what
+    inference with the row's seed, steps and guidance produces: each row's values are used, typed from the CSV."""
+    from diffsynth.core import ModelConfig
+    from diffsynth.core.data import UnifiedDataset
+    from tests.examples.test_qwen_reference_scripts import write_distill_dataset
+
+    metadata = write_distill_dataset(tmp_path / "data", [settings])
+    result = main(QwenImagePipeline, [
+        *raw(tmp_path / "data"), *COMMON, "--output_path", str(tmp_path / "out"), "--task", "direct_distill",
+        "--extra_inputs", "seed,rand_device,num_inference_steps,cfg_scale", "--height", "32", "--width", "32",
+    ])  # fmt: skip
+    pipe = QwenImagePipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(model_id=QWEN_IMAGE_MODEL_ID, origin_file_pattern=p)
+                                                  for p in ("transformer/*.safetensors", "text_encoder/*.safetensors",
+                                                            "vae/*.safetensors")])
+    sample = UnifiedDataset(metadata.parent, metadata, height=32, width=32)[0]
+    clean = pipe.run_units(*pipe.training_inputs(sample))[0]["input_latents"]
+    pipe.decode = lambda shared, posi, nega: shared["latents"]  # inference's latents, before the VAE
+    seed, rand_device, steps, cfg_scale = settings
+    sampled = pipe(sample["prompt"], seed=seed, rand_device=rand_device, num_inference_steps=steps,
+                   cfg_scale=cfg_scale, height=32, width=32, output_type="pt", progress_bar=False)
+    expected = torch.nn.functional.mse_loss(sampled, clean).item()
+    assert result["losses"][0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_two_stage_direct_distill_gives_the_one_stage_lora(tmp_path):
+    from tests.examples.test_qwen_reference_scripts import write_distill_dataset
+
+    write_distill_dataset(tmp_path / "data", [(0, "cpu", 2, 1.0), (7, "cpu", 2, 2.5)])
+    distill = ["--extra_inputs", "seed,rand_device,num_inference_steps,cfg_scale", "--height", "32", "--width", "32"]
+    main(QwenImagePipeline, [*raw(tmp_path / "data"), *COMMON, *distill, "--output_path", str(tmp_path / "one"),
+                             "--task", "direct_distill"])
+    main(QwenImagePipeline, [*raw(tmp_path / "data"), *COMMON, *distill, "--output_path", str(tmp_path / "cache"),
+                             "--task", "direct_distill:data_process", "--offload_models", PATTERN["dit"]])
+    main(QwenImagePipeline, ["--dataset_base_path", str(tmp_path / "cache"), *COMMON, "--output_path",
+                             str(tmp_path / "two"), "--task", "direct_distill:train", "--offload_models",
+                             f"{PATTERN['text_encoder']},{PATTERN['vae']}"])
+    assert max_difference(lora(tmp_path / "one", "epoch-0"), lora(tmp_path / "two", "epoch-0")) < 1e-6

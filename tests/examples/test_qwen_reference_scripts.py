@@ -132,3 +132,25 @@ def test_differential_script_merges_the_first_lora_into_the_second_runs_base(wor
     assert f"--preset_lora_path {preset}: merged into 24 layers of dit" in caplog.text  # 12 targets x 2 blocks
     assert result["global_step"] == 10
     assert lora_update(workdir / "models/train/Qwen-Image-LoRA-differencial/epoch-4.safetensors") > 0
+
+
+def write_distill_dataset(folder: Path, settings: list[tuple[int, str, int, float]]) -> Path:
+    """An example dataset whose rows also say how the distilled sampler draws each image."""
+    import csv
+
+    metadata = build_example_dataset(folder, num_images=len(settings))
+    with metadata.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    with metadata.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["image", "prompt", "seed", "rand_device", "num_inference_steps", "cfg_scale"])
+        writer.writerows([row["image"], row["prompt"], *values] for row, values in zip(rows, settings))
+    return metadata
+
+
+def test_distill_script_trains_from_a_csv_of_sampler_settings(workdir):
+    [(_, argv)] = commands("lora/Qwen-Image-Distill-LoRA.sh")
+    write_distill_dataset(workdir / "data/example_distill_dataset", [(0, "cpu", 2, 1.0), (7, "cpu", 3, 2.5)])
+    result = run_in_process(argv)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert lora_update(workdir / "models/train/Qwen-Image-Distill-LoRA_lora/epoch-0.safetensors") > 0
