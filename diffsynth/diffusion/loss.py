@@ -38,9 +38,6 @@ def _input_latents(inputs_shared: dict) -> torch.Tensor:
 class LatentsLoss:
     """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``__call__``."""
 
-    #: State inputs the loss itself reads, which a metadata column may give per sample (``--extra_inputs``).
-    sample_inputs: tuple[str, ...] = ()
-
     @staticmethod
     def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
         """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""

@@ -1,7 +1,8 @@
 """Checks of the flags that name models or their parts, made on weightless builds before any weight loads.
 
-``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models``, ``--blocks_to_swap`` and
-``--preset_lora_model`` / ``--preset_lora_path`` can only be checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
+``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models``, ``--blocks_to_swap``,
+``--preset_lora_model`` / ``--preset_lora_path`` and a weights file given as ``--resume_from_checkpoint`` can only be
+checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
 slot is read from its ``config.json`` and the models whose structure matters (the LoRA's model, the denoiser) are
 built on the meta device (``load_skeleton``: a second or so, no weights); every problem is then reported at once.
 """
@@ -17,6 +18,7 @@ from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, model_cla
                            parse_model_id_with_origin_paths)
 from ..core.offload_training.block_swap import find_block_list
 from .base_pipeline import BasePipeline
+from .initial_weights import initial_weights_problems, target_model
 from .parsers import FlagError, split_csv, task_stage
 from .training_module import resolve_lora_targets
 
@@ -107,6 +109,18 @@ def _preset_lora_problems(args: argparse.Namespace, slots: dict[str, ModelConfig
     return problems
 
 
+def _initial_weights_problems(args: argparse.Namespace, slots: dict[str, ModelConfig]) -> list[str]:
+    """A weights file (``--resume_from_checkpoint FILE``) must name weights of the model the prefix names."""
+    target = target_model(args.remove_prefix_in_ckpt or "")
+    if target is not None and target not in slots:
+        return [f"--resume_from_checkpoint {args.initial_weights} loads into {target} (--remove_prefix_in_ckpt "
+                f"{args.remove_prefix_in_ckpt}), which is not loaded; load it, or pass the prefix of the model the "
+                "file holds"]
+    names = {target} if target is not None else set(slots)
+    return initial_weights_problems(args.initial_weights, args.remove_prefix_in_ckpt or "",
+                                    _skeletons(names, slots, args.torch_dtype))
+
+
 def _lora_target_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline],
                           model: torch.nn.Module | None) -> list[str]:
     if model is None:
@@ -149,5 +163,7 @@ def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipelin
         problems += _lora_target_problems(args, pipeline_class, skeletons.get(args.lora_base_model))
         problems += _block_swap_problems(args.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})
+    if trains and getattr(args, "initial_weights", None):
+        problems += _initial_weights_problems(args, slots)
     if problems:
         raise FlagError(problems)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
+from .initial_weights import split_resume_flag
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,11 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--mixed_precision", type=str, default="no", choices=MIXED_PRECISIONS,
                        help="Mixed precision passed to accelerate's Accelerator; no trains in the weights' dtype.")
     group.add_argument("--resume_from_checkpoint", type=str, default=None,
-                       help='Training-state folder to resume from, or "latest" for the newest one in --output_path.')
+                       help='A training-state folder, or "latest" for the newest one in --output_path: resumes the '
+                            "whole run (weights, optimizer, schedule, data position). A .safetensors weights file "
+                            "(the reference's meaning, e.g. a full fine-tune's epoch-4.safetensors): starts from "
+                            "those weights, loaded into the model --remove_prefix_in_ckpt names (pipe.dit.: the "
+                            "transformer), with a fresh optimizer.")
     group.add_argument("--min_timestep_boundary", type=float, default=0.0,
                        help="Lower end of the drawn training timesteps, as a fraction of the noisiest-first grid.")
     group.add_argument("--max_timestep_boundary", type=float, default=1.0,
@@ -260,13 +265,17 @@ def add_gradient_config(parser: argparse.ArgumentParser, always_on: bool = False
     forces it: a video's activations do not fit otherwise.
     """
     group = parser.add_argument_group("Gradient checkpointing")
+    # musubi-tuner spells it --gradient_checkpointing; both names set the same flag.
+    names = ("--use_gradient_checkpointing", "--gradient_checkpointing")
     if always_on:
-        group.add_argument("--use_gradient_checkpointing", action="store_true", default=True,
+        group.add_argument(*names, action="store_true", default=True,
                            help="Recompute activations in the backward pass. Always on for video (Wan) training, as "
-                                "the reference's Wan trainer forces it: a video's activations do not fit otherwise.")
+                                "the reference's Wan trainer forces it: a video's activations do not fit otherwise. "
+                                "Also spelled --gradient_checkpointing.")
     else:
-        group.add_argument("--use_gradient_checkpointing", action="store_true",
-                           help="Recompute activations in the backward pass: much less VRAM, about a third slower.")
+        group.add_argument(*names, action="store_true",
+                           help="Recompute activations in the backward pass: much less VRAM, about a third slower. "
+                                "Also spelled --gradient_checkpointing (musubi-tuner).")
     group.add_argument("--use_gradient_checkpointing_offload", action="store_true",
                        help="Also keep the checkpointed activations in CPU memory; implies "
                             "--use_gradient_checkpointing. Least VRAM, slower still.")
@@ -512,13 +521,17 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     ``--use_gradient_checkpointing_offload`` implies ``--use_gradient_checkpointing`` (as in the reference trainer,
     where offloading the checkpointed activations is a kind of checkpointing); ``args`` is updated to say so.
 
+    A ``--resume_from_checkpoint`` that names a weights file moves to ``args.initial_weights`` (``initial_weights``);
+    ``args.resume_from_checkpoint`` then keeps only training-state checkpoints.
+
     Returns:
         ``args`` (the parsed flags of :func:`build_parser`), with implied flags set.
 
     Raises:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
-    problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
+    problems = split_resume_flag(args)
+    problems += (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
                 + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "

@@ -23,6 +23,8 @@ from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .exit_codes import run_with_exit_code
+from .initial_weights import load_initial_weights
+from .input_checks import check_inputs_used, warn_about_unread_columns
 from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
@@ -102,7 +104,7 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, args.task)
         repeat = 1
-    return UnifiedDataset(
+    dataset = UnifiedDataset(
         args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
@@ -112,6 +114,8 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                       if name in pipeline_class.input_types},
     )  # fmt: skip
+    warn_about_unread_columns(args, pipeline_class, {column for row in dataset.rows for column in row})
+    return dataset
 
 
 def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:
@@ -224,6 +228,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
+    check_inputs_used(args, pipeline_class)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
@@ -257,6 +262,9 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         decode_at_startup(accelerator, dataset, args.on_bad_sample)
     # Models and the training module.
     pipe = load_pipeline(args, pipeline_class, accelerator)  # under DeepSpeed: whole, then ZeRO partitions at prepare
+    if args.initial_weights:
+        loaded = load_initial_weights(pipe, args.initial_weights, args.remove_prefix_in_ckpt or "")
+        logger.info("--resume_from_checkpoint %s: started from its %d weights", args.initial_weights, loaded)
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(

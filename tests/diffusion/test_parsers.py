@@ -279,3 +279,22 @@ def test_a_customized_optimizer_is_checked_and_kept():
     with pytest.raises(FlagError, match="has no effect on --task sft:data_process"):
         validate_args(build_parser().parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam", "--task",
                                                          "sft:data_process"]))
+
+
+def test_musubi_tuners_spelling_of_gradient_checkpointing_sets_the_same_flag():
+    assert parse_args(VALID + ["--gradient_checkpointing"]).use_gradient_checkpointing is True
+    assert parse_args(VALID).use_gradient_checkpointing is False
+
+
+def test_resume_from_checkpoint_tells_a_weights_file_from_a_state_folder(tmp_path, capsys):
+    (tmp_path / "step-4").mkdir()
+    state = parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "step-4")])
+    assert (state.resume_from_checkpoint, state.initial_weights) == (str(tmp_path / "step-4"), None)
+    latest = parse_args(VALID + ["--resume_from_checkpoint", "latest"])
+    assert (latest.resume_from_checkpoint, latest.initial_weights) == ("latest", None)
+    weights = parse_args(VALID + ["--resume_from_checkpoint", "models/epoch-4.safetensors"])
+    assert (weights.resume_from_checkpoint, weights.initial_weights) == (None, "models/epoch-4.safetensors")
+    (tmp_path / "epoch-4.bin").write_bytes(b"pickle")
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "epoch-4.bin")])
+    assert "is a file but not .safetensors" in " ".join(capsys.readouterr().err.split())

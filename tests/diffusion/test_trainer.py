@@ -432,3 +432,25 @@ def test_two_stage_direct_distill_gives_the_one_stage_lora(tmp_path):
                              str(tmp_path / "two"), "--task", "direct_distill:train", "--offload_models",
                              f"{PATTERN['text_encoder']},{PATTERN['vae']}"])
     assert max_difference(lora(tmp_path / "one", "epoch-0"), lora(tmp_path / "two", "epoch-0")) < 1e-6
+
+
+def test_a_weights_file_as_resume_from_checkpoint_starts_from_its_weights(dataset, tmp_path):
+    """The reference's meaning: a full fine-tune's weights file to train on, beside this trainer's state folders."""
+    full = main(QwenImagePipeline, [
+        *raw(dataset), "--model_id_with_origin_paths", ALL_MODELS, "--trainable_models", "dit", "--torch_dtype",
+        "float32", "--seed", "3", "--max_pixels", "4096", "--learning_rate", "1e-2", "--output_path",
+        str(tmp_path / "full"),
+    ])  # fmt: skip
+    trained = full["module"].pipe.dit.state_dict()
+    weights = tmp_path / "full" / "epoch-0.safetensors"
+    assert set(load_file(str(weights))) == set(trained)  # the names written for a full fine-tune
+    result = one_stage(dataset, tmp_path / "lora", "--resume_from_checkpoint", str(weights), "--num_epochs", "1")
+    base = {name: value for name, value in result["module"].pipe.dit.state_dict().items() if ".lora_" not in name}
+    assert max_difference({name.replace(".base_layer", ""): value for name, value in base.items()}, trained) == 0
+    assert not (tmp_path / "lora" / "checkpoints" / "step-0").exists() and result["global_step"] == 6
+    with pytest.raises(FlagError, match="holds LoRA weights; continue a LoRA from it with --lora_checkpoint"):
+        one_stage(dataset, tmp_path / "lora2", "--resume_from_checkpoint", str(tmp_path / "lora" / "epoch-0.safetensors"))
+    with pytest.raises(FlagError, match=r"loads into controlnet \(--remove_prefix_in_ckpt pipe.controlnet.\), "
+                                        "which is not loaded"):
+        one_stage(dataset, tmp_path / "x", "--remove_prefix_in_ckpt", "pipe.controlnet.", "--resume_from_checkpoint",
+                  str(weights))
