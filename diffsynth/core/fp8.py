@@ -322,7 +322,7 @@ def nbytes_by_dtype(module: torch.nn.Module) -> dict[torch.dtype, int]:
     return totals
 
 
-def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
+def linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
     """Yields ``(name, parent, attribute, layer)`` for every Linear below ``module``, LoRA adapters skipped."""
     if isinstance(module, torch.nn.MultiheadAttention):
         return  # its forward reads out_proj.weight directly, bypassing any Linear forward
@@ -334,7 +334,7 @@ def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[s
         if isinstance(child, torch.nn.Linear):
             yield name, module, attribute, child
         else:
-            yield from _linear_slots(child, name)
+            yield from linear_slots(child, name)
 
 
 def _check_convertible(name: str, linear: torch.nn.Linear) -> None:
@@ -388,7 +388,7 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
     already_fp8 = 0
     # A weight tied to a non-Linear owner (an embedding) would stay alive there in full: converting saves nothing.
     tied = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Linear) for p in m._parameters.values()}
-    for name, parent, attribute, linear in _linear_slots(module):
+    for name, parent, attribute, linear in linear_slots(module):
         names.append(name)
         if isinstance(linear, Fp8Linear):
             already_fp8 += 1

@@ -1,8 +1,8 @@
 """Checks of the flags that name models or their parts, made on weightless builds before any weight loads.
 
 ``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models``, ``--blocks_to_swap``,
-``--preset_lora_model`` / ``--preset_lora_path`` and a weights file given as ``--resume_from_checkpoint`` can only be
-checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
+``--preset_lora_model`` / ``--preset_lora_path``, the exclusions of ``--quant_options`` and a weights file given as
+``--resume_from_checkpoint`` can only be checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
 slot is read from its ``config.json`` and the models whose structure matters (the LoRA's model, the denoiser) are
 built on the meta device (``load_skeleton``: a second or so, no weights); every problem is then reported at once.
 """
@@ -19,6 +19,7 @@ from ..core.loader import (ModelConfig, ModelLoadError, load_skeleton, model_cla
 from ..core.offload_training.block_swap import find_block_list
 from .base_pipeline import BasePipeline
 from .initial_weights import initial_weights_problems, target_model
+from .quant_options import quant_model_problems, quantized_models
 from .parsers import FlagError, split_csv, task_stage
 from .training_module import resolve_lora_targets
 
@@ -151,8 +152,12 @@ def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipelin
     slots = _slots(pipeline_class, configs)
     problems = _fp8_problems(args, configs, slots, trains)
     preset = args.preset_lora_model if args.preset_lora_path else None
-    skeletons = _skeletons({preset}, slots, args.torch_dtype)
+    quantized = set(quantized_models(args, slots)) if args.quant_options else set()
+    skeletons = _skeletons({preset, *quantized}, slots, args.torch_dtype)
     problems += _preset_lora_problems(args, slots, trains, skeletons.get(preset))
+    if args.quant_options:
+        problems += quant_model_problems(args, configs, slots, trains,
+                                         {name: skeletons[name] for name in quantized if name in skeletons})
     if trains:
         trainable = split_csv(args.trainable_models)
         problems += _unknown_names("--trainable_models", args.trainable_models, trainable, slots)

@@ -149,6 +149,14 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                             "by index), as do layers the model class keeps in float32 (its code casts their inputs "
                             "to their dtype); a listed model with no Linear or convolution layer is only noted. A "
                             "LoRA on such a model trains in float32 as usual.")
+    group.add_argument("--quant_options", type=str, default=None,
+                       help="Quantize loaded models' frozen Linear weights: semicolon list of "
+                            "<model>:<method>[/<excluded layers>], <model> copied from --model_id_with_origin_paths, "
+                            "e.g. 'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4/"
+                            "img_in,proj_out'. Method bitsandbytes_nf4 (pip install bitsandbytes): 4-bit NormalFloat "
+                            "weights computed in --torch_dtype, about 0.56 bytes per weight and 9%% weight error; "
+                            "excluded layers (matched by name or name end) stay in full precision. A LoRA on such a "
+                            "model trains in float32. Not with --enable_model_cpu_offload or --blocks_to_swap.")
     group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
                        help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
     group.add_argument("--initialize_model_on_cpu", action="store_true",
@@ -475,6 +483,14 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _quant_problems(args: argparse.Namespace) -> list[str]:
+    if not args.quant_options:
+        return []
+    from .quant_options import quant_flag_problems
+
+    return quant_flag_problems(args)
+
+
 def _optimizer_problems(args: argparse.Namespace) -> list[str]:
     """The optimizer class must import now, not after the models loaded."""
     if not args.customized_optimizer:
@@ -532,7 +548,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """
     problems = split_resume_flag(args)
     problems += (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args))
+                + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args)
+                + _quant_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

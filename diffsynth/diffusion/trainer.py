@@ -29,6 +29,7 @@ from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
+from .quant_options import quant_package_problems, quantized_models
 from .runner import launch_data_process_task, launch_training_task
 from .training_module import DiffusionTrainingModule
 
@@ -74,6 +75,9 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.blocks_to_swap:
         problems.append(f"--blocks_to_swap {args.blocks_to_swap} and DeepSpeed both decide where the weights live; "
                         "drop --blocks_to_swap (ZeRO-3's offload_param keeps the weights in CPU memory)")
+    if args.quant_options:
+        problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
+                        "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -229,6 +233,9 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
     check_inputs_used(args, pipeline_class)
+    missing = quant_package_problems(args)
+    if missing:
+        raise FlagError(missing)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(args)
@@ -277,6 +284,7 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
         fp8_models=fp8_model_names(args, pipe),
         preset_lora=(args.preset_lora_model, args.preset_lora_path) if args.preset_lora_path else None,
+        quant_models=quantized_models(args, pipe.model_configs),
     )  # fmt: skip
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, command=command)}

@@ -97,6 +97,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         preset_lora: ``(model name, LoRA file)``: a LoRA merged into that model's frozen weights first
             (``--preset_lora_model`` / ``--preset_lora_path``, differential LoRA training). Skipped for a model this
             stage holds without weights.
+        quant_models: Models whose frozen Linear weights are quantized (``--quant_options``), each with its
+            ``core.quant.QuantConfig``; after the LoRA is injected, like ``fp8_models``.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -109,7 +111,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
-                 preset_lora: tuple[str, str | Path] | None = None) -> None:
+                 preset_lora: tuple[str, str | Path] | None = None,
+                 quant_models: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
@@ -128,6 +131,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
         self._store_in_fp8(fp8_models)
+        self._quantize(quant_models or {})
         final_keys = self.loss.required_keys(pipe)
         related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
         self.cache_keys = sorted(required_cache_keys(related, final_keys))
@@ -264,6 +268,19 @@ class DiffusionTrainingModule(torch.nn.Module):
                 # The reference's commands list every model; one without such layers is no error.
                 logger.warning("--fp8_models %s: %s has no Linear or convolution layer to store in fp8; it keeps its "
                                "dtype", name, type(model).__name__)
+
+    def _quantize(self, configs: Mapping[str, Any]) -> None:
+        """Quantizes the frozen Linear weights of each named model (``core.quant``); LoRA adapters stay float32."""
+        from ..core.quant import quantize_model
+
+        for name, config in configs.items():
+            model = self._model(name, "--quant_options")
+            if name in self.trainable_models and self.stage != "data_process":
+                raise ValueError(f"--quant_options quantizes {name}, which --trainable_models trains in full; drop "
+                                 "one of the two (a LoRA on a quantized model trains)")
+            if any(param.is_meta for param in model.parameters()):
+                continue  # a skeleton from --offload_models holds no weights
+            logger.info("--quant_options %s: %s", name, quantize_model(model, config).summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:

@@ -15,6 +15,7 @@ REFERENCE_DEFAULTS = {
     "data_file_keys": "image,video",
     "height": None, "width": None, "max_pixels": 1048576,
     "model_paths": None, "model_id_with_origin_paths": None, "tokenizer_path": None, "extra_inputs": None,
+    "quant_options": None,
     "processor_path": None, "zero_cond_t": False,
     "offload_models": None, "initialize_model_on_cpu": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,

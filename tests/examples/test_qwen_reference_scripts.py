@@ -24,6 +24,7 @@ from diffsynth.diffusion import trainer
 from diffsynth.diffusion.parsers import build_parser
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from tests.conftest import reset_accelerate_state
+from tests.core.test_quant import needs_bitsandbytes
 
 from .test_scripts import REPO, launch_commands, trainer_argv
 
@@ -154,3 +155,22 @@ def test_distill_script_trains_from_a_csv_of_sampler_settings(workdir):
     result = run_in_process(argv)
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
     assert lora_update(workdir / "models/train/Qwen-Image-Distill-LoRA_lora/epoch-0.safetensors") > 0
+
+
+def test_2512_script_trains_on_the_2512_transformer(workdir):
+    [(_, argv)] = commands("lora/Qwen-Image-2512.sh")
+    result = run_in_process(argv)
+    assert result["module"].pipe.model_configs["dit"].model_id == "Qwen/Qwen-Image-2512"
+    assert lora_update(workdir / "models/train/Qwen-Image-2512_lora/epoch-0.safetensors") > 0
+
+
+@needs_bitsandbytes
+def test_nf4_script_trains_a_lora_on_a_4_bit_transformer(workdir):
+    import bitsandbytes as bnb
+
+    [(_, argv)] = commands("special/quant_training/Qwen-Image-2512-bitsandbytes_nf4.sh")
+    result = run_in_process(argv)
+    dit = result["module"].pipe.dit
+    assert isinstance(dit.transformer_blocks[0].attn.to_q.base_layer, bnb.nn.Linear4bit)
+    assert type(dit.transformer_blocks[0].img_mod[1].base_layer) is torch.nn.Linear  # excluded, under its LoRA
+    assert lora_update(workdir / "models/train/Qwen-Image-2512_quant_lora/epoch-0.safetensors") > 0
