@@ -1,19 +1,20 @@
-"""The trainer's command line: one argparse group per concern, cross-flag checks, and a Markdown flag table.
+"""The trainer's command line: one argparse group per concern, and the cross-flag checks.
 
-Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged. Flags
+Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged (its
+flags this trainer does not support are accepted and refused by name: ``reference_flags``). Flags
 beyond the reference (seeding, schedulers, clipping, mixed precision, resuming, a step budget) default to doing
 nothing, so a reference command trains exactly as it did there. Two safety nets are on by default and change no
 healthy run's weights: timed training-state checkpoints (``--checkpoint_every_minutes``) and the stop after
 consecutive non-finite steps (``--max_nonfinite_steps``).
 
 Only checks that need nothing but the flags live here. Whether model files exist, and whether a LoRA target matches
-a module, is the loader's and the training module's business: they know the files and the model.
+a module, is the loader's and the training module's business: they know the files and the model. The docs' flag
+tables are rendered from these parsers by ``flag_docs``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .initial_weights import split_resume_flag
+from .reference_flags import add_unsupported_config, unsupported_flag_problems
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +349,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_logging_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_logging_config, add_unsupported_config):
         add(parser)
     return parser
 
@@ -549,7 +551,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     problems = split_resume_flag(args)
     problems += (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
                 + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args)
-                + _quant_problems(args))
+                + _quant_problems(args) + unsupported_flag_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")
@@ -591,35 +593,3 @@ def parse_args(argv: Sequence[str] | None = None, video: bool = False,
         return validate_args(args)
     except FlagError as error:
         parser.error("\n  " + "\n  ".join(error.problems))
-
-
-def _format_default(default: object) -> str:
-    text = json.dumps(default) if isinstance(default, str) else str(default)
-    return "unset" if default is None else f"`{_table_cell(text)}`"
-
-
-def _table_cell(text: str) -> str:
-    # Angle brackets would read as HTML tags in rendered Markdown; "%%" is argparse's escape for a percent sign.
-    text = " ".join(text.split()).replace("%%", "%")
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def flag_table(parser: argparse.ArgumentParser) -> str:
-    """Renders the parser's flags as Markdown: a ``###`` heading and a flag/default/description table per group.
-
-    The docs embed this output, and a test compares them, so the docs cannot drift from the code.
-    """
-    sections = []
-    for group in parser._action_groups:
-        actions = [action for action in group._group_actions if not isinstance(action, argparse._HelpAction)]
-        if not actions:
-            continue
-        rows = ["| Flag | Default | Description |", "| --- | --- | --- |"]
-        for action in actions:
-            description = action.help or ""
-            if action.choices:
-                description += f" Choices: {', '.join(map(str, action.choices))}."
-            flag = action.option_strings[0] if action.option_strings else action.dest
-            rows.append(f"| `{flag}` | {_format_default(action.default)} | {_table_cell(description)} |")
-        sections.append(f"### {group.title}\n\n" + "\n".join(rows))
-    return "\n\n".join(sections) + "\n"

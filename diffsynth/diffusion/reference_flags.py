@@ -4,7 +4,8 @@
 Every one of them parses here, so a reference command never stops at "unrecognized arguments". Most work as there
 (some with a note on a difference); the few this trainer does not support are accepted by the parser, in their own
 group, and refused with a message naming the flag when given (``unsupported_flag_problems``). The docs' table of
-reference flags is generated from this module and the parser (``reference_flag_table``), so it cannot drift.
+reference flags is generated from this module and the parsers (``flag_docs.reference_flag_table``), so it cannot
+drift.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ NOTES: dict[str, str] = {
     "--cpu_offload_split_threshold": "takes fractional MB",
     "--wandb_project": "default diffsynth",
     "--find_unused_parameters": "only DDP reads it",
+    "--num_frames": "the Wan trainer's, as there",
+    "--extra_inputs": "a name nothing in the task reads is refused; metadata cells are typed as the pipeline reads "
+                      "them (seed an int, cfg_scale a float)",
+    "--preset_lora_path": "any LoRA layout the trainer reads",
 }
 
 
@@ -90,18 +95,3 @@ def unsupported_flag_problems(args: argparse.Namespace) -> list[str]:
             shown = flag if value is True else f"{flag} {value}"
             problems.append(f"{shown}: {reason}; drop it")
     return problems
-
-
-def reference_flag_table(parser: argparse.ArgumentParser) -> str:
-    """Markdown: every reference flag, where the reference defines it, and its status in ``parser``."""
-    known = {option for action in parser._actions for option in action.option_strings}
-    rows = ["| Reference flag | Defined there in | Here |", "| --- | --- | --- |"]
-    for flag, where in REFERENCE_FLAGS.items():
-        if flag in UNSUPPORTED:
-            status = f"accepted, refused when given: {UNSUPPORTED[flag]}"
-        elif flag in known:
-            status = "works" + (f" ({NOTES[flag]})" if flag in NOTES else "")
-        else:
-            status = "missing"
-        rows.append(f"| `{flag}` | {where} | {status} |")
-    return "\n".join(rows) + "\n"

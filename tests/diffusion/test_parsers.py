@@ -6,7 +6,9 @@ import logging
 import pytest
 
 from diffsynth.diffusion import parsers
-from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, flag_table, parse_args, split_csv, task_stage,
+from diffsynth.diffusion.flag_docs import flag_table
+from diffsynth.diffusion.reference_flags import UNSUPPORTED
+from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, parse_args, split_csv, task_stage,
                                          validate_args)
 
 # The reference trainer's flags and defaults; a reference command must mean the same here.
@@ -40,6 +42,9 @@ EXTRA_DEFAULTS = {
 DEPARTURES = {"output_path": "./output"}
 # Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
+# The reference's flags this trainer refuses when given (reference_flags.UNSUPPORTED): unset unless given.
+SWITCHES = ("--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding")
+REFUSED_DEFAULTS = {flag[2:]: False if flag in SWITCHES else None for flag in UNSUPPORTED}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
 STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
@@ -47,11 +52,11 @@ STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "
 
 def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
-    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS}
+    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **REFUSED_DEFAULTS}
     video = build_parser(video=True).parse_args([])
     # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, "num_frames": 81,
-                           "allow_shorter_videos": False, "use_gradient_checkpointing": True}
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **REFUSED_DEFAULTS,
+                           "num_frames": 81, "allow_shorter_videos": False, "use_gradient_checkpointing": True}
     assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
 
@@ -209,12 +214,12 @@ def test_flag_table_lists_every_flag_under_its_group():
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
     assert len(flags) == (len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + len(SAFETY_DEFAULTS)
-                          + 2)  # + the video flags --num_frames, --allow_shorter_videos
+                          + len(REFUSED_DEFAULTS) + 2)  # + the video flags --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
     for title in ("Dataset", "Video size", "Model", "Training", "Output", "LoRA", "Gradient checkpointing",
-                  "Offload training", "Block swap", "Logging"):
+                  "Offload training", "Block swap", "Logging", "Reference flags not supported here"):
         assert f"### {title}\n\n| Flag | Default | Description |\n| --- | --- | --- |" in table
     assert "| `--dataset_base_path` | `\"\"` |" in table and "| `--lora_rank` | `32` |" in table
     assert "| `--seed` | unset |" in table and "| `--enable_csv_log` | `False` |" in table
