@@ -286,8 +286,8 @@ class Fp8Storage:
     def summary(self) -> str:
         """One line for the log: how many layers, and their weight bytes before and after."""
         mib = 1024 * 1024
-        return (f"fp8 storage: {len(self.layer_names)} {self.kind} layers, weights {self.bytes_before / mib:.2f} MiB -> "
-                f"{self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
+        return (f"fp8 storage: {len(self.layer_names)} {self.kind} layers, weights {self.bytes_before / mib:.2f} "
+                f"MiB -> {self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
 
     def remove(self, dtype: torch.dtype | None = None) -> int:
         """Turns every layer of this kind that is stored in fp8 back into a plain one; returns how many.

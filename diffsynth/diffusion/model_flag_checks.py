@@ -2,9 +2,10 @@
 
 ``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models``, ``--blocks_to_swap``,
 ``--preset_lora_model`` / ``--preset_lora_path``, the exclusions of ``--quant_options`` and a weights file given as
-``--resume_from_checkpoint`` can only be checked against the models themselves. Loading a 20B-parameter pipeline takes minutes, so each model's
-slot is read from its ``config.json`` and the models whose structure matters (the LoRA's model, the denoiser) are
-built on the meta device (``load_skeleton``: a second or so, no weights); every problem is then reported at once.
+``--resume_from_checkpoint`` can only be checked against the models themselves. Loading a 20B-parameter pipeline takes
+minutes, so each model's slot is read from its ``config.json`` and the models whose structure matters (the LoRA's
+model, the denoiser, the preset LoRA's and the quantized models) are built on the meta device (``load_skeleton``: a
+second or so, no weights); every problem is then reported at once.
 """
 
 from __future__ import annotations

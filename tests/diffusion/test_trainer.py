@@ -449,7 +449,8 @@ def test_a_weights_file_as_resume_from_checkpoint_starts_from_its_weights(datase
     assert max_difference({name.replace(".base_layer", ""): value for name, value in base.items()}, trained) == 0
     assert not (tmp_path / "lora" / "checkpoints" / "step-0").exists() and result["global_step"] == 6
     with pytest.raises(FlagError, match="holds LoRA weights; continue a LoRA from it with --lora_checkpoint"):
-        one_stage(dataset, tmp_path / "lora2", "--resume_from_checkpoint", str(tmp_path / "lora" / "epoch-0.safetensors"))
+        one_stage(dataset, tmp_path / "lora2", "--resume_from_checkpoint",
+                  str(tmp_path / "lora" / "epoch-0.safetensors"))
     with pytest.raises(FlagError, match=r"loads into controlnet \(--remove_prefix_in_ckpt pipe.controlnet.\), "
                                         "which is not loaded"):
         one_stage(dataset, tmp_path / "x", "--remove_prefix_in_ckpt", "pipe.controlnet.", "--resume_from_checkpoint",

@@ -25,7 +25,8 @@ def test_cells_convert_from_text_and_json_values():
     ("seed", "abc", "which is not a number; the pipeline reads seed as integer (e.g. 0)"),
     ("seed", "1.5", "which is not a whole number"),
     ("seed", True, "which is not a number"),
-    ("num_inference_steps", "0", "which must be at least 1; the pipeline reads num_inference_steps as positive integer"),
+    ("num_inference_steps", "0",
+     "which must be at least 1; the pipeline reads num_inference_steps as positive integer"),
     ("cfg_scale", "nan", "which is not a finite number"),
     ("rand_device", " ", "which is not a non-empty string"),
 ])
