@@ -55,6 +55,9 @@ UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys([flag for flag, where in REFERENCE_FLAGS.items() if flag.startswith("--dmd2_")], _DMD2),
 }
 
+# The unsupported flags that are switches (store_true there); the others take a value.
+SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding"})
+
 # Differences worth knowing for flags that work.
 NOTES: dict[str, str] = {
     "--output_path": "default ./output: the reference's ./models is the model folder here",
@@ -79,7 +82,7 @@ def add_unsupported_config(parser: argparse.ArgumentParser) -> argparse.Argument
     """Adds the reference's flags this trainer does not support, each refused when given (see ``UNSUPPORTED``)."""
     group = parser.add_argument_group("Reference flags not supported here")
     for flag, reason in UNSUPPORTED.items():
-        if flag in ("--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding"):
+        if flag in SWITCHES:
             group.add_argument(flag, action="store_true", help=f"Refused when given: {reason}.")
         else:
             group.add_argument(flag, type=str, default=None, help=f"Refused when given: {reason}.")

@@ -22,6 +22,7 @@ import torch
 
 from ..core.data.fingerprint import digest, weights_digest
 from ..core.gradient import gradient_checkpoint_forward
+from ..core.quant import QuantConfig, quantize_model
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
 from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import task_stage
@@ -112,7 +113,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
                  preset_lora: tuple[str, str | Path] | None = None,
-                 quant_models: Mapping[str, Any] | None = None) -> None:
+                 quant_models: Mapping[str, QuantConfig] | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
@@ -269,10 +270,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                 logger.warning("--fp8_models %s: %s has no Linear or convolution layer to store in fp8; it keeps its "
                                "dtype", name, type(model).__name__)
 
-    def _quantize(self, configs: Mapping[str, Any]) -> None:
+    def _quantize(self, configs: Mapping[str, QuantConfig]) -> None:
         """Quantizes the frozen Linear weights of each named model (``core.quant``); LoRA adapters stay float32."""
-        from ..core.quant import quantize_model
-
         for name, config in configs.items():
             model = self._model(name, "--quant_options")
             if name in self.trainable_models and self.stage != "data_process":

@@ -7,7 +7,7 @@ import pytest
 
 from diffsynth.diffusion import parsers
 from diffsynth.diffusion.flag_docs import flag_table
-from diffsynth.diffusion.reference_flags import UNSUPPORTED
+from diffsynth.diffusion.reference_flags import SWITCHES, UNSUPPORTED
 from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, parse_args, split_csv, task_stage,
                                          validate_args)
 
@@ -43,7 +43,6 @@ DEPARTURES = {"output_path": "./output"}
 # Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
 # The reference's flags this trainer refuses when given (reference_flags.UNSUPPORTED): unset unless given.
-SWITCHES = ("--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding")
 REFUSED_DEFAULTS = {flag[2:]: False if flag in SWITCHES else None for flag in UNSUPPORTED}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

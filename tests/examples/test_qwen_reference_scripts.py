@@ -175,3 +175,9 @@ def test_nf4_script_trains_a_lora_on_a_4_bit_transformer(workdir):
     assert isinstance(dit.transformer_blocks[0].attn.to_q.base_layer, bnb.nn.Linear4bit)
     assert type(dit.transformer_blocks[0].img_mod[1].base_layer) is torch.nn.Linear  # excluded, under its LoRA
     assert lora_update(workdir / "models/train/Qwen-Image-2512_quant_lora/epoch-0.safetensors") > 0
+
+
+@pytest.mark.parametrize("script", ["lora/Qwen-Image.sh", "special/split_training/Qwen-Image-LoRA.sh"])
+def test_plain_and_split_scripts_train(workdir, script):
+    results = [run_in_process(argv) for _, argv in commands(script)]
+    assert results[-1]["global_step"] == 2 and all(torch.isfinite(torch.tensor(results[-1]["losses"])))
