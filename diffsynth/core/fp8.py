@@ -269,6 +269,7 @@ class Fp8Storage:
         layer_names: Dotted names of the converted layers (peft's ``.base_layer`` included where there is one).
         bytes_before: Bytes of those layers' weights before conversion.
         bytes_after: Bytes of their fp8 weights and scales (biases are not counted: they do not change).
+        kind: ``"Linear"`` (``enable_fp8_storage``) or ``"convolution"`` (``fp8_conv.enable_fp8_conv_storage``).
     """
 
     module: torch.nn.Module
@@ -276,6 +277,7 @@ class Fp8Storage:
     layer_names: list[str]
     bytes_before: int
     bytes_after: int
+    kind: str = "Linear"
 
     @property
     def saved_bytes(self) -> int:
@@ -284,17 +286,24 @@ class Fp8Storage:
     def summary(self) -> str:
         """One line for the log: how many layers, and their weight bytes before and after."""
         mib = 1024 * 1024
-        return (f"fp8 storage: {len(self.layer_names)} Linear layers, weights {self.bytes_before / mib:.2f} MiB -> "
-                f"{self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
+        return (f"fp8 storage: {len(self.layer_names)} {self.kind} layers, weights {self.bytes_before / mib:.2f} "
+                f"MiB -> {self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
 
     def remove(self, dtype: torch.dtype | None = None) -> int:
-        """Turns every :class:`Fp8Linear` of the module back into a plain Linear; returns how many.
+        """Turns every layer of this kind that is stored in fp8 back into a plain one; returns how many.
 
         Lossy: weights come back dequantized (the fp8 rounding stays). Remove an offload manager first.
 
         Args:
             dtype: The weights' dtype; default, each layer's dtype before conversion.
         """
+        if self.kind == "convolution":
+            from .fp8_conv import is_fp8_conv, restore_conv
+
+            converted = [module for module in self.module.modules() if is_fp8_conv(module)]
+            for conv in converted:
+                restore_conv(conv, dtype)
+            return len(converted)
         count = 0
         for parent in self.module.modules():
             for name, child in list(parent.named_children()):
@@ -313,7 +322,7 @@ def nbytes_by_dtype(module: torch.nn.Module) -> dict[torch.dtype, int]:
     return totals
 
 
-def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
+def linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
     """Yields ``(name, parent, attribute, layer)`` for every Linear below ``module``, LoRA adapters skipped."""
     if isinstance(module, torch.nn.MultiheadAttention):
         return  # its forward reads out_proj.weight directly, bypassing any Linear forward
@@ -325,7 +334,7 @@ def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[s
         if isinstance(child, torch.nn.Linear):
             yield name, module, attribute, child
         else:
-            yield from _linear_slots(child, name)
+            yield from linear_slots(child, name)
 
 
 def _check_convertible(name: str, linear: torch.nn.Linear) -> None:
@@ -379,7 +388,7 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
     already_fp8 = 0
     # A weight tied to a non-Linear owner (an embedding) would stay alive there in full: converting saves nothing.
     tied = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Linear) for p in m._parameters.values()}
-    for name, parent, attribute, linear in _linear_slots(module):
+    for name, parent, attribute, linear in linear_slots(module):
         names.append(name)
         if isinstance(linear, Fp8Linear):
             already_fp8 += 1

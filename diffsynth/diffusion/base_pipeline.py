@@ -66,6 +66,9 @@ class BasePipeline(torch.nn.Module):
     load_options: tuple[str, ...] = ()
     #: State inputs that must hold loaded images, so a dataset column feeding one belongs in ``--data_file_keys``.
     image_inputs: tuple[str, ...] = ()
+    #: The type of each input a metadata column may feed through ``--extra_inputs`` (``core.data.cells``); a CSV
+    #: cell is text, so the dataset converts those columns (e.g. ``seed`` to an int) and refuses cells that do not.
+    input_types: dict[str, Any] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

@@ -198,7 +198,8 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
 
 
 def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> dict[str, Any]:
-    """The flags that fix the shape and meaning of the trainable weights, as a checkpoint records them.
+    """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, as a checkpoint
+    records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
@@ -211,6 +212,8 @@ def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) 
         "lora_rank": args.lora_rank if lora else None,
         "lora_alpha": float(args.lora_rank if args.lora_alpha is None else args.lora_alpha) if lora else None,
         "trainable_models": sorted(split_csv(args.trainable_models)),
+        # The optimizer state in the checkpoint is the named class's (AdamW's when unset).
+        "customized_optimizer": getattr(args, "customized_optimizer", None),
     }
 
 

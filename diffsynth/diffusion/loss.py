@@ -86,28 +86,46 @@ class FlowMatchSFTLoss(LatentsLoss):
 class DirectDistillLoss(LatentsLoss):
     """Trains a few-step sampler: run the whole short denoising loop with gradients, match the clean latents.
 
-    Memory grows with the number of steps, since every step's activations are kept for backward; use gradient
-    checkpointing for more than a handful.
+    The metadata says per sample how the student samples (the reference's distillation datasets: columns ``seed``,
+    ``rand_device``, ``num_inference_steps``, ``cfg_scale`` passed with ``--extra_inputs``): the loop starts from
+    the noise the pipeline draws from ``seed`` on ``rand_device``, exactly as inference with that seed does (without
+    a seed, from noise drawn like the SFT loss's), runs ``num_inference_steps`` steps, and guides each prediction
+    with ``cfg_scale`` (the negative prompt is the empty one) when it is not 1.
+
+    Memory grows with the number of steps, since every step's activations are kept for backward (twice with CFG);
+    use gradient checkpointing for more than a handful.
 
     Args:
-        num_inference_steps: Steps of the distilled sampler.
+        num_inference_steps: Steps of the distilled sampler for samples that do not give theirs.
     """
 
     num_inference_steps: int = 8
+    #: Inputs read from the state after the units, besides the latents (given per sample by ``--extra_inputs``).
+    sample_inputs = ("seed", "num_inference_steps", "cfg_scale")
 
     def __post_init__(self) -> None:
         if self.num_inference_steps < 1:
             raise ValueError(f"num_inference_steps={self.num_inference_steps} must be at least 1")
 
+    @staticmethod
+    def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
+        """The SFT keys, the seeded noise and the per-sample settings, and the negative branch for CFG."""
+        negative = tuple(("nega", name) for name in pipe.model_fn_params)
+        own = tuple(("shared", name) for name in ("noise", *DirectDistillLoss.sample_inputs))
+        return (*LatentsLoss.required_keys(pipe), *own, *negative)
+
     def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         input_latents = _input_latents(inputs_shared)
-        pipe.set_inference_timesteps(self.num_inference_steps, latent_shape=tuple(input_latents.shape))
-        latents = _noise_like(input_latents, generator)
+        steps = inputs_shared.get("num_inference_steps") or self.num_inference_steps
+        pipe.set_inference_timesteps(steps, latent_shape=tuple(input_latents.shape))
+        if inputs_shared.get("seed") is not None:
+            latents = inputs_shared["noise"].to(input_latents.device, input_latents.dtype)
+        else:
+            latents = _noise_like(input_latents, generator)
         for timestep in pipe.scheduler.timesteps:
             timestep = timestep.to(latents.device)
-            prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=latents,
-                                                       timestep=timestep))
+            prediction = pipe.predict_noise({**inputs_shared, "latents": latents}, inputs_posi, inputs_nega, timestep)
             latents = pipe.scheduler.step(prediction, timestep, latents)
         region = pipe.loss_region(inputs_shared)
         if region is not None:

@@ -37,9 +37,10 @@ from ..core.offload_training import BlockSwap, OffloadTrainingManager, create_of
 from ..core.offload_training.grad_sync import GradientSynchronizer
 from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
-                                make_optimizer, release_unused_models)
+                                release_unused_models)
 from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
+from .optimizer import make_optimizer
 from .placement_config import PlacementConfig
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
 from .progress import ProgressReport
@@ -308,7 +309,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     else:
         managers, swaps = place_models(module, accelerator.device, placement)
     params = [param for param in module.parameters() if param.requires_grad]
-    optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
+    optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator, args.customized_optimizer)
     sampler = EpochShuffleSampler(len(dataset), args.seed)
     dataloader = DataLoader(_Indexed(dataset), batch_size=1, sampler=sampler, collate_fn=_first,
                             num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)

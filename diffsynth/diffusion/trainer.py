@@ -23,11 +23,14 @@ from .base_pipeline import BasePipeline
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .exit_codes import debug_requested, run_with_exit_code
+from .initial_weights import load_initial_weights
+from .input_checks import check_inputs_used, warn_about_unread_columns
 from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .placement_config import PlacementConfig
+from .quant_options import quant_package_problems, quantized_models
 from .runner import launch_data_process_task, launch_training_task
 from .training_module import DiffusionTrainingModule
 
@@ -76,6 +79,9 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.vram_budget is not None or args.ram_budget is not None:
         problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
                         "them (ZeRO-3 partitions and offloads by its config)")
+    if args.quant_options:
+        problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
+                        "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -106,14 +112,18 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, args.task)
         repeat = 1
-    return UnifiedDataset(
+    dataset = UnifiedDataset(
         args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
         keep_row_indices=caching,
+        column_types={name: pipeline_class.input_types[name] for name in extra_inputs
+                      if name in pipeline_class.input_types},
     )  # fmt: skip
+    warn_about_unread_columns(args, pipeline_class, {column for row in dataset.rows for column in row})
+    return dataset
 
 
 def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:
@@ -228,6 +238,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
+    check_inputs_used(args, pipeline_class)
+    missing = quant_package_problems(args)
+    if missing:
+        raise FlagError(missing)
     placement = PlacementConfig.from_args(args)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
@@ -268,6 +282,9 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     # Models and the training module.
     # Under DeepSpeed the models load whole; ZeRO partitions them at prepare.
     pipe = load_pipeline(args, pipeline_class, accelerator, placement)
+    if args.initial_weights:
+        loaded = load_initial_weights(pipe, args.initial_weights, args.remove_prefix_in_ckpt or "")
+        logger.info("--resume_from_checkpoint %s: started from its %d weights", args.initial_weights, loaded)
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(
@@ -279,6 +296,8 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
         fp8_models=fp8_model_names(args, pipe),
+        preset_lora=(args.preset_lora_model, args.preset_lora_path) if args.preset_lora_path else None,
+        quant_models=quantized_models(args, pipe.model_configs),
     )  # fmt: skip
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement, command=command)}

@@ -23,6 +23,7 @@ import torch
 from ..core.data.fingerprint import digest, weights_digest
 from ..core.finite import NonFiniteTensorError
 from ..core.gradient import gradient_checkpoint_forward
+from ..core.quant import QuantConfig, quantize_model
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
 from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import FlagError, task_stage
@@ -93,8 +94,13 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
-        fp8_models: Models whose frozen Linear weights are stored in float8 (after the LoRA is injected, so the
-            LoRA itself stays float32).
+        fp8_models: Models whose frozen Linear and convolution weights are stored in float8 (after the LoRA is
+            injected, so the LoRA itself stays float32).
+        preset_lora: ``(model name, LoRA file)``: a LoRA merged into that model's frozen weights first
+            (``--preset_lora_model`` / ``--preset_lora_path``, differential LoRA training). Skipped for a model this
+            stage holds without weights.
+        quant_models: Models whose frozen Linear weights are quantized (``--quant_options``), each with its
+            ``core.quant.QuantConfig``; after the LoRA is injected, like ``fp8_models``.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -106,7 +112,9 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
-                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = ()) -> None:
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
+                 preset_lora: tuple[str, str | Path] | None = None,
+                 quant_models: Mapping[str, QuantConfig] | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
@@ -119,10 +127,13 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.lora_config: dict[str, Any] = {}
         pipe.requires_grad_(False)
         pipe.eval()
+        if preset_lora is not None:
+            self._merge_preset_lora(*preset_lora)
         if self.stage != "data_process":
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
         self._store_in_fp8(fp8_models)
+        self._quantize(quant_models or {})
         final_keys = self.loss.required_keys(pipe)
         related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
         self.cache_keys = sorted(required_cache_keys(related, final_keys))
@@ -157,6 +168,21 @@ class DiffusionTrainingModule(torch.nn.Module):
             raise ValueError(f"{flag} names {name!r}, but the pipeline holds no such model; it holds "
                              f"{self.pipe.model_names()} (load it with --model_id_with_origin_paths or --model_paths)")
         return model
+
+    def _merge_preset_lora(self, name: str, path: str | Path) -> None:
+        """Merges a LoRA into a model's weights before anything else changes them (LoRA injection, fp8), so the
+        offloader, block swap and a stage-1 cache all see the merged weights."""
+        from ..lora import load_lora
+
+        model = getattr(self.pipe, name, None)
+        if not isinstance(model, torch.nn.Module) or any(param.is_meta for param in model.parameters()):
+            logger.info("--preset_lora_model %s: not computed with in --task %s; nothing to merge", name, self.task)
+            return
+        try:
+            merged = load_lora(model, path)
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"--preset_lora_path {path}: {error}") from None
+        logger.info("--preset_lora_path %s: merged into %d layers of %s", path, merged, name)
 
     def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,
                         lora_checkpoint: str | Path | None) -> None:
@@ -235,8 +261,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                 target.up.copy_(layer.up.float() * (layer.scale / target.scale))
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
-        from ..core.fp8 import enable_fp8_storage
-
+        """Stores the frozen Linear and convolution weights of each named model in fp8 (see ``core.fp8``)."""
         for name in names:
             model = self._model(name, "--fp8_models")
             if name in self.trainable_models and self.stage != "data_process":
@@ -244,17 +269,24 @@ class DiffusionTrainingModule(torch.nn.Module):
                                  "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
             if any(param.is_meta for param in model.parameters()):
                 continue  # a skeleton from --offload_models holds no weights to convert
-            linears = [f".{path}." for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-            if not linears:
-                # The reference's low-VRAM commands list every model, convolutional VAEs included.
-                logger.warning("--fp8_models %s: %s has no Linear layer, so nothing is stored in fp8 (convolutions "
-                               "keep their dtype)", name, type(model).__name__)
-                continue
-            # What the class keeps in float32 stays out of fp8 too: UMT5 casts the input of its `wo` layers to their
-            # weight's dtype, which would be float8.
-            keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-            exclude = [entry for entry in keep if any(f".{entry}." in path for path in linears)]
-            logger.info("--fp8_models %s: %s", name, enable_fp8_storage(model, exclude=exclude).summary())
+            summaries = store_model_in_fp8(model)
+            if summaries:
+                logger.info("--fp8_models %s: %s", name, "; ".join(summaries))
+            else:
+                # The reference's commands list every model; one without such layers is no error.
+                logger.warning("--fp8_models %s: %s has no Linear or convolution layer to store in fp8; it keeps its "
+                               "dtype", name, type(model).__name__)
+
+    def _quantize(self, configs: Mapping[str, QuantConfig]) -> None:
+        """Quantizes the frozen Linear weights of each named model (``core.quant``); LoRA adapters stay float32."""
+        for name, config in configs.items():
+            model = self._model(name, "--quant_options")
+            if name in self.trainable_models and self.stage != "data_process":
+                raise ValueError(f"--quant_options quantizes {name}, which --trainable_models trains in full; drop "
+                                 "one of the two (a LoRA on a quantized model trains)")
+            if any(param.is_meta for param in model.parameters()):
+                continue  # a skeleton from --offload_models holds no weights
+            logger.info("--quant_options %s: %s", name, quantize_model(model, config).summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:
@@ -347,6 +379,26 @@ class DiffusionTrainingModule(torch.nn.Module):
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)
+
+
+def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
+    """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
+
+    What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
+    layers' weight dtype (UMT5's ``wo``); so do embeddings, norms and biases (small, or read by index).
+    """
+    from ..core.fp8 import enable_fp8_storage
+    from ..core.fp8_conv import CONV_TYPES, enable_fp8_conv_storage
+
+    modules = dict(model.named_modules())
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    summaries = []
+    for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
+        paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]
+        if paths:
+            exclude = [entry for entry in keep if any(f".{entry}." in path for path in paths)]
+            summaries.append(enable(model, exclude=exclude).summary())
+    return summaries
 
 
 def _plain_config(model: Any) -> dict[str, Any] | None:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ..core.data.cells import positive_integer
 from ..core.loader import ModelConfig
 from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
 from ..diffusion.base_pipeline import PipelineUnit
@@ -219,6 +220,7 @@ class WanVideoPipeline(TextToLatentPipeline):
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     scheduler_preset = "wan"
+    input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

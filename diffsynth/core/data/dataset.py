@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import Dataset
 
 from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sample
+from .cells import CellType, convert_cells
 from .errors import DataFileNotFoundError, DatasetError
 from .fingerprint import FileIdentity, SampleFingerprint
 from .operators import (DECODE_RULES_VERSION, DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, FileOperator, ResizeConfig,
@@ -156,7 +157,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
-                  file_options: Mapping[str, Any] | None = None) -> CheckedDataset:
+                  file_options: Mapping[str, Any] | None = None,
+                  column_types: Mapping[str, CellType] | None = None) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
@@ -171,9 +173,11 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         resize: The sizing rule; each image must give a non-empty target size under it. Default ``ResizeConfig()``.
         file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
+        column_types: Columns whose cells are converted (``cells.convert_cells``), e.g. ``{"seed": integer}``.
 
     Returns:
-        The metadata rows, the pixels their files decode to, and the operator options they use.
+        The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
+        they use.
 
     Raises:
         DataFileNotFoundError: The base folder, the metadata file or a data file is missing.
@@ -194,12 +198,15 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
             f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
             f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it"
         )
+    for number, row in enumerate(rows, start=1):
+        for column in required_columns:
+            if _is_blank(row.get(column)):
+                raise DatasetError(f"metadata {metadata_path} row {number} has no value in column {column!r}; fill "
+                                   "it in or remove the row")
+    rows = convert_cells(rows, column_types or {}, metadata_path)
     pixels, options = 0, {}
     for number, row in enumerate(rows, start=1):
         where = f"metadata {metadata_path} row {number}"
-        for column in required_columns:
-            if _is_blank(row.get(column)):
-                raise DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
         for key in data_file_keys:
             if key in row:
                 for relative in _file_list(row[key], where, key):
@@ -269,6 +276,8 @@ class UnifiedDataset(Dataset):
         keep_row_indices: Sample ``i`` is always row ``i`` (stage 1, whose cache files are named by row): excluded
             and undecodable rows give ``{SKIPPED_KEY: [...]}`` instead of data. Otherwise (training) excluded rows
             leave the epoch and an undecodable row is replaced by the next readable one.
+        column_types: Columns converted to the type the pipeline reads them as (a CSV cell is text), e.g.
+            ``{"seed": cells.integer}``; see ``cells``.
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -281,7 +290,7 @@ class UnifiedDataset(Dataset):
                  required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
-                 keep_row_indices: bool = False) -> None:
+                 keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -299,7 +308,7 @@ class UnifiedDataset(Dataset):
         self.on_bad_sample = on_bad_sample
         self.keep_row_indices = keep_row_indices
         checked = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                self.resize, self.file_options)
+                                self.resize, self.file_options, column_types)
         self.rows, self.decode_pixels, self._used_options = checked
         #: Rows left out because their files failed to decode (``exclude``), by row index.
         self.excluded: dict[int, BadSample] = {}
