@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .base_pipeline import BasePipeline, StateKey
+from .timestep_sampling import TimestepSampling
 
 
 def _model_inputs(inputs_shared: dict, inputs_posi: dict, **overrides: Any) -> dict:
@@ -48,16 +49,19 @@ class LatentsLoss:
 class FlowMatchSFTLoss(LatentsLoss):
     """Flow-matching velocity regression, weighted over timesteps like the reference trainer.
 
-    Each call draws one timestep from the scheduler's training grid between the boundaries and fresh noise, noises
+    Each call draws a timestep between the boundaries by the ``sampling`` rule (by default the reference's: a
+    uniform index into the scheduler's training grid, with its Gaussian loss weight) and fresh noise, noises
     ``input_latents`` to it, and regresses ``model_fn``'s prediction on the velocity ``noise - input_latents``.
 
     Args:
         min_timestep_boundary: Lower end of the drawn part of the training grid, as a fraction (0: noisiest end).
         max_timestep_boundary: Upper end, as a fraction.
+        sampling: The timestep rule and loss weighting (``--timestep_sampling``, ``--weighting_scheme``).
     """
 
     min_timestep_boundary: float = 0.0
     max_timestep_boundary: float = 1.0
+    sampling: TimestepSampling = dataclasses.field(default_factory=TimestepSampling)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_timestep_boundary < self.max_timestep_boundary <= 1.0:
@@ -68,8 +72,8 @@ class FlowMatchSFTLoss(LatentsLoss):
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """The weighted loss of one sample; ``inputs_nega`` is unused (training runs without CFG)."""
         input_latents = _input_latents(inputs_shared)
-        timestep = pipe.scheduler.sample_training_timestep(generator, self.min_timestep_boundary,
-                                                           self.max_timestep_boundary)
+        timestep, weight = self.sampling.draw(pipe.scheduler, input_latents.shape, generator,
+                                              self.min_timestep_boundary, self.max_timestep_boundary)
         noise = _noise_like(input_latents, generator)
         timestep = timestep.to(input_latents.device)
         noisy = pipe.scheduler.add_noise(input_latents, noise, timestep)
@@ -79,7 +83,7 @@ class FlowMatchSFTLoss(LatentsLoss):
         if region is not None:
             prediction, target = prediction[region], target[region]
         loss = torch.nn.functional.mse_loss(prediction.float(), target.float())
-        return loss * pipe.scheduler.training_weight(timestep).to(loss.device).reshape(())
+        return loss * weight.to(loss.device)
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .placement_config import PlacementConfig, PlacementError
+from .timestep_sampling import TIMESTEP_SAMPLINGS, WEIGHTING_SCHEMES, TimestepSampling, TimestepSamplingError
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,37 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+def add_timestep_sampling_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the timestep sampling flags: the noise levels training draws and the loss weight at each (docs
+    Training)."""
+    group = parser.add_argument_group("Timestep sampling")
+    group.add_argument("--timestep_sampling", type=str, default="grid", choices=TIMESTEP_SAMPLINGS,
+                       help="How training draws its noise levels: grid draws uniformly from the model's own shifted "
+                            "1000-step grid (the reference's rule); uniform, sigmoid, logit_normal, shift, "
+                            "qwen_shift and flux_shift draw continuously as musubi-tuner does (the shift rules bend "
+                            "a sigmoid draw, qwen/flux by the sample's resolution). Always within "
+                            "--min/max_timestep_boundary.")
+    group.add_argument("--weighting_scheme", type=str, default=None, choices=WEIGHTING_SCHEMES,
+                       help="Loss weighting as diffusers names it: none; cosmap; logit_normal and mode draw the grid "
+                            "non-uniformly (with --timestep_sampling grid) and weight 1. Unset: the reference's "
+                            "Gaussian weighting for grid, none for the continuous rules.")
+    group.add_argument("--sigmoid_scale", type=float, default=None,
+                       help="Scale of the normal draw of sigmoid, shift, qwen_shift and flux_shift; larger spreads "
+                            "them towards uniform. Unset: 1.0.")
+    group.add_argument("--logit_mean", type=float, default=None,
+                       help="Mean of the logit-normal draw (--timestep_sampling logit_normal, --weighting_scheme "
+                            "logit_normal); positive favours noisier steps. Unset: 0.0.")
+    group.add_argument("--logit_std", type=float, default=None,
+                       help="Standard deviation of the logit-normal draw. Unset: 1.0.")
+    group.add_argument("--discrete_flow_shift", type=float, default=None,
+                       help="Shift of --timestep_sampling shift: s*t/(1+(s-1)*t) bends draws towards noise for s > 1. "
+                            "Unset: 3.0.")
+    group.add_argument("--mode_scale", type=float, default=None,
+                       help="Scale of --weighting_scheme mode, between -1 and 1.75; positive favours the middle of "
+                            "the grid. Unset: 1.29.")
+    return parser
+
+
 def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags that say where checkpoints go, how they are named and how often they are written."""
     group = parser.add_argument_group("Output")
@@ -324,7 +356,8 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     parser = argparse.ArgumentParser(description=description)
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
-    for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
+    for add in (add_model_config, add_training_config, add_timestep_sampling_config, add_output_config,
+                add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
     for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
@@ -441,6 +474,19 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _timestep_sampling_problems(args: argparse.Namespace) -> list[str]:
+    # The rule's own checks live with the configuration the loss receives.
+    try:
+        sampling = TimestepSampling.from_args(args)
+    except TimestepSamplingError as error:
+        return error.problems
+    family = args.task.partition(":")[0]
+    if family != "sft" and not sampling.is_reference:
+        return [f"--timestep_sampling {args.timestep_sampling} / --weighting_scheme {args.weighting_scheme} shape the "
+                f"sft loss; --task {args.task} runs whole denoising loops and draws no timesteps; drop them"]
+    return []
+
+
 def _overwrite_problems(args: argparse.Namespace) -> list[str]:
     resume = args.resume_from_checkpoint
     if not (args.overwrite_output and resume):
@@ -466,7 +512,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args))
+                + _task_problems(args) + _timestep_sampling_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

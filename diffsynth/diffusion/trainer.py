@@ -29,6 +29,7 @@ from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .placement_config import PlacementConfig
 from .runner import launch_data_process_task, launch_training_task
+from .timestep_sampling import TimestepSampling
 from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
@@ -278,8 +279,10 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         use_gradient_checkpointing_offload=placement.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
-        fp8_models=fp8_model_names(args, pipe),
+        fp8_models=fp8_model_names(args, pipe), timestep_sampling=TimestepSampling.from_args(args),
     )  # fmt: skip
+    if module.family == "sft" and stage != "data_process" and not module.loss.sampling.is_reference:
+        logger.info("timesteps: %s", module.loss.sampling.describe())
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement, command=command)}
     if stage == "train":

@@ -25,6 +25,7 @@ from ..core.gradient import gradient_checkpoint_forward
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
 from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import task_stage
+from .timestep_sampling import TimestepSampling
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
+        timestep_sampling: The SFT loss's timestep rule and weighting; default the reference's.
         fp8_models: Models whose frozen Linear weights are stored in float8 (after the LoRA is injected, so the
             LoRA itself stays float32).
 
@@ -105,12 +107,14 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
-                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = ()) -> None:
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
+                 timestep_sampling: TimestepSampling | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = FlowMatchSFTLoss(*timestep_boundaries) if self.family == "sft" else LOSSES[self.family]()
+        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, timestep_sampling or TimestepSampling())
+                     if self.family == "sft" else LOSSES[self.family]())
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model

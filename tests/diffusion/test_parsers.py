@@ -33,6 +33,8 @@ EXTRA_DEFAULTS = {
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
     "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
+    "timestep_sampling": "grid", "weighting_scheme": None, "sigmoid_scale": None, "logit_mean": None,
+    "logit_std": None, "discrete_flow_shift": None, "mode_scale": None,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
@@ -112,6 +114,9 @@ CONFLICTS = [
     (["--max_pixels", "255"], ["--max_pixels 255", "at least 256", "--max_pixels 1048576"]),
     (["--task", "sft:train"], ["--task sft:train", "--dataset_base_path is empty", "sft:data_process"]),
     (["--task", "direct_distill:train"], ["--dataset_base_path", "direct_distill:data_process run"]),
+    (["--timestep_sampling", "shift", "--weighting_scheme", "mode"], ["--weighting_scheme mode", "grid only"]),
+    (["--timestep_sampling", "uniform", "--discrete_flow_shift", "3"], ["--discrete_flow_shift 3.0 has no effect"]),
+    (["--timestep_sampling", "sigmoid", "--task", "direct_distill"], ["--task direct_distill", "draws no timesteps"]),
 ]
 
 
@@ -235,7 +240,8 @@ FLOAT_FLAGS = [action.option_strings[0] for action in build_parser(video=True)._
 def test_the_float_flags_are_the_ones_expected():
     assert set(FLOAT_FLAGS) == {"--learning_rate", "--weight_decay", "--max_grad_norm", "--min_timestep_boundary",
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
-                                "--cpu_offload_split_threshold"}
+                                "--cpu_offload_split_threshold", "--sigmoid_scale", "--logit_mean", "--logit_std",
+                                "--discrete_flow_shift", "--mode_scale"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
