@@ -66,6 +66,9 @@ class BasePipeline(torch.nn.Module):
     load_options: tuple[str, ...] = ()
     #: State inputs that must hold loaded images, so a dataset column feeding one belongs in ``--data_file_keys``.
     image_inputs: tuple[str, ...] = ()
+    #: Text embeddings whose length varies by sample, each with the key of its token mask: a batch pads them to its
+    #: longest with a mask of the real tokens (``batches.collate_states``).
+    padded_inputs: dict[str, str] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

@@ -120,6 +120,28 @@ def add_video_size_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def add_batch_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the batch flags: samples per step, and the aspect-ratio buckets that let samples of one step share a
+    shape (docs Training)."""
+    group = parser.add_argument_group("Batches")
+    group.add_argument("--batch_size", type=int, default=1,
+                       help="Samples per micro-batch, of one shape: images (and video frames) are brought to "
+                            "aspect-ratio buckets under --max_pixels and each batch is drawn from one bucket (a "
+                            "bucket's last batch of an epoch may be smaller). The loss is averaged per sample. For a "
+                            "split run, pass it to stage 1 too, so the cache holds the samples at bucket sizes.")
+    group.add_argument("--aspect_ratio_buckets", action="store_true",
+                       help="Bring images to aspect-ratio buckets even at --batch_size 1 (implied above 1), e.g. for "
+                            "a stage-1 cache that later runs train at several batch sizes.")
+    return parser
+
+
+def _batch_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.batch_size < 1:
+        problems.append(f"--batch_size {args.batch_size} must be at least 1; pass e.g. --batch_size 1")
+    return problems
+
+
 def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags that name the model files and where they are built."""
     group = parser.add_argument_group("Model")
@@ -356,6 +378,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     parser = argparse.ArgumentParser(description=description)
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
+    add_batch_config(parser)
     for add in (add_model_config, add_training_config, add_timestep_sampling_config, add_output_config,
                 add_lora_config):
         add(parser)
@@ -512,7 +535,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _timestep_sampling_problems(args))
+                + _task_problems(args) + _timestep_sampling_problems(args) + _batch_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

@@ -21,12 +21,11 @@ import math
 import signal
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..core.data import UnifiedDataset
@@ -37,6 +36,7 @@ from ..core.data.fingerprint import digest
 from ..core.finite import is_finite
 from ..core.offload_training import BlockSwap, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
+from .batches import batch_sampler, bucketed
 from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
                                 make_optimizer, release_unused_models)
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 def _first(batch: list[Any]) -> Any:
-    """One sample per step: samples differ in size, so they are not stacked."""
+    """One sample per step of stage 1, which runs each sample's units alone."""
     return batch[0]
 
 
@@ -81,36 +81,23 @@ def _signal_name(preemption: PreemptionListener) -> str:
     return signal.Signals(preemption.received).name
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of the dataset per epoch, drawn from ``(seed, epoch)`` alone.
-
-    Every process draws the same order (accelerate then deals the batches out), and a resumed run redraws the order
-    of the epoch it stopped in without any saved generator state.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        yield from torch.randperm(self.size, generator=generator).tolist()
-
-    def __len__(self) -> int:
-        return self.size
-
-
 def step_generator(seed: int, sample_index: int) -> torch.Generator:
     """The CPU generator for one sample's timestep and noise, a function of the run's position only.
 
-    ``sample_index`` counts samples across all processes (``micro_step * num_processes + process_index``, the order
-    in which accelerate deals batches out), so P processes draw what one process accumulating P micro-batches
-    would, and the two runs train the same weights.
+    ``sample_index`` counts samples across all processes (at batch size 1, ``micro_step * num_processes +
+    process_index``, the order in which accelerate deals batches out), so P processes draw what one process
+    accumulating P micro-batches would, and the two runs train the same weights.
     """
     (state,) = np.random.SeedSequence([seed, sample_index]).generate_state(1, dtype=np.uint64)
     return torch.Generator().manual_seed(int(state))
+
+
+def sample_generators(seed: int, batch_number: int, batch_size: int, count: int) -> list[torch.Generator]:
+    """The generators of the ``count`` samples of batch ``batch_number`` (counted over all processes, in the order
+    accelerate deals batches out): sample ``j`` draws from ``step_generator(seed, batch_number * batch_size + j)``,
+    its position in the run's stream of samples. So a batch of B draws what B micro-steps at batch 1 draw, and at
+    batch 1 the draws are those of a run without batches (a short last batch leaves positions unused)."""
+    return [step_generator(seed, batch_number * batch_size + offset) for offset in range(count)]
 
 
 def place_models(module: DiffusionTrainingModule, device: torch.device, placement: PlacementConfig
@@ -308,8 +295,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         managers, swaps = place_models(module, accelerator.device, placement)
     params = [param for param in module.parameters() if param.requires_grad]
     optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
-    sampler = EpochShuffleSampler(len(dataset), args.seed)
-    dataloader = DataLoader(_Indexed(dataset), batch_size=1, sampler=sampler, collate_fn=_first,
+    sampler = batch_sampler(dataset, args.batch_size, bucketed(args), args.seed, accelerator.num_processes,
+                            module.pipe.padded_inputs, log=accelerator.is_main_process)
+    # A batch stays a list of (index, sample) pairs: the training module joins what the loss reads once every
+    # sample's units have run (batches.collate_states).
+    dataloader = DataLoader(_Indexed(dataset), batch_sampler=sampler, collate_fn=list,
                             num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
     if deepspeed:
         trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
@@ -379,15 +369,16 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
             # batches starts counting at 0, so both are told the epoch explicitly.
             batches.set_epoch(progress["epoch"])
             sampler.set_epoch(progress["epoch"])
-            for index, sample in batches:
-                skipped += _note_skipped(sample)
+            for batch in batches:
+                indices, samples = zip(*batch)
+                skipped += sum(_note_skipped(sample) for sample in samples)
                 # Forward and backward, accumulating over micro-batches; then the checked optimizer step.
                 with accelerator.accumulate(trained):
-                    sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
-                    generator = step_generator(args.seed, sample_index)
+                    batch_number = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
+                    generators = sample_generators(args.seed, batch_number, args.batch_size, len(samples))
                     with accelerator.autocast():
-                        loss = trained(sample, generator=generator)
-                    window.append(index)
+                        loss = trained(list(samples), generators=generators)
+                    window.extend(indices)
                     if deepspeed:  # DeepSpeed updates inside backward: the loss is checked before it
                         _, (nonfinite,) = _agree(accelerator, loss, not is_finite(loss))
                         if nonfinite:

@@ -20,6 +20,7 @@ from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from .base_pipeline import BasePipeline
+from .batches import bucketed
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .exit_codes import run_with_exit_code
@@ -113,7 +114,7 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
-        keep_row_indices=caching,
+        keep_row_indices=caching, buckets=bucketed(args),
     )  # fmt: skip
 
 
@@ -269,6 +270,8 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     # Models and the training module.
     # Under DeepSpeed the models load whole; ZeRO partitions them at prepare.
     pipe = load_pipeline(args, pipeline_class, accelerator, placement)
+    if isinstance(dataset, UnifiedDataset):
+        dataset.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(

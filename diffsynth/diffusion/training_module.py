@@ -23,6 +23,7 @@ import torch
 from ..core.data.fingerprint import digest, weights_digest
 from ..core.gradient import gradient_checkpoint_forward
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
+from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import task_stage
 from .timestep_sampling import TimestepSampling
@@ -313,16 +314,24 @@ class DiffusionTrainingModule(torch.nn.Module):
         return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
                                                                                            state)}
 
-    def forward(self, sample: dict[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
-        """The loss of one sample; ``generator`` supplies the timestep and noise draws."""
+    def forward(self, samples: Sequence[dict[str, Any]],
+                generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The loss of a batch of samples of one shape, averaged per sample.
+
+        Each sample runs the stage's units alone; what the loss reads is then joined into one batch
+        (``batches.collate_states``). ``generators`` holds one generator per sample for its timestep and noise.
+        """
         if self.stage == "data_process":
             raise RuntimeError("a data_process task computes no loss; call process_sample")
-        state = self.pipeline_inputs(sample)
-        with torch.no_grad():
-            # Units independent of the trained models need no graph: this is the work stage 1 caches.
-            state = self.pipe.run_units(*state, units=self.unrelated_units)
-        state = self.pipe.run_units(*state, units=self.related_units)
-        return self.loss(self.pipe, *state, generator=generator)
+        states = []
+        for sample in samples:
+            state = self.pipeline_inputs(sample)
+            with torch.no_grad():
+                # Units independent of the trained models need no graph: this is the work stage 1 caches.
+                state = self.pipe.run_units(*state, units=self.unrelated_units)
+            states.append(self.pipe.run_units(*state, units=self.related_units))
+        state = collate_states(states, self.loss.required_keys(self.pipe), self.pipe.padded_inputs)
+        return self.loss(self.pipe, *state, generators=generators)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable weights named from this module (``pipe.dit....``), detached, on the CPU."""

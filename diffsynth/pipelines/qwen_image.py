@@ -154,6 +154,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
     image_inputs = ("edit_image",)
     load_options = ("processor_config", "zero_cond_t")
+    #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
+    padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "qwen_image"
     #: Pixel area each edit image is resized to for the VAE (and for Qwen-Image-Edit's encoder), and the area
     #: Edit-2509 / 2511 show the encoder; diffusers' values, which the models were trained at.

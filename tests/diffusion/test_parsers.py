@@ -34,7 +34,7 @@ EXTRA_DEFAULTS = {
     "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
     "timestep_sampling": "grid", "weighting_scheme": None, "sigmoid_scale": None, "logit_mean": None,
-    "logit_std": None, "discrete_flow_shift": None, "mode_scale": None,
+    "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
@@ -114,6 +114,7 @@ CONFLICTS = [
     (["--max_pixels", "255"], ["--max_pixels 255", "at least 256", "--max_pixels 1048576"]),
     (["--task", "sft:train"], ["--task sft:train", "--dataset_base_path is empty", "sft:data_process"]),
     (["--task", "direct_distill:train"], ["--dataset_base_path", "direct_distill:data_process run"]),
+    (["--batch_size", "0"], ["--batch_size 0", "at least 1"]),
     (["--timestep_sampling", "shift", "--weighting_scheme", "mode"], ["--weighting_scheme mode", "grid only"]),
     (["--timestep_sampling", "uniform", "--discrete_flow_shift", "3"], ["--discrete_flow_shift 3.0 has no effect"]),
     (["--timestep_sampling", "sigmoid", "--task", "direct_distill"], ["--task direct_distill", "draws no timesteps"]),
