@@ -193,12 +193,14 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
 
 
 def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> dict[str, Any]:
-    """The flags that fix the shape and meaning of the trainable weights, as a checkpoint records them.
+    """The flags that fix the shape and meaning of the trainable weights, and the order of the data (batch size and
+    buckets: a resume skips the batches its epoch consumed), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
     """
     lora = args.lora_base_model is not None
+    batch_size = getattr(args, "batch_size", 1)
     targets = sorted({target_aliases.get(name, name) for name in split_csv(args.lora_target_modules)})
     return {
         "lora_base_model": args.lora_base_model,
@@ -206,6 +208,8 @@ def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) 
         "lora_rank": args.lora_rank if lora else None,
         "lora_alpha": float(args.lora_rank if args.lora_alpha is None else args.lora_alpha) if lora else None,
         "trainable_models": sorted(split_csv(args.trainable_models)),
+        "batch_size": batch_size,
+        "aspect_ratio_buckets": batch_size > 1 or getattr(args, "aspect_ratio_buckets", False),
     }
 
 
