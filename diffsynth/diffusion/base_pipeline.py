@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -236,6 +237,11 @@ class BasePipeline(torch.nn.Module):
         """Turns the state after denoising (``inputs_shared["latents"]``) into the pipeline's output."""
         raise NotImplementedError(f"{type(self).__name__} must implement decode(inputs_shared, inputs_posi, "
                                   "inputs_nega)")
+
+    def save_output(self, output: Any, stem: Path, fps: int = 16) -> Path:
+        """Writes what ``__call__`` returned to ``stem`` with the suffix of its kind (a sample while training);
+        ``fps`` is the frame rate of a video."""
+        raise NotImplementedError(f"{type(self).__name__} must implement save_output(output, stem, fps)")
 
     def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                       timestep: Any) -> torch.Tensor:

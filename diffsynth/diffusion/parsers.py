@@ -22,6 +22,7 @@ from pathlib import Path
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .placement_config import PlacementConfig, PlacementError
 from .timestep_sampling import TIMESTEP_SAMPLINGS, WEIGHTING_SCHEMES, TimestepSampling, TimestepSamplingError
+from .validation_prompts import validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +247,27 @@ def add_timestep_sampling_config(parser: argparse.ArgumentParser) -> argparse.Ar
     return parser
 
 
+def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags of samples while training: prompts rendered with the current LoRA (docs Training)."""
+    group = parser.add_argument_group("Samples while training")
+    group.add_argument("--validation_prompts", type=str, default=None,
+                       help="Prompts rendered with the LoRA as it trains, by the main process, into "
+                            "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
+                            "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, seed, "
+                            "edit_image, input_image. Checked before the models load.")
+    group.add_argument("--validation_steps", type=int, default=None,
+                       help="Render the prompts every N optimizer steps.")
+    group.add_argument("--validation_epochs", type=int, default=None,
+                       help="Render the prompts at the end of every N epochs.")
+    group.add_argument("--validation_num_inference_steps", type=int, default=20,
+                       help="Denoising steps of each sample.")
+    group.add_argument("--validation_cfg_scale", type=float, default=None,
+                       help="Classifier-free guidance of the samples; unset: the pipeline's (Qwen-Image 4, Wan 5).")
+    group.add_argument("--validation_seed", type=int, default=0,
+                       help="Noise seed of the prompts that give none; the same seed renders comparable samples.")
+    return parser
+
+
 def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags that say where checkpoints go, how they are named and how often they are written."""
     group = parser.add_argument_group("Output")
@@ -380,7 +402,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     (add_video_size_config if video else add_image_size_config)(parser)
     add_batch_config(parser)
     for add in (add_model_config, add_training_config, add_timestep_sampling_config, add_output_config,
-                add_lora_config):
+                add_validation_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
     for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config):
@@ -535,7 +557,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _timestep_sampling_problems(args) + _batch_problems(args))
+                + _task_problems(args) + _timestep_sampling_problems(args) + _batch_problems(args)
+                + validation_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

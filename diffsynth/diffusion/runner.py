@@ -44,7 +44,9 @@ from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .placement_config import PlacementConfig
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
+from .sampling import SampleRenderer
 from .training_module import DiffusionTrainingModule
+from .validation_prompts import ValidationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -274,10 +276,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
-        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples"}``: the optimizer steps done, the mean loss
-        of each (over its micro-batches and the processes; NaN or inf for a skipped step), how many steps were skipped
-        as non-finite (over the whole run, resumed parts included), and the samples replaced because their files
-        failed to decode.
+        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples", "sample_peaks"}``: the optimizer steps
+        done, the mean loss of each (over its micro-batches and the processes; NaN or inf for a skipped step), how
+        many steps were skipped as non-finite (over the whole run, resumed parts included), the samples replaced
+        because their files failed to decode, and for each step samples were rendered at, the peak bytes of
+        offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``).
 
     Raises:
         TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).
@@ -293,6 +296,12 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         managers, swaps = [], []
     else:
         managers, swaps = place_models(module, accelerator.device, placement)
+    validation = ValidationConfig.from_args(args) if getattr(args, "validation_prompts", None) else None
+    renderer = None
+    if validation is not None and not deepspeed:
+        renderer = SampleRenderer(validation, module.pipe, module.active_model_names(), managers, placement,
+                                  accelerator.device, args.output_path, model_logger,
+                                  SampleRenderer.attach_meters(managers, swaps))
     params = [param for param in module.parameters() if param.requires_grad]
     optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
     sampler = batch_sampler(dataset, args.batch_size, bucketed(args), args.seed, accelerator.num_processes,
@@ -422,6 +431,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                     raise guard.diverged(step, last_checkpoint, last_weights)
                 if (args.save_steps and step % args.save_steps == 0) or checkpoint_due:
                     checkpoint()
+                if renderer is not None and not stop and renderer.due(step):
+                    renderer.render(step, accelerator)
                 step_started = time.perf_counter()
                 if step >= total_steps:
                     break
@@ -437,6 +448,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 progress["epoch"] += 1
                 progress["batch_in_epoch"] = 0
                 checkpoint()
+                if renderer is not None and not preempted and renderer.due(progress["global_step"], progress["epoch"]):
+                    renderer.render(progress["global_step"], accelerator)
             if preempted:
                 break
     bar.close()
@@ -454,4 +467,4 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         raise RunPreempted(f"training stopped by {_signal_name(preemption)} after optimizer step "
                            f"{progress['global_step']}: {kept}", progress["global_step"])
     return {"global_step": progress["global_step"], "losses": losses, "nonfinite_steps": guard.skipped,
-            "skipped_samples": skipped_total}
+            "skipped_samples": skipped_total, "sample_peaks": renderer.peaks if renderer is not None else {}}

@@ -78,6 +78,10 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.vram_budget is not None or args.ram_budget is not None:
         problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
                         "them (ZeRO-3 partitions and offloads by its config)")
+    if args.validation_prompts:
+        problems.append(f"--validation_prompts {args.validation_prompts}: ZeRO-3 partitions the weights over the "
+                        "processes, so one process cannot render with them; drop it (render from the LoRA files with "
+                        "the validate_lora scripts), or launch without the DeepSpeed accelerate config")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "

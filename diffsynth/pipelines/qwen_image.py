@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from ..core.files import atomic_write
 from ..core.loader import ModelConfig, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
@@ -284,6 +286,11 @@ class QwenImagePipeline(TextToLatentPipeline):
         mean, inverse_std = self.latent_statistics(latents)
         images = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
         return (images / 2 + 0.5).clamp(0, 1)
+
+    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
+        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
+        path = stem.with_suffix(".png")
+        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,

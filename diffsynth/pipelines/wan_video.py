@@ -426,6 +426,10 @@ class WanVideoPipeline(TextToLatentPipeline):
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
+    def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
+        """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
+        return save_video(output, stem.with_suffix(".mp4"), fps=fps)
+
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 5.0,
                  input_video: Sequence[Image.Image] | None = None, input_image: Image.Image | None = None,

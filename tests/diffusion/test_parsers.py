@@ -35,6 +35,8 @@ EXTRA_DEFAULTS = {
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
     "timestep_sampling": "grid", "weighting_scheme": None, "sigmoid_scale": None, "logit_mean": None,
     "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
+    "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
+    "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
@@ -242,7 +244,7 @@ def test_the_float_flags_are_the_ones_expected():
     assert set(FLOAT_FLAGS) == {"--learning_rate", "--weight_decay", "--max_grad_norm", "--min_timestep_boundary",
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
                                 "--cpu_offload_split_threshold", "--sigmoid_scale", "--logit_mean", "--logit_std",
-                                "--discrete_flow_shift", "--mode_scale"}
+                                "--discrete_flow_shift", "--mode_scale", "--validation_cfg_scale"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
