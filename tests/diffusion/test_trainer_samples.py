@@ -3,7 +3,6 @@ changing what training learns, within the run's placement (the residency meter),
 any model loads."""
 
 import json
-import logging
 
 import av
 import numpy as np

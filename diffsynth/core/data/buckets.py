@@ -5,8 +5,8 @@ The samples of one batch must share a shape, so with buckets (``--batch_size`` a
 is nearest its own (in log ratio, so 2:1 and 1:2 are equally far from 1:1), scaled to cover it and centre-cropped,
 up or down. A video's frames go to the bucket of its first frame. The buckets of a pixel budget ``P``
 (``--max_pixels``) and a side multiple ``m`` (the model's: 16 for Qwen-Image and Wan2.1, 32 for the Wan2.2 VAE) are,
-for every width ``w`` on a grid of step ``s``, the tallest height ``h`` (a multiple of ``m``) with ``w * h <= P``, and
-the same pairs turned portrait, up to an aspect ratio of ``MAX_ASPECT_RATIO``. The step ``s`` is about a sixteenth of
+for every width ``w`` on a grid of step ``s``, the tallest height ``h`` (a multiple of ``m``) with ``w * h <= P`` and
+``h <= w`` (landscape, up to an aspect ratio of ``MAX_ASPECT_RATIO``), and the same pairs turned portrait. The step ``s`` is about a sixteenth of
 ``sqrt(P)`` (64 pixels at one megapixel; a multiple of ``m``), so a dataset of any resolution spreads over a few dozen
 buckets at most and partly filled batches stay rare.
 
@@ -40,7 +40,8 @@ def bucket_sizes(max_pixels: int, multiple: int) -> tuple[tuple[int, int], ...]:
     sizes = set()
     for width in range(step, int(math.sqrt(max_pixels * MAX_ASPECT_RATIO)) + 1, step):
         height = max_pixels // width // multiple * multiple
-        if height >= multiple and max(width / height, height / width) <= MAX_ASPECT_RATIO:
+        # Landscape sizes from the width grid, portrait ones their transposes: no two buckets of near-equal ratio.
+        if multiple <= height <= width <= height * MAX_ASPECT_RATIO:
             sizes.update({(width, height), (height, width)})
     if not sizes:  # a budget of one m x m square
         sizes.add((multiple, multiple))

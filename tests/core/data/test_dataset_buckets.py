@@ -3,13 +3,11 @@ loads from the headers alone (EXIF orientation and video rotation included), and
 its bucket."""
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from diffsynth.core.data import UnifiedDataset
 from diffsynth.core.data.bad_samples import pop_skipped
 from diffsynth.core.data.buckets import bucket_sizes, nearest_bucket
-from tests.core.data.test_bad_samples import truncated_png
 from tests.core.data.test_video import encode
 
 BUDGET = 64 * 64
