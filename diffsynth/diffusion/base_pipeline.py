@@ -238,6 +238,12 @@ class BasePipeline(torch.nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement decode(inputs_shared, inputs_posi, "
                                   "inputs_nega)")
 
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """What is wrong with rendering a prompt that gives the image ``inputs`` (``edit_image``, ``input_image``) with
+        the loaded models; checked before training renders samples. Pipelines whose models need or refuse an image
+        say so; by default nothing."""
+        return []
+
     def save_output(self, output: Any, stem: Path, fps: int = 16) -> Path:
         """Writes what ``__call__`` returned to ``stem`` with the suffix of its kind (a sample while training);
         ``fps`` is the frame rate of a video."""

@@ -123,8 +123,8 @@ def batch_sampler(dataset: UnifiedDataset | CacheDataset, batch_size: int, bucke
     if not buckets:
         return BucketBatchSampler(len(dataset), batch_size, seed, num_processes)
     if isinstance(dataset, CacheDataset):
-        keys: list[Hashable] = [cache_bucket_key(dataset, index % len(dataset.files), padded)
-                                for index in range(len(dataset))]
+        per_file = [cache_bucket_key(dataset, index, padded) for index in range(len(dataset.files))]
+        keys: list[Hashable] = [per_file[index % len(per_file)] for index in range(len(dataset))]
         describe = _describe_cache_key
     else:
         keys = [dataset.bucket_key(index) for index in range(len(dataset))]

@@ -44,10 +44,9 @@ SAMPLES_DIR = "samples"
 
 
 def rendering_model_names(pipe: BasePipeline) -> list[str]:
-    """The models inference computes with and the pipeline holds: its units', the denoisers and the VAE (decode)."""
-    names = [name for unit in pipe.units for name in unit.onload_model_names]
-    names += [*pipe.denoising_model_names, "vae"]
-    return [name for name in dict.fromkeys(names) if isinstance(getattr(pipe, name, None), torch.nn.Module)]
+    """The models inference may compute with: every model the pipeline holds (a second expert such as Wan2.2's
+    ``dit2`` included)."""
+    return pipe.model_names()
 
 
 def _is_skeleton(model: torch.nn.Module) -> bool:
@@ -82,6 +81,10 @@ def streamed_models(pipe: BasePipeline, names: Sequence[str], device: torch.devi
 class SampleRenderer:
     """Renders the validation prompts at the steps ``config`` asks for; see the module docstring.
 
+    Raises:
+        ValueError: An entry gives an image input the loaded model cannot take, or lacks one it needs (checked when
+            the run starts, before training).
+
     Args:
         config: The prompts and when to render them.
         pipe: The training module's pipeline (the denoiser with its live LoRA).
@@ -99,6 +102,12 @@ class SampleRenderer:
                  output_path: str | Path, model_logger: ModelLogger, meter: ResidencyMeter) -> None:
         self.config, self.pipe, self.managers, self.placement = config, pipe, list(managers), placement
         self.device, self.output_path, self.model_logger, self.meter = device, Path(output_path), model_logger, meter
+        problems = [f"--validation_prompts entry {number}: {problem}"
+                    for number, prompt in enumerate(config.prompts, start=1)
+                    for problem in pipe.sample_input_problems({key for key in ("edit_image", "input_image")
+                                                               if getattr(prompt, key) is not None})]
+        if problems:
+            raise ValueError("\n".join(problems))
         self.streamed = [name for name in rendering_model_names(pipe) if name not in placed]
         self.training_peak = 0
         self.last_step: int | None = None

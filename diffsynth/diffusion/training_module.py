@@ -2,7 +2,7 @@
 
 It freezes every model, then makes trainable what the flags ask for (whole models, or a peft LoRA on one model),
 turns on gradient checkpointing, picks the units of the task's stage from the unit-graph split, and computes the loss
-of one sample. The runner sees only this module.
+of a batch of samples of one shape. The runner sees only this module.
 
 Stages: ``sft`` runs every unit and the loss each step; ``sft:data_process`` runs only the units that do not depend on
 a trained model and returns the (pruned) state for the cache; ``sft:train`` runs the remaining units on a cached state,

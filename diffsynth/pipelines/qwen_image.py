@@ -287,6 +287,11 @@ class QwenImagePipeline(TextToLatentPipeline):
         images = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
         return (images / 2 + 0.5).clamp(0, 1)
 
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """Qwen-Image renders from a prompt and, for editing, ``edit_image``; a first frame is for Wan."""
+        return ['"input_image" is for Wan image-to-video; Qwen-Image-Edit takes "edit_image"'] \
+            if "input_image" in inputs else []
+
     def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
         """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
         path = stem.with_suffix(".png")

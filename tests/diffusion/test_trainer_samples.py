@@ -224,3 +224,17 @@ def test_an_edit_run_renders_its_edit_prompts_at_the_edit_images_aspect_ratio(tm
                              *sampling(tmp_path / "prompts.json", "--validation_steps", "1")])
     # The last edit image is 2:1; of the buckets of --max_pixels 4096, 80x48 has the nearest aspect ratio.
     assert Image.open(tmp_path / "out" / "samples" / "step-1" / "00.png").size == (80, 48)
+
+
+def test_an_image_the_model_cannot_take_is_refused_before_training(videos, tmp_path, monkeypatch):
+    from diffsynth.diffusion import runner
+
+    write_image(tmp_path / "first.png")
+    (tmp_path / "prompts.json").write_text(json.dumps([{"prompt": "a ball", "input_image": "first.png"}]))
+    models = ",".join(f"{WAN_MODEL_ID}:{WAN_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
+    monkeypatch.setattr(runner, "make_optimizer", lambda *a, **k: pytest.fail("training started"))
+    with pytest.raises(ValueError, match=r"entry 1: \"input_image\" was given, but the transformer .* takes no image"):
+        main(WanVideoPipeline, [*raw(videos), "--model_id_with_origin_paths", models, "--lora_base_model", "dit",
+                                "--lora_target_modules", "q", "--torch_dtype", "float32", "--max_pixels", "4096",
+                                "--num_frames", "5", "--output_path", str(tmp_path / "out"),
+                                *sampling(tmp_path / "prompts.json", "--validation_steps", "1")], video=True)
