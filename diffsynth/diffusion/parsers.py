@@ -21,8 +21,9 @@ from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .placement_config import PlacementConfig, PlacementError
-from .timestep_sampling import TIMESTEP_SAMPLINGS, WEIGHTING_SCHEMES, TimestepSampling, TimestepSamplingError
-from .validation_prompts import validation_problems
+from .batches import add_batch_config, batch_problems
+from .timestep_sampling import add_timestep_sampling_config, timestep_sampling_problems
+from .validation_prompts import add_validation_config, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -121,28 +122,6 @@ def add_video_size_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
-def add_batch_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the batch flags: samples per step, and the aspect-ratio buckets that let samples of one step share a
-    shape (docs Training)."""
-    group = parser.add_argument_group("Batches")
-    group.add_argument("--batch_size", type=int, default=1,
-                       help="Samples per micro-batch, of one shape: images (and video frames) are brought to "
-                            "aspect-ratio buckets under --max_pixels and each batch is drawn from one bucket (a "
-                            "bucket's last batch of an epoch may be smaller). The loss is averaged per sample. For a "
-                            "split run, pass it to stage 1 too, so the cache holds the samples at bucket sizes.")
-    group.add_argument("--aspect_ratio_buckets", action="store_true",
-                       help="Bring images to aspect-ratio buckets even at --batch_size 1 (implied above 1), e.g. for "
-                            "a stage-1 cache that later runs train at several batch sizes.")
-    return parser
-
-
-def _batch_problems(args: argparse.Namespace) -> list[str]:
-    problems = []
-    if args.batch_size < 1:
-        problems.append(f"--batch_size {args.batch_size} must be at least 1; pass e.g. --batch_size 1")
-    return problems
-
-
 def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags that name the model files and where they are built."""
     group = parser.add_argument_group("Model")
@@ -213,58 +192,6 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                        help="A step whose loss or gradient norm is NaN or inf is skipped (no update) and counted; "
                             "after this many such steps in a row training stops with exit code 3, naming the "
                             "samples and the last checkpoint.")
-    return parser
-
-
-def add_timestep_sampling_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the timestep sampling flags: the noise levels training draws and the loss weight at each (docs
-    Training)."""
-    group = parser.add_argument_group("Timestep sampling")
-    group.add_argument("--timestep_sampling", type=str, default="grid", choices=TIMESTEP_SAMPLINGS,
-                       help="How training draws its noise levels: grid draws uniformly from the model's own shifted "
-                            "1000-step grid (the reference's rule); uniform, sigmoid, logit_normal, shift, "
-                            "qwen_shift and flux_shift draw continuously as musubi-tuner does (the shift rules bend "
-                            "a sigmoid draw, qwen/flux by the sample's resolution). Always within "
-                            "--min/max_timestep_boundary.")
-    group.add_argument("--weighting_scheme", type=str, default=None, choices=WEIGHTING_SCHEMES,
-                       help="Loss weighting as diffusers names it: none; cosmap; logit_normal and mode draw the grid "
-                            "non-uniformly (with --timestep_sampling grid) and weight 1. Unset: the reference's "
-                            "Gaussian weighting for grid, none for the continuous rules.")
-    group.add_argument("--sigmoid_scale", type=float, default=None,
-                       help="Scale of the normal draw of sigmoid, shift, qwen_shift and flux_shift; larger spreads "
-                            "them towards uniform. Unset: 1.0.")
-    group.add_argument("--logit_mean", type=float, default=None,
-                       help="Mean of the logit-normal draw (--timestep_sampling logit_normal, --weighting_scheme "
-                            "logit_normal); positive favours noisier steps. Unset: 0.0.")
-    group.add_argument("--logit_std", type=float, default=None,
-                       help="Standard deviation of the logit-normal draw. Unset: 1.0.")
-    group.add_argument("--discrete_flow_shift", type=float, default=None,
-                       help="Shift of --timestep_sampling shift: s*t/(1+(s-1)*t) bends draws towards noise for s > 1. "
-                            "Unset: 3.0.")
-    group.add_argument("--mode_scale", type=float, default=None,
-                       help="Scale of --weighting_scheme mode, between -1 and 1.75; positive favours the middle of "
-                            "the grid. Unset: 1.29.")
-    return parser
-
-
-def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flags of samples while training: prompts rendered with the current LoRA (docs Training)."""
-    group = parser.add_argument_group("Samples while training")
-    group.add_argument("--validation_prompts", type=str, default=None,
-                       help="Prompts rendered with the LoRA as it trains, by the main process, into "
-                            "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
-                            "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, seed, "
-                            "edit_image, input_image. Checked before the models load.")
-    group.add_argument("--validation_steps", type=int, default=None,
-                       help="Render the prompts every N optimizer steps.")
-    group.add_argument("--validation_epochs", type=int, default=None,
-                       help="Render the prompts at the end of every N epochs.")
-    group.add_argument("--validation_num_inference_steps", type=int, default=20,
-                       help="Denoising steps of each sample.")
-    group.add_argument("--validation_cfg_scale", type=float, default=None,
-                       help="Classifier-free guidance of the samples; unset: the pipeline's (Qwen-Image 4, Wan 5).")
-    group.add_argument("--validation_seed", type=int, default=0,
-                       help="Noise seed of the prompts that give none; the same seed renders comparable samples.")
     return parser
 
 
@@ -519,19 +446,6 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _timestep_sampling_problems(args: argparse.Namespace) -> list[str]:
-    # The rule's own checks live with the configuration the loss receives.
-    try:
-        sampling = TimestepSampling.from_args(args)
-    except TimestepSamplingError as error:
-        return error.problems
-    family = args.task.partition(":")[0]
-    if family != "sft" and not sampling.is_reference:
-        return [f"--timestep_sampling {args.timestep_sampling} / --weighting_scheme {args.weighting_scheme} shape the "
-                f"sft loss; --task {args.task} runs whole denoising loops and draws no timesteps; drop them"]
-    return []
-
-
 def _overwrite_problems(args: argparse.Namespace) -> list[str]:
     resume = args.resume_from_checkpoint
     if not (args.overwrite_output and resume):
@@ -557,7 +471,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
     problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _timestep_sampling_problems(args) + _batch_problems(args)
+                + _task_problems(args) + timestep_sampling_problems(args) + batch_problems(args)
                 + validation_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "

@@ -265,6 +265,27 @@ def _open(path: Path) -> Image.Image:
         return image.convert("RGB")
 
 
+def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags of samples while training: prompts rendered with the current LoRA (docs Samples)."""
+    group = parser.add_argument_group("Samples while training")
+    group.add_argument("--validation_prompts", type=str, default=None,
+                       help="Prompts rendered with the LoRA as it trains, by the main process, into "
+                            "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
+                            "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, seed, "
+                            "edit_image, input_image. Checked before the models load.")
+    group.add_argument("--validation_steps", type=int, default=None,
+                       help="Render the prompts every N optimizer steps.")
+    group.add_argument("--validation_epochs", type=int, default=None,
+                       help="Render the prompts at the end of every N epochs.")
+    group.add_argument("--validation_num_inference_steps", type=int, default=20,
+                       help="Denoising steps of each sample.")
+    group.add_argument("--validation_cfg_scale", type=float, default=None,
+                       help="Classifier-free guidance of the samples; unset: the pipeline's (Qwen-Image 4, Wan 5).")
+    group.add_argument("--validation_seed", type=int, default=0,
+                       help="Noise seed of the prompts that give none; the same seed renders comparable samples.")
+    return parser
+
+
 def validation_problems(args: argparse.Namespace) -> list[str]:
     """The sampling flags' problems, for ``parsers.validate_args``: flags without ``--validation_prompts``, a stage
     that trains nothing, and ``ValidationConfig``'s own checks."""
