@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,6 +70,9 @@ class BasePipeline(torch.nn.Module):
     #: The type of each input a metadata column may feed through ``--extra_inputs`` (``core.data.cells``); a CSV
     #: cell is text, so the dataset converts those columns (e.g. ``seed`` to an int) and refuses cells that do not.
     input_types: dict[str, Any] = {}
+    #: Text embeddings whose length varies by sample, each with the key of its token mask: a batch pads them to its
+    #: longest with a mask of the real tokens (``batches.collate_states``).
+    padded_inputs: dict[str, str] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -236,6 +240,17 @@ class BasePipeline(torch.nn.Module):
         """Turns the state after denoising (``inputs_shared["latents"]``) into the pipeline's output."""
         raise NotImplementedError(f"{type(self).__name__} must implement decode(inputs_shared, inputs_posi, "
                                   "inputs_nega)")
+
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """What is wrong with rendering a prompt that gives the image ``inputs`` (``edit_image``, ``input_image``) with
+        the loaded models; checked before training renders samples. Pipelines whose models need or refuse an image
+        say so; by default nothing."""
+        return []
+
+    def save_output(self, output: Any, stem: Path, fps: int = 16) -> Path:
+        """Writes what ``__call__`` returned to ``stem`` with the suffix of its kind (a sample while training);
+        ``fps`` is the frame rate of a video."""
+        raise NotImplementedError(f"{type(self).__name__} must implement save_output(output, stem, fps)")
 
     def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                       timestep: Any) -> torch.Tensor:

@@ -198,13 +198,14 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
 
 
 def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> dict[str, Any]:
-    """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, as a checkpoint
-    records them.
+    """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, and the order of
+    the data (batch size and buckets: a resume skips the batches its epoch consumed), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
     """
     lora = args.lora_base_model is not None
+    batch_size = getattr(args, "batch_size", 1)
     targets = sorted({target_aliases.get(name, name) for name in split_csv(args.lora_target_modules)})
     return {
         "lora_base_model": args.lora_base_model,
@@ -214,6 +215,8 @@ def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) 
         "trainable_models": sorted(split_csv(args.trainable_models)),
         # The optimizer state in the checkpoint is the named class's (AdamW's when unset).
         "customized_optimizer": getattr(args, "customized_optimizer", None),
+        "batch_size": batch_size,
+        "aspect_ratio_buckets": batch_size > 1 or getattr(args, "aspect_ratio_buckets", False),
     }
 
 

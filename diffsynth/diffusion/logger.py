@@ -17,6 +17,7 @@ import argparse
 import csv
 import enum
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from diffsynth import __version__
@@ -401,6 +403,32 @@ class ModelLogger:
             self._tensorboard.flush()
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
+
+    def log_sample(self, step: int, index: int, output: Any, fps: int = 16) -> None:
+        """Logs sample ``index`` rendered at ``step`` (a PIL image, or a list of frames) to TensorBoard and wandb.
+
+        TensorBoard stores a video through moviepy; without it, the first frame is logged as an image instead.
+        """
+        if not self.is_main_process or (self._tensorboard is None and self._wandb_run is None):
+            return
+        frames = list(output) if isinstance(output, (list, tuple)) else [output]
+        arrays = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (frames, H, W, 3) uint8
+        tag = f"samples/{index:02d}"
+        if self._tensorboard is not None:
+            if len(frames) == 1:
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            elif importlib.util.find_spec("moviepy") is not None:
+                self._tensorboard.add_video(tag, arrays.transpose(0, 3, 1, 2)[None], step, fps=fps)
+            else:
+                warn_once("tensorboard-video", "TensorBoard stores videos through moviepy, which is missing; the "
+                                               "first frame of each video sample is logged instead")
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            wandb = importlib.import_module("wandb")
+            media = (wandb.Image(arrays[0]) if len(frames) == 1
+                     else wandb.Video(arrays.transpose(0, 3, 1, 2), fps=fps, format="mp4"))
+            self._wandb_run.log({tag: media}, step=step)
 
     def close(self) -> None:
         """Closes the CSV file, the TensorBoard writer and the wandb run."""

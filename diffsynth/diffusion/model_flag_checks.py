@@ -138,6 +138,20 @@ def _lora_target_problems(args: argparse.Namespace, pipeline_class: type[BasePip
     return []
 
 
+def _sampling_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+                       slots: dict[str, ModelConfig]) -> list[str]:
+    """Samples while training render with the text encoder and the VAE besides the denoiser: they must be loaded
+    (as weightless skeletons in a split run's stage 2: they are loaded from their files while rendering)."""
+    if not getattr(args, "validation_prompts", None):
+        return []
+    missing = [name for name in ("text_encoder", "vae", *pipeline_class.denoising_model_names) if name not in slots]
+    if not missing:
+        return []
+    return [f"--validation_prompts renders with {', '.join(missing)}, which no --model_id_with_origin_paths / "
+            f"--model_paths entry loads (the models loaded are: {', '.join(sorted(slots)) or 'none'}); add them (in a "
+            "*:train stage also to --offload_models: no weights while training, loaded while rendering)"]
+
+
 def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipeline],
                       configs: Sequence[ModelConfig]) -> None:
     """Checks the model-naming flags against the models ``configs`` name, without loading any weight.
@@ -169,6 +183,7 @@ def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipelin
         problems += _lora_target_problems(args, pipeline_class, skeletons.get(args.lora_base_model))
         problems += _block_swap_problems(args.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})
+        problems += _sampling_problems(args, pipeline_class, slots)
     if trains and getattr(args, "initial_weights", None):
         problems += _initial_weights_problems(args, slots)
     if problems:

@@ -24,6 +24,9 @@ from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .initial_weights import split_resume_flag
 from .placement_config import PlacementConfig, PlacementError
 from .reference_flags import add_unsupported_config, unsupported_flag_problems
+from .batches import add_batch_config, batch_problems
+from .timestep_sampling import add_timestep_sampling_config, timestep_sampling_problems
+from .validation_prompts import add_validation_config, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +377,9 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     parser = argparse.ArgumentParser(description=description)
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
-    for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
+    add_batch_config(parser)
+    for add in (add_model_config, add_training_config, add_timestep_sampling_config, add_output_config,
+                add_validation_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
     for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config,
@@ -558,8 +563,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """
     problems = split_resume_flag(args)
     problems += (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args)
-                + _quant_problems(args) + unsupported_flag_problems(args))
+                 + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args)
+                 + _quant_problems(args) + unsupported_flag_problems(args) + timestep_sampling_problems(args)
+                 + batch_problems(args) + validation_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")

@@ -20,6 +20,7 @@ from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from .base_pipeline import BasePipeline
+from .batches import bucketed
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
 from .exit_codes import debug_requested, run_with_exit_code
@@ -32,6 +33,7 @@ from .parsers import FlagError, parse_args, split_csv, task_stage
 from .placement_config import PlacementConfig
 from .quant_options import quant_package_problems, quantized_models
 from .runner import launch_data_process_task, launch_training_task
+from .timestep_sampling import TimestepSampling
 from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,10 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.quant_options:
         problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
                         "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
+    if args.validation_prompts:
+        problems.append(f"--validation_prompts {args.validation_prompts}: ZeRO-3 partitions the weights over the "
+                        "processes, so one process cannot render with them; drop it (render from the LoRA files with "
+                        "the validate_lora scripts), or launch without the DeepSpeed accelerate config")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -118,7 +124,7 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
-        keep_row_indices=caching,
+        keep_row_indices=caching, buckets=bucketed(args),
         column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                       if name in pipeline_class.input_types},
     )  # fmt: skip
@@ -285,6 +291,8 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     if args.initial_weights:
         loaded = load_initial_weights(pipe, args.initial_weights, args.remove_prefix_in_ckpt or "")
         logger.info("--resume_from_checkpoint %s: started from its %d weights", args.initial_weights, loaded)
+    if isinstance(dataset, UnifiedDataset):
+        dataset.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(
@@ -295,10 +303,12 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         use_gradient_checkpointing_offload=placement.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
-        fp8_models=fp8_model_names(args, pipe),
+        fp8_models=fp8_model_names(args, pipe), timestep_sampling=TimestepSampling.from_args(args),
         preset_lora=(args.preset_lora_model, args.preset_lora_path) if args.preset_lora_path else None,
         quant_models=quantized_models(args, pipe.model_configs),
     )  # fmt: skip
+    if module.family == "sft" and stage != "data_process" and not module.loss.sampling.is_reference:
+        logger.info("timesteps: %s", module.loss.sampling.describe())
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement, command=command)}
     if stage == "train":

@@ -2,7 +2,7 @@
 
 It freezes every model, then makes trainable what the flags ask for (whole models, or a peft LoRA on one model),
 turns on gradient checkpointing, picks the units of the task's stage from the unit-graph split, and computes the loss
-of one sample. The runner sees only this module.
+of a batch of samples of one shape. The runner sees only this module.
 
 Stages: ``sft`` runs every unit and the loss each step; ``sft:data_process`` runs only the units that do not depend on
 a trained model and returns the (pruned) state for the cache; ``sft:train`` runs the remaining units on a cached state,
@@ -25,8 +25,10 @@ from ..core.finite import NonFiniteTensorError
 from ..core.gradient import gradient_checkpoint_forward
 from ..core.quant import QuantConfig, quantize_model
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
+from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss
 from .parsers import FlagError, task_stage
+from .timestep_sampling import TimestepSampling
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
+        timestep_sampling: The SFT loss's timestep rule and weighting; default the reference's.
         fp8_models: Models whose frozen Linear and convolution weights are stored in float8 (after the LoRA is
             injected, so the LoRA itself stays float32).
         preset_lora: ``(model name, LoRA file)``: a LoRA merged into that model's frozen weights first
@@ -114,12 +117,14 @@ class DiffusionTrainingModule(torch.nn.Module):
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
                  preset_lora: tuple[str, str | Path] | None = None,
-                 quant_models: Mapping[str, QuantConfig] | None = None) -> None:
+                 quant_models: Mapping[str, QuantConfig] | None = None,
+                 timestep_sampling: TimestepSampling | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = FlowMatchSFTLoss(*timestep_boundaries) if self.family == "sft" else LOSSES[self.family]()
+        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, timestep_sampling or TimestepSampling())
+                     if self.family == "sft" else LOSSES[self.family]())
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
@@ -348,16 +353,24 @@ class DiffusionTrainingModule(torch.nn.Module):
         return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
                                                                                            state)}
 
-    def forward(self, sample: dict[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
-        """The loss of one sample; ``generator`` supplies the timestep and noise draws."""
+    def forward(self, samples: Sequence[dict[str, Any]],
+                generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The loss of a batch of samples of one shape, averaged per sample.
+
+        Each sample runs the stage's units alone; what the loss reads is then joined into one batch
+        (``batches.collate_states``). ``generators`` holds one generator per sample for its timestep and noise.
+        """
         if self.stage == "data_process":
             raise RuntimeError("a data_process task computes no loss; call process_sample")
-        state = self.pipeline_inputs(sample)
-        with torch.no_grad():
-            # Units independent of the trained models need no graph: this is the work stage 1 caches.
-            state = self.pipe.run_units(*state, units=self.unrelated_units)
-        state = self.pipe.run_units(*state, units=self.related_units)
-        return self.loss(self.pipe, *state, generator=generator)
+        states = []
+        for sample in samples:
+            state = self.pipeline_inputs(sample)
+            with torch.no_grad():
+                # Units independent of the trained models need no graph: this is the work stage 1 caches.
+                state = self.pipe.run_units(*state, units=self.unrelated_units)
+            states.append(self.pipe.run_units(*state, units=self.related_units))
+        state = collate_states(states, self.loss.required_keys(self.pipe), self.pipe.padded_inputs)
+        return self.loss(self.pipe, *state, generators=generators)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable weights named from this module (``pipe.dit....``), detached, on the CPU."""

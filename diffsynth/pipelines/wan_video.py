@@ -428,6 +428,23 @@ class WanVideoPipeline(TextToLatentPipeline):
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
+        ``edit_image``."""
+        problems = []
+        mode = self.image_conditioning()
+        if mode == "channels" and "input_image" not in inputs:
+            problems.append(f'{self.describe_transformer()} is an image-to-video model: give an "input_image"')
+        if mode is None and "input_image" in inputs:
+            problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
+        if "edit_image" in inputs:
+            problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
+        return problems
+
+    def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
+        """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
+        return save_video(output, stem.with_suffix(".mp4"), fps=fps)
+
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 5.0,
                  input_video: Sequence[Image.Image] | None = None, input_image: Image.Image | None = None,

@@ -37,6 +37,10 @@ EXTRA_DEFAULTS = {
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
     "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
+    "timestep_sampling": "grid", "weighting_scheme": None, "sigmoid_scale": None, "logit_mean": None,
+    "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
+    "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
+    "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
@@ -122,6 +126,10 @@ CONFLICTS = [
     (["--max_pixels", "255"], ["--max_pixels 255", "at least 256", "--max_pixels 1048576"]),
     (["--task", "sft:train"], ["--task sft:train", "--dataset_base_path is empty", "sft:data_process"]),
     (["--task", "direct_distill:train"], ["--dataset_base_path", "direct_distill:data_process run"]),
+    (["--batch_size", "0"], ["--batch_size 0", "at least 1"]),
+    (["--timestep_sampling", "shift", "--weighting_scheme", "mode"], ["--weighting_scheme mode", "grid only"]),
+    (["--timestep_sampling", "uniform", "--discrete_flow_shift", "3"], ["--discrete_flow_shift 3.0 has no effect"]),
+    (["--timestep_sampling", "sigmoid", "--task", "direct_distill"], ["--task direct_distill", "draws no timesteps"]),
 ]
 
 
@@ -247,7 +255,9 @@ FLOAT_FLAGS = [action.option_strings[0] for action in build_parser(video=True)._
 def test_the_float_flags_are_the_ones_expected():
     assert set(FLOAT_FLAGS) == {"--learning_rate", "--weight_decay", "--max_grad_norm", "--min_timestep_boundary",
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
-                                "--cpu_offload_split_threshold", "--progress_interval_seconds"}
+                                "--cpu_offload_split_threshold", "--progress_interval_seconds", "--sigmoid_scale",
+                                "--logit_mean", "--logit_std", "--discrete_flow_shift", "--mode_scale",
+                                "--validation_cfg_scale"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])

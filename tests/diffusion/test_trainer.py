@@ -181,13 +181,15 @@ def test_the_loss_falls_when_overfitting_one_image(dataset, tmp_path, tiny_root)
 
 
 MULTI_PROCESS_MODES = {**OFFLOAD_MODES, "block_swap": ["--blocks_to_swap", "1"],
-                       "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only"]}
+                       "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only"],
+                       # Batches of 2 from one bucket, 12 samples: each process a batch per step, 3 steps.
+                       "batches": ["--batch_size", "2", "--height", "64", "--width", "64", "--dataset_repeat", "4"]}
 
 
 @pytest.mark.parametrize("mode", list(MULTI_PROCESS_MODES))
 def test_two_processes_train_what_one_process_accumulating_two_samples_trains(dataset, tmp_path, tiny_root, mode):
     """DDP for plain training, the offload manager's own all-reduce for offloaded training, the runner's for block
-    swap."""
+    swap; with batches, two processes at batch 2 train what one process at batch 2 accumulating two batches trains."""
     script = tmp_path / "run.py"
     script.write_text(
         "import sys, torch\n"
