@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,quant]'
 	# DeepSpeed (optional for users; the tests exercise the ZeRO-3 recipe) builds against the installed torch.
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt deepspeed --no-build-isolation
 	touch $(STAMP)

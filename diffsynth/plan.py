@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--processes_per_machine {args.processes_per_machine} must be at least 1")
     workload = build_workload(model, args, others, pipeline_class.lora_target_aliases,
                               f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
-                              f"{width}x{height}x{frames}", fp8=fp8, local_processes=args.processes_per_machine)
+                              f"{width}x{height}x{frames}"
+                              f"{f', batch {args.batch_size}' if args.batch_size > 1 else ''}", fp8=fp8,
+                              local_processes=args.processes_per_machine)
     profile = profile_named(args.device_profile)
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)
     ram = budget_bytes(placement.ram_budget, "ram_budget", None)

@@ -28,7 +28,8 @@ thread unless ``--num_threads`` says otherwise: the tiny model's operations are 
 thread (the stage-2 step is the same), and with two threads on two cores every operation waits at a barrier
 whenever another job holds a core, which made stage-2 steps 30x slower (CPU time included, as the waiting threads
 spin) while other jobs ran; on one thread the figures barely move under load. With
-``--gradient_accumulation_steps`` in ``--extra_flags`` the times are per micro-batch. Stage-2 and one-stage runs
+``--gradient_accumulation_steps`` in ``--extra_flags`` the times are per micro-batch; the stamps are per sample, so
+batches (``--batch_size``) are timed by ``scripts/bench_batches.py`` instead. Stage-2 and one-stage runs
 alternate (ABBA over ``--rounds``) so that drifting load on a shared machine hits both alike; the step times of all
 rounds are pooled before the median, and their quartiles are printed to show the spread.
 
@@ -109,8 +110,10 @@ class StepClock:
         self._trainer.launch_data_process_task = self._data_process
 
 
-def run_trainer(argv: Sequence[str], verbose: bool) -> tuple[dict, float]:
-    """One ``trainer.main`` call as a fresh launch would make it; returns its result and wall time.
+def run_trainer(argv: Sequence[str], verbose: bool, pipeline_class: type | None = None,
+                video: bool = False) -> tuple[dict, float]:
+    """One ``trainer.main`` call as a fresh launch would make it (``QwenImagePipeline`` unless ``pipeline_class``;
+    ``video`` for a video trainer's flags); returns its result and wall time.
 
     Every call builds its own ``accelerate.Accelerator``; accelerate keeps its state in process-wide singletons, so
     they are reset afterwards, as the trainer tests do. Progress bars and prints are swallowed unless ``verbose``
@@ -128,7 +131,7 @@ def run_trainer(argv: Sequence[str], verbose: bool) -> tuple[dict, float]:
             if not verbose:
                 quiet.enter_context(contextlib.redirect_stdout(captured))
                 quiet.enter_context(contextlib.redirect_stderr(captured))
-            result = main(QwenImagePipeline, list(argv))
+            result = main(pipeline_class or QwenImagePipeline, list(argv), video=video)
     except BaseException:
         sys.stderr.write(captured.getvalue())
         raise

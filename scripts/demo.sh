@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on built-in defaults, with no download: a tiny random-weight Qwen-Image repo and a generated example
-# dataset, two-stage LoRA training with model CPU offload through the real CLI, then an image from the trained LoRA.
+# dataset, two-stage LoRA training with model CPU offload through the real CLI, then the same prompt and seed rendered
+# without and with the trained LoRA (before_after.png).
 # Usage: scripts/demo.sh [WORK_DIR] (default ./demo_output). Runs on the CPU in a few minutes; uses CUDA if present.
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -28,10 +29,15 @@ echo "== 4/5 stage 2: train the LoRA from the cache -> $WORK/lora"
 "${LAUNCH[@]}" examples/qwen_image/model_training/train.py --task sft:train \
   --dataset_base_path "$WORK/cache" --dataset_repeat 10 --num_epochs 2 --enable_csv_log --overwrite_output \
   --model_id_with_origin_paths "$MODELS" --offload_models "$ENCODERS" --output_path "$WORK/lora" "${LORA[@]}"
-echo "== 5/5 generate with the trained LoRA -> $WORK/image.png"
+CAPTION="The demo model is tiny and has random weights, so both pictures are noise and neither shows the prompt. \
+What to look at: the difference panel is not black, so the trained LoRA changes the model's output; and \
+$WORK/lora/logs/loss.png, where the moving average of the loss falls as the LoRA fits the example images. With a \
+real model (docs/en/Quick_Start.md) the left picture is the base model and the middle one shows what the LoRA \
+learned."
+echo "== 5/5 render the same prompt and seed without and with the trained LoRA -> $WORK/before_after.png"
 "$PYTHON" examples/qwen_image/model_training/validate_lora/Qwen-Image.py --lora_path "$WORK/lora/epoch-1.safetensors" \
   --prompt "a teal triangle in the centre of a black to pink gradient" --height 256 --width 256 --steps 8 \
-  --torch_dtype float32 --output "$WORK/image.png"
+  --torch_dtype float32 --output "$WORK/image.png" --before_after "$WORK/before_after.png" --caption "$CAPTION"
 
 cat <<DONE
 
@@ -40,7 +46,8 @@ Outputs:
   example dataset   $WORK/dataset/metadata.csv
   stage-1 cache     $WORK/cache/0/*.safetensors (cache_info.json beside it)
   LoRA files        $WORK/lora/epoch-0.safetensors, $WORK/lora/epoch-1.safetensors (for ComfyUI, diffusers, DiffSynth-Studio)
-  loss log          $WORK/lora/logs/metrics.csv
+  loss log, curve   $WORK/lora/logs/metrics.csv, $WORK/lora/logs/loss.png
   resume points     $WORK/lora/checkpoints/
-  generated image   $WORK/image.png
+  generated image   $WORK/image.png (with the LoRA)
+  before and after  $WORK/before_after.png (without | with | difference; the random demo weights draw noise)
 DONE

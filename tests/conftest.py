@@ -30,14 +30,16 @@ def tiny_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
-    """No test may reach a hub: both downloaders raise unless a test replaces them with its own fake."""
+    """No test may reach a hub: both downloaders raise unless a test replaces them with its own fake, and the hubs
+    count as reachable without a connection being tried, so that the fakes decide what a download does."""
 
     def refuse(model_id, local_dir, allow_patterns):
         raise AssertionError(f"unexpected download of {model_id} {allow_patterns} into {local_dir}")
 
     monkeypatch.setattr(resolve, "download_from_modelscope", refuse)
     monkeypatch.setattr(resolve, "download_from_huggingface", refuse)
-    for name in (resolve.SKIP_DOWNLOAD_ENV, resolve.DOWNLOAD_SOURCE_ENV):
+    monkeypatch.setattr(resolve, "unreachable_reason", lambda url: None)
+    for name in (resolve.SKIP_DOWNLOAD_ENV, resolve.DOWNLOAD_SOURCE_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
 
 

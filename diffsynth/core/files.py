@@ -1,16 +1,22 @@
-"""Atomic writes for files users keep (LoRA weights, checkpoints, stage-1 caches, JSON records).
+"""Atomic writes for files users keep (LoRA weights, checkpoints, stage-1 caches, JSON records), and folders that a
+failed step leaves behind empty.
 
 A file is written to a temporary sibling in the same folder, flushed to disk, then renamed over the target. A run
 killed mid-write therefore leaves either the old file or the new one, never a truncated file that a later resume
 would trust.
+
+A step that creates a folder and then fails (a download that cannot reach its hub, a run that stops before writing
+anything) removes the folders it created with :func:`missing_folders` and :func:`remove_empty_folders`, so that an
+empty ``models/Qwen/Qwen-Image/`` never suggests that something is there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +79,23 @@ def atomic_save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.
 
     contiguous = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
     return atomic_write(path, lambda temporary: save_file(contiguous, str(temporary), metadata=dict(metadata or {})))
+
+
+def missing_folders(folder: str | os.PathLike) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first: what ``mkdir(parents=True)`` would
+    create. Take it before the step that may create them."""
+    folder = Path(folder).absolute()
+    return [path for path in (folder, *folder.parents) if not path.exists()]
+
+
+def remove_empty_folders(folders: Iterable[str | os.PathLike]) -> None:
+    """Removes each of ``folders`` (deepest first, as :func:`missing_folders` lists them) with the empty sub-folders
+    in it, if it then is empty; stops at the first one that holds a file, as its parents then hold it too."""
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            continue  # never created (the step failed before it), or already removed
+        for path, _, _ in os.walk(folder, topdown=False):
+            with contextlib.suppress(OSError):  # a folder that holds something stays
+                os.rmdir(path)
+        if folder.exists():
+            return

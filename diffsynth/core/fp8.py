@@ -211,13 +211,15 @@ class Fp8Linear(torch.nn.Linear):
 
         return super()._apply(keep_fp8, recurse)
 
+    def quantize_weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight_fp8, scale)`` of a full-precision weight for this layer, as loading one stores it."""
+        # At the layer's dtype, as a plain Linear would cast it, instead of casting to fp8 without a scale.
+        return quantize_fp8(weight.to(self.weight_scale.dtype), self.per_channel)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         weight = state_dict.get(prefix + "weight")
-        if isinstance(weight, torch.Tensor) and weight.dtype in _HIGH_PRECISION:
-            # A full-precision checkpoint: quantize on the way in (at the layer's dtype, as a plain Linear would
-            # cast it) instead of casting to fp8 without a scale.
-            weight = weight.to(self.weight_scale.dtype)
-            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = quantize_fp8(weight, self.per_channel)
+        if isinstance(weight, torch.Tensor) and weight.dtype in _HIGH_PRECISION:  # a full-precision checkpoint
+            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = self.quantize_weight(weight)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -269,6 +271,7 @@ class Fp8Storage:
         layer_names: Dotted names of the converted layers (peft's ``.base_layer`` included where there is one).
         bytes_before: Bytes of those layers' weights before conversion.
         bytes_after: Bytes of their fp8 weights and scales (biases are not counted: they do not change).
+        kind: ``"Linear"`` (``enable_fp8_storage``) or ``"convolution"`` (``fp8_conv.enable_fp8_conv_storage``).
     """
 
     module: torch.nn.Module
@@ -276,6 +279,7 @@ class Fp8Storage:
     layer_names: list[str]
     bytes_before: int
     bytes_after: int
+    kind: str = "Linear"
 
     @property
     def saved_bytes(self) -> int:
@@ -284,17 +288,24 @@ class Fp8Storage:
     def summary(self) -> str:
         """One line for the log: how many layers, and their weight bytes before and after."""
         mib = 1024 * 1024
-        return (f"fp8 storage: {len(self.layer_names)} Linear layers, weights {self.bytes_before / mib:.2f} MiB -> "
-                f"{self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
+        return (f"fp8 storage: {len(self.layer_names)} {self.kind} layers, weights {self.bytes_before / mib:.2f} "
+                f"MiB -> {self.bytes_after / mib:.2f} MiB ({self.bytes_after / max(self.bytes_before, 1):.0%})")
 
     def remove(self, dtype: torch.dtype | None = None) -> int:
-        """Turns every :class:`Fp8Linear` of the module back into a plain Linear; returns how many.
+        """Turns every layer of this kind that is stored in fp8 back into a plain one; returns how many.
 
         Lossy: weights come back dequantized (the fp8 rounding stays). Remove an offload manager first.
 
         Args:
             dtype: The weights' dtype; default, each layer's dtype before conversion.
         """
+        if self.kind == "convolution":
+            from .fp8_conv import is_fp8_conv, restore_conv
+
+            converted = [module for module in self.module.modules() if is_fp8_conv(module)]
+            for conv in converted:
+                restore_conv(conv, dtype)
+            return len(converted)
         count = 0
         for parent in self.module.modules():
             for name, child in list(parent.named_children()):
@@ -313,7 +324,7 @@ def nbytes_by_dtype(module: torch.nn.Module) -> dict[torch.dtype, int]:
     return totals
 
 
-def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
+def linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
     """Yields ``(name, parent, attribute, layer)`` for every Linear below ``module``, LoRA adapters skipped."""
     if isinstance(module, torch.nn.MultiheadAttention):
         return  # its forward reads out_proj.weight directly, bypassing any Linear forward
@@ -325,7 +336,7 @@ def _linear_slots(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[s
         if isinstance(child, torch.nn.Linear):
             yield name, module, attribute, child
         else:
-            yield from _linear_slots(child, name)
+            yield from linear_slots(child, name)
 
 
 def _check_convertible(name: str, linear: torch.nn.Linear) -> None:
@@ -343,20 +354,6 @@ def _check_convertible(name: str, linear: torch.nn.Linear) -> None:
     if not weight.is_meta and not torch.isfinite(weight).all():  # a weightless build (the planner's) has no values
         raise ValueError(f"{name}.weight holds inf or NaN values, which have no fp8 scale; fix the checkpoint or "
                          "add the layer to exclude")
-
-
-def fp32_kept_layers(module: torch.nn.Module) -> list[str]:
-    """The entries of the class's ``_keep_in_fp32_modules`` that name Linear layers, to pass as ``exclude``: what a
-    class keeps in float32 stays out of fp8 too (UMT5 casts the input of its ``wo`` layers to their weight's dtype,
-    which would be float8)."""
-    linears = [f".{path}." for path, child in module.named_modules() if isinstance(child, torch.nn.Linear)]
-    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-    return [entry for entry in keep if any(f".{entry}." in path for path in linears)]
-
-
-def holds_fp8_layers(module: torch.nn.Module) -> bool:
-    """Whether ``module`` already stores Linear weights in fp8 (converted at load, for a shared host copy)."""
-    return any(isinstance(child, Fp8Linear) for child in module.modules())
 
 
 def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | None = None,
@@ -393,7 +390,7 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
     already_fp8 = 0
     # A weight tied to a non-Linear owner (an embedding) would stay alive there in full: converting saves nothing.
     tied = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Linear) for p in m._parameters.values()}
-    for name, parent, attribute, linear in _linear_slots(module):
+    for name, parent, attribute, linear in linear_slots(module):
         names.append(name)
         if isinstance(linear, Fp8Linear):
             already_fp8 += 1
@@ -428,3 +425,30 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
             setattr(parent, attribute, fp8_layer)
             converted.append(name)
     return Fp8Storage(module, config, converted, bytes_before, bytes_after)
+
+
+def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
+    """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
+
+    What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
+    layers' weight dtype (UMT5's ``wo``); so do embeddings, norms and biases (small, or read by index). Works on a
+    model built on the meta device too, as the shared loader converts it before its weights exist.
+    """
+    from .fp8_conv import CONV_TYPES, enable_fp8_conv_storage
+
+    modules = dict(model.named_modules())
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    summaries = []
+    for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
+        paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]
+        if paths:
+            exclude = [entry for entry in keep if any(f".{entry}." in path for path in paths)]
+            summaries.append(enable(model, exclude=exclude).summary())
+    return summaries
+
+
+def holds_fp8_layers(module: torch.nn.Module) -> bool:
+    """Whether ``module`` already stores weights in fp8 (converted while loading, for a shared host copy)."""
+    from .fp8_conv import is_fp8_conv
+
+    return any(isinstance(child, Fp8Linear) or is_fp8_conv(child) for child in module.modules())

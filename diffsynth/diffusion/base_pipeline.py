@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,6 +67,12 @@ class BasePipeline(torch.nn.Module):
     load_options: tuple[str, ...] = ()
     #: State inputs that must hold loaded images, so a dataset column feeding one belongs in ``--data_file_keys``.
     image_inputs: tuple[str, ...] = ()
+    #: The type of each input a metadata column may feed through ``--extra_inputs`` (``core.data.cells``); a CSV
+    #: cell is text, so the dataset converts those columns (e.g. ``seed`` to an int) and refuses cells that do not.
+    input_types: dict[str, Any] = {}
+    #: Text embeddings whose length varies by sample, each with the key of its token mask: a batch pads them to its
+    #: longest with a mask of the real tokens (``batches.collate_states``).
+    padded_inputs: dict[str, str] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -245,6 +252,17 @@ class BasePipeline(torch.nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement decode(inputs_shared, inputs_posi, "
                                   "inputs_nega)")
 
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """What is wrong with rendering a prompt that gives the image ``inputs`` (``edit_image``, ``input_image``) with
+        the loaded models; checked before training renders samples. Pipelines whose models need or refuse an image
+        say so; by default nothing."""
+        return []
+
+    def save_output(self, output: Any, stem: Path, fps: int = 16) -> Path:
+        """Writes what ``__call__`` returned to ``stem`` with the suffix of its kind (a sample while training);
+        ``fps`` is the frame rate of a video."""
+        raise NotImplementedError(f"{type(self).__name__} must implement save_output(output, stem, fps)")
+
     def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                       timestep: Any) -> torch.Tensor:
         """The guided prediction (``guide``), or just the positive one when ``cfg_scale`` is 1.
@@ -275,7 +293,8 @@ class BasePipeline(torch.nn.Module):
             inputs_posi: Positive-branch inputs (e.g. ``{"prompt": ...}``).
             inputs_nega: Negative-branch inputs (e.g. ``{"negative_prompt": ...}``).
             latents_key: The shared key the units leave the initial latents under.
-            progress_bar: Show a tqdm bar over the denoising steps.
+            progress_bar: Show a tqdm bar over the denoising steps, on a terminal only (in a log file its redraws
+                would pile up into one long line).
 
         Returns:
             Whatever ``decode`` returns.
@@ -291,7 +310,8 @@ class BasePipeline(torch.nn.Module):
             raise ValueError(f"no {latents_key!r} in inputs_shared after the units ran; a unit must output it, "
                              f"or pass latents_key= the key that holds the latents")
         self.load_models_to_device(self.denoising_model_names)
-        for timestep in tqdm(self.scheduler.timesteps, desc="denoising", disable=not progress_bar):
+        # tqdm's disable=None turns the bar off where its stream is not a terminal.
+        for timestep in tqdm(self.scheduler.timesteps, desc="denoising", disable=None if progress_bar else True):
             prediction = self.predict_noise(inputs_shared, inputs_posi, inputs_nega, timestep)
             inputs_shared[latents_key] = self.scheduler.step(prediction, timestep, inputs_shared[latents_key])
         return self.decode(inputs_shared, inputs_posi, inputs_nega)

@@ -45,6 +45,11 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be resumed from; the message names the folder, what is wrong and what to do."""
 
 
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """``--resume_from_checkpoint`` names no checkpoint at all (a ``FileNotFoundError`` too, for callers that look
+    for missing files)."""
+
+
 def checkpoint_folder(output_path: str | os.PathLike, step: int) -> Path:
     """``<output_path>/checkpoints/step-<step>``."""
     return Path(output_path) / CHECKPOINTS_DIR / f"{_PREFIX}{step}"
@@ -143,9 +148,9 @@ def resolve_checkpoint(value: str, output_path: str | os.PathLike) -> Path:
         candidates = [(0, Path(value))] if (Path(value) / "progress.json").is_file() else []
     if not candidates:
         where = Path(output_path) / CHECKPOINTS_DIR if value == "latest" else Path(value)
-        raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint at {where}; pass a "
-                                f"{CHECKPOINTS_DIR}/{_PREFIX}<N> folder written by an earlier run with the same "
-                                "--output_path, or drop the flag to start afresh")
+        raise CheckpointNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint at {where}; pass a "
+                                      f"{CHECKPOINTS_DIR}/{_PREFIX}<N> folder written by an earlier run with the "
+                                      "same --output_path, or drop the flag to start afresh")
     failed = []
     for _, folder in candidates:
         problem = checkpoint_problem(folder)
@@ -193,12 +198,14 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
 
 
 def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> dict[str, Any]:
-    """The flags that fix the shape and meaning of the trainable weights, as a checkpoint records them.
+    """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, and the order of
+    the data (batch size and buckets: a resume skips the batches its epoch consumed), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
     """
     lora = args.lora_base_model is not None
+    batch_size = getattr(args, "batch_size", 1)
     targets = sorted({target_aliases.get(name, name) for name in split_csv(args.lora_target_modules)})
     return {
         "lora_base_model": args.lora_base_model,
@@ -206,6 +213,10 @@ def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) 
         "lora_rank": args.lora_rank if lora else None,
         "lora_alpha": float(args.lora_rank if args.lora_alpha is None else args.lora_alpha) if lora else None,
         "trainable_models": sorted(split_csv(args.trainable_models)),
+        # The optimizer state in the checkpoint is the named class's (AdamW's when unset).
+        "customized_optimizer": getattr(args, "customized_optimizer", None),
+        "batch_size": batch_size,
+        "aspect_ratio_buckets": batch_size > 1 or getattr(args, "aspect_ratio_buckets", False),
     }
 
 

@@ -54,18 +54,6 @@ def initialize_deepspeed_gradient_checkpointing(accelerator: Any) -> bool:
     return True
 
 
-def make_optimizer(params: Sequence[torch.nn.Parameter], learning_rate: float, weight_decay: float,
-                   accelerator: Any) -> torch.optim.Optimizer:
-    """AdamW; DeepSpeed's CPU Adam when ZeRO keeps the optimizer states in CPU memory (vectorised, much faster)."""
-    config = deepspeed_config(accelerator) or {}
-    offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
-    if offload in ("cpu", "nvme"):
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(params, lr=learning_rate, weight_decay=weight_decay, adamw_mode=True)
-    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
-
-
 def release_unused_models(module: DiffusionTrainingModule) -> list[str]:
     """Drops the pipeline's models that this stage never computes with, so ZeRO does not partition them.
 

@@ -189,6 +189,21 @@ class FlowMatchScheduler:
         """The velocity the model learns, ``noise - sample`` (the same at every timestep)."""
         return noise - sample
 
+    def training_index_range(self, min_boundary: float = 0.0, max_boundary: float = 1.0) -> tuple[int, int]:
+        """The index range ``[int(min * N), int(max * N))`` of ``training_timesteps`` the boundaries select.
+
+        Raises:
+            ValueError: The boundaries are not ``0 <= min < max <= 1`` or select no grid entry.
+        """
+        count = len(self.training_timesteps)
+        low, high = int(min_boundary * count), int(max_boundary * count)
+        if not 0.0 <= min_boundary < max_boundary <= 1.0 or high <= low:
+            raise ValueError(
+                f"min_boundary={min_boundary}, max_boundary={max_boundary}: need 0 <= min < max <= 1 spanning at least "
+                f"one of {count} training timesteps"
+            )
+        return low, high
+
     def sample_training_timestep(
         self, generator: torch.Generator | None = None, min_boundary: float = 0.0, max_boundary: float = 1.0,
         batch_size: int = 1,
@@ -198,13 +213,7 @@ class FlowMatchScheduler:
         The grid runs from high noise to low, so ``max_boundary=0.5`` keeps the noisier half. Returns float32, shape
         ``(batch_size,)``, on the generator's device (CPU without one).
         """
-        count = len(self.training_timesteps)
-        low, high = int(min_boundary * count), int(max_boundary * count)
-        if not 0.0 <= min_boundary < max_boundary <= 1.0 or high <= low:
-            raise ValueError(
-                f"min_boundary={min_boundary}, max_boundary={max_boundary}: need 0 <= min < max <= 1 spanning at least "
-                f"one of {count} training timesteps"
-            )
+        low, high = self.training_index_range(min_boundary, max_boundary)
         device = generator.device if generator is not None else torch.device("cpu")
         index = torch.randint(low, high, (batch_size,), generator=generator, device=device)
         return self.training_timesteps.to(device)[index]

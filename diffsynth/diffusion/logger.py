@@ -6,8 +6,9 @@ LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.forma
 (musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
 model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
-diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. Every file is written
-atomically, and only by the main process.
+diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. After every save the loss
+curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.diffusion.loss_chart`). Every file is written atomically, and only
+by the main process.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import csv
 import enum
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from diffsynth import __version__
@@ -30,6 +33,7 @@ from diffsynth.core.device import warn_once
 from diffsynth.core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
 from diffsynth.core.finite import require_finite
 from diffsynth.core.loader.loading import resolve_dtype
+from diffsynth.diffusion.loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
 from diffsynth.lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
 from diffsynth.lora.inspect import inspect_lora, skeleton_from_metadata
 from diffsynth.lora.naming import naming_for
@@ -128,11 +132,14 @@ class ModelLogger:
         self._csv_file = self._csv_writer = self._csv_header = None
         self._tensorboard = self._wandb_run = None
         self._unsaved = False
+        self.loss_history = LossHistory()
         if not is_main_process:
             return
         self.output_path.mkdir(parents=True, exist_ok=True)
         if enable_csv_log:
             self._open_csv(self.output_path / METRICS_FILE, resume_step)
+        if resume_step is not None:  # the chart shows the whole run when the earlier part was logged
+            self.loss_history = LossHistory.from_metrics_csv(self.output_path / METRICS_FILE, resume_step)
         if tensorboard is not None:
             purge = {} if resume_step is None else {"purge_step": resume_step + 1}
             self._tensorboard = tensorboard.SummaryWriter(log_dir=str(self.output_path / TENSORBOARD_DIR), **purge)
@@ -251,8 +258,9 @@ class ModelLogger:
         """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
         failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
         users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
-        logger.info("LoRA files %s/<name>.safetensors are for %s, at strength 1.0 (musubi-tuner: python -m "
-                    "diffsynth.lora convert <file> <file>.musubi.safetensors --to kohya)", self.output_path, users)
+        # The folder is left out: a long path would make this line longer than a log viewer shows.
+        logger.info("the LoRA files are for %s, at strength 1.0 (musubi-tuner: python -m diffsynth.lora convert "
+                    "<file> <file>.musubi.safetensors --to kohya)", users)
         if failing:
             logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
                         "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)
@@ -277,7 +285,8 @@ class ModelLogger:
 
         Mixed runs (a LoRA plus ``--trainable_models``) therefore keep everything they trained, in one file that
         this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written as a LoRA file
-        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure.
+        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure. The loss
+        chart ``logs/loss.png`` is then redrawn with every step logged so far.
 
         Raises:
             NonFiniteTensorError: A weight holds NaN or inf; nothing is written (checked on every process, which all
@@ -297,6 +306,9 @@ class ModelLogger:
         if not is_lora:
             path = self.save_state_dict(state_dict, name, metadata)
         self._unsaved = False
+        if self.is_main_process and self.loss_history.steps:
+            draw_loss_chart(self.loss_history, self.output_path / LOSS_CHART_FILE,
+                            title=f"{self.output_path.name}: loss per optimizer step")
         return path
 
     def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn,
@@ -307,6 +319,8 @@ class ModelLogger:
         Call it on every process after each optimizer step; ``step`` counts optimizer steps from 1.
         """
         self.log_metrics(step, {"loss": loss, "lr": lr, **(metrics or {})})
+        if self.is_main_process:
+            self.loss_history.add(step, float(loss), float(lr))
         self._unsaved = True
         if self.save_steps is None or step % self.save_steps:
             return None
@@ -389,6 +403,32 @@ class ModelLogger:
             self._tensorboard.flush()
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
+
+    def log_sample(self, step: int, index: int, output: Any, fps: int = 16) -> None:
+        """Logs sample ``index`` rendered at ``step`` (a PIL image, or a list of frames) to TensorBoard and wandb.
+
+        TensorBoard stores a video through moviepy; without it, the first frame is logged as an image instead.
+        """
+        if not self.is_main_process or (self._tensorboard is None and self._wandb_run is None):
+            return
+        frames = list(output) if isinstance(output, (list, tuple)) else [output]
+        arrays = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (frames, H, W, 3) uint8
+        tag = f"samples/{index:02d}"
+        if self._tensorboard is not None:
+            if len(frames) == 1:
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            elif importlib.util.find_spec("moviepy") is not None:
+                self._tensorboard.add_video(tag, arrays.transpose(0, 3, 1, 2)[None], step, fps=fps)
+            else:
+                warn_once("tensorboard-video", "TensorBoard stores videos through moviepy, which is missing; the "
+                                               "first frame of each video sample is logged instead")
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            wandb = importlib.import_module("wandb")
+            media = (wandb.Image(arrays[0]) if len(frames) == 1
+                     else wandb.Video(arrays.transpose(0, 3, 1, 2), fps=fps, format="mp4"))
+            self._wandb_run.log({tag: media}, step=step)
 
     def close(self) -> None:
         """Closes the CSV file, the TensorBoard writer and the wandb run."""

@@ -17,7 +17,6 @@ the lock, so a launch never refuses itself. The run id is new for a new run and 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -25,15 +24,17 @@ import re
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.data.cache import CACHE_INFO_FILE, CACHE_MANIFEST_FILE
+from ..core.files import missing_folders, remove_empty_folders
 from ..core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ..core.loader import model_base_path
 from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
 from .logger import METRICS_FILE, TENSORBOARD_DIR, TRAINING_ARGS_FILE
+from .loss_chart import LOSS_CHART_FILE
 from .parsers import FlagError, task_stage
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
     "": (re.escape(TRAINING_ARGS_FILE), r"(epoch|step)-\d+\.safetensors", r"\.(epoch|step)-\d+\.safetensors\..+\.tmp",
          rf"\.{re.escape(TRAINING_ARGS_FILE)}\..+\.tmp"),
     re.escape(CHECKPOINTS_DIR): (r"step-\d+", r"\.step-\d+\.tmp"),
-    re.escape(str(METRICS_FILE.parent)): (re.escape(METRICS_FILE.name), rf"\.{re.escape(METRICS_FILE.name)}\..+\.tmp",
-                                          re.escape(TENSORBOARD_DIR.name)),
+    re.escape(str(METRICS_FILE.parent)): tuple(
+        pattern for name in (METRICS_FILE.name, LOSS_CHART_FILE.name)
+        for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")) + (re.escape(TENSORBOARD_DIR.name),),
 }
 # A stage-1 cache: its info file and <process index>/<sample index>.safetensors.
 STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -65,27 +67,22 @@ class OutputClaim:
         checkpoint: The checkpoint to resume from, or None.
         progress: That checkpoint's ``progress.json``, or None.
         lock: The folder lock (main process only).
-        created: Whether this claim created the folder (main process only).
+        created: The folders this claim created, the output folder and its new parents, deepest first (main
+            process only).
     """
 
     run_id: str
     checkpoint: Path | None = None
     progress: dict[str, Any] | None = None
     lock: FolderLock | None = None
-    created: bool = False
+    created: list[Path] = field(default_factory=list)
 
     def release(self) -> None:
-        """Releases the lock, and removes the folder if this run created it and wrote nothing (it failed early)."""
+        """Releases the lock, and removes the folders this run created if it wrote nothing there (it failed early)."""
         if self.lock is None:
             return
         self.lock.release()
-        if self.created:
-            _remove_if_empty(self.lock.folder)
-
-
-def _remove_if_empty(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # a folder that holds files (or is gone) is left as it is
-        folder.rmdir()
+        remove_empty_folders(self.created)
 
 
 def previous_outputs(folder: str | os.PathLike, outputs: Mapping[str, tuple[str, ...]]) -> list[Path]:
@@ -194,15 +191,14 @@ def _claim(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> Outpu
         problems += flag_mismatches(checkpoint, progress.get("flags"), training_flags(args, target_aliases))
     run_id = (progress or {}).get("run_id") or uuid.uuid4().hex[:12]
     claim = OutputClaim(run_id, checkpoint, progress, FolderLock(folder, purpose=f"--task {args.task}", run_id=run_id),
-                        created=not folder.exists())
+                        created=missing_folders(folder))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         claim.lock.acquire()
     except FolderLockedError as error:
         raise FlagError([*problems, _busy_problem(folder, error)]) from error
     except OSError as error:
-        if claim.created:
-            _remove_if_empty(folder)
+        remove_empty_folders(claim.created)
         raise FlagError([*problems, f"--output_path {folder} is not writable ({type(error).__name__}: {error}); "
                                     "choose a folder you can write to, or fix its permissions (e.g. chmod u+w "
                                     f"{folder})"]) from error

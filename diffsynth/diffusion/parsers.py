@@ -1,26 +1,33 @@
-"""The trainer's command line: one argparse group per concern, cross-flag checks, and a Markdown flag table.
+"""The trainer's command line: one argparse group per concern, and the cross-flag checks.
 
-Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged. Flags
+Flag names and defaults follow the reference DiffSynth-Studio trainer, so its example commands run unchanged (its
+flags this trainer does not support are accepted and refused by name: ``reference_flags``). Flags
 beyond the reference (seeding, schedulers, clipping, mixed precision, resuming, a step budget) default to doing
 nothing, so a reference command trains exactly as it did there. Two safety nets are on by default and change no
 healthy run's weights: timed training-state checkpoints (``--checkpoint_every_minutes``) and the stop after
 consecutive non-finite steps (``--max_nonfinite_steps``).
 
 Only checks that need nothing but the flags live here. Whether model files exist, and whether a LoRA target matches
-a module, is the loader's and the training module's business: they know the files and the model.
+a module, is the loader's and the training module's business: they know the files and the model. The docs' flag
+tables are rendered from these parsers by ``flag_docs``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
+from .initial_weights import split_resume_flag
 from .placement_config import PlacementConfig, PlacementError
+from .reference_flags import add_unsupported_config, unsupported_flag_problems
+from .shared_host_weights import add_shared_host_weights_config
+from .batches import add_batch_config, batch_problems
+from .timestep_sampling import add_timestep_sampling_config, timestep_sampling_problems
+from .validation_prompts import add_validation_config, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +149,21 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                        help="Entries of --model_id_with_origin_paths that this stage never computes with (split "
                             "training); they are built without weights, so they cost no memory or load time.")
     group.add_argument("--fp8_models", type=str, default=None,
-                       help="Entries of --model_id_with_origin_paths whose frozen Linear weights are stored in "
-                            "float8 (per-row scaled, cast up per call): half the memory and offload traffic of "
-                            "bf16, about 2.5%% weight error. LoRA on such a model trains as usual.")
+                       help="Entries of --model_id_with_origin_paths whose frozen Linear and convolution weights are "
+                            "stored in float8 (scaled per output row or channel, cast up to --torch_dtype for each "
+                            "call, so nothing computes in fp8): half the memory and offload traffic of bf16, about "
+                            "2.5%% weight error. Embeddings, norms and biases stay in --torch_dtype (small, or read "
+                            "by index), as do layers the model class keeps in float32 (its code casts their inputs "
+                            "to their dtype); a listed model with no Linear or convolution layer is only noted. A "
+                            "LoRA on such a model trains in float32 as usual.")
+    group.add_argument("--quant_options", type=str, default=None,
+                       help="Quantize loaded models' frozen Linear weights: semicolon list of "
+                            "<model>:<method>[/<excluded layers>], <model> copied from --model_id_with_origin_paths, "
+                            "e.g. 'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4/"
+                            "img_in,proj_out'. Method bitsandbytes_nf4 (pip install bitsandbytes): 4-bit NormalFloat "
+                            "weights computed in --torch_dtype, about 0.56 bytes per weight and 9%% weight error; "
+                            "excluded layers (matched by name or name end) stay in full precision. A LoRA on such a "
+                            "model trains in float32. Not with --enable_model_cpu_offload or --blocks_to_swap.")
     group.add_argument("--torch_dtype", type=str, default="bfloat16", choices=TORCH_DTYPES,
                        help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
     group.add_argument("--initialize_model_on_cpu", action="store_true",
@@ -155,13 +174,19 @@ def add_model_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the optimisation flags: task, learning rate and schedule, epochs, accumulation, precision, resuming."""
     group = parser.add_argument_group("Training")
-    group.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate of AdamW.")
+    group.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate of the optimizer.")
     group.add_argument("--num_epochs", type=int, default=1, help="Epochs to train.")
     group.add_argument("--trainable_models", type=str, default=None,
                        help="Comma list of pipeline models trained in full (e.g. dit); unset trains only the LoRA.")
     group.add_argument("--find_unused_parameters", action="store_true",
                        help="Let DDP tolerate parameters that get no gradient; costs a graph walk per step.")
-    group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay.")
+    group.add_argument("--weight_decay", type=float, default=0.01, help="Weight decay of the optimizer.")
+    group.add_argument("--customized_optimizer", type=str, default=None,
+                       help="Optimizer class by dotted path, e.g. torch.optim.Adam or bitsandbytes.optim.AdamW8bit "
+                            "(pip install bitsandbytes), built with --learning_rate and --weight_decay; unset uses "
+                            "torch.optim.AdamW (DeepSpeed's CPU Adam when ZeRO offloads the optimizer). Checked to "
+                            "import before any model loads; a resume needs the optimizer its checkpoint was made "
+                            "with.")
     group.add_argument("--task", type=str, default="sft", choices=TASKS,
                        help="Training task; a :data_process / :train suffix runs one stage of split training.")
     group.add_argument("--gradient_accumulation_steps", type=int, default=1,
@@ -178,7 +203,11 @@ def add_training_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--mixed_precision", type=str, default="no", choices=MIXED_PRECISIONS,
                        help="Mixed precision passed to accelerate's Accelerator; no trains in the weights' dtype.")
     group.add_argument("--resume_from_checkpoint", type=str, default=None,
-                       help='Training-state folder to resume from, or "latest" for the newest one in --output_path.')
+                       help='A training-state folder, or "latest" for the newest one in --output_path: resumes the '
+                            "whole run (weights, optimizer, schedule, data position). A .safetensors weights file "
+                            "(the reference's meaning, e.g. a full fine-tune's epoch-4.safetensors): starts from "
+                            "those weights, loaded into the model --remove_prefix_in_ckpt names (pipe.dit.: the "
+                            "transformer), with a fresh optimizer.")
     group.add_argument("--min_timestep_boundary", type=float, default=0.0,
                        help="Lower end of the drawn training timesteps, as a fraction of the noisiest-first grid.")
     group.add_argument("--max_timestep_boundary", type=float, default=1.0,
@@ -201,10 +230,10 @@ def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             "is writing there. Not the model folder (./models).")
     group.add_argument("--overwrite_output", action="store_true",
                        help="Start afresh in an --output_path that holds an earlier run's outputs: removes the files "
-                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/tensorboard/, "
-                            "training_args.json; for *:data_process the cached samples and cache_info.json) before "
-                            "starting; other files are kept. Without it such a folder is refused, unless "
-                            "--resume_from_checkpoint continues the run.")
+                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/loss.png, "
+                            "logs/tensorboard/, training_args.json; for *:data_process the cached samples and "
+                            "cache_info.json) before starting; other files are kept. Without it such a folder is "
+                            "refused, unless --resume_from_checkpoint continues the run.")
     group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
                        help="Prefix removed from the weight names saved, so files load into the bare model.")
     group.add_argument("--save_steps", type=int, default=None,
@@ -234,6 +263,13 @@ def add_lora_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="LoRA scale numerator (the update is scaled by alpha / rank); unset equals the rank.")
     group.add_argument("--lora_checkpoint", type=str, default=None,
                        help="LoRA .safetensors file whose weights start the training.")
+    group.add_argument("--preset_lora_path", type=str, default=None,
+                       help="Differential LoRA: a LoRA .safetensors file (any layout; docs/en/Using_LoRA.md) merged "
+                            "into the frozen weights of --preset_lora_model before training, so the new LoRA learns "
+                            "the difference from it. Use the new LoRA on the base with the preset merged (or both "
+                            "LoRAs loaded).")
+    group.add_argument("--preset_lora_model", type=str, default=None,
+                       help="Pipeline model the --preset_lora_path LoRA is merged into (e.g. dit).")
     return parser
 
 
@@ -244,13 +280,17 @@ def add_gradient_config(parser: argparse.ArgumentParser, always_on: bool = False
     forces it: a video's activations do not fit otherwise.
     """
     group = parser.add_argument_group("Gradient checkpointing")
+    # musubi-tuner spells it --gradient_checkpointing; both names set the same flag.
+    names = ("--use_gradient_checkpointing", "--gradient_checkpointing")
     if always_on:
-        group.add_argument("--use_gradient_checkpointing", action="store_true", default=True,
+        group.add_argument(*names, action="store_true", default=True,
                            help="Recompute activations in the backward pass. Always on for video (Wan) training, as "
-                                "the reference's Wan trainer forces it: a video's activations do not fit otherwise.")
+                                "the reference's Wan trainer forces it: a video's activations do not fit otherwise. "
+                                "Also spelled --gradient_checkpointing.")
     else:
-        group.add_argument("--use_gradient_checkpointing", action="store_true",
-                           help="Recompute activations in the backward pass: much less VRAM, about a third slower.")
+        group.add_argument(*names, action="store_true",
+                           help="Recompute activations in the backward pass: much less VRAM, about a third slower. "
+                                "Also spelled --gradient_checkpointing (musubi-tuner).")
     group.add_argument("--use_gradient_checkpointing_offload", action="store_true",
                        help="Also keep the checkpointed activations in CPU memory; implies "
                             "--use_gradient_checkpointing. Least VRAM, slower still.")
@@ -291,16 +331,6 @@ def add_block_swap_config(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
-def add_shared_host_weights_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flag that shares host copies of frozen weights between a machine's processes (docs Multi_GPU)."""
-    group = parser.add_argument_group("Several GPUs on one machine")
-    group.add_argument("--shared_host_weights", choices=("auto", "off"), default="auto",
-                       help="auto: with several processes on a machine, the frozen weights that offload or block "
-                            "swap keep in host memory are loaded once per machine into shared memory (RAM for one "
-                            "copy instead of one per GPU); off: each process loads its own copy.")
-    return parser
-
-
 def add_planner_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the memory planner flags: budgets the placement is chosen to fit before anything loads (docs Low_VRAM)."""
     group = parser.add_argument_group("Memory planner")
@@ -328,17 +358,33 @@ def add_logging_config(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+def add_console_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags for what the run prints: progress lines, and tracebacks of the errors the user must fix."""
+    group = parser.add_argument_group("Console")
+    group.add_argument("--progress_interval_seconds", type=float, default=30.0,
+                       help="When stderr is not a terminal (a log file, nohup, a scheduler, CI), progress is one "
+                            "line (step, epoch, loss, speed, ETA, peak GPU memory) after the first step, then at "
+                            "least this many seconds apart, instead of a tqdm bar; 0 writes a line every step.")
+    group.add_argument("--debug", action="store_true",
+                       help="Also print the traceback of errors the message says how to fix (flags, data, missing "
+                            "model files, the output folder, non-finite values: exit codes 2 and 3); "
+                            "DIFFSYNTH_DEBUG=1 does the same.")
+    return parser
+
+
 def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model.",
                  video: bool = False) -> argparse.ArgumentParser:
     """Builds the full trainer parser; ``video`` swaps the image size group for the video one (adds --num_frames)."""
     parser = argparse.ArgumentParser(description=description)
     add_dataset_config(parser)
     (add_video_size_config if video else add_image_size_config)(parser)
-    for add in (add_model_config, add_training_config, add_output_config, add_lora_config):
+    add_batch_config(parser)
+    for add in (add_model_config, add_training_config, add_timestep_sampling_config, add_output_config,
+                add_validation_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
     for add in (add_offload_training_config, add_block_swap_config, add_shared_host_weights_config,
-                add_planner_config, add_logging_config):
+                add_planner_config, add_logging_config, add_console_config, add_unsupported_config):
         add(parser)
     return parser
 
@@ -361,6 +407,7 @@ _LOWER_BOUNDS = (
     ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
     ("max_nonfinite_steps", 1, True, "--max_nonfinite_steps 3"),
     ("checkpoint_every_minutes", 0, True, "--checkpoint_every_minutes 30, or 0 for no timed checkpoints"),
+    ("progress_interval_seconds", 0, True, "--progress_interval_seconds 30, or 0 for a line every step"),
 )
 # Fixes for float flags that have no lower bound above.
 _FLOAT_EXAMPLES = {
@@ -452,6 +499,42 @@ def _task_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _quant_problems(args: argparse.Namespace) -> list[str]:
+    if not args.quant_options:
+        return []
+    from .quant_options import quant_flag_problems
+
+    return quant_flag_problems(args)
+
+
+def _optimizer_problems(args: argparse.Namespace) -> list[str]:
+    """The optimizer class must import now, not after the models loaded."""
+    if not args.customized_optimizer:
+        return []
+    from .optimizer import resolve_optimizer_class
+
+    try:
+        resolve_optimizer_class(args.customized_optimizer)
+    except ValueError as error:
+        return [str(error)]
+    if task_stage(args.task)[1] == "data_process":
+        return [f"--customized_optimizer {args.customized_optimizer} has no effect on --task {args.task}, which "
+                "trains nothing; pass it to the training stage"]
+    return []
+
+
+def _preset_lora_problems(args: argparse.Namespace) -> list[str]:
+    """The preset LoRA's two flags go together; whether the file fits its model is checked against the model (a
+    script's first command may write the file its second command merges)."""
+    problems = []
+    if bool(args.preset_lora_path) != bool(args.preset_lora_model):
+        given, missing = (("--preset_lora_path", "--preset_lora_model") if args.preset_lora_path
+                          else ("--preset_lora_model", "--preset_lora_path"))
+        problems.append(f"{given} {args.preset_lora_path or args.preset_lora_model} needs {missing}: the preset LoRA "
+                        "is merged into one model; pass both (e.g. --preset_lora_model dit), or neither")
+    return problems
+
+
 def _overwrite_problems(args: argparse.Namespace) -> list[str]:
     resume = args.resume_from_checkpoint
     if not (args.overwrite_output and resume):
@@ -470,14 +553,20 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     ``--use_gradient_checkpointing_offload`` implies ``--use_gradient_checkpointing`` (as in the reference trainer,
     where offloading the checkpointed activations is a kind of checkpointing); ``args`` is updated to say so.
 
+    A ``--resume_from_checkpoint`` that names a weights file moves to ``args.initial_weights`` (``initial_weights``);
+    ``args.resume_from_checkpoint`` then keeps only training-state checkpoints.
+
     Returns:
         ``args`` (the parsed flags of :func:`build_parser`), with implied flags set.
 
     Raises:
         FlagError: Some flags conflict; its message has one line per conflict, naming flag, value and fix.
     """
-    problems = (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
-                + _task_problems(args))
+    problems = split_resume_flag(args)
+    problems += (_finite_problems(args) + _bound_problems(args) + _offload_problems(args) + _size_problems(args)
+                 + _task_problems(args) + _preset_lora_problems(args) + _optimizer_problems(args)
+                 + _quant_problems(args) + unsupported_flag_problems(args) + timestep_sampling_problems(args)
+                 + batch_problems(args) + validation_problems(args))
     if not args.model_paths and not args.model_id_with_origin_paths:
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")
@@ -519,35 +608,3 @@ def parse_args(argv: Sequence[str] | None = None, video: bool = False,
         return validate_args(args)
     except FlagError as error:
         parser.error("\n  " + "\n  ".join(error.problems))
-
-
-def _format_default(default: object) -> str:
-    text = json.dumps(default) if isinstance(default, str) else str(default)
-    return "unset" if default is None else f"`{_table_cell(text)}`"
-
-
-def _table_cell(text: str) -> str:
-    # Angle brackets would read as HTML tags in rendered Markdown; "%%" is argparse's escape for a percent sign.
-    text = " ".join(text.split()).replace("%%", "%")
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def flag_table(parser: argparse.ArgumentParser) -> str:
-    """Renders the parser's flags as Markdown: a ``###`` heading and a flag/default/description table per group.
-
-    The docs embed this output, and a test compares them, so the docs cannot drift from the code.
-    """
-    sections = []
-    for group in parser._action_groups:
-        actions = [action for action in group._group_actions if not isinstance(action, argparse._HelpAction)]
-        if not actions:
-            continue
-        rows = ["| Flag | Default | Description |", "| --- | --- | --- |"]
-        for action in actions:
-            description = action.help or ""
-            if action.choices:
-                description += f" Choices: {', '.join(map(str, action.choices))}."
-            flag = action.option_strings[0] if action.option_strings else action.dest
-            rows.append(f"| `{flag}` | {_format_default(action.default)} | {_table_cell(description)} |")
-        sections.append(f"### {group.title}\n\n" + "\n".join(rows))
-    return "\n\n".join(sections) + "\n"

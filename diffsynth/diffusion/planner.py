@@ -6,8 +6,9 @@ allow, and predict every candidate placement (``core/planning``). With budgets t
 chosen, or the run stops before loading with the budgets that would fit and what to change; placement flags given
 explicitly (``--enable_model_cpu_offload``, ``--blocks_to_swap``) win, and are only predicted and warned about.
 
-What the predictions assume about the data: one sample per step (the trainer's batch), of the fixed ``--height`` x
-``--width`` or else the square of ``--max_pixels``; ``--num_frames`` for video; prompts of ``TEXT_TOKENS`` tokens.
+What the predictions assume about the data: ``--batch_size`` samples per micro-batch, each of the fixed ``--height``
+x ``--width`` or else the square of ``--max_pixels`` (no aspect-ratio bucket is larger); ``--num_frames`` for video;
+prompts of ``TEXT_TOKENS`` tokens.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ def sample_shape(args: argparse.Namespace) -> tuple[int, int, int]:
     return height, width, getattr(args, "num_frames", 1)
 
 
-def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype) -> dict[str, Any]:
-    """The keyword inputs the pipeline passes the denoiser for one sample of this shape, on the meta device.
+def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype,
+                    batch: int = 1) -> dict[str, Any]:
+    """The keyword inputs the pipeline passes the denoiser for a batch of ``batch`` samples of this shape, on the meta
+    device.
 
     Raises:
         ValueError: A denoiser class the planner has no inputs for.
@@ -91,17 +94,20 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
     text = TEXT_TOKENS.get(name, 0)
     if name == "QwenImageTransformer2DModel":
         rows, cols = height // 16, width // 16
-        return dict(hidden_states=torch.empty(1, rows * cols, config.in_channels, dtype=dtype, device=meta),
-                    encoder_hidden_states=torch.empty(1, text, config.joint_attention_dim, dtype=dtype, device=meta),
-                    encoder_hidden_states_mask=torch.ones(1, text, device=meta),
-                    timestep=torch.empty(1, device=meta), img_shapes=[[(1, rows, cols)]], return_dict=False)
+        return dict(hidden_states=torch.empty(batch, rows * cols, config.in_channels, dtype=dtype, device=meta),
+                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
+                                                      device=meta),
+                    encoder_hidden_states_mask=torch.ones(batch, text, device=meta),
+                    timestep=torch.empty(batch, device=meta), img_shapes=[[(1, rows, cols)]] * batch,
+                    return_dict=False)
     if name == "WanTransformer3DModel":
-        inputs = dict(hidden_states=torch.empty(1, config.in_channels, (frames - 1) // 4 + 1, height // 8, width // 8,
-                                                dtype=dtype, device=meta),
-                      encoder_hidden_states=torch.empty(1, text, config.text_dim, dtype=dtype, device=meta),
-                      timestep=torch.empty(1, device=meta), return_dict=False)
+        inputs = dict(hidden_states=torch.empty(batch, config.in_channels, (frames - 1) // 4 + 1, height // 8,
+                                                width // 8, dtype=dtype, device=meta),
+                      encoder_hidden_states=torch.empty(batch, text, config.text_dim, dtype=dtype, device=meta),
+                      timestep=torch.empty(batch, device=meta), return_dict=False)
         if config.image_dim:  # image-to-video: CLIP image tokens
-            inputs["encoder_hidden_states_image"] = torch.empty(1, 257, config.image_dim, dtype=dtype, device=meta)
+            inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype,
+                                                                device=meta)
         return inputs
     raise ValueError(f"the memory planner has no inputs for {name}; it plans QwenImageTransformer2DModel and "
                      "WanTransformer3DModel")
@@ -112,8 +118,8 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
                    local_processes: int = 1) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
     in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
-    on inputs of the largest sample; host memory for ``local_processes`` on a machine, sharing one host copy of the
-    frozen weights unless ``--shared_host_weights off``."""
+    on a ``--batch_size`` batch of the largest sample; host memory for ``local_processes`` on a machine, sharing one
+    host copy of the frozen weights unless ``--shared_host_weights off``."""
     from peft import LoraConfig, inject_adapter_in_model
 
     dtype = resolve_dtype(args.torch_dtype)
@@ -131,7 +137,7 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
         model.requires_grad_(True)
     if fp8:
         enable_fp8_storage(model)
-    inputs = denoiser_inputs(model, *sample_shape(args), dtype)
+    inputs = denoiser_inputs(model, *sample_shape(args), dtype, batch=getattr(args, "batch_size", 1))
 
     def set_checkpointing(enabled: bool) -> None:
         if enabled:

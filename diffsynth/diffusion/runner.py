@@ -19,15 +19,12 @@ import argparse
 import logging
 import math
 import signal
-import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
-from tqdm.auto import tqdm
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..core.data import UnifiedDataset
 from ..core.data.bad_samples import pop_skipped
@@ -37,20 +34,25 @@ from ..core.data.fingerprint import digest
 from ..core.finite import is_finite
 from ..core.offload_training import BlockSwap, OffloadTrainingManager, create_offloader
 from ..core.offload_training.grad_sync import GradientSynchronizer
+from .batches import batch_sampler, bucketed
 from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
-                                make_optimizer, release_unused_models)
+                                release_unused_models)
 from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
+from .optimizer import make_optimizer
 from .placement_config import PlacementConfig
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
+from .progress import ProgressReport
+from .sampling import SampleRenderer
 from .training_module import DiffusionTrainingModule
+from .validation_prompts import ValidationConfig
 
 logger = logging.getLogger(__name__)
 
 
 def _first(batch: list[Any]) -> Any:
-    """One sample per step: samples differ in size, so they are not stacked."""
+    """One sample per step of stage 1, which runs each sample's units alone."""
     return batch[0]
 
 
@@ -81,36 +83,23 @@ def _signal_name(preemption: PreemptionListener) -> str:
     return signal.Signals(preemption.received).name
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of the dataset per epoch, drawn from ``(seed, epoch)`` alone.
-
-    Every process draws the same order (accelerate then deals the batches out), and a resumed run redraws the order
-    of the epoch it stopped in without any saved generator state.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        yield from torch.randperm(self.size, generator=generator).tolist()
-
-    def __len__(self) -> int:
-        return self.size
-
-
 def step_generator(seed: int, sample_index: int) -> torch.Generator:
     """The CPU generator for one sample's timestep and noise, a function of the run's position only.
 
-    ``sample_index`` counts samples across all processes (``micro_step * num_processes + process_index``, the order
-    in which accelerate deals batches out), so P processes draw what one process accumulating P micro-batches
-    would, and the two runs train the same weights.
+    ``sample_index`` counts samples across all processes (at batch size 1, ``micro_step * num_processes +
+    process_index``, the order in which accelerate deals batches out), so P processes draw what one process
+    accumulating P micro-batches would, and the two runs train the same weights.
     """
     (state,) = np.random.SeedSequence([seed, sample_index]).generate_state(1, dtype=np.uint64)
     return torch.Generator().manual_seed(int(state))
+
+
+def sample_generators(seed: int, batch_number: int, batch_size: int, count: int) -> list[torch.Generator]:
+    """The generators of the ``count`` samples of batch ``batch_number`` (counted over all processes, in the order
+    accelerate deals batches out): sample ``j`` draws from ``step_generator(seed, batch_number * batch_size + j)``,
+    its position in the run's stream of samples. So a batch of B draws what B micro-steps at batch 1 draw, and at
+    batch 1 the draws are those of a run without batches (a short last batch leaves positions unused)."""
+    return [step_generator(seed, batch_number * batch_size + offset) for offset in range(count)]
 
 
 def place_models(module: DiffusionTrainingModule, device: torch.device, placement: PlacementConfig
@@ -184,11 +173,11 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
         write_cache_manifest(args.output_path, num_samples, skipped, command)
     loader = DataLoader(Subset(dataset, sync.todo), batch_size=1, collate_fn=_first,
                         num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
-    bar = tqdm(zip(sync.todo, loader), total=len(sync.todo), desc="caching",
-               disable=not accelerator.is_local_main_process)
+    report = ProgressReport(len(sync.todo), "caching", interval_seconds=args.progress_interval_seconds,
+                            enabled=accelerator.is_local_main_process, unit="sample", device=accelerator.device)
     skipped_here = []
     with PreemptionListener() as preemption:
-        for done, (index, sample) in enumerate(bar, start=1):
+        for done, (index, sample) in enumerate(zip(sync.todo, loader), start=1):
             bad = pop_skipped(sample)
             if bad:
                 logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
@@ -197,10 +186,12 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
                 state = module.process_sample(sample)
                 save_cache_sample(cache_file_path(args.output_path, accelerator.process_index, index), state, info,
                                   sync.fingerprints[index])
+            report.update()
             if preemption.requested and done < len(sync.todo):
                 raise RunPreempted(f"stage 1 stopped by {_signal_name(preemption)} after {done} of the "
                                    f"{len(sync.todo)} samples process {accelerator.process_index} had to compute; "
                                    f"rerun the same command to compute the other {len(sync.todo) - done}", done)
+    report.close()
     accelerator.wait_for_everyone()
     counts = gather_object([sync.counts()])
     late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
@@ -287,10 +278,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
 
     Returns:
-        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples"}``: the optimizer steps done, the mean loss
-        of each (over its micro-batches and the processes; NaN or inf for a skipped step), how many steps were skipped
-        as non-finite (over the whole run, resumed parts included), and the samples replaced because their files
-        failed to decode.
+        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples", "sample_peaks"}``: the optimizer steps
+        done, the mean loss of each (over its micro-batches and the processes; NaN or inf for a skipped step), how
+        many steps were skipped as non-finite (over the whole run, resumed parts included), the samples replaced
+        because their files failed to decode, and for each step samples were rendered at, the peak bytes of
+        offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``).
 
     Raises:
         TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).
@@ -306,10 +298,19 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         managers, swaps = [], []
     else:
         managers, swaps = place_models(module, accelerator.device, placement)
+    validation = ValidationConfig.from_args(args) if getattr(args, "validation_prompts", None) else None
+    renderer = None
+    if validation is not None and not deepspeed:
+        renderer = SampleRenderer(validation, module.pipe, module.active_model_names(), managers, placement,
+                                  accelerator.device, args.output_path, model_logger,
+                                  SampleRenderer.attach_meters(managers, swaps))
     params = [param for param in module.parameters() if param.requires_grad]
-    optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator)
-    sampler = EpochShuffleSampler(len(dataset), args.seed)
-    dataloader = DataLoader(_Indexed(dataset), batch_size=1, sampler=sampler, collate_fn=_first,
+    optimizer = make_optimizer(params, args.learning_rate, args.weight_decay, accelerator, args.customized_optimizer)
+    sampler = batch_sampler(dataset, args.batch_size, bucketed(args), args.seed, accelerator.num_processes,
+                            module.pipe.padded_inputs, log=accelerator.is_main_process)
+    # A batch stays a list of (index, sample) pairs: the training module joins what the loss reads once every
+    # sample's units have run (batches.collate_states).
+    dataloader = DataLoader(_Indexed(dataset), batch_sampler=sampler, collate_fn=list,
                             num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
     if deepspeed:
         trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
@@ -361,15 +362,16 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         accelerator.wait_for_everyone()
         last_checkpoint = checkpoint_folder(args.output_path, saved_step)
 
-    bar = tqdm(total=total_steps, initial=progress["global_step"], desc="training",
-               disable=not accelerator.is_local_main_process)
+    report = ProgressReport(total_steps, "training", interval_seconds=args.progress_interval_seconds,
+                            enabled=accelerator.is_local_main_process, initial=progress["global_step"],
+                            num_epochs=args.num_epochs, device=accelerator.device,
+                            samples_per_unit=args.gradient_accumulation_steps * accelerator.num_processes)
     losses: list[float] = []
     micro_losses: list[torch.Tensor] = []
     window: list[int] = []  # dataset indices of this process's micro-batches in the current step
     # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's here, all processes'.
     skipped, skipped_total = 0, 0
     preempted = False
-    step_started = time.perf_counter()
     with PreemptionListener() as preemption:
         while progress["epoch"] < args.num_epochs and progress["global_step"] < total_steps:
             # Data: this epoch's order, skipping the batches a resumed run already consumed.
@@ -379,15 +381,16 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
             # batches starts counting at 0, so both are told the epoch explicitly.
             batches.set_epoch(progress["epoch"])
             sampler.set_epoch(progress["epoch"])
-            for index, sample in batches:
-                skipped += _note_skipped(sample)
+            for batch in batches:
+                indices, samples = zip(*batch)
+                skipped += sum(_note_skipped(sample) for sample in samples)
                 # Forward and backward, accumulating over micro-batches; then the checked optimizer step.
                 with accelerator.accumulate(trained):
-                    sample_index = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
-                    generator = step_generator(args.seed, sample_index)
+                    batch_number = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
+                    generators = sample_generators(args.seed, batch_number, args.batch_size, len(samples))
                     with accelerator.autocast():
-                        loss = trained(sample, generator=generator)
-                    window.append(index)
+                        loss = trained(list(samples), generators=generators)
+                    window.extend(indices)
                     if deepspeed:  # DeepSpeed updates inside backward: the loss is checked before it
                         _, (nonfinite,) = _agree(accelerator, loss, not is_finite(loss))
                         if nonfinite:
@@ -421,9 +424,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 window.clear()
                 micro_losses.clear()
                 losses.append(mean_loss)
-                seconds = time.perf_counter() - step_started
-                bar.update(1)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{seconds:.2f}")
+                report.update(mean_loss, progress["epoch"])
                 lr = lr_scheduler.get_last_lr()[0]
                 last_weights = model_logger.on_step_end(step, mean_loss, lr, _trainable_state(accelerator, module),
                                                         {"nonfinite_steps": guard.skipped}) or last_weights
@@ -431,7 +432,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                     raise guard.diverged(step, last_checkpoint, last_weights)
                 if (args.save_steps and step % args.save_steps == 0) or checkpoint_due:
                     checkpoint()
-                step_started = time.perf_counter()
+                if renderer is not None and not stop and renderer.due(step):
+                    renderer.render(step, accelerator)
                 if step >= total_steps:
                     break
                 if stop:
@@ -446,9 +448,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 progress["epoch"] += 1
                 progress["batch_in_epoch"] = 0
                 checkpoint()
+                if renderer is not None and not preempted and renderer.due(progress["global_step"], progress["epoch"]):
+                    renderer.render(progress["global_step"], accelerator)
             if preempted:
                 break
-    bar.close()
+    report.close()
     # A run cut short (--max_train_steps, a signal) can be continued from here: the training state first, as it is
     # what a resume needs when a scheduler's grace period runs out, then the weights file.
     if saved_step != progress["global_step"]:
@@ -463,4 +467,4 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         raise RunPreempted(f"training stopped by {_signal_name(preemption)} after optimizer step "
                            f"{progress['global_step']}: {kept}", progress["global_step"])
     return {"global_step": progress["global_step"], "losses": losses, "nonfinite_steps": guard.skipped,
-            "skipped_samples": skipped_total}
+            "skipped_samples": skipped_total, "sample_peaks": renderer.peaks if renderer is not None else {}}

@@ -16,13 +16,25 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.loader import ModelConfig, ModelLoadError, SharedLoad, model_class_name, parse_model_id_with_origin_paths
 from ..core.offload_training.block_swap import host_parameters
 from ..core.shared_weights import LocalGroup
-from .base_pipeline import BasePipeline
-from .parsers import split_csv
 from .placement_config import PlacementConfig
+
+if TYPE_CHECKING:
+    from .base_pipeline import BasePipeline
+
+def add_shared_host_weights_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flag that shares host copies of frozen weights between a machine's processes (docs Multi_GPU)."""
+    group = parser.add_argument_group("Several GPUs on one machine")
+    group.add_argument("--shared_host_weights", choices=("auto", "off"), default="auto",
+                       help="auto: with several processes on a machine, the frozen weights that offload or block "
+                            "swap keep in host memory are loaded once per machine into shared memory (RAM for one "
+                            "copy instead of one per GPU); off: each process loads its own copy.")
+    return parser
+
 
 SharedLoads = Callable[[ModelConfig], SharedLoad | None]
 """What ``BasePipeline.from_pretrained`` asks of each model it loads: how to share it, or None for a private copy."""
@@ -36,6 +48,8 @@ def shared_loads(args: argparse.Namespace, pipeline_class: type[BasePipeline], c
     With sharing, every process of the run must call it (it finds the processes of each machine) and then load the
     same models in the same order; a machine with one process of the run then loads as usual.
     """
+    from .parsers import split_csv  # the parser imports this module for its flag group
+
     if not placement.shares_host_weights(num_processes):
         return None
     group = LocalGroup.of_this_process()

@@ -21,16 +21,21 @@ from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from ..core.shared_weights import LocalGroup
 from .base_pipeline import BasePipeline
+from .batches import bucketed
 from .checkpoint import load_training_state
 from .deepspeed_support import deepspeed_config, without_zero3_init
-from .exit_codes import run_with_exit_code
+from .exit_codes import debug_requested, run_with_exit_code
+from .initial_weights import load_initial_weights
+from .input_checks import check_inputs_used, warn_about_unread_columns
 from .logger import ModelLogger
 from .model_flag_checks import check_model_flags
 from .output_folder import OutputClaim, claim_output_folder
 from .parsers import FlagError, parse_args, split_csv, task_stage
 from .placement_config import PlacementConfig
+from .quant_options import quant_package_problems, quantized_models
 from .runner import launch_data_process_task, launch_training_task
 from .shared_host_weights import shared_loads
+from .timestep_sampling import TimestepSampling
 from .training_module import DiffusionTrainingModule
 
 logger = logging.getLogger(__name__)
@@ -78,6 +83,13 @@ def refuse_with_deepspeed(args: argparse.Namespace) -> None:
     if args.vram_budget is not None or args.ram_budget is not None:
         problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
                         "them (ZeRO-3 partitions and offloads by its config)")
+    if args.quant_options:
+        problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
+                        "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
+    if args.validation_prompts:
+        problems.append(f"--validation_prompts {args.validation_prompts}: ZeRO-3 partitions the weights over the "
+                        "processes, so one process cannot render with them; drop it (render from the LoRA files with "
+                        "the validate_lora scripts), or launch without the DeepSpeed accelerate config")
     if args.resume_from_checkpoint:
         problems.append(f"--resume_from_checkpoint {args.resume_from_checkpoint}: training-state checkpoints are not "
                         "written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA file "
@@ -108,14 +120,18 @@ def build_raw_dataset(args: argparse.Namespace, pipeline_class: type[BasePipelin
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, args.task)
         repeat = 1
-    return UnifiedDataset(
+    dataset = UnifiedDataset(
         args.dataset_base_path, args.dataset_metadata_path, repeat=repeat,
         data_file_keys=split_csv(args.data_file_keys), height=args.height, width=args.width,
         max_pixels=args.max_pixels, required_columns=pipeline_class.required_columns(extra_inputs),
         num_frames=getattr(args, "num_frames", DEFAULT_NUM_FRAMES),
         allow_shorter_videos=getattr(args, "allow_shorter_videos", False), on_bad_sample=args.on_bad_sample,
-        keep_row_indices=caching,
+        keep_row_indices=caching, buckets=bucketed(args),
+        column_types={name: pipeline_class.input_types[name] for name in extra_inputs
+                      if name in pipeline_class.input_types},
     )  # fmt: skip
+    warn_about_unread_columns(args, pipeline_class, {column for row in dataset.rows for column in row})
+    return dataset
 
 
 def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:
@@ -233,6 +249,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Flags and environment: everything cheap is checked before the models load.
     args = parse_args(argv, video=video)
+    check_inputs_used(args, pipeline_class)
+    missing = quant_package_problems(args)
+    if missing:
+        raise FlagError(missing)
     placement = PlacementConfig.from_args(args)
     accelerator = make_accelerator(args)
     if deepspeed_config(accelerator) is not None:
@@ -274,6 +294,11 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     # Models and the training module.
     # Under DeepSpeed the models load whole; ZeRO partitions them at prepare.
     pipe = load_pipeline(args, pipeline_class, accelerator, placement)
+    if args.initial_weights:
+        loaded = load_initial_weights(pipe, args.initial_weights, args.remove_prefix_in_ckpt or "")
+        logger.info("--resume_from_checkpoint %s: started from its %d weights", args.initial_weights, loaded)
+    if isinstance(dataset, UnifiedDataset):
+        dataset.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
     # The LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(args.seed)
     module = DiffusionTrainingModule(
@@ -284,8 +309,12 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
         use_gradient_checkpointing_offload=placement.use_gradient_checkpointing_offload,
         extra_inputs=split_csv(args.extra_inputs),
         timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary),
-        fp8_models=fp8_model_names(args, pipe),
+        fp8_models=fp8_model_names(args, pipe), timestep_sampling=TimestepSampling.from_args(args),
+        preset_lora=(args.preset_lora_model, args.preset_lora_path) if args.preset_lora_path else None,
+        quant_models=quantized_models(args, pipe.model_configs),
     )  # fmt: skip
+    if module.family == "sft" and stage != "data_process" and not module.loss.sampling.is_reference:
+        logger.info("timesteps: %s", module.loss.sampling.describe())
     if stage == "data_process":
         return {"cached": launch_data_process_task(accelerator, dataset, module, args, placement, command=command)}
     if stage == "train":
@@ -324,6 +353,7 @@ def cli(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, v
     """The command-line entry of every ``train.py``: runs :func:`main` and exits with the code of how it ended.
 
     See :mod:`diffsynth.diffusion.exit_codes`: 0 done, 1 error, 2 bad flags or input, 3 non-finite values (diverged),
-    75 preempted (resumable), 130 aborted by a second Ctrl-C.
+    75 preempted (resumable), 130 aborted by a second Ctrl-C. Errors of codes 2 and 3 print their message without a
+    traceback unless ``--debug`` or ``DIFFSYNTH_DEBUG=1`` asks for it.
     """
-    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video))
+    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video, debug=debug_requested(argv)))

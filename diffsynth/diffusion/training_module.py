@@ -2,7 +2,7 @@
 
 It freezes every model, then makes trainable what the flags ask for (whole models, or a peft LoRA on one model),
 turns on gradient checkpointing, picks the units of the task's stage from the unit-graph split, and computes the loss
-of one sample. The runner sees only this module.
+of a batch of samples of one shape. The runner sees only this module.
 
 Stages: ``sft`` runs every unit and the loss each step; ``sft:data_process`` runs only the units that do not depend on
 a trained model and returns the (pruned) state for the cache; ``sft:train`` runs the remaining units on a cached state,
@@ -21,10 +21,15 @@ from typing import Any
 import torch
 
 from ..core.data.fingerprint import digest, weights_digest
+from ..core.finite import NonFiniteTensorError
+from ..core.fp8 import holds_fp8_layers, store_model_in_fp8
 from ..core.gradient import gradient_checkpoint_forward
+from ..core.quant import QuantConfig, quantize_model
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
+from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss
-from .parsers import task_stage
+from .parsers import FlagError, task_stage
+from .timestep_sampling import TimestepSampling
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +97,14 @@ class DiffusionTrainingModule(torch.nn.Module):
         extra_inputs: Dataset columns passed into the pipeline state as they are.
         prune_cache: Stage 1 keeps only the keys stage 2 reads.
         timestep_boundaries: ``(min, max)`` fractions of the training grid the SFT loss draws timesteps from.
-        fp8_models: Models whose frozen Linear weights are stored in float8 (after the LoRA is injected, so the
-            LoRA itself stays float32).
+        timestep_sampling: The SFT loss's timestep rule and weighting; default the reference's.
+        fp8_models: Models whose frozen Linear and convolution weights are stored in float8 (after the LoRA is
+            injected, so the LoRA itself stays float32).
+        preset_lora: ``(model name, LoRA file)``: a LoRA merged into that model's frozen weights first
+            (``--preset_lora_model`` / ``--preset_lora_path``, differential LoRA training). Skipped for a model this
+            stage holds without weights.
+        quant_models: Models whose frozen Linear weights are quantized (``--quant_options``), each with its
+            ``core.quant.QuantConfig``; after the LoRA is injected, like ``fp8_models``.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -105,12 +116,16 @@ class DiffusionTrainingModule(torch.nn.Module):
                  lora_alpha: float | None = None, lora_checkpoint: str | Path | None = None,
                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                  extra_inputs: Sequence[str] = (), prune_cache: bool = True,
-                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = ()) -> None:
+                 timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
+                 preset_lora: tuple[str, str | Path] | None = None,
+                 quant_models: Mapping[str, QuantConfig] | None = None,
+                 timestep_sampling: TimestepSampling | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = FlowMatchSFTLoss(*timestep_boundaries) if self.family == "sft" else LOSSES[self.family]()
+        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, timestep_sampling or TimestepSampling())
+                     if self.family == "sft" else LOSSES[self.family]())
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
@@ -118,10 +133,13 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.lora_config: dict[str, Any] = {}
         pipe.requires_grad_(False)
         pipe.eval()
+        if preset_lora is not None:
+            self._merge_preset_lora(*preset_lora)
         if self.stage != "data_process":
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
         self._store_in_fp8(fp8_models)
+        self._quantize(quant_models or {})
         final_keys = self.loss.required_keys(pipe)
         related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
         self.cache_keys = sorted(required_cache_keys(related, final_keys))
@@ -156,6 +174,21 @@ class DiffusionTrainingModule(torch.nn.Module):
             raise ValueError(f"{flag} names {name!r}, but the pipeline holds no such model; it holds "
                              f"{self.pipe.model_names()} (load it with --model_id_with_origin_paths or --model_paths)")
         return model
+
+    def _merge_preset_lora(self, name: str, path: str | Path) -> None:
+        """Merges a LoRA into a model's weights before anything else changes them (LoRA injection, fp8), so the
+        offloader, block swap and a stage-1 cache all see the merged weights."""
+        from ..lora import load_lora
+
+        model = getattr(self.pipe, name, None)
+        if not isinstance(model, torch.nn.Module) or any(param.is_meta for param in model.parameters()):
+            logger.info("--preset_lora_model %s: not computed with in --task %s; nothing to merge", name, self.task)
+            return
+        try:
+            merged = load_lora(model, path)
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"--preset_lora_path {path}: {error}") from None
+        logger.info("--preset_lora_path %s: merged into %d layers of %s", path, merged, name)
 
     def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,
                         lora_checkpoint: str | Path | None) -> None:
@@ -196,6 +229,10 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         The file's update ``scale_file * B @ A`` is kept exactly: ``B`` is rescaled to this run's ``alpha / rank``, so
         a file with its scale folded in, or trained with another alpha, continues from the same weights delta.
+
+        Raises:
+            FlagError: The file is missing, unreadable, or made for other targets, another rank or another model.
+            NonFiniteTensorError: The file holds NaN or inf values (a diverged run's).
         """
         from ..lora import from_peft_state_dict, lora_layer_names, naming_for, read_lora
         from ..lora.formats import is_peft_lora_key
@@ -204,23 +241,25 @@ class DiffusionTrainingModule(torch.nn.Module):
                                     if is_peft_lora_key(name)}, alpha)
         try:
             loaded = read_lora(path, lora_layer_names(model), naming_for(model))
+        except NonFiniteTensorError as error:  # exit code 3, as for any diverged file
+            raise NonFiniteTensorError(f"--lora_checkpoint {path}: {error}", error.names) from None
         except (FileNotFoundError, ValueError) as error:
-            raise ValueError(f"--lora_checkpoint {path}: {error}") from None
+            raise FlagError([f"--lora_checkpoint {path}: {error}"]) from None
         made_with = loaded.metadata.get("lora_target_modules") or ", ".join(loaded.describe()["targets"])
         missing, extra = sorted(set(own.layers) - set(loaded.layers)), sorted(set(loaded.layers) - set(own.layers))
         if missing or extra:
-            raise ValueError(f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
+            raise FlagError([f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
                              f"(missing {missing[:3]}, extra {extra[:3]}): it was made with --lora_target_modules "
-                             f"{made_with!r}; pass those targets")
+                             f"{made_with!r}; pass those targets"])
         for name, layer in loaded.layers.items():
             target = own.layers[name]
             if layer.rank != target.rank:
-                raise ValueError(f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
-                                 f"pass --lora_rank {layer.rank}")
+                raise FlagError([f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
+                                 f"pass --lora_rank {layer.rank}"])
             if layer.down.shape != target.down.shape or layer.up.shape != target.up.shape:
-                raise ValueError(f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
+                raise FlagError([f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
                                  f"{tuple(layer.up.shape)}; this model's are {tuple(target.down.shape)}, "
-                                 f"{tuple(target.up.shape)}: it was trained on another model")
+                                 f"{tuple(target.up.shape)}: it was trained on another model"])
         with torch.no_grad():
             for name, layer in loaded.layers.items():
                 target = own.layers[name]
@@ -228,8 +267,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                 target.up.copy_(layer.up.float() * (layer.scale / target.scale))
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
-        from ..core.fp8 import enable_fp8_storage, fp32_kept_layers, holds_fp8_layers
-
+        """Stores the frozen Linear and convolution weights of each named model in fp8 (see ``core.fp8``)."""
         for name in names:
             model = self._model(name, "--fp8_models")
             if name in self.trainable_models and self.stage != "data_process":
@@ -239,13 +277,24 @@ class DiffusionTrainingModule(torch.nn.Module):
                 continue  # a skeleton from --offload_models holds no weights to convert
             if holds_fp8_layers(model):
                 continue  # loaded in fp8 already: the host copy shared by the machine's processes is the fp8 one
-            if not any(isinstance(module, torch.nn.Linear) for module in model.modules()):
-                # The reference's low-VRAM commands list every model, convolutional VAEs included.
-                logger.warning("--fp8_models %s: %s has no Linear layer, so nothing is stored in fp8 (convolutions "
-                               "keep their dtype)", name, type(model).__name__)
-                continue
-            storage = enable_fp8_storage(model, exclude=fp32_kept_layers(model))
-            logger.info("--fp8_models %s: %s", name, storage.summary())
+            summaries = store_model_in_fp8(model)
+            if summaries:
+                logger.info("--fp8_models %s: %s", name, "; ".join(summaries))
+            else:
+                # The reference's commands list every model; one without such layers is no error.
+                logger.warning("--fp8_models %s: %s has no Linear or convolution layer to store in fp8; it keeps its "
+                               "dtype", name, type(model).__name__)
+
+    def _quantize(self, configs: Mapping[str, QuantConfig]) -> None:
+        """Quantizes the frozen Linear weights of each named model (``core.quant``); LoRA adapters stay float32."""
+        for name, config in configs.items():
+            model = self._model(name, "--quant_options")
+            if name in self.trainable_models and self.stage != "data_process":
+                raise ValueError(f"--quant_options quantizes {name}, which --trainable_models trains in full; drop "
+                                 "one of the two (a LoRA on a quantized model trains)")
+            if any(param.is_meta for param in model.parameters()):
+                continue  # a skeleton from --offload_models holds no weights
+            logger.info("--quant_options %s: %s", name, quantize_model(model, config).summary())
 
     def _enable_gradient_checkpointing(self, enabled: bool, offload: bool) -> None:
         if not enabled:
@@ -307,16 +356,24 @@ class DiffusionTrainingModule(torch.nn.Module):
         return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
                                                                                            state)}
 
-    def forward(self, sample: dict[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
-        """The loss of one sample; ``generator`` supplies the timestep and noise draws."""
+    def forward(self, samples: Sequence[dict[str, Any]],
+                generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The loss of a batch of samples of one shape, averaged per sample.
+
+        Each sample runs the stage's units alone; what the loss reads is then joined into one batch
+        (``batches.collate_states``). ``generators`` holds one generator per sample for its timestep and noise.
+        """
         if self.stage == "data_process":
             raise RuntimeError("a data_process task computes no loss; call process_sample")
-        state = self.pipeline_inputs(sample)
-        with torch.no_grad():
-            # Units independent of the trained models need no graph: this is the work stage 1 caches.
-            state = self.pipe.run_units(*state, units=self.unrelated_units)
-        state = self.pipe.run_units(*state, units=self.related_units)
-        return self.loss(self.pipe, *state, generator=generator)
+        states = []
+        for sample in samples:
+            state = self.pipeline_inputs(sample)
+            with torch.no_grad():
+                # Units independent of the trained models need no graph: this is the work stage 1 caches.
+                state = self.pipe.run_units(*state, units=self.unrelated_units)
+            states.append(self.pipe.run_units(*state, units=self.related_units))
+        state = collate_states(states, self.loss.required_keys(self.pipe), self.pipe.padded_inputs)
+        return self.loss(self.pipe, *state, generators=generators)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable weights named from this module (``pipe.dit....``), detached, on the CPU."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .formats import LoRALayer, read_lora
+from .formats import LoRALayer, LoRAWeights, read_lora
 from .naming import LORA_TARGET_TYPES, ModuleNaming, naming_for
 
 logger = logging.getLogger(__name__)
@@ -52,13 +52,7 @@ def load_lora(
     """
     if not math.isfinite(alpha):
         raise ValueError(f"alpha={alpha} must be a finite number, e.g. 1.0")
-    targets = {name: sub for name, sub in module.named_modules() if isinstance(sub, LORA_TARGET_TYPES)}
-    weights = read_lora(path_or_state_dict, targets, naming or naming_for(module), metadata, strict)
-    if weights.unmatched:
-        logger.warning("Skipping %d unmatched LoRA layers from %s, e.g. %s",
-                                            len(weights.unmatched), weights.source, weights.unmatched[:5])
-    for name, layer in weights.layers.items():
-        _check_fits(name, layer, targets[name].weight, weights.source)
+    weights, targets = _fitting_layers(module, path_or_state_dict, metadata, strict, naming)
     # Deltas are built one at a time: all of them at once would take the model's size again, in float32.
     with torch.no_grad():
         for name, layer in weights.layers.items():
@@ -68,10 +62,40 @@ def load_lora(
     return len(weights.layers)
 
 
-def _check_fits(name: str, layer: LoRALayer, weight: torch.Tensor, source: str) -> None:
+def check_lora(module: torch.nn.Module, path_or_state_dict: str | os.PathLike | Mapping[str, torch.Tensor],
+               *, strict: bool = True, naming: ModuleNaming | None = None) -> int:
+    """Checks that :func:`load_lora` would merge the LoRA into ``module``, without changing anything.
+
+    Only names and shapes are compared, so ``module`` may be a skeleton built on the meta device: a trainer checks a
+    LoRA against a 20B-parameter model before loading its weights.
+
+    Returns:
+        The number of layers the merge would update.
+
+    Raises:
+        FileNotFoundError, ValueError: As :func:`load_lora`.
+    """
+    return len(_fitting_layers(module, path_or_state_dict, None, strict, naming, allow_meta=True)[0].layers)
+
+
+def _fitting_layers(module: torch.nn.Module, source: str | os.PathLike | Mapping[str, torch.Tensor],
+                    metadata: Mapping[str, str] | None, strict: bool, naming: ModuleNaming | None,
+                    allow_meta: bool = False) -> tuple[LoRAWeights, dict[str, torch.nn.Module]]:
+    """The LoRA's layers, each checked to fit its module of ``module``, and those modules by name."""
+    targets = {name: sub for name, sub in module.named_modules() if isinstance(sub, LORA_TARGET_TYPES)}
+    weights = read_lora(source, targets, naming or naming_for(module), metadata, strict)
+    if weights.unmatched:
+        logger.warning("Skipping %d unmatched LoRA layers from %s, e.g. %s", len(weights.unmatched), weights.source,
+                       weights.unmatched[:5])
+    for name, layer in weights.layers.items():
+        _check_fits(name, layer, targets[name].weight, weights.source, allow_meta)
+    return weights, targets
+
+
+def _check_fits(name: str, layer: LoRALayer, weight: torch.Tensor, source: str, allow_meta: bool = False) -> None:
     """Raises unless ``up @ down`` (a conv delta keeps down's kernel, up being 1 x 1) has the weight's shape."""
     down, up = layer.down, layer.up
-    if weight.is_meta:
+    if weight.is_meta and not allow_meta:
         raise ValueError(f"module {name!r} has its weight on the meta device; load the base weights before the LoRA")
     fits = up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and all(size == 1 for size in up.shape[2:])
     if not fits or (up.shape[0], *down.shape[1:]) != tuple(weight.shape):

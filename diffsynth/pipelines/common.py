@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..core.data.cells import integer, positive_integer, real, text
 from ..core.device import resolve_device
 from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
@@ -87,6 +88,11 @@ class TextToLatentPipeline(BasePipeline):
 
     scheduler_preset = ""
     latent_channels = 16
+    input_types = {
+        "seed": integer, "rand_device": text, "num_inference_steps": positive_integer, "cfg_scale": real,
+        "denoising_strength": real, "max_sequence_length": positive_integer, "height": positive_integer,
+        "width": positive_integer,
+    }  # fmt: skip
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

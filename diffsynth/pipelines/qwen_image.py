@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
@@ -154,6 +156,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
     image_inputs = ("edit_image",)
     load_options = ("processor_config", "zero_cond_t")
+    #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
+    padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "qwen_image"
     #: Pixel area each edit image is resized to for the VAE (and for Qwen-Image-Edit's encoder), and the area
     #: Edit-2509 / 2511 show the encoder; diffusers' values, which the models were trained at.
@@ -285,6 +289,16 @@ class QwenImagePipeline(TextToLatentPipeline):
         mean, inverse_std = self.latent_statistics(latents)
         images = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
         return (images / 2 + 0.5).clamp(0, 1)
+
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """Qwen-Image renders from a prompt and, for editing, ``edit_image``; a first frame is for Wan."""
+        return ['"input_image" is for Wan image-to-video; Qwen-Image-Edit takes "edit_image"'] \
+            if "input_image" in inputs else []
+
+    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
+        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
+        path = stem.with_suffix(".png")
+        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,

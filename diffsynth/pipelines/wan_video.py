@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ..core.data.cells import positive_integer
 from ..core.loader import ModelConfig, SharedLoad
 from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
 from ..diffusion.base_pipeline import PipelineUnit
@@ -219,6 +220,7 @@ class WanVideoPipeline(TextToLatentPipeline):
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     scheduler_preset = "wan"
+    input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -437,6 +439,23 @@ class WanVideoPipeline(TextToLatentPipeline):
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
+        ``edit_image``."""
+        problems = []
+        mode = self.image_conditioning()
+        if mode == "channels" and "input_image" not in inputs:
+            problems.append(f'{self.describe_transformer()} is an image-to-video model: give an "input_image"')
+        if mode is None and "input_image" in inputs:
+            problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
+        if "edit_image" in inputs:
+            problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
+        return problems
+
+    def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
+        """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
+        return save_video(output, stem.with_suffix(".mp4"), fps=fps)
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 5.0,

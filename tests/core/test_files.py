@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.core.files import atomic_save_safetensors, atomic_write, atomic_write_json, atomic_write_text
+from diffsynth.core.files import (atomic_save_safetensors, atomic_write, atomic_write_json, atomic_write_text,
+                                  missing_folders, remove_empty_folders)
 
 
 def test_files_get_the_permissions_of_an_ordinary_open(tmp_path):
@@ -39,3 +40,19 @@ def test_safetensors_round_trip_and_folder_target_refused(tmp_path):
     assert torch.equal(load_file(str(path))["w"], torch.arange(4.0))
     with pytest.raises(IsADirectoryError, match="is a folder"):
         atomic_write_text(tmp_path / "sub", "x")
+
+
+def test_folders_a_failed_step_created_are_removed_when_left_empty(tmp_path):
+    (tmp_path / "kept").mkdir()
+    created = missing_folders(tmp_path / "kept" / "new" / "deeper")
+    assert created == [tmp_path / "kept" / "new" / "deeper", tmp_path / "kept" / "new"]
+    (tmp_path / "kept" / "new" / "deeper" / "empty_sub").mkdir(parents=True)
+    remove_empty_folders(created)
+    assert list(tmp_path.rglob("*")) == [tmp_path / "kept"]
+    # A folder that got a file is kept, and with it every folder above it.
+    created = missing_folders(tmp_path / "kept" / "new" / "deeper")
+    (tmp_path / "kept" / "new" / "deeper").mkdir(parents=True)
+    (tmp_path / "kept" / "new" / "file.txt").write_text("x")
+    remove_empty_folders(created)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["file.txt", "kept", "new"]
+    remove_empty_folders(missing_folders(tmp_path / "never" / "made"))  # nothing made: nothing to do

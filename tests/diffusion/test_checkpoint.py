@@ -130,6 +130,14 @@ def test_flags_that_change_the_trainable_weights_are_named_with_both_values(tmp_
     assert flag_mismatches(tmp_path, None, training_flags(flags(lora_rank=8), aliases)) == []
 
 
+def test_a_resume_keeps_the_order_of_the_data():
+    recorded = json.loads(json.dumps(training_flags(flags(batch_size=2), {})))
+    problems = flag_mismatches("ckpt", recorded, training_flags(flags(batch_size=4), {}))
+    assert problems[0].startswith("--batch_size 4: the checkpoint ckpt was trained with --batch_size 2")
+    buckets = flag_mismatches("ckpt", training_flags(flags(), {}), training_flags(flags(aspect_ratio_buckets=True), {}))
+    assert len(buckets) == 1 and "--aspect_ratio_buckets True" in buckets[0]
+
+
 @pytest.mark.parametrize("poisoned", ["weights", "optimizer"])
 def test_a_non_finite_state_is_refused_and_the_latest_checkpoint_stays(tmp_path, poisoned):
     from diffsynth.core.finite import NonFiniteTensorError

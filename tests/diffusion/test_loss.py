@@ -69,3 +69,18 @@ def test_direct_distill_lands_on_the_clean_latents_with_the_oracle():
 def test_a_state_without_latents_names_the_dataset_flags():
     with pytest.raises(ValueError, match="--data_file_keys"):
         FlowMatchSFTLoss()(OraclePipeline(), {}, {"prompt_emb": 1}, {})
+
+
+@pytest.mark.parametrize("loss", [FlowMatchSFTLoss(), DirectDistillLoss(2)])
+def test_a_batch_loss_is_the_mean_of_its_samples_losses_with_their_own_draws(loss):
+    """Each sample draws from its own generator in any batch; the batch's loss averages the samples'."""
+    pipe = OraclePipeline(sign=-1.0)
+    clean = torch.randn(3, 4, 6, 6, generator=torch.Generator().manual_seed(8))
+    pipe.model_fn = lambda latents, timestep, **_: latents * 0.5  # a model that does not know the clean latents
+    alone = [loss(pipe, {"input_latents": clean[i:i + 1]}, {"prompt_emb": 0}, {},
+                  generator=torch.Generator().manual_seed(10 + i)) for i in range(3)]
+    batched = loss(pipe, {"input_latents": clean}, {"prompt_emb": 0}, {},
+                   generators=[torch.Generator().manual_seed(10 + i) for i in range(3)])
+    torch.testing.assert_close(batched, torch.stack(alone).mean())
+    with pytest.raises(ValueError, match="2 generators for a batch of 3 samples"):
+        loss(pipe, {"input_latents": clean}, {"prompt_emb": 0}, {}, generators=[None, None])

@@ -17,6 +17,7 @@ import pytest
 from diffsynth.core.folder_lock import LOCK_FILE, LockHolder
 from diffsynth.core.loader import loading
 from diffsynth.diffusion.checkpoint import CheckpointError
+from diffsynth.diffusion.output_folder import TRAINING_OUTPUTS, previous_outputs
 from diffsynth.diffusion.parsers import FlagError, build_parser
 from diffsynth.diffusion.trainer import main
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
@@ -84,8 +85,9 @@ def test_a_lock_is_released_when_the_run_fails(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loading, "load_model_from_files", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        train(dataset, tmp_path / "out")
-    assert not (tmp_path / "out").exists()  # created by this run, nothing written: removed again
+        train(dataset, tmp_path / "runs" / "out")
+    # Created by this run, nothing written: removed again, with the parent it created.
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_new_run_in_an_old_runs_folder_is_refused_then_overwrite_or_resume_work(dataset, tmp_path, monkeypatch):
@@ -267,3 +269,11 @@ def test_two_processes_both_stop_at_a_held_folder_without_loading_models(dataset
     assert done.stderr.count(f"--output_path {output} is in use by run other-run") >= 2, done.stderr[-3000:]
     assert "the main process refused to start" in done.stderr  # rank 1 learnt the verdict from rank 0
     assert "Loading" not in done.stderr and sorted(os.listdir(output)) == [LOCK_FILE]
+
+
+def test_the_loss_chart_is_one_of_the_files_a_run_writes(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("loss.png", ".loss.png.k2j4.tmp", "my_plot.png"):
+        (logs / name).write_bytes(b"")
+    assert previous_outputs(tmp_path, TRAINING_OUTPUTS) == [logs / ".loss.png.k2j4.tmp", logs / "loss.png"]

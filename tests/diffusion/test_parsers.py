@@ -6,7 +6,9 @@ import logging
 import pytest
 
 from diffsynth.diffusion import parsers
-from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, flag_table, parse_args, split_csv, task_stage,
+from diffsynth.diffusion.flag_docs import flag_table
+from diffsynth.diffusion.reference_flags import SWITCHES, UNSUPPORTED
+from diffsynth.diffusion.parsers import (TASKS, FlagError, build_parser, parse_args, split_csv, task_stage,
                                          validate_args)
 
 # The reference trainer's flags and defaults; a reference command must mean the same here.
@@ -15,12 +17,14 @@ REFERENCE_DEFAULTS = {
     "data_file_keys": "image,video",
     "height": None, "width": None, "max_pixels": 1048576,
     "model_paths": None, "model_id_with_origin_paths": None, "tokenizer_path": None, "extra_inputs": None,
+    "quant_options": None,
     "processor_path": None, "zero_cond_t": False,
     "offload_models": None, "initialize_model_on_cpu": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
-    "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1,
+    "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1, "customized_optimizer": None,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
     "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
+    "preset_lora_path": None, "preset_lora_model": None,
     "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False,
     "enable_model_cpu_offload": False, "enable_optimizer_cpu_offload": False, "cpu_offload_split_threshold": None,
     "enable_tensorboard_log": False, "enable_csv_log": False, "enable_wandb_log": False, "wandb_project": "diffsynth",
@@ -33,12 +37,20 @@ EXTRA_DEFAULTS = {
     "blocks_to_swap": 0, "block_swap_h2d_only": False, "block_swap_ring_size": 2,
     "use_pinned_memory_for_block_swap": False, "offload_prefetch_depth": None, "overwrite_output": False,
     "on_bad_sample": "stop", "allow_partial_cache": False, "vram_budget": None, "ram_budget": None,
+    "timestep_sampling": "grid", "weighting_scheme": None, "sigmoid_scale": None, "logit_mean": None,
+    "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
+    "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
+    "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
     "shared_host_weights": "auto",
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}
 # Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
+# What the run prints: nothing that changes the training.
+CONSOLE_DEFAULTS = {"progress_interval_seconds": 30.0, "debug": False}
+# The reference's flags this trainer refuses when given (reference_flags.UNSUPPORTED): unset unless given.
+REFUSED_DEFAULTS = {flag[2:]: False if flag in SWITCHES else None for flag in UNSUPPORTED}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]
 STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "data/metadata.csv")]
@@ -46,11 +58,13 @@ STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "
 
 def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
-    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS}
+    assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **CONSOLE_DEFAULTS,
+                          **REFUSED_DEFAULTS}
     video = build_parser(video=True).parse_args([])
     # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
-    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, "num_frames": 81,
-                           "allow_shorter_videos": False, "use_gradient_checkpointing": True}
+    assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **CONSOLE_DEFAULTS,
+                           **REFUSED_DEFAULTS,
+                           "num_frames": 81, "allow_shorter_videos": False, "use_gradient_checkpointing": True}
     assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
 
@@ -113,6 +127,10 @@ CONFLICTS = [
     (["--max_pixels", "255"], ["--max_pixels 255", "at least 256", "--max_pixels 1048576"]),
     (["--task", "sft:train"], ["--task sft:train", "--dataset_base_path is empty", "sft:data_process"]),
     (["--task", "direct_distill:train"], ["--dataset_base_path", "direct_distill:data_process run"]),
+    (["--batch_size", "0"], ["--batch_size 0", "at least 1"]),
+    (["--timestep_sampling", "shift", "--weighting_scheme", "mode"], ["--weighting_scheme mode", "grid only"]),
+    (["--timestep_sampling", "uniform", "--discrete_flow_shift", "3"], ["--discrete_flow_shift 3.0 has no effect"]),
+    (["--timestep_sampling", "sigmoid", "--task", "direct_distill"], ["--task direct_distill", "draws no timesteps"]),
 ]
 
 
@@ -208,12 +226,14 @@ def test_flag_table_lists_every_flag_under_its_group():
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
     assert len(flags) == (len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + len(SAFETY_DEFAULTS)
+                          + len(CONSOLE_DEFAULTS) + len(REFUSED_DEFAULTS)
                           + 2)  # + the video flags --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
     for title in ("Dataset", "Video size", "Model", "Training", "Output", "LoRA", "Gradient checkpointing",
-                  "Offload training", "Block swap", "Logging"):
+                  "Offload training", "Block swap", "Memory planner", "Logging", "Console",
+                  "Reference flags not supported here"):
         assert f"### {title}\n\n| Flag | Default | Description |\n| --- | --- | --- |" in table
     assert "| `--dataset_base_path` | `\"\"` |" in table and "| `--lora_rank` | `32` |" in table
     assert "| `--seed` | unset |" in table and "| `--enable_csv_log` | `False` |" in table
@@ -236,7 +256,9 @@ FLOAT_FLAGS = [action.option_strings[0] for action in build_parser(video=True)._
 def test_the_float_flags_are_the_ones_expected():
     assert set(FLOAT_FLAGS) == {"--learning_rate", "--weight_decay", "--max_grad_norm", "--min_timestep_boundary",
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
-                                "--cpu_offload_split_threshold"}
+                                "--cpu_offload_split_threshold", "--progress_interval_seconds", "--sigmoid_scale",
+                                "--logit_mean", "--logit_std", "--discrete_flow_shift", "--mode_scale",
+                                "--validation_cfg_scale"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
@@ -249,3 +271,52 @@ def test_every_float_flag_refuses_nan_and_inf(flag, value, capsys):
     assert f"{flag} {float(value)} must be a finite number (nan and inf are refused); pass e.g. {flag} " in error
     problems = error.split("error:")[1].strip().splitlines()
     assert len([line for line in problems if flag in line]) == 1  # not also a bound or range complaint
+
+
+def test_a_preset_lora_needs_its_model_and_its_file_together(capsys):
+    for given in (["--preset_lora_path", "preset.safetensors"], ["--preset_lora_model", "dit"]):
+        with pytest.raises(SystemExit):
+            parse_args(VALID + given)
+        error = " ".join(capsys.readouterr().err.split())
+        assert f"{given[0]} {given[1]} needs --preset_lora_" in error and "pass both" in error
+    args = parse_args(VALID + ["--preset_lora_path", "preset.safetensors", "--preset_lora_model", "dit"])
+    assert (args.preset_lora_path, args.preset_lora_model) == ("preset.safetensors", "dit")
+
+
+@pytest.mark.parametrize(("path", "fragment"), [
+    ("Adam", "is not a dotted class path"),
+    ("no_such_package.optim.Adam", "module no_such_package.optim does not import"),
+    ("torch.optim.Adamm", "module torch.optim has no Adamm"),
+    ("torch.nn.Linear", "which is not a torch.optim.Optimizer subclass"),
+])
+def test_a_customized_optimizer_that_does_not_resolve_is_refused(path, fragment, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--customized_optimizer", path])
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"--customized_optimizer {path}" in error and fragment in error
+
+
+def test_a_customized_optimizer_is_checked_and_kept():
+    assert parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam"]).customized_optimizer == "torch.optim.Adam"
+    with pytest.raises(FlagError, match="has no effect on --task sft:data_process"):
+        validate_args(build_parser().parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam", "--task",
+                                                         "sft:data_process"]))
+
+
+def test_musubi_tuners_spelling_of_gradient_checkpointing_sets_the_same_flag():
+    assert parse_args(VALID + ["--gradient_checkpointing"]).use_gradient_checkpointing is True
+    assert parse_args(VALID).use_gradient_checkpointing is False
+
+
+def test_resume_from_checkpoint_tells_a_weights_file_from_a_state_folder(tmp_path, capsys):
+    (tmp_path / "step-4").mkdir()
+    state = parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "step-4")])
+    assert (state.resume_from_checkpoint, state.initial_weights) == (str(tmp_path / "step-4"), None)
+    latest = parse_args(VALID + ["--resume_from_checkpoint", "latest"])
+    assert (latest.resume_from_checkpoint, latest.initial_weights) == ("latest", None)
+    weights = parse_args(VALID + ["--resume_from_checkpoint", "models/epoch-4.safetensors"])
+    assert (weights.resume_from_checkpoint, weights.initial_weights) == (None, "models/epoch-4.safetensors")
+    (tmp_path / "epoch-4.bin").write_bytes(b"pickle")
+    with pytest.raises(SystemExit):
+        parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "epoch-4.bin")])
+    assert "is a file but not .safetensors" in " ".join(capsys.readouterr().err.split())

@@ -205,6 +205,18 @@ def test_fp8_models_halve_the_frozen_linear_weights_the_plan_holds_and_moves(bas
     assert predict(plan, stored, PROFILE).parts["moving weights"] < predict(plan, full, PROFILE).parts["moving weights"]
 
 
+def test_a_batch_saves_and_computes_more_per_step(base):
+    single = parse_args(COMMAND)
+    model = denoiser_skeleton(single, QwenImagePipeline)[0]
+    one = build_workload(model, single, (), QwenImagePipeline.lora_target_aliases).footprint(False)
+    batched = parse_args(COMMAND + ["--batch_size", "3"])
+    three = build_workload(denoiser_skeleton(batched, QwenImagePipeline)[0], batched, (),
+                           QwenImagePipeline.lora_target_aliases).footprint(False)
+    # Activations grow with the batch (weights saved for backward do not); the work grows in proportion.
+    assert three.saved_bytes > 2 * one.saved_bytes
+    assert three.flops == pytest.approx(3 * one.flops, rel=0.05)
+
+
 # ---- several processes on one machine ------------------------------------------------------------------------------
 
 def frozen_bytes(module, prefix=""):

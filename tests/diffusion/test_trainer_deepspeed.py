@@ -25,28 +25,32 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
 
 
-def write_configs(folder: Path, num_processes: int = 1, use_cpu: bool = True) -> Path:
-    """The repository's ZeRO-3 recipe, adapted to this machine: no pinned memory, every parameter partitioned, and
-    the torch optimizer (DeepSpeed's CPU Adam needs a JIT build and moves a zero gradient by a full step)."""
-    config = json.loads((REPO / "configs" / "ds_zero3_cpu_offload.json").read_text())
+def write_configs(folder: Path, num_processes: int = 1, use_cpu: bool = True,
+                  accelerate_yaml: Path = REPO / "configs" / "accelerate_deepspeed_zero3_cpu_offload.yaml") -> Path:
+    """A ZeRO-3 recipe of the repository (``accelerate_yaml`` and the DeepSpeed JSON it names), adapted to this
+    machine: no pinned memory, every parameter partitioned, and the torch optimizer (DeepSpeed's CPU Adam needs a JIT
+    build and moves a zero gradient by a full step)."""
+    import yaml
+
+    accelerate_config = yaml.safe_load(accelerate_yaml.read_text())
+    config = json.loads((REPO / accelerate_config["deepspeed_config"]["deepspeed_config_file"]).read_text())
     zero = config["zero_optimization"]
     zero["offload_param"]["pin_memory"] = False
     zero["offload_optimizer"] = {"device": "none"}
     zero["stage3_param_persistence_threshold"] = 0
     config["zero_force_ds_cpu_optimizer"] = False
     (folder / "ds.json").write_text(json.dumps(config))
-    accelerate_config = (REPO / "configs" / "accelerate_deepspeed_zero3_cpu_offload.yaml").read_text()
-    accelerate_config = accelerate_config.replace("configs/ds_zero3_cpu_offload.json", str(folder / "ds.json"))
-    accelerate_config = accelerate_config.replace("num_processes: 1", f"num_processes: {num_processes}")
-    accelerate_config = accelerate_config.replace("use_cpu: false", f"use_cpu: {str(use_cpu).lower()}")
-    (folder / "accelerate.yaml").write_text(accelerate_config)
+    accelerate_config["deepspeed_config"]["deepspeed_config_file"] = str(folder / "ds.json")
+    accelerate_config.update(num_processes=num_processes, use_cpu=use_cpu)
+    (folder / "accelerate.yaml").write_text(yaml.safe_dump(accelerate_config))
     return folder / "accelerate.yaml"
 
 
-def launch(config: Path, argv: list[str], tiny_root: Path) -> subprocess.CompletedProcess:
+def launch(config: Path, argv: list[str], tiny_root: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(TRAIN_PY), *argv]
-    env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,11 @@
 """Downloads before loading: every folder a pipeline reads, its companions included, is fetched once per machine,
 inside the trainer's barrier, before any process loads."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 from accelerate import Accelerator
 
@@ -13,6 +18,7 @@ from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
 
 from ..core.loader.test_resolve import FakeDownloader
+from .test_trainer import TRAIN_PY
 
 MODELS = ("dit", "text_encoder", "vae", "image_encoder")
 
@@ -56,3 +62,29 @@ def test_companion_configs_follow_the_slots_the_model_classes_fill(base):
     assert QwenImagePipeline.companion_configs(qwen("text_encoder", "tokenizer")) == []
     own = ModelConfig(path=str(base / QWEN_IMAGE_MODEL_ID / "tokenizer"))
     assert QwenImagePipeline.companion_configs(qwen("text_encoder"), tokenizer_config=own) == [own]
+
+
+def test_an_offline_run_with_missing_models_fails_in_seconds_with_one_message(tmp_path):
+    """The README's training section followed from the top on a machine without the models and without a hub in
+    reach, run for real in processes of their own: the hubs' addresses point at a local port nobody listens on, so no
+    test machine's network is used, and the user's view is the real path up to the hub check."""
+    from ..core.loader.test_reachability import closed_port
+    from ..docs.test_readme import training_commands
+
+    dataset, trainings = training_commands()
+    subprocess.run([sys.executable, *dataset[1:]], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    hub = f"http://127.0.0.1:{closed_port()}"
+    env = {name: value for name, value in os.environ.items()
+           if not name.lower().endswith("_proxy") and not name.startswith("DIFFSYNTH_")}
+    env.update({"MODELSCOPE_ENDPOINT": hub, "HF_ENDPOINT": hub, "OMP_NUM_THREADS": "1"})
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(TRAIN_PY), *trainings[0]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    seconds = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert seconds < 5, f"an offline run took {seconds:.1f} s to fail"
+    assert "Traceback" not in done.stderr and done.stderr.count("error: ") == 1, done.stderr
+    assert (f"model '{QWEN_IMAGE_MODEL_ID}', pattern '{QWEN_IMAGE_PATTERNS['dit']}': no usable files in "
+            in done.stderr)
+    assert f"The download failed: modelscope ({hub}) cannot be reached: cannot connect to 127.0.0.1:" in done.stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["data"]  # neither models/ nor the output folder is left

@@ -63,9 +63,9 @@ def test_a_cached_state_gives_the_one_stage_loss(pipe):
     stage_two = DiffusionTrainingModule(load("dit"), task="sft:train", lora_base_model="dit",
                                         lora_target_modules=TARGETS)
     stage_two.load_trainable_state_dict(full.trainable_state_dict())
-    loss = full(SAMPLE, torch.Generator().manual_seed(5))
-    assert torch.equal(stage_two(cached, torch.Generator().manual_seed(5)), loss)
-    assert not torch.equal(full(SAMPLE, torch.Generator().manual_seed(6)), loss)
+    loss = full([SAMPLE], [torch.Generator().manual_seed(5)])
+    assert torch.equal(stage_two([cached], [torch.Generator().manual_seed(5)]), loss)
+    assert not torch.equal(full([SAMPLE], [torch.Generator().manual_seed(6)]), loss)
 
 
 def test_lora_set_up_errors_name_the_flag(pipe):

@@ -120,3 +120,15 @@ def test_command_parses_and_validates(script, words, capsys):
         stray = [config.describe() for config in parse_model_id_with_origin_paths(args.offload_models)
                  if config not in models]
         assert not stray, f"{script}: --offload_models entries {stray} are not in --model_id_with_origin_paths"
+
+
+def test_every_accelerate_config_a_script_names_exists_with_its_deepspeed_json():
+    import yaml
+
+    named = {words[words.index("--config_file") + 1] for script in SCRIPTS
+             for words in launch_commands(script.read_text()) if "--config_file" in words}
+    assert "examples/qwen_image/model_training/special/low_vram_training/deepspeed_zero3_cpuoffload.yaml" in named
+    for relative in named:
+        config = yaml.safe_load((REPO / relative).read_text())
+        deepspeed_json = config.get("deepspeed_config", {}).get("deepspeed_config_file")
+        assert deepspeed_json is None or (REPO / deepspeed_json).is_file(), f"{relative} names {deepspeed_json}"

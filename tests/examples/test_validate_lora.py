@@ -14,6 +14,7 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.lora.before_after import panel_boxes
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
 from .helpers import load_script as load_script_at, train_lora
@@ -53,3 +54,20 @@ def test_missing_lora_fails_before_loading(base, tmp_path, capsys):
     with pytest.raises(SystemExit):
         load_script().main(["--lora_path", str(tmp_path / "missing.safetensors"), *RENDER])
     assert "--lora_path" in capsys.readouterr().err
+
+
+def test_before_after_renders_both_from_one_load_and_shows_their_difference(lora_file, tmp_path, capsys):
+    picture = tmp_path / "before_after.png"
+    load_script().main(["--lora_path", str(lora_file), "--output", str(tmp_path / "lora.png"), "--before_after",
+                        str(picture), "--caption", "random weights draw noise", *RENDER])
+    assert "without and with the LoRA, and their difference (mean |difference| " in capsys.readouterr().out
+    with Image.open(picture) as image:
+        assert image.format == "PNG"
+        before, after, difference = (np.asarray(image.crop(box).convert("RGB"), dtype=np.int16)
+                                     for box in panel_boxes((48, 64)))
+    # The middle panel is the --output render; the left one the same seed without the LoRA.
+    assert np.array_equal(after, np.asarray(Image.open(tmp_path / "lora.png").convert("RGB"), dtype=np.int16))
+    assert np.abs(after - before).max() > 0 and difference.max() == 255
+    without = load_script().main(["--lora_path", str(lora_file), "--lora_alpha_scale", "0", "--output",
+                                  str(tmp_path / "base.png"), *RENDER])
+    assert np.array_equal(before, np.asarray(Image.open(without).convert("RGB"), dtype=np.int16))

@@ -367,6 +367,19 @@ class CacheDataset(Dataset):
         """Where sample ``index`` comes from, for messages: its cache file."""
         return f"cache file {self.files[index % len(self.files)]}"
 
+    def tensor_shapes(self, index: int) -> dict[str, tuple[int, ...]]:
+        """The shape of every tensor of sample ``index`` by its name in the file (``shared/input_latents``), read from
+        the file's header only (for batching samples of one shape)."""
+        path = self.files[index % len(self.files)]
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                _checked_metadata(path, handle)
+                return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+        except CacheError:
+            raise
+        except (SafetensorError, OSError, KeyError, ValueError, TypeError) as error:
+            raise _corrupt(path, error) from error
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """The state ``{"shared", "posi", "nega"}`` of file ``index % files``, tensors on the CPU."""
         if not -len(self) <= index < len(self):

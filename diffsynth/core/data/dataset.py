@@ -19,6 +19,7 @@ For stage 1, ``fingerprint`` says what a row's cached sample is computed from (`
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import Dataset
 
 from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sample
+from .cells import CellType, convert_cells
 from .errors import DataFileNotFoundError, DatasetError
 from .fingerprint import FileIdentity, SampleFingerprint
 from .operators import (DECODE_RULES_VERSION, DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, FileOperator, ResizeConfig,
@@ -156,7 +158,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
-                  file_options: Mapping[str, Any] | None = None) -> CheckedDataset:
+                  file_options: Mapping[str, Any] | None = None,
+                  column_types: Mapping[str, CellType] | None = None) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
@@ -171,9 +174,11 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         resize: The sizing rule; each image must give a non-empty target size under it. Default ``ResizeConfig()``.
         file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
+        column_types: Columns whose cells are converted (``cells.convert_cells``), e.g. ``{"seed": integer}``.
 
     Returns:
-        The metadata rows, the pixels their files decode to, and the operator options they use.
+        The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
+        they use.
 
     Raises:
         DataFileNotFoundError: The base folder, the metadata file or a data file is missing.
@@ -194,12 +199,15 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
             f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
             f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it"
         )
+    for number, row in enumerate(rows, start=1):
+        for column in required_columns:
+            if _is_blank(row.get(column)):
+                raise DatasetError(f"metadata {metadata_path} row {number} has no value in column {column!r}; fill "
+                                   "it in or remove the row")
+    rows = convert_cells(rows, column_types or {}, metadata_path)
     pixels, options = 0, {}
     for number, row in enumerate(rows, start=1):
         where = f"metadata {metadata_path} row {number}"
-        for column in required_columns:
-            if _is_blank(row.get(column)):
-                raise DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
         for key in data_file_keys:
             if key in row:
                 for relative in _file_list(row[key], where, key):
@@ -268,7 +276,12 @@ class UnifiedDataset(Dataset):
             says).
         keep_row_indices: Sample ``i`` is always row ``i`` (stage 1, whose cache files are named by row): excluded
             and undecodable rows give ``{SKIPPED_KEY: [...]}`` instead of data. Otherwise (training) excluded rows
-            leave the epoch and an undecodable row is replaced by the next readable one.
+            leave the epoch and an undecodable row is replaced by the next readable one (of its bucket, with
+            ``buckets``).
+        column_types: Columns converted to the type the pipeline reads them as (a CSV cell is text), e.g.
+            ``{"seed": cells.integer}``; see ``cells``.
+        buckets: Bring images and frames to aspect-ratio buckets (``buckets``) so that samples can share batches;
+            ``bucket_key`` then tells which samples share a shape.
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -281,12 +294,14 @@ class UnifiedDataset(Dataset):
                  required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
-                 keep_row_indices: bool = False) -> None:
+                 keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
+                 buckets: bool = False) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
             raise DatasetError("data_file_keys and required_columns take a list of column names, not one string")
-        self.resize = ResizeConfig(height=height, width=width, max_pixels=max_pixels, division_factor=division_factor)
+        self.resize = ResizeConfig(height=height, width=width, max_pixels=max_pixels, division_factor=division_factor,
+                                   buckets=buckets)
         # Validated even for an image-only dataset: a bad --num_frames is a typo worth reporting before files are read.
         video = LoadVideo(num_frames=num_frames, allow_shorter=allow_shorter_videos)
         self.file_options = {"num_frames": video.num_frames, "allow_shorter": video.allow_shorter}
@@ -299,11 +314,12 @@ class UnifiedDataset(Dataset):
         self.on_bad_sample = on_bad_sample
         self.keep_row_indices = keep_row_indices
         checked = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                self.resize, self.file_options)
+                                self.resize, self.file_options, column_types)
         self.rows, self.decode_pixels, self._used_options = checked
         #: Rows left out because their files failed to decode (``exclude``), by row index.
         self.excluded: dict[int, BadSample] = {}
         self._order = list(range(len(self.rows)))
+        self._row_keys: dict[int, tuple] = {}
 
     def __len__(self) -> int:
         return len(self._order) * self.repeat
@@ -364,15 +380,20 @@ class UnifiedDataset(Dataset):
             raise BadSampleError(message, bad) from error
 
     def _replacement(self, position: int, skipped: list[BadSample]) -> dict[str, Any]:
-        """The next readable row after ``position`` in this epoch's rows, carrying what was skipped to reach it."""
+        """The next readable row after ``position`` in this epoch's rows (of the same bucket, with buckets: the batch
+        it joins needs its shape), carrying what was skipped to reach it."""
+        bucket = self.row_key(self._order[position]) if self.resize.buckets else None
         for offset in range(1, len(self._order)):
             row = self._order[(position + offset) % len(self._order)]
+            if bucket is not None and self.row_key(row) != bucket:
+                continue
             try:
                 return {**self.load_row(row), SKIPPED_KEY: skipped}
             except BadSampleError as error:
                 skipped.append(error.bad)
         described = "; ".join(bad.describe() for bad in skipped[:3])
-        raise DatasetError(f"no row of metadata {self.metadata_path} decodes ({described}); check the files")
+        where = f"of bucket {self.describe_bucket(bucket)} " if bucket is not None else ""
+        raise DatasetError(f"no row {where}of metadata {self.metadata_path} decodes ({described}); check the files")
 
     def find_bad_rows(self, rows: Sequence[int]) -> list[BadSample]:
         """Decodes every data file of ``rows`` in full and returns the rows that fail (the start-up check)."""
@@ -395,11 +416,50 @@ class UnifiedDataset(Dataset):
             if not self._order:
                 raise DatasetError(f"no row of metadata {self.metadata_path} decodes; check the files")
 
+    # ---- buckets --------------------------------------------------------------------------------------------------
+
+    def use_size_multiple(self, multiple: int) -> None:
+        """Makes bucket sides multiples of ``multiple`` (the loaded model's; known only once it is built). Call it
+        before reading any sample; it changes nothing without buckets or with a fixed size, whose sides the flags
+        checks already hold to the model's multiple."""
+        if self.resize.buckets and not self.resize.fixed and multiple != self.resize.division_factor:
+            self.resize = dataclasses.replace(self.resize, division_factor=multiple)
+            self._row_keys.clear()
+
+    def row_key(self, row: int) -> tuple:
+        """The shape of row ``row`` once loaded: ``(column, shape)`` for each of its data files, in column order,
+        ``shape`` being ``(width, height)`` for an image and ``(width, height, frames)`` for a video. Read from the
+        files' headers (a video's first frame) once, then remembered."""
+        if row not in self._row_keys:
+            cells, shapes = self.rows[row], []
+            for key in self.data_file_keys:
+                if key in cells:
+                    for relative in cells[key] if isinstance(cells[key], list) else [cells[key]]:
+                        path = self.base_path / relative
+                        operator = operator_for(path, key)
+                        if operator.shape is None:
+                            raise DatasetError(f"{path} (column {key!r}) is a {operator.kind} file, whose shape the "
+                                               "dataset cannot tell before loading it, so it cannot be batched; "
+                                               "train with --batch_size 1")
+                        shapes.append((key, operator.shape(path, self.resize, **operator.settings(self.file_options))))
+            self._row_keys[row] = tuple(shapes)
+        return self._row_keys[row]
+
+    def bucket_key(self, index: int) -> tuple:
+        """The shape of sample ``index`` (``row_key`` of its row): samples with equal keys can share a batch."""
+        return self.row_key(self._order[index % len(self._order)])
+
+    @staticmethod
+    def describe_bucket(key: tuple) -> str:
+        """A bucket for the dataset summary, e.g. ``image 768x512`` or ``video 832x480x81 + input_image 832x480``."""
+        return " + ".join(f"{column} {'x'.join(map(str, shape))}" for column, shape in key) or "no files"
+
     def fingerprint_settings(self) -> dict[str, Any]:
         """The settings that shape every decoded sample (a part of each stage-1 fingerprint)."""
+        # Buckets enter only when used, so that the samples of caches made without them keep their fingerprints.
         return {"height": self.resize.height, "width": self.resize.width, "max_pixels": self.resize.max_pixels,
                 "division_factor": self.resize.division_factor, "data_file_keys": list(self.data_file_keys),
-                "decode_rules": DECODE_RULES_VERSION,
+                "decode_rules": DECODE_RULES_VERSION, **({"buckets": True} if self.resize.buckets else {}),
                 **{name: self.file_options[name] for name in self._used_options}}
 
     def fingerprint(self, row: int, models: str, previous: SampleFingerprint | None = None) -> SampleFingerprint:

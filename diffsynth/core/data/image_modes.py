@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 
 from .errors import DatasetError
 
@@ -85,6 +85,20 @@ def upright_rgb(image: Image.Image, source: str | os.PathLike) -> Image.Image:
             image = image.convert("LA")  # Pillow converts premultiplied grey only to LA
         return _composite(image)
     return image.convert("RGB")
+
+
+def upright_size(image: Image.Image) -> tuple[int, int]:
+    """The ``(width, height)`` of an opened ``image`` once ``upright_rgb`` has turned it, read from its header: EXIF
+    orientations 5 to 8 turn it by a quarter (a PNG's EXIF stored after its pixels is not seen)."""
+    if image.format == "PNG":
+        # Pillow decodes a whole PNG to look for EXIF after its pixels; EXIF before them is read with the header.
+        exif = Image.Exif()
+        if image.info.get("exif"):
+            exif.load(image.info["exif"])
+    else:
+        exif = image.getexif()
+    orientation = exif.get(ExifTags.Base.Orientation, 1)
+    return tuple(reversed(image.size)) if orientation in (5, 6, 7, 8) else image.size
 
 
 def _composite(image: Image.Image) -> Image.Image:

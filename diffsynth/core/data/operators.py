@@ -24,9 +24,10 @@ from typing import Any
 
 from PIL import Image
 
+from .buckets import bucket_sizes, nearest_bucket
 from .errors import DatasetError
-from .image_modes import check_mode, upright_rgb
-from .video import VIDEO_EXTENSIONS, check_video, load_video
+from .image_modes import check_mode, upright_rgb, upright_size
+from .video import VIDEO_EXTENSIONS, check_video, load_video, video_shape
 
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_DIVISION_FACTOR = 16
@@ -46,12 +47,15 @@ class ResizeConfig:
         max_pixels: Without a fixed size, images larger than this many pixels are scaled down to it
             (``--max_pixels``). Bigger images cost quadratically more attention memory in the DiT.
         division_factor: Every output side is a multiple of this (16: VAE downsampling 8 x patch size 2).
+        buckets: Without a fixed size, bring each image to its aspect-ratio bucket (``buckets``) instead of a size of
+            its own, so that samples can share batches.
     """
 
     height: int | None = None
     width: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
     division_factor: int = DEFAULT_DIVISION_FACTOR
+    buckets: bool = False
 
     def __post_init__(self) -> None:
         if not _is_positive_int(self.division_factor):
@@ -93,10 +97,12 @@ class ResizeConfig:
             kind: What the file holds (``"image"``, ``"video"``), named in the error.
 
         Raises:
-            DatasetError: Without a fixed size, a side would round down to 0 (a very thin image).
+            DatasetError: Without a fixed size or buckets, a side would round down to 0 (a very thin image).
         """
         if self.fixed:
             return self.width, self.height
+        if self.buckets:
+            return nearest_bucket(width, height, bucket_sizes(self.max_pixels, self.division_factor))
         scale = min(1.0, math.sqrt(self.max_pixels / (width * height)))
         factor = self.division_factor
         scaled = (int(width * scale), int(height * scale))
@@ -155,6 +161,12 @@ def check_image(path: Path, resize: ResizeConfig) -> int:
     return size[0] * size[1]
 
 
+def image_shape(path: Path, resize: ResizeConfig) -> tuple[int, int]:
+    """The ``(width, height)`` ``load_image`` gives ``path``, from its header (and EXIF orientation) alone."""
+    with Image.open(path) as image:
+        return resize.target_size(*upright_size(image), source=path)
+
+
 def load_image(path: Path, resize: ResizeConfig) -> Image.Image:
     """Decodes ``path`` as RGB, upright per its EXIF orientation, resized and cropped as ``resize`` says."""
     try:
@@ -181,22 +193,26 @@ class FileOperator:
         check: Fails fast on a file that cannot be loaded, reading as little of it as possible; returns the number
             of pixels ``load`` decodes (all frames of a video counted).
         load: Returns the decoded, resized content.
-        options: Names of the dataset options (``"num_frames"``, ...) passed to ``check`` and ``load`` as keyword
-            arguments; empty for operators that need only the size.
+        options: Names of the dataset options (``"num_frames"``, ...) passed to ``check``, ``load`` and ``shape`` as
+            keyword arguments; empty for operators that need only the size.
+        shape: Returns the shape ``load`` gives (``(width, height)``, and the frame count for a video) without
+            decoding the pixels, for batching samples of one shape; None for a kind that cannot be batched.
     """
 
     kind: str
     check: Callable[..., None]
     load: Callable[..., Any]
     options: tuple[str, ...] = ()
+    shape: Callable[..., tuple[int, ...]] | None = None
 
     def settings(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The entries of a dataset's ``options`` this operator takes; missing ones keep the operator's defaults."""
         return {name: options[name] for name in self.options if options and name in options}
 
 
-IMAGE_OPERATOR = FileOperator(kind="image", check=check_image, load=load_image)
-VIDEO_OPERATOR = FileOperator(kind="video", check=check_video, load=load_video, options=("num_frames", "allow_shorter"))
+IMAGE_OPERATOR = FileOperator(kind="image", check=check_image, load=load_image, shape=image_shape)
+VIDEO_OPERATOR = FileOperator(kind="video", check=check_video, load=load_video, shape=video_shape,
+                              options=("num_frames", "allow_shorter"))
 
 # Extension (lower case, with the dot) -> operator.
 FILE_OPERATORS: dict[str, FileOperator] = {

@@ -224,6 +224,22 @@ class LoadVideo:
         return [resize_and_crop(frame, *target) for frame in frames]
 
 
+    def shape(self, path: Path, resize: ResizeConfig) -> tuple[int, int, int]:
+        """The ``(width, height, frames)`` ``load`` gives ``path``: the size from its first frame as displayed (its
+        stored rotation applied, which only decoding that frame reveals), the frames from its packet index."""
+        av = _import_av()
+        try:
+            with av.open(str(path)) as container:
+                frame = next(container.decode(container.streams.video[0]))
+                size = (frame.height, frame.width) if frame.rotation in (90, -90) else (frame.width, frame.height)
+        except (av.FFmpegError, OSError, IndexError, StopIteration) as error:
+            raise _unreadable(path, _reason(error)) from error
+        frames = self.num_frames
+        if self.allow_shorter:
+            frames = self.frames_to_take(probe_video(path, stop_at=self.num_frames).frames, path)
+        return (*resize.target_size(*size, source=path, kind="video"), frames)
+
+
 def check_video(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_FRAMES,
                 allow_shorter: bool = False) -> int:
     """The operator-table form of ``LoadVideo(num_frames, allow_shorter).check(path, resize)``."""
@@ -234,3 +250,9 @@ def load_video(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_F
                allow_shorter: bool = False) -> list[Image.Image]:
     """The operator-table form of ``LoadVideo(num_frames, allow_shorter).load(path, resize)``."""
     return LoadVideo(num_frames, allow_shorter).load(path, resize)
+
+
+def video_shape(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_FRAMES,
+                allow_shorter: bool = False) -> tuple[int, int, int]:
+    """The operator-table form of ``LoadVideo(num_frames, allow_shorter).shape(path, resize)``."""
+    return LoadVideo(num_frames, allow_shorter).shape(path, resize)

@@ -3,7 +3,9 @@
 Repository files live under ``$DIFFSYNTH_MODEL_BASE_PATH/<model_id>/<pattern>`` (default base ``./models``). Files
 already there are used without any network call: ModelScope's ``snapshot_download`` retries for about 20 seconds
 offline even when the files are present, so the local check comes first and the downloader is called only when the
-pattern matches nothing or a sharded checkpoint is incomplete.
+pattern matches nothing or a sharded checkpoint is incomplete. Before it is called, one connection checks that the
+hub can be reached (``reachability``), so an offline run fails within seconds with one message instead of after the
+client's retries; a failed download removes the folders it created, so no empty ``<model_id>/`` is left behind.
 
 Environment:
     DIFFSYNTH_MODEL_BASE_PATH: the folder holding ``<model_id>/`` repositories (default ``./models``).
@@ -19,8 +21,10 @@ import logging
 import os
 from pathlib import Path
 
+from ..files import missing_folders, remove_empty_folders
 from .config import DOWNLOAD_SOURCES, ModelConfig
 from .errors import ModelConfigError, ModelFilesNotFoundError
+from .reachability import hub_endpoint, offline_by_environment, unreachable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +130,7 @@ def _missing_error(config: ModelConfig, folder: Path, reason: str, skip: bool, c
         f"({reason}).",
     ]
     if cause:
-        lines.append(f"The download failed: {cause}")
+        lines.append(f"The download failed: {cause}.")
     lines.append("Fix: put the repository's files under that folder")
     lines.append(f"  (or set {BASE_PATH_ENV} to the folder that holds '{config.model_id}/'),")
     if skip:
@@ -183,17 +187,25 @@ def resolve_files(config: ModelConfig) -> list[Path]:
             return files
         raise ModelFilesNotFoundError(_missing_error(config, folder, reason, skip=True))
     source = config.download_source or download_source_from_env()
+    offline = offline_by_environment(source)
+    unreachable = f"{offline} forbids it" if offline else unreachable_reason(hub_endpoint(source))
+    if unreachable:
+        cause = f"{source} ({hub_endpoint(source)}) cannot be reached: {unreachable}"
+        raise ModelFilesNotFoundError(_missing_error(config, folder, reason, skip=False, cause=cause))
     patterns = _allow_patterns(config.origin_file_pattern)
     logger.info("downloading %s (%s) from %s into %s", config.model_id, patterns, source, folder)
     downloader = download_from_huggingface if source == "huggingface" else download_from_modelscope
+    created = missing_folders(folder)
     try:
         downloader(config.model_id, folder, patterns)
     except Exception as error:  # noqa: BLE001 - any network/hub failure becomes one actionable message
+        remove_empty_folders(created)
         cause = f"{source}: {type(error).__name__}: {error}"
         raise ModelFilesNotFoundError(_missing_error(config, folder, reason, skip=False, cause=cause)) from error
     files = _glob(folder, config.origin_file_pattern)
     reason = incomplete_reason(files, need_config=False)  # a repository may rightly hold no config.json (LoRA files)
     if reason is not None:
+        remove_empty_folders(created)
         raise ModelFilesNotFoundError(
             _missing_error(config, folder, f"after downloading from {source}: {reason}", skip=False)
         )

@@ -30,7 +30,8 @@ from collections.abc import Callable
 import torch
 
 from ..device import available_host_memory
-from ..fp8 import Fp8Linear, enable_fp8_storage, fp32_kept_layers, quantize_fp8
+from ..fp8 import Fp8Linear, store_model_in_fp8
+from ..fp8_conv import is_fp8_conv
 from ..offload_training.memory_buffer import align
 from ..shared_weights import LocalGroup, SegmentOffer, SharedSegment
 from .errors import ModelLoadError
@@ -58,8 +59,9 @@ class SharedLoad:
         group: The run's processes on this machine (every process of the run loads the model together).
         select: Given the model built on the meta device, a test of parameter names that go into the shared copy
             (e.g. only the blocks block swap keeps in host memory); None shares every parameter.
-        fp8: Store the frozen Linear weights in float8 (``--fp8_models``), so the shared copy is the fp8 one; the
-            model is converted on the meta device before loading, as ``enable_fp8_storage`` would convert it after.
+        fp8: Store the frozen Linear and convolution weights in float8 (``--fp8_models``), so the shared copy is
+            the fp8 one; the model is converted on the meta device before loading, as ``store_model_in_fp8`` would
+            convert it after.
     """
 
     group: LocalGroup
@@ -97,9 +99,9 @@ def plan_segment(model: torch.nn.Module, names: list[str], start: int = 0) -> tu
 
 
 def _fp8_scales(model: torch.nn.Module) -> dict[str, str]:
-    """``{weight key: scale key}`` of every ``Fp8Linear``: the checkpoint's weight fills both."""
+    """``{weight key: scale key}`` of every fp8 layer (Linear or convolution): the checkpoint's weight fills both."""
     return {f"{name}.weight": f"{name}.weight_scale" for name, module in model.named_modules()
-            if isinstance(module, Fp8Linear)}
+            if isinstance(module, Fp8Linear) or is_fp8_conv(module)}
 
 
 def _cast_meta_parameters(model: torch.nn.Module, dtype: torch.dtype, fp32_modules: tuple[str, ...]) -> None:
@@ -129,9 +131,7 @@ def _fill(segment: SharedSegment, model: torch.nn.Module, plan: dict[str, Checkp
     for file, keys in planned_by_file(plan).items():
         for key, tensor in read_planned(file, keys, dtype, fp32_modules):
             if key in scales:
-                layer = model.get_submodule(key.rsplit(".", 1)[0])
-                # As Fp8Linear loads a full-precision weight: quantized at the layer's dtype.
-                tensor, scale = quantize_fp8(tensor.to(layer.weight_scale.dtype), layer.per_channel)
+                tensor, scale = model.get_submodule(key.rsplit(".", 1)[0]).quantize_weight(tensor)
                 scale_slot = slots[scales[key]]
                 segment.tensor(scale_slot.offset, scale_slot.dtype, scale_slot.shape).copy_(scale)
             slot = slots[key]
@@ -195,9 +195,9 @@ def load_shared(model: torch.nn.Module, plan: dict[str, CheckpointEntry], dtype:
     """
     group, description = request.group, type(model).__name__
     _cast_meta_parameters(model, dtype, fp32_modules)
-    if request.fp8 and any(isinstance(module, torch.nn.Linear) for module in model.modules()):
+    if request.fp8:
         model.requires_grad_(False)  # fp8 storage is for frozen weights, as --fp8_models makes them
-        enable_fp8_storage(model, exclude=fp32_kept_layers(model))
+        store_model_in_fp8(model)  # as the training module would convert the loaded model
     names = _shared_names(model, plan, request)
     slots, nbytes = plan_segment(model, names, start=HEADER_BYTES) if names else ({}, 0)
     segment, offer = _offer(group, nbytes, description) if group.is_main else (None, None)

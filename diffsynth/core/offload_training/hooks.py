@@ -87,19 +87,33 @@ def inside_backward() -> bool:
 class ResidencyMeter:
     """Bytes of weights a policy holds on the device now, and their peak (what the planner predicts per policy);
     weights placed on the device for good (a LoRA, the unmanaged parts of a block-swapped model) are not counted.
-    ``copies`` indexes the offload manager's live device copies by storage address (to recognise saved weights)."""
+    ``copies`` indexes the offload manager's live device copies by storage address (to recognise saved weights).
+
+    A ``parent`` meter (``attach``) counts the same bytes too: one meter over several models' policies gives the
+    peak of what they hold at once.
+    """
 
     def __init__(self) -> None:
         self.current = 0
         self.peak = 0
         self.copies: dict[int, Any] = {}
+        self.parent: ResidencyMeter | None = None
+
+    def attach(self, parent: ResidencyMeter) -> None:
+        """Counts this meter's bytes in ``parent`` from now on, those held now included."""
+        parent.add(self.current)
+        self.parent = parent
 
     def add(self, nbytes: int) -> None:
         self.current += nbytes
         self.peak = max(self.peak, self.current)
+        if self.parent is not None:
+            self.parent.add(nbytes)
 
     def sub(self, nbytes: int) -> None:
         self.current -= nbytes
+        if self.parent is not None:
+            self.parent.sub(nbytes)
 
     def reset_peak(self) -> None:
         self.peak = self.current

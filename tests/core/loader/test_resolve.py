@@ -174,3 +174,44 @@ def test_a_missing_config_json_is_fetched_but_not_required(scratch_base, fakes, 
     monkeypatch.setenv(resolve.SKIP_DOWNLOAD_ENV, "false")
     resolve_files(config)
     assert len(fakes.modelscope.calls) == 1 and (folder / "config.json").is_file()
+
+
+@pytest.mark.parametrize("source", ["modelscope", "huggingface"])
+def test_an_unreachable_hub_fails_at_once_without_a_download_or_a_folder(scratch_base, monkeypatch, source):
+    """The real check against a local port nobody listens on: what a machine without network sees, in milliseconds."""
+    from diffsynth.core.loader import reachability
+
+    from .test_reachability import closed_port
+
+    monkeypatch.setattr(resolve, "unreachable_reason", reachability.unreachable_reason)
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT" if source == "modelscope" else "HF_ENDPOINT", endpoint)
+    monkeypatch.setenv(resolve.DOWNLOAD_SOURCE_ENV, source)
+    with pytest.raises(ModelFilesNotFoundError) as info:  # the autouse guard's downloaders would raise otherwise
+        resolve_files(ModelConfig(model_id=QWEN, origin_file_pattern=DIT))
+    assert f"The download failed: {source} ({endpoint}) cannot be reached: cannot connect to " in str(info.value)
+    assert list(scratch_base.root.iterdir()) == []
+
+
+def test_the_hugging_face_offline_switch_is_obeyed(scratch_base, fakes, monkeypatch):
+    monkeypatch.setenv(resolve.DOWNLOAD_SOURCE_ENV, "huggingface")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelFilesNotFoundError, match="huggingface .* cannot be reached: HF_HUB_OFFLINE=1 forbids it"):
+        resolve_files(ModelConfig(model_id=QWEN, origin_file_pattern=DIT))
+    assert fakes.huggingface.calls == []
+
+
+def test_a_failed_download_removes_the_folders_it_created(scratch_base, monkeypatch):
+    def fails_midway(model_id, local_dir, allow_patterns):
+        (Path(local_dir) / "transformer").mkdir(parents=True)  # as a client does before its first file arrives
+        raise ConnectionError("connection reset")
+
+    monkeypatch.setattr(resolve, "download_from_modelscope", fails_midway)
+    (scratch_base.root / "Qwen").mkdir()
+    (scratch_base.root / "Qwen" / "notes.txt").write_text("mine")
+    with pytest.raises(ModelFilesNotFoundError, match="ConnectionError: connection reset"):
+        resolve_files(ModelConfig(model_id=QWEN, origin_file_pattern=DIT))
+    # The repository folder it made is gone; the folder that was there before stays, with its file.
+    assert sorted(path.name for path in scratch_base.root.rglob("*")) == ["Qwen", "notes.txt"]

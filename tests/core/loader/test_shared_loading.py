@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from diffsynth.core.fp8 import Fp8Linear, enable_fp8_storage, fp32_kept_layers
+from diffsynth.core.fp8 import holds_fp8_layers, store_model_in_fp8
 from diffsynth.core.loader import ModelLoadError, load_model_from_files
 from diffsynth.core.loader.loading import _empty_model
 from diffsynth.core.loader.shared_loading import SharedLoad, load_shared, plan_segment
@@ -65,7 +65,7 @@ def load_both_ways(root: str, name: str, fp8: bool) -> dict:
     own = load_model_from_files(shards(root, name), torch.bfloat16)
     if fp8:
         own.requires_grad_(False)
-        enable_fp8_storage(own, exclude=fp32_kept_layers(own))
+        store_model_in_fp8(own)
     params = dict(shared.named_parameters())
     nbytes = plan_segment(shared, list(params))[1]
     dist.barrier()  # both ranks have read every shared page (comparing) before either measures
@@ -76,7 +76,7 @@ def load_both_ways(root: str, name: str, fp8: bool) -> dict:
             "shared": sorted(n for n, p in params.items() if is_shared_host(p)), "params": sorted(params),
             "frozen": not any(p.requires_grad for p in params.values()),
             "buffers_shared": any(is_shared_host(b) for b in shared.buffers()),
-            "fp8_layers": sum(isinstance(m, Fp8Linear) for m in shared.modules()),
+            "fp8_layers": holds_fp8_layers(shared),
             "segment_pss": pss, "nbytes": nbytes}
 
 
@@ -88,7 +88,7 @@ def test_two_processes_share_one_copy_equal_to_their_own(two_ranks, name, fp8):
         assert rank["identical"] and rank["tied"] and rank["frozen"] and not rank["buffers_shared"]
         assert rank["warnings"] == []  # transformers is told which weights the checkpoint lacked, shared ones not
         assert rank["shared"] == rank["params"]  # tied weights (UMT5's embedding) included
-        assert (rank["fp8_layers"] > 0) == fp8
+        assert rank["fp8_layers"] == fp8
     # One copy on the machine: the processes' proportional shares of the segment add up to its size (in pages).
     total, nbytes = sum(rank["segment_pss"] for rank in ranks), ranks[0]["nbytes"]
     assert nbytes <= total < nbytes + 8192

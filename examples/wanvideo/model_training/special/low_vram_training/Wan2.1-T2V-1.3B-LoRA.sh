@@ -2,7 +2,8 @@
 # LoRA on Wan2.1-T2V-1.3B with split training and DeepSpeed ZeRO-3 (weights and optimizer states in CPU memory).
 # Run from the repository root; needs DeepSpeed (pip install -c constraints.txt deepspeed --no-build-isolation).
 # Stage 1 caches the UMT5 prompt embeddings and the VAE latents of every clip; stage 2 loads only the transformer on
-# the CPU and lets ZeRO-3 partition it. See ../../../../qwen_image/model_training/special/low_vram_training/ for notes.
+# the CPU and lets ZeRO-3 partition it under deepspeed_zero3_cpuoffload.yaml (this folder; set num_processes to the
+# number of GPUs). See ../../../../qwen_image/model_training/special/low_vram_training/ for notes.
 set -e
 
 accelerate launch examples/wanvideo/model_training/train.py \
@@ -19,7 +20,7 @@ accelerate launch examples/wanvideo/model_training/train.py \
   --lora_rank 32 \
   --task "sft:data_process"
 
-accelerate launch --config_file configs/accelerate_deepspeed_zero3_cpu_offload.yaml \
+accelerate launch --config_file examples/wanvideo/model_training/special/low_vram_training/deepspeed_zero3_cpuoffload.yaml \
   examples/wanvideo/model_training/train.py \
   --dataset_base_path "./models/train/Wan2.1-T2V-1.3B_lora_cache" \
   --num_frames 49 \

@@ -1,0 +1,87 @@
+"""Typed metadata cells: a CSV cell is text, so a column a pipeline reads as a number is converted when read.
+
+A pipeline declares the type of each input a metadata column may feed (Qwen-Image: ``seed`` an int,
+``num_inference_steps`` a positive int, ``cfg_scale`` a finite float, ``rand_device`` a string). ``convert_cells``
+converts every row's cell of those columns at dataset construction, so a ``seed`` of ``"abc"`` in row 9,000 fails
+before any model loads, naming the row, the column and the value; a JSON metadata file's numbers pass through the
+same check. Integral floats (``4.0``, ``"4.0"``) count as ints; booleans are not numbers here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import DatasetError
+
+CellType = Callable[[Any], Any]
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError("is not a finite number")
+    return number
+
+
+def integer(value: Any) -> int:
+    """A cell as an int (``"4"``, ``4``, ``4.0``)."""
+    number = _number(value)
+    if number != int(number):
+        raise ValueError("is not a whole number")
+    return int(number)
+
+
+def positive_integer(value: Any) -> int:
+    """A cell as an int of at least 1."""
+    number = integer(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def real(value: Any) -> float:
+    """A cell as a finite float."""
+    return _number(value)
+
+
+def text(value: Any) -> str:
+    """A cell as a non-empty string (a number written unquoted in JSON is turned into its text)."""
+    if isinstance(value, (dict, list)) or value is None or not str(value).strip():
+        raise ValueError("is not a non-empty string")
+    return str(value).strip()
+
+
+_EXAMPLES = {integer: "0", positive_integer: "4", real: "4.0", text: "cpu"}
+
+
+def convert_cells(rows: Sequence[dict[str, Any]], column_types: Mapping[str, CellType],
+                  metadata_path: str | os.PathLike) -> list[dict[str, Any]]:
+    """``rows`` with each cell of the typed columns converted (rows without such a column are left as they are).
+
+    Raises:
+        DatasetError: A cell does not convert; the message names the row (from 1), the column, the value and an
+            example of what the column takes.
+    """
+    converted = []
+    for number, row in enumerate(rows, start=1):
+        row = dict(row)
+        for column, convert in column_types.items():
+            if column not in row:
+                continue
+            try:
+                row[column] = convert(row[column])
+            except ValueError as error:
+                example = _EXAMPLES.get(convert, "")
+                raise DatasetError(f"metadata {metadata_path} row {number} column {column!r} holds {row[column]!r}, "
+                                   f"which {error}; the pipeline reads {column} as {convert.__name__.replace('_', ' ')}"
+                                   + (f" (e.g. {example})" if example else "")) from None
+        converted.append(row)
+    return converted

@@ -1,0 +1,100 @@
+"""The reference trainer's flags (DiffSynth-Studio's ``diffusion/parsers.py`` and its Qwen-Image and Wan
+``train.py``), and what this trainer does with each.
+
+Every one of them parses here, so a reference command never stops at "unrecognized arguments". Most work as there
+(some with a note on a difference); the few this trainer does not support are accepted by the parser, in their own
+group, and refused with a message naming the flag when given (``unsupported_flag_problems``). The docs' table of
+reference flags is generated from this module and the parsers (``flag_docs.reference_flag_table``), so it cannot
+drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Flag -> where the reference defines it.
+REFERENCE_FLAGS: dict[str, str] = {
+    **dict.fromkeys(["--dataset_base_path", "--dataset_metadata_path", "--dataset_repeat", "--dataset_num_workers",
+                     "--data_file_keys", "--height", "--width", "--max_pixels", "--num_frames", "--model_paths",
+                     "--model_id_with_origin_paths", "--extra_inputs", "--fp8_models", "--offload_models",
+                     "--resume_from_checkpoint", "--quant_options", "--learning_rate", "--num_epochs",
+                     "--trainable_models", "--find_unused_parameters", "--weight_decay", "--task",
+                     "--customized_optimizer", "--output_path", "--remove_prefix_in_ckpt", "--save_steps",
+                     "--lora_base_model", "--lora_target_modules", "--lora_rank", "--lora_checkpoint",
+                     "--preset_lora_path", "--preset_lora_model", "--use_gradient_checkpointing",
+                     "--use_gradient_checkpointing_offload", "--gradient_accumulation_steps",
+                     "--template_model_id_or_path", "--enable_lora_hot_loading", "--enable_model_cpu_offload",
+                     "--enable_optimizer_cpu_offload", "--cpu_offload_split_threshold", "--enable_tensorboard_log",
+                     "--enable_swanlab_log", "--swanlab_project", "--enable_wandb_log", "--wandb_project",
+                     "--enable_csv_log"], "diffusion/parsers.py"),
+    **dict.fromkeys(["--dmd2_student_update_freq", "--dmd2_student_sample_steps", "--dmd2_student_sample_type",
+                     "--dmd2_student_schedule", "--dmd2_student_t_list", "--dmd2_matching_t_min",
+                     "--dmd2_matching_t_max", "--dmd2_matching_t_sampling", "--dmd2_matching_t_mean",
+                     "--dmd2_matching_t_std", "--dmd2_gan_loss_weight", "--dmd2_gan_r1_reg_weight",
+                     "--dmd2_gan_r1_reg_alpha", "--dmd2_fake_score_learning_rate",
+                     "--dmd2_discriminator_learning_rate", "--dmd2_feature_indices", "--dmd2_teacher_cfg_scale",
+                     "--dmd2_student_grad_clip_norm"], "diffusion/parsers.py (DMD2)"),
+    **dict.fromkeys(["--tokenizer_path", "--processor_path", "--zero_cond_t", "--initialize_model_on_cpu"],
+                    "qwen_image train.py"),
+    **dict.fromkeys(["--audio_processor_path", "--min_timestep_boundary", "--max_timestep_boundary",
+                     "--framewise_decoding"], "wanvideo train.py"),
+}
+
+_DMD2 = "DMD2 distillation (the reference's DMD2 trainer) is not supported here; --task direct_distill distills"
+# Accepted so the reference's commands parse, refused when given: flag -> why, and what to do instead.
+UNSUPPORTED: dict[str, str] = {
+    "--template_model_id_or_path": "template models (the reference's image-to-LoRA template training) are not "
+                                   "supported here",
+    "--enable_lora_hot_loading": "LoRA hot-loading belongs to the reference's image-to-LoRA models, which are not "
+                                 "supported here",
+    "--enable_swanlab_log": "SwanLab logging is not supported here; use --enable_wandb_log, --enable_tensorboard_log "
+                            "or --enable_csv_log",
+    "--swanlab_project": "SwanLab logging is not supported here; use --enable_wandb_log with --wandb_project",
+    "--audio_processor_path": "Wan2.2-S2V (speech-to-video), which needs the audio processor, is not supported here",
+    "--framewise_decoding": "the WanToDance global model, which decodes frame by frame, is not supported here",
+    **dict.fromkeys([flag for flag, where in REFERENCE_FLAGS.items() if flag.startswith("--dmd2_")], _DMD2),
+}
+
+# The unsupported flags that are switches (store_true there); the others take a value.
+SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding"})
+
+# Differences worth knowing for flags that work.
+NOTES: dict[str, str] = {
+    "--output_path": "default ./output: the reference's ./models is the model folder here",
+    "--resume_from_checkpoint": "a weights file starts from those weights, as there; a training-state folder (or "
+                                "latest) resumes the whole run, which the reference cannot",
+    "--task": "sft and direct_distill, each also split into :data_process and :train",
+    "--quant_options": "bitsandbytes_nf4 (needs bitsandbytes); other methods are refused with the list",
+    "--fp8_models": "Linear and convolution weights in fp8, computed in --torch_dtype",
+    "--use_gradient_checkpointing": "also spelled --gradient_checkpointing (musubi-tuner); always on for Wan, as "
+                                    "there",
+    "--cpu_offload_split_threshold": "takes fractional MB",
+    "--wandb_project": "default diffsynth",
+    "--find_unused_parameters": "only DDP reads it",
+    "--num_frames": "the Wan trainer's, as there",
+    "--extra_inputs": "a name nothing in the task reads is refused; metadata cells are typed as the pipeline reads "
+                      "them (seed an int, cfg_scale a float)",
+    "--preset_lora_path": "any LoRA layout the trainer reads",
+}
+
+
+def add_unsupported_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the reference's flags this trainer does not support, each refused when given (see ``UNSUPPORTED``)."""
+    group = parser.add_argument_group("Reference flags not supported here")
+    for flag, reason in UNSUPPORTED.items():
+        if flag in SWITCHES:
+            group.add_argument(flag, action="store_true", help=f"Refused when given: {reason}.")
+        else:
+            group.add_argument(flag, type=str, default=None, help=f"Refused when given: {reason}.")
+    return parser
+
+
+def unsupported_flag_problems(args: argparse.Namespace) -> list[str]:
+    """One problem per unsupported reference flag the command gives, naming it and saying why."""
+    problems = []
+    for flag, reason in UNSUPPORTED.items():
+        value = getattr(args, flag[2:], None)
+        if value not in (None, False):
+            shown = flag if value is True else f"{flag} {value}"
+            problems.append(f"{shown}: {reason}; drop it")
+    return problems
