@@ -27,6 +27,17 @@ def deepspeed_config(accelerator: Any) -> dict | None:
     return None if plugin is None else plugin.deepspeed_config
 
 
+def set_micro_batch_size(accelerator: Any, batch_size: int) -> None:
+    """Gives DeepSpeed the run's ``--batch_size`` where its config leaves the micro-batch to accelerate (``auto``).
+
+    accelerate fills ``auto`` from the dataloader's ``batch_size``, which is None for the trainer's bucket batch
+    sampler; a number the config gives is kept.
+    """
+    config = deepspeed_config(accelerator)
+    if config is not None and config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        config["train_micro_batch_size_per_gpu"] = batch_size
+
+
 def initialize_deepspeed_gradient_checkpointing(accelerator: Any) -> bool:
     """Configures DeepSpeed's activation checkpointing from the config's ``activation_checkpointing`` section.
 

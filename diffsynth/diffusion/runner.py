@@ -37,7 +37,7 @@ from ..core.offload_training.grad_sync import GradientSynchronizer
 from .batches import batch_sampler, bucketed
 from .checkpoint import checkpoint_folder, save_training_state, training_flags
 from .deepspeed_support import (deepspeed_config, gathered_parameters, initialize_deepspeed_gradient_checkpointing,
-                                release_unused_models)
+                                release_unused_models, set_micro_batch_size)
 from .logger import ModelLogger
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .optimizer import make_optimizer
@@ -313,6 +313,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     dataloader = DataLoader(_Indexed(dataset), batch_sampler=sampler, collate_fn=list,
                             num_workers=args.dataset_num_workers, worker_init_fn=ignore_stop_signals)
     if deepspeed:
+        set_micro_batch_size(accelerator, args.batch_size)
         trained, optimizer, dataloader = accelerator.prepare(module, optimizer, dataloader)
         initialize_deepspeed_gradient_checkpointing(accelerator)
     elif managers or swaps:
