@@ -152,12 +152,15 @@ def test_what_each_placement_shares(base):
     assert decisions(run) is None  # weights on the GPU: nothing in host memory to share
 
 
-def processes_mapping(name):
-    """Ids of the processes on this machine that map a segment whose name starts with ``name``."""
+def processes_mapping(name, session):
+    """Ids of the processes of ``session`` that map a segment whose name starts with ``name``. Only the launched
+    run's session counts: this test process may still map a segment an earlier test left to the garbage collector."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
+                if os.getsid(int(entry.name)) != session:
+                    continue
                 if f"/memfd:{SEGMENT_PREFIX}:{name}" in (entry / "maps").read_text():
                     found.append(int(entry.name))
             except OSError:
@@ -186,7 +189,7 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
         # Both ranks map the shared copies and training has begun.
         while not (len(ranks) == 2 and "training:" in (tmp_path / "log.txt").read_text()):
             assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
-            ranks = {rank_of(pid): pid for pid in processes_mapping("QwenImageTransformer2DModel")}
+            ranks = {rank_of(pid): pid for pid in processes_mapping("QwenImageTransformer2DModel", launcher.pid)}
             ranks.pop(None, None)
             time.sleep(0.5)
         os.kill(ranks[1], signal.SIGKILL)
@@ -198,5 +201,5 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
         log.close()
     assert launcher.returncode != 0
     # No process maps a segment any more, so the kernel has freed them; no file was ever made for one.
-    assert processes_mapping("") == []
+    assert processes_mapping("", launcher.pid) == []
     assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) == shm_before
