@@ -9,8 +9,9 @@ blocks of about 38 MB in float32: 300 MB for the default 8) beside the tiny text
 for two steps under ``torchrun`` (on the CPU: gloo) with each process count, once with
 ``--shared_host_weights auto`` and once with ``off`` (one process has nothing to share: it runs once). Each process
 reads its proportional set size (PSS, ``/proc/self/smaps_rollup``) after the first optimizer step, every process
-there at once, and samples its peak over the run. PSS splits a page among the processes that map it, so the processes' PSS add up to
-the memory they use together: a shared copy counts once in the total, a private copy once per process.
+there at once, and samples its peak over the run. PSS splits a page among the processes that map it, so the
+processes' PSS add up to the memory they use together: a shared copy counts once in the total, a private copy once
+per process.
 
 Printed per run: PSS per process during training and at its peak, their total, the part of the total in shared
 segments, and the total minus the one-process run's; then per process count what the shared copy saves against one

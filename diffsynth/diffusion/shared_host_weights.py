@@ -26,6 +26,7 @@ from .placement_config import PlacementConfig
 if TYPE_CHECKING:
     from .base_pipeline import BasePipeline
 
+
 def add_shared_host_weights_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flag that shares host copies of frozen weights between a machine's processes (docs Multi_GPU)."""
     group = parser.add_argument_group("Several GPUs on one machine")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -31,6 +30,7 @@ import torch
 
 from ..device import available_host_memory
 from ..fp8 import Fp8Linear, store_model_in_fp8
+from ..folder_lock import process_alive
 from ..fp8_conv import is_fp8_conv
 from ..offload_training.memory_buffer import align
 from ..shared_weights import LocalGroup, SegmentOffer, SharedSegment
@@ -138,21 +138,11 @@ def _fill(segment: SharedSegment, model: torch.nn.Module, plan: dict[str, Checkp
             segment.tensor(slot.offset, slot.dtype, slot.shape).copy_(tensor)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def _wait_for_fill(segment: SharedSegment, owner: int, description: str) -> None:
     """Waits until the local main process has filled the segment, or failed, or exited."""
     status = segment.tensor(0, torch.int32, (1,))
     while int(status[0]) == _FILLING:
-        if not _alive(owner):
+        if not process_alive(owner):
             raise ModelLoadError(f"the local main process (pid {owner}) exited while loading {description} into "
                                  "shared memory; see its error")
         time.sleep(POLL_SECONDS)
