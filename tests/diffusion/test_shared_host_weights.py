@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -152,16 +153,16 @@ def test_what_each_placement_shares(base):
     assert decisions(run) is None  # weights on the GPU: nothing in host memory to share
 
 
-def processes_mapping(name, session):
-    """Ids of the processes of ``session`` that map a segment whose name starts with ``name``. Only the launched
-    run's session counts: this test process may still map a segment an earlier test left to the garbage collector."""
+def processes_mapping(name, marker):
+    """Ids of the processes whose environment holds ``marker`` (the launched run's, inherited by every process it
+    starts, even one orphaned by the launcher's exit) that map a segment whose name starts with ``name``. Only the run
+    counts: this test process may still map a segment an earlier test left to the garbage collector."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getsid(int(entry.name)) != session:
-                    continue
-                if f"/memfd:{SEGMENT_PREFIX}:{name}" in (entry / "maps").read_text():
+                if marker.encode() in (entry / "environ").read_bytes().split(b"\0") \
+                        and f"/memfd:{SEGMENT_PREFIX}:{name}" in (entry / "maps").read_text():
                     found.append(int(entry.name))
             except OSError:
                 continue  # gone meanwhile, or not ours to read
@@ -180,6 +181,8 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
     data = ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv")]
     run = [*data, *QWEN, "--enable_model_cpu_offload", "--num_epochs", "1000", "--output_path", str(tmp_path / "out")]
     command, env = launch("qwen", [run], tiny_root)
+    env["DIFFSYNTH_TEST_RUN"] = uuid.uuid4().hex
+    marker = f"DIFFSYNTH_TEST_RUN={env['DIFFSYNTH_TEST_RUN']}"
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     log = (tmp_path / "log.txt").open("w")
     launcher = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -189,7 +192,7 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
         # Both ranks map the shared copies and training has begun.
         while not (len(ranks) == 2 and "training:" in (tmp_path / "log.txt").read_text()):
             assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
-            ranks = {rank_of(pid): pid for pid in processes_mapping("QwenImageTransformer2DModel", launcher.pid)}
+            ranks = {rank_of(pid): pid for pid in processes_mapping("QwenImageTransformer2DModel", marker)}
             ranks.pop(None, None)
             time.sleep(0.5)
         os.kill(ranks[1], signal.SIGKILL)
@@ -201,5 +204,5 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
         log.close()
     assert launcher.returncode != 0
     # No process maps a segment any more, so the kernel has freed them; no file was ever made for one.
-    assert processes_mapping("", launcher.pid) == []
+    assert processes_mapping("", marker) == []
     assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) == shm_before
