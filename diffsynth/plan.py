@@ -39,6 +39,9 @@ def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:
                        help="The device to plan for (see docs Low_VRAM for the figures and their sources).")
     group.add_argument("--architecture", choices=sorted(ARCHITECTURES), default=None,
                        help="Plan this released denoiser without its files instead of the model flags' one.")
+    group.add_argument("--processes_per_machine", type=int, default=1,
+                       help="GPUs (processes) training on one machine: host memory is planned for all of them, with "
+                            "one shared copy of the frozen weights unless --shared_host_weights off.")
     return parser
 
 
@@ -60,10 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         model, others, fp8 = denoiser_skeleton(args, pipeline_class)
     height, width, frames = sample_shape(args)
+    if args.processes_per_machine < 1:
+        parser.error(f"--processes_per_machine {args.processes_per_machine} must be at least 1")
     workload = build_workload(model, args, others, pipeline_class.lora_target_aliases,
                               f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
                               f"{width}x{height}x{frames}"
-                              f"{f', batch {args.batch_size}' if args.batch_size > 1 else ''}", fp8=fp8)
+                              f"{f', batch {args.batch_size}' if args.batch_size > 1 else ''}", fp8=fp8,
+                              local_processes=args.processes_per_machine)
     profile = profile_named(args.device_profile)
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)
     ram = budget_bytes(placement.ram_budget, "ram_budget", None)

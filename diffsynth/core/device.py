@@ -80,6 +80,36 @@ def allocate_host_bytes(nbytes: int, pinned: bool = True) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
+_CUDA_HOST_REGISTER_PORTABLE = 1
+"""``cudaHostRegisterPortable``: the memory counts as page-locked in every CUDA context of the process."""
+
+
+def page_lock(tensor: torch.Tensor) -> bool:
+    """Page-locks the host memory a contiguous CPU tensor already occupies (``cudaHostRegister``), in place.
+
+    Unlike ``pin_memory()`` nothing is copied, so memory another process also maps (a shared segment) becomes pinned
+    in this process too, and copies from it to the GPU become asynchronous. The memory must stay mapped until the
+    process exits or ``page_unlock`` is called: the caller keeps the tensor alive. Returns whether it worked; without
+    CUDA it does nothing and returns False (the caller logs the fallback).
+    """
+    if not torch.cuda.is_available():
+        return False
+    status = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                                                      _CUDA_HOST_REGISTER_PORTABLE))
+    if status != 0:
+        logger.warning("cudaHostRegister of %d bytes of shared host memory failed (cudaError %d); copies from it "
+                       "stay synchronous", tensor.numel() * tensor.element_size(), status)
+        return False
+    return True
+
+
+def page_unlock(tensor: torch.Tensor) -> None:
+    """Undoes ``page_lock`` (``cudaHostUnregister``) before the memory is unmapped."""
+    status = int(torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr()))
+    if status != 0:
+        logger.warning("cudaHostUnregister failed (cudaError %d)", status)
+
+
 def copy_to_host(tensor: torch.Tensor) -> torch.Tensor:
     """Returns a copy of ``tensor`` in host memory, started without waiting where the hardware allows.
 
@@ -113,6 +143,28 @@ def copy_into(destination: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     crosses = destination.device.type != source.device.type
     destination.copy_(source, non_blocking=crosses and host.is_pinned())
     return destination
+
+
+def available_host_memory() -> int | None:
+    """Host memory this process could still take, in bytes: the kernel's ``MemAvailable``, or less when the
+    process's cgroup (a container's limit, cgroup v2) leaves less; None where ``/proc/meminfo`` is missing."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        with open("/proc/self/cgroup") as cgroup:
+            path = next(line.split("::", 1)[1].strip() for line in cgroup if line.startswith("0::"))
+        folder = f"/sys/fs/cgroup{path}"
+        with open(f"{folder}/memory.max") as limit, open(f"{folder}/memory.current") as used:
+            maximum = limit.read().strip()
+            if maximum != "max":
+                available = min(available, int(maximum) - int(used.read()))
+    except (OSError, StopIteration, ValueError):
+        pass  # no cgroup v2 memory controller here: the kernel's figure stands
+    return available
 
 
 def synchronize(device: torch.device) -> None:

@@ -86,7 +86,8 @@ def process_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (whoever owns it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,7 +117,7 @@ def stale_reason(holder: LockHolder | None, heartbeat_age: float) -> str | None:
         return f"its content is unreadable and {heartbeat_age:.0f} s old" if heartbeat_age > STALE_AFTER_SECONDS \
             else None
     if holder.host == socket.gethostname():
-        if not _alive(holder.pid):
+        if not process_alive(holder.pid):
             return f"process {holder.pid} is no longer running"
         start = process_start(holder.pid)
         if holder.pid_start is not None and start is not None and start != holder.pid_start:

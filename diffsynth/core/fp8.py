@@ -211,13 +211,15 @@ class Fp8Linear(torch.nn.Linear):
 
         return super()._apply(keep_fp8, recurse)
 
+    def quantize_weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight_fp8, scale)`` of a full-precision weight for this layer, as loading one stores it."""
+        # At the layer's dtype, as a plain Linear would cast it, instead of casting to fp8 without a scale.
+        return quantize_fp8(weight.to(self.weight_scale.dtype), self.per_channel)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         weight = state_dict.get(prefix + "weight")
-        if isinstance(weight, torch.Tensor) and weight.dtype in _HIGH_PRECISION:
-            # A full-precision checkpoint: quantize on the way in (at the layer's dtype, as a plain Linear would
-            # cast it) instead of casting to fp8 without a scale.
-            weight = weight.to(self.weight_scale.dtype)
-            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = quantize_fp8(weight, self.per_channel)
+        if isinstance(weight, torch.Tensor) and weight.dtype in _HIGH_PRECISION:  # a full-precision checkpoint
+            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = self.quantize_weight(weight)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -423,3 +425,30 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
             setattr(parent, attribute, fp8_layer)
             converted.append(name)
     return Fp8Storage(module, config, converted, bytes_before, bytes_after)
+
+
+def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
+    """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
+
+    What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
+    layers' weight dtype (UMT5's ``wo``); so do embeddings, norms and biases (small, or read by index). Works on a
+    model built on the meta device too, as the shared loader converts it before its weights exist.
+    """
+    from .fp8_conv import CONV_TYPES, enable_fp8_conv_storage
+
+    modules = dict(model.named_modules())
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    summaries = []
+    for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
+        paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]
+        if paths:
+            exclude = [entry for entry in keep if any(f".{entry}." in path for path in paths)]
+            summaries.append(enable(model, exclude=exclude).summary())
+    return summaries
+
+
+def holds_fp8_layers(module: torch.nn.Module) -> bool:
+    """Whether ``module`` already stores weights in fp8 (converted while loading, for a shared host copy)."""
+    from .fp8_conv import is_fp8_conv
+
+    return any(isinstance(child, Fp8Linear) or is_fp8_conv(child) for child in module.modules())

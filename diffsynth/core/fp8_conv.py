@@ -62,13 +62,16 @@ class Fp8ConvMixin:
 
         return super()._apply(keep_fp8, recurse)
 
+    def quantize_weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight_fp8, scale)`` of a full-precision weight for this layer, as loading one stores it."""
+        scale = self._parameters["weight_scale"]
+        per_channel = scale.shape[0] != 1 or self.out_channels == 1
+        return quantize_conv_weight(weight.to(scale.dtype), per_channel)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         weight = state_dict.get(prefix + "weight")
         if isinstance(weight, torch.Tensor) and weight.dtype in _HIGH_PRECISION:
-            scale = self._parameters["weight_scale"]
-            per_channel = scale.shape[0] != 1 or self.out_channels == 1
-            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = quantize_conv_weight(
-                weight.to(scale.dtype), per_channel)
+            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = self.quantize_weight(weight)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -107,7 +110,7 @@ def _check_convertible(conv: torch.nn.Module) -> None:
         raise ValueError("its weight is trainable; fp8 storage is for frozen weights. Freeze it or exclude it")
     if weight.dtype not in _HIGH_PRECISION:
         raise ValueError(f"its weight is {weight.dtype}; fp8 storage converts float weights only. Exclude it")
-    if not torch.isfinite(weight).all():
+    if not weight.is_meta and not torch.isfinite(weight).all():  # a weightless build (the shared loader's) has none
         raise ValueError("its weight holds inf or NaN values, which have no fp8 scale; fix the checkpoint or "
                          "exclude it")
 

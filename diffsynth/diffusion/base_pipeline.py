@@ -16,7 +16,7 @@ A concrete pipeline (Qwen-Image, Wan) subclasses ``BasePipeline`` and provides:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, load_component, load_skeleton, model_class_name
+from ..core.loader import ModelConfig, SharedLoad, load_component, load_skeleton, model_class_name
 from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (PruneCacheUnit, StateKey, UnitAccess, required_cache_keys, split_pipeline_units,
@@ -93,7 +93,8 @@ class BasePipeline(torch.nn.Module):
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
                         model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
                         offload_device: str | torch.device = "cpu",
-                        skeleton_configs: Sequence[ModelConfig] = ()) -> BasePipeline:
+                        skeleton_configs: Sequence[ModelConfig] = (),
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None) -> BasePipeline:
         """Loads the models the configs name and puts each in its slot by class (``model_roles``).
 
         Models are loaded onto ``offload_device`` and moved to ``device`` only while a unit computes with them, so
@@ -109,6 +110,9 @@ class BasePipeline(torch.nn.Module):
             offload_device: Where models wait while not in use.
             skeleton_configs: Entries of ``model_configs`` to build without weights (on the meta device), for
                 models held but never computed with (``--offload_models`` in split training).
+            shared_weights: For each config, how to load its weights once per machine into host memory the run's
+                processes share (``SharedLoad``), or None for this process's own copy; None: no sharing. Every
+                process of the run must then load the same configs.
 
         Raises:
             ValueError: A config loads a model class this pipeline has no slot for, or two configs fill one slot.
@@ -119,7 +123,8 @@ class BasePipeline(torch.nn.Module):
             if config in skeleton_configs:
                 component = load_skeleton(config, torch_dtype=dtype)
             else:
-                component = load_component(config, torch_dtype=dtype, device=pipe.offload_device)
+                shared = shared_weights(config) if shared_weights is not None else None
+                component = load_component(config, torch_dtype=dtype, device=pipe.offload_device, shared=shared)
             pipe._assign(component, config)
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
@@ -154,6 +159,12 @@ class BasePipeline(torch.nn.Module):
             return {}
         config = tokenizer_config or _sibling_tokenizer(roles["text_encoder"]) or cls.default_tokenizer_config
         return {"tokenizer": config} if config is not None else {}
+
+    @classmethod
+    def slots_of(cls, class_names: Sequence[str | None]) -> list[str | None]:
+        """The slot each model of these classes takes when loaded in this order, as ``_assign`` will put it, without
+        loading anything; None for a class the pipeline has no slot for (or a folder without weights)."""
+        return [cls.model_roles.get(name) if name else None for name in class_names]
 
     def _assign(self, component: Any, config: ModelConfig) -> str:
         """Puts ``component`` in its slot and returns the slot's name."""

@@ -24,6 +24,7 @@ from ..core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
 from .initial_weights import split_resume_flag
 from .placement_config import PlacementConfig, PlacementError
 from .reference_flags import add_unsupported_config, unsupported_flag_problems
+from .shared_host_weights import add_shared_host_weights_config
 from .batches import add_batch_config, batch_problems
 from .timestep_sampling import add_timestep_sampling_config, timestep_sampling_problems
 from .validation_prompts import add_validation_config, validation_problems
@@ -382,8 +383,8 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
                 add_validation_config, add_lora_config):
         add(parser)
     add_gradient_config(parser, always_on=video)
-    for add in (add_offload_training_config, add_block_swap_config, add_planner_config, add_logging_config,
-                add_console_config, add_unsupported_config):
+    for add in (add_offload_training_config, add_block_swap_config, add_shared_host_weights_config,
+                add_planner_config, add_logging_config, add_console_config, add_unsupported_config):
         add(parser)
     return parser
 

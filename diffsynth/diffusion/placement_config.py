@@ -53,9 +53,11 @@ class PlacementConfig:
     use_pinned_memory_for_block_swap: bool = False
     vram_budget: str | None = None
     ram_budget: str | None = None
+    shared_host_weights: str = "auto"
 
     def __post_init__(self) -> None:
-        problems = self._bound_problems() + self._cross_flag_problems() + self._budget_problems()
+        problems = (self._bound_problems() + self._cross_flag_problems() + self._budget_problems()
+                    + self._choice_problems())
         if problems:
             raise PlacementError(problems)
 
@@ -105,6 +107,17 @@ class PlacementConfig:
             problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
                             f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
         return problems
+
+    def shares_host_weights(self, num_processes: int) -> bool:
+        """Whether the weights kept in host memory (offload, block swap) load once per machine into shared memory:
+        with several processes, unless ``--shared_host_weights off``."""
+        return self.weights_on_host and num_processes > 1 and self.shared_host_weights == "auto"
+
+    def _choice_problems(self) -> list[str]:
+        if self.shared_host_weights in ("auto", "off"):
+            return []
+        return [f"--shared_host_weights {self.shared_host_weights} must be auto (one host copy per machine) or off "
+                "(one per process)"]
 
     def _budget_problems(self) -> list[str]:
         problems = []

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.device import available_host_memory
 from ..core.fp8 import enable_fp8_storage
 from ..core.gradient import gradient_checkpoint_forward
 from ..core.loader import ModelLoadError, load_skeleton, parse_model_configs, parse_model_id_with_origin_paths
@@ -113,10 +114,12 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
 
 
 def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes: Sequence[int] = (),
-                   aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False) -> Workload:
+                   aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False,
+                   local_processes: int = 1) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
     in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
-    on a ``--batch_size`` batch of the largest sample."""
+    on a ``--batch_size`` batch of the largest sample; host memory for ``local_processes`` on a machine, sharing one
+    host copy of the frozen weights unless ``--shared_host_weights off``."""
     from peft import LoraConfig, inject_adapter_in_model
 
     dtype = resolve_dtype(args.torch_dtype)
@@ -145,7 +148,8 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
     def step() -> torch.Tensor:
         return model(**inputs)[0].float().square().mean()
 
-    return Workload(model, find_block_list(model)[0], step, set_checkpointing, other_model_sizes, description)
+    return Workload(model, find_block_list(model)[0], step, set_checkpointing, other_model_sizes, description,
+                    local_processes, args.shared_host_weights == "auto")
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
@@ -213,11 +217,11 @@ def budget_bytes(value: str | None, flag: str, available: int | None) -> float:
     return float(value) * GIB
 
 
-def available_host_bytes() -> int:
-    """Host memory the kernel reports available, less ``HOST_MARGIN_BYTES``."""
-    with open("/proc/meminfo") as meminfo:
-        fields = dict(line.split(":", 1) for line in meminfo)
-    return int(fields["MemAvailable"].split()[0]) * 1024 - HOST_MARGIN_BYTES
+def available_host_bytes() -> float:
+    """Host memory available to the run (the kernel's figure, or the container's limit when smaller), less
+    ``HOST_MARGIN_BYTES``; unbounded where the platform does not tell (no ``/proc/meminfo``)."""
+    available = available_host_memory()
+    return math.inf if available is None else available - HOST_MARGIN_BYTES
 
 
 @dataclasses.dataclass
@@ -294,12 +298,13 @@ def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn
 
 
 def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: PlacementConfig,
-                   device: torch.device) -> PlacementConfig:
+                   device: torch.device, local_processes: int = 1) -> PlacementConfig:
     """The trainer's planning step (with ``--vram_budget`` or ``--ram_budget``): logs the table and returns the
     placement of the chosen plan, or ``placement`` itself when its flags name one (warning if it exceeds a budget).
 
     The device's rates are measured first. On the CPU (tests) it plans with the CPU's figures, and a budget counts the
-    "device" bytes the plan would put on a GPU.
+    "device" bytes the plan would put on a GPU. ``--ram_budget`` is the machine's: the host memory of its
+    ``local_processes`` together.
 
     Raises:
         FlagError: No plan fits, or ``--vram_budget auto`` without a CUDA device; before any weight is loaded.
@@ -309,7 +314,8 @@ def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: Pla
                         torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES if cuda else None)
     ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
     model, others, fp8 = denoiser_skeleton(args, pipeline_class)
-    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases, fp8=fp8)
+    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases, fp8=fp8,
+                              local_processes=local_processes)
     try:
         report = plan_workload(workload, placement, measure_device(device), vram, ram)
     except NoPlanFits as error:

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from ..core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ..core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ..core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
+from ..core.shared_weights import LocalGroup
 from .base_pipeline import BasePipeline
 from .batches import bucketed
 from .checkpoint import load_training_state
@@ -33,6 +34,7 @@ from .parsers import FlagError, parse_args, split_csv, task_stage
 from .placement_config import PlacementConfig
 from .quant_options import quant_package_problems, quantized_models
 from .runner import launch_data_process_task, launch_training_task
+from .shared_host_weights import shared_loads
 from .timestep_sampling import TimestepSampling
 from .training_module import DiffusionTrainingModule
 
@@ -196,10 +198,11 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
                   placement: PlacementConfig | None = None) -> BasePipeline:
     """Loads the models the flags name; ``--offload_models`` entries are built without weights.
 
-    Models whose weights ``placement`` (by default the flags') streams from host memory are loaded there. Missing
-    files, the pipeline's companion folders (tokenizer, image processor, the edit processor when the run feeds edit
-    images) included, are downloaded once per machine: the local main process fetches them while the others wait at
-    a barrier, then every process loads from disk.
+    Models whose weights ``placement`` (by default the flags') streams from host memory are loaded there, with
+    several processes once per machine into memory they share (``shared_host_weights``). Missing files, the
+    pipeline's companion folders (tokenizer, image processor, the edit processor when the run feeds edit images)
+    included, are downloaded once per machine: the local main process fetches them while the others wait at a
+    barrier, then every process loads from disk.
     """
     options = pipeline_load_options(args, pipeline_class)
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
@@ -221,9 +224,11 @@ def load_pipeline(args: argparse.Namespace, pipeline_class: type[BasePipeline], 
     load_device = "cpu" if args.initialize_model_on_cpu or placement.weights_on_host else device
     with without_zero3_init(accelerator):
         check_model_flags(args, pipeline_class, configs)
+        shared = shared_loads(args, pipeline_class, [c for c in configs if c not in skeletons], placement,
+                              accelerator.num_processes)
         return pipeline_class.from_pretrained(torch_dtype=args.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
-                                              skeleton_configs=skeletons, **options)
+                                              skeleton_configs=skeletons, shared_weights=shared, **options)
 
 
 def fp8_model_names(args: argparse.Namespace, pipe: BasePipeline) -> list[str]:
@@ -270,7 +275,8 @@ def run_task(pipeline_class: type[BasePipeline], args: argparse.Namespace, accel
     if placement.planned and stage != "data_process" and deepspeed_config(accelerator) is None:
         from .planner import plan_placement  # imports the planning dry run only when asked for
 
-        placement = plan_placement(args, pipeline_class, placement, accelerator.device)
+        placement = plan_placement(args, pipeline_class, placement, accelerator.device,
+                                   LocalGroup.of_this_process().size)
     args.run_id = claim.run_id  # recorded in training_args.json and in every checkpoint
     checkpoint = claim.checkpoint
     if checkpoint is not None and args.seed is None:

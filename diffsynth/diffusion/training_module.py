@@ -22,6 +22,7 @@ import torch
 
 from ..core.data.fingerprint import digest, weights_digest
 from ..core.finite import NonFiniteTensorError
+from ..core.fp8 import holds_fp8_layers, store_model_in_fp8
 from ..core.gradient import gradient_checkpoint_forward
 from ..core.quant import QuantConfig, quantize_model
 from .base_pipeline import BasePipeline, PipelineUnit, required_cache_keys, split_pipeline_units, stage_one_units
@@ -274,6 +275,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                                  "is for frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
             if any(param.is_meta for param in model.parameters()):
                 continue  # a skeleton from --offload_models holds no weights to convert
+            if holds_fp8_layers(model):
+                continue  # loaded in fp8 already: the host copy shared by the machine's processes is the fp8 one
             summaries = store_model_in_fp8(model)
             if summaries:
                 logger.info("--fp8_models %s: %s", name, "; ".join(summaries))
@@ -392,26 +395,6 @@ class DiffusionTrainingModule(torch.nn.Module):
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)
-
-
-def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
-    """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
-
-    What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
-    layers' weight dtype (UMT5's ``wo``); so do embeddings, norms and biases (small, or read by index).
-    """
-    from ..core.fp8 import enable_fp8_storage
-    from ..core.fp8_conv import CONV_TYPES, enable_fp8_conv_storage
-
-    modules = dict(model.named_modules())
-    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-    summaries = []
-    for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
-        paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]
-        if paths:
-            exclude = [entry for entry in keep if any(f".{entry}." in path for path in paths)]
-            summaries.append(enable(model, exclude=exclude).summary())
-    return summaries
 
 
 def _plain_config(model: Any) -> dict[str, Any] | None:

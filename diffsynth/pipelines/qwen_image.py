@@ -14,7 +14,7 @@ unpacks its prediction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from ..core.files import atomic_write
-from ..core.loader import ModelConfig, model_class_name
+from ..core.loader import ModelConfig, SharedLoad, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
                      tensor_to_images)
@@ -179,6 +179,7 @@ class QwenImagePipeline(TextToLatentPipeline):
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
                         model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
                         offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
                         processor_config: ModelConfig | None = None,
                         zero_cond_t: bool | None = None) -> QwenImagePipeline:
         """Loads the models as ``BasePipeline.from_pretrained`` does, plus what editing needs.
@@ -190,6 +191,8 @@ class QwenImagePipeline(TextToLatentPipeline):
             tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder.
             offload_device: Where models wait while not in use.
             skeleton_configs: Entries of ``model_configs`` to build without weights.
+            shared_weights: How each model loads into host memory shared by the machine's processes (see
+                ``BasePipeline.from_pretrained``).
             processor_config: The Qwen2.5-VL processor folder (``--processor_path``), loaded now. Unset: the
                 ``processor/`` folder of the transformer's repository (see
                 ``qwen_image_edit.default_processor_config``), loaded now when it is on disk, else downloaded on the
@@ -202,7 +205,7 @@ class QwenImagePipeline(TextToLatentPipeline):
         """
         pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
                                        tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs)
+                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
         if processor_config is not None:
             pipe.processor_config, pipe.processor = processor_config, load_processor(processor_config)
         else:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import html
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import torch
 from PIL import Image
 
 from ..core.data.cells import positive_integer
-from ..core.loader import ModelConfig
+from ..core.loader import ModelConfig, SharedLoad
 from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size, \
@@ -237,6 +237,7 @@ class WanVideoPipeline(TextToLatentPipeline):
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
                         model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
                         offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
                         image_processor_config: ModelConfig | None = None) -> WanVideoPipeline:
         """Loads the models as ``BasePipeline.from_pretrained`` does, plus the CLIP image processor.
 
@@ -249,6 +250,8 @@ class WanVideoPipeline(TextToLatentPipeline):
                 ``google/umt5-xxl/`` beside an original-layout T5 file.
             offload_device: Where models wait while not in use.
             skeleton_configs: Entries of ``model_configs`` to build without weights.
+            shared_weights: How each model loads into host memory shared by the machine's processes (see
+                ``BasePipeline.from_pretrained``).
             image_processor_config: The ``CLIPImageProcessor`` folder. When an image encoder is loaded and this is
                 ``None``, the ``image_processor/`` folder of the image encoder's repository is used (for local
                 paths, the ``image_processor`` folder beside the image encoder's folder, if there is one); an
@@ -260,7 +263,7 @@ class WanVideoPipeline(TextToLatentPipeline):
         """
         pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
                                        tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs)
+                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
         config = image_processor_config or cls._companions(pipe.model_configs, tokenizer_config).get("image_processor")
         if config is not None:
             pipe.image_processor = load_image_processor(config)
@@ -285,6 +288,15 @@ class WanVideoPipeline(TextToLatentPipeline):
             if processor is not None:
                 companions["image_processor"] = processor
         return companions
+
+    @classmethod
+    def slots_of(cls, class_names: Sequence[str | None]) -> list[str | None]:
+        """As ``BasePipeline.slots_of``; the second transformer is ``dit2``, as ``_assign`` puts it."""
+        slots = super().slots_of(class_names)
+        transformers = [index for index, slot in enumerate(slots) if slot == "dit"]
+        if len(transformers) > 1:
+            slots[transformers[1]] = "dit2"
+        return slots
 
     def _assign(self, component: Any, config: ModelConfig) -> str:
         """As ``BasePipeline._assign``; a second transformer is the low-noise expert ``dit2`` (Wan2.2 A14B)."""

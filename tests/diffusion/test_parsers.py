@@ -41,6 +41,7 @@ EXTRA_DEFAULTS = {
     "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
     "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
     "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
+    "shared_host_weights": "auto",
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
 DEPARTURES = {"output_path": "./output"}

@@ -54,3 +54,12 @@ def test_a_valid_config_changed_into_an_invalid_one_is_refused():
     placement = PlacementConfig(use_gradient_checkpointing=True, blocks_to_swap=4, block_swap_h2d_only=True)
     with pytest.raises(PlacementError, match="--block_swap_h2d_only reuses a few GPU slots"):
         dataclasses.replace(placement, use_gradient_checkpointing=False)
+
+
+def test_host_weights_are_shared_with_several_processes_when_they_live_on_the_host():
+    offload, swap = PlacementConfig(enable_model_cpu_offload=True), PlacementConfig(blocks_to_swap=2)
+    assert offload.shares_host_weights(2) and swap.shares_host_weights(8)
+    assert not offload.shares_host_weights(1) and not PlacementConfig().shares_host_weights(8)
+    assert not PlacementConfig(enable_model_cpu_offload=True, shared_host_weights="off").shares_host_weights(2)
+    with pytest.raises(PlacementError, match="--shared_host_weights always must be auto"):
+        PlacementConfig(shared_host_weights="always")

@@ -186,3 +186,14 @@ def test_the_a14b_experts_load_from_the_diffusers_layout_too(base, tmp_path, mon
         ours, theirs = getattr(layout, name).state_dict(), getattr(original, name).state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert not torch.equal(layout.dit.proj_out.weight, layout.dit2.proj_out.weight)
+
+
+def test_slots_of_names_the_slots_loading_fills_without_loading(base):
+    from diffsynth.core.loader import model_class_name
+
+    names = ("text_encoder", "dit", "vae", "dit2")
+    configs = [ModelConfig(model_id=WAN22_T2V_MODEL_ID, origin_file_pattern=WAN22_A14B_PATTERNS[name]) for name in names]
+    pipe = WanVideoPipeline.from_pretrained(torch.float32, "cpu", configs)
+    loaded = {id(config): slot for slot, config in pipe.model_configs.items()}
+    predicted = WanVideoPipeline.slots_of([model_class_name(config) for config in configs])
+    assert predicted == [loaded[id(config)] for config in configs] == list(names)

@@ -17,12 +17,14 @@ from .errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
 from .loading import (load_component, load_model, load_model_from_files, load_skeleton, load_tokenizer,
                       model_class_name)
 from .resolve import model_base_path, resolve_files
+from .shared_loading import SharedLoad
 
 __all__ = [
     "ModelConfig",
     "ModelConfigError",
     "ModelFilesNotFoundError",
     "ModelLoadError",
+    "SharedLoad",
     "load_component",
     "load_model",
     "load_model_from_files",

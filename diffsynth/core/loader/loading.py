@@ -27,6 +27,7 @@ from .errors import ModelLoadError
 from .original_wan import OriginalWanModel, identify
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
+from .shared_loading import SharedLoad, load_shared
 from .state_dict import assign_shards, meta_tensor_names, plan_keys, read_headers, transformers_key_renamer
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,8 @@ def _tie_weights(model: torch.nn.Module, missing: set[str]) -> None:
 
 
 def load_model_from_files(
-    files: list[Path], torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+    files: list[Path], torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+    shared: SharedLoad | None = None,
 ) -> torch.nn.Module:
     """Loads one model from its safetensors shards and the ``config.json`` beside them.
 
@@ -211,6 +213,9 @@ def load_model_from_files(
         torch_dtype: Floating dtype of the weights (modules the class keeps in float32 stay float32).
         device: Where the weights are allocated; they are cast on the CPU first, so the device holds only the
             final copy.
+        shared: Load the weights it selects once per machine into host memory the run's processes there share
+            (``shared_loading.py``; every process of the run must then load the same models in the same order);
+            the rest goes to ``device``. None: this process loads its own copy.
 
     Returns:
         The model, in eval mode, with no tensor left on the meta device.
@@ -247,7 +252,9 @@ def load_model_from_files(
         rename = transformers_key_renamer(model) if library == "transformers" else None
         ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
         plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
-    assign_shards(model, plan, dtype, target, fp32_modules=_fp32_modules(library, model, dtype))
+    fp32_modules = _fp32_modules(library, model, dtype)
+    remaining = load_shared(model, plan, dtype, fp32_modules, shared) if shared is not None else plan
+    assign_shards(model, remaining, dtype, target, fp32_modules=fp32_modules)
     if library == "transformers":
         _tie_weights(model, set(expected) - set(plan))
     missing = meta_tensor_names(model)
@@ -258,7 +265,7 @@ def load_model_from_files(
             f"{cls.__name__} from {folder}: {len(missing)} weight(s) missing from the checkpoint: {shown}{more}; the "
             "pattern may leave shards out, or the weights belong to a different config"
         )
-    model.to(target)  # the parameters are already there; this moves the buffers built in __init__
+    model.to(target)  # the parameters are already there (shared ones stay in host memory); this moves the buffers
     if library == "transformers" and hasattr(model, "config"):
         model.config.dtype = dtype
     model.eval()
@@ -270,7 +277,8 @@ def load_model_from_files(
 
 
 def load_model(
-    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+    shared: SharedLoad | None = None,
 ) -> torch.nn.Module:
     """Resolves a ``ModelConfig`` (downloading only missing files) and loads the model it names.
 
@@ -279,11 +287,13 @@ def load_model(
             origin_file_pattern="transformer/diffusion_pytorch_model*.safetensors")``.
         torch_dtype: Floating dtype of the weights.
         device: Where the weights are allocated.
+        shared: Load (part of) the weights once per machine into shared host memory; see
+            ``load_model_from_files``.
 
     Returns:
         The diffusers / transformers model named by the folder's ``config.json``.
     """
-    return load_model_from_files(resolve_files(config), torch_dtype=torch_dtype, device=device)
+    return load_model_from_files(resolve_files(config), torch_dtype=torch_dtype, device=device, shared=shared)
 
 
 def load_skeleton(config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16) -> torch.nn.Module:
@@ -345,10 +355,12 @@ def load_tokenizer(config: ModelConfig):
 
 
 def load_component(
-    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu"
+    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+    shared: SharedLoad | None = None,
 ):
-    """Loads whatever a config names: a model when its files hold safetensors weights, else a tokenizer."""
+    """Loads whatever a config names: a model when its files hold safetensors weights (``shared``: see
+    ``load_model_from_files``), else a tokenizer."""
     files = resolve_files(config)
     if weight_files(files):
-        return load_model_from_files(files, torch_dtype=torch_dtype, device=device)
+        return load_model_from_files(files, torch_dtype=torch_dtype, device=device, shared=shared)
     return load_tokenizer(config)

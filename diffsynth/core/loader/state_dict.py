@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,6 +188,36 @@ def keeps_fp32(key: str, modules: tuple[str, ...]) -> bool:
     return any(module in parts for module in modules)
 
 
+def planned_by_file(plan: dict[str, CheckpointEntry]) -> dict[Path, list[tuple[str, CheckpointEntry]]]:
+    """The planned ``(model_key, entry)`` pairs grouped by the shard holding them, in plan order."""
+    by_file: dict[Path, list[tuple[str, CheckpointEntry]]] = {}
+    for model_key, entry in plan.items():
+        by_file.setdefault(entry.file, []).append((model_key, entry))
+    return by_file
+
+
+def read_planned(file: Path, keys: list[tuple[str, CheckpointEntry]], dtype: torch.dtype,
+                 fp32_modules: tuple[str, ...] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+    """Reads the planned tensors of one shard, one at a time, converted and cast as the model stores them.
+
+    Floating tensors are cast to ``dtype`` (float32 inside ``fp32_modules``); integer and bool tensors keep their
+    type. The caller holds one tensor at a time, so reading costs one tensor of memory beyond where it is put.
+    """
+    with open_checkpoint(file) as handle:
+        for model_key, entry in keys:
+            try:
+                tensor = handle.get_tensor(entry.checkpoint_key)
+            except Exception as error:  # noqa: BLE001 - data past the end of a truncated file
+                raise ModelLoadError(
+                    f"{file}: cannot read tensor {entry.checkpoint_key!r} ({error}); {_SAFETENSORS_FIX}"
+                ) from None
+            if entry.convert is not None:
+                tensor = entry.convert(tensor)
+            if tensor.is_floating_point():
+                tensor = tensor.to(dtype=torch.float32 if keeps_fp32(model_key, fp32_modules) else dtype)
+            yield model_key, tensor
+
+
 def assign_shards(
     model: torch.nn.Module,
     plan: dict[str, CheckpointEntry],
@@ -200,25 +230,9 @@ def assign_shards(
     Floating tensors are cast to ``dtype`` (float32 inside ``fp32_modules``); integer and bool tensors keep their
     type. Casting happens on the CPU before the move, so the device never holds a wider copy.
     """
-    by_file: dict[Path, list[tuple[str, CheckpointEntry]]] = {}
-    for model_key, entry in plan.items():
-        by_file.setdefault(entry.file, []).append((model_key, entry))
-    for file, keys in by_file.items():
-        shard: dict[str, torch.Tensor] = {}
-        with open_checkpoint(file) as handle:
-            for model_key, entry in keys:
-                try:
-                    tensor = handle.get_tensor(entry.checkpoint_key)
-                except Exception as error:  # noqa: BLE001 - data past the end of a truncated file
-                    raise ModelLoadError(
-                        f"{file}: cannot read tensor {entry.checkpoint_key!r} ({error}); {_SAFETENSORS_FIX}"
-                    ) from None
-                if entry.convert is not None:
-                    tensor = entry.convert(tensor)
-                if tensor.is_floating_point():
-                    target = torch.float32 if keeps_fp32(model_key, fp32_modules) else dtype
-                    tensor = tensor.to(dtype=target)
-                shard[model_key] = tensor.to(device=device)
+    for file, keys in planned_by_file(plan).items():
+        shard = {model_key: tensor.to(device=device)
+                 for model_key, tensor in read_planned(file, keys, dtype, fp32_modules)}
         result = model.load_state_dict(shard, strict=False, assign=True)
         if result.unexpected_keys:  # plan_keys already checked; this guards a class whose state_dict lies
             raise ModelLoadError(f"{file}: keys {result.unexpected_keys[:10]} were not taken by the model")

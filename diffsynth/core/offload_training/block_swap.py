@@ -12,6 +12,10 @@ checkpointing composes (a block re-run inside backward is a recompute):
 
 This module holds their configuration, the base class with the public API, and ``create_offloader``. Copies go
 through a transfer engine (``transfer.py``); ``remove()`` restores the model.
+
+Host masters: frozen weights loaded into the machine's shared host copy (``core/shared_weights``; the loader puts the
+blocks ``BlockSwapConfig.host_block_indices`` names there, see ``host_parameters``) are used in place, never copied
+into a private arena nor written back; other tensors get a private master as before.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import nn
 
 from ..device import allocate_host_bytes, resolve_device, synchronize
+from ..shared_weights import is_shared_host
 from .hooks import ResidencyDriver, ResidencyMeter, ResidencyPolicy
 from .memory_buffer import PinnedArenaPool
 from .transfer import DEFAULT_STAGING_BYTES, ENGINES, TensorSlot, TransferTimer, make_engine, tensor_slots
@@ -80,6 +85,13 @@ class BlockSwapConfig:
     def enabled(self) -> bool:
         return self.blocks_to_swap > 0
 
+    def host_block_indices(self, num_blocks: int) -> list[int]:
+        """The blocks whose weights live in host memory: the last ``blocks_to_swap`` (classic), or evenly spaced ones
+        (H2D-only)."""
+        if self.h2d_only:
+            return streaming_block_indices(num_blocks, self.blocks_to_swap)
+        return list(range(num_blocks - self.blocks_to_swap, num_blocks))
+
     @classmethod
     def from_args(cls, args: Any, training: bool = True) -> BlockSwapConfig:
         """Builds the config from parsed CLI flags (those a parser lacks take their defaults) for a script of your own;
@@ -130,6 +142,18 @@ def streaming_block_indices(num_blocks: int, count: int) -> list[int]:
     Evenly spaced streamed blocks leave resident blocks between them whose compute hides the next block's copy.
     """
     return [((2 * k + 1) * num_blocks) // (2 * count) for k in range(count)]
+
+
+def host_parameters(config: BlockSwapConfig):
+    """For the loader: given a model (built on the meta device), a test of the parameter names block swap keeps in
+    host memory, the weights of ``config.host_block_indices`` (no model is swapped without a block list)."""
+
+    def select(model: nn.Module):
+        blocks, name = find_block_list(model)
+        prefixes = tuple(f"{name}.{index}." for index in config.host_block_indices(len(blocks)))
+        return lambda parameter: parameter.startswith(prefixes)
+
+    return select
 
 
 def is_adapter_parameter(name: str) -> bool:
@@ -190,8 +214,10 @@ class BlockSwap(ResidencyPolicy):
                 if slot.is_param and slot.get().grad is not None:
                     slot.get().grad = slot.get().grad.to(self.device)
         # Staging buffers as large as one block's copy, up to a cap (larger copies go through in chunks): they are
-        # pinned, and keeping few small pinned buffers is the point of the staged engine.
-        self.engine = make_engine(self.config.engine, self.device, self.config.use_pinned_memory,
+        # pinned, and keeping few small pinned buffers is the point of the staged engine. Masters in a shared copy
+        # page-locked by the loader are pinned without --use_pinned_memory_for_block_swap.
+        pinned = self.config.use_pinned_memory or all(master.is_pinned() for _, master, _ in self._masters)
+        self.engine = make_engine(self.config.engine, self.device, pinned,
                                   self.config.num_staging_buffers,
                                   min(max(1, staging_bytes), DEFAULT_STAGING_BYTES), self.timer)
         self.engine_name = self.engine.name
@@ -252,7 +278,8 @@ class BlockSwap(ResidencyPolicy):
         self.driver.remove()
         self._evict_all()
         for slot, master, device in self._masters:
-            slot.bind(master.to(device, copy=True))
+            # A shared master goes back in place: a private copy per process would undo the sharing.
+            slot.bind(master if device.type == "cpu" and is_shared_host(master) else master.to(device, copy=True))
         for slot, device in self._placed:
             slot.bind(slot.get().data.to(device))
             if slot.is_param and slot.get().grad is not None:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..device import warn_once
+from ..shared_weights import is_shared_host
 from .block_swap import BlockSwap, BlockSwapConfig
 from .memory_buffer import tensor_nbytes
 from .transfer import DirectEngine, tensor_slots
@@ -34,11 +35,18 @@ class ClassicBlockSwap(BlockSwap):
         self.first_swapped = self.num_blocks - config.blocks_to_swap
         slots = {i: [s for s in tensor_slots(blocks[i], f"{list_name}.{i}")
                      if not (s.is_param and s.get().requires_grad)] for i in self.swapped}
-        pool = self._host_pool([tensor_nbytes(s.get()) for block in slots.values() for s in block])
+        pool = self._host_pool([tensor_nbytes(s.get()) for block in slots.values() for s in block
+                                if not is_shared_host(s.get())])
         self._moved = {i: [] for i in slots}
+        # Masters in the machine's shared copy are frozen weights: used in place, never written back.
+        self._read_only: set[int] = set()
         for i, block in slots.items():
             for slot in block:  # each copy replaces its tensor at once, so host memory holds one extra at most
-                self._moved[i].append((slot, pool.allocate_like(slot.get().detach().contiguous())))
+                tensor = slot.get().detach()
+                host = tensor if is_shared_host(tensor) else pool.allocate_like(tensor.contiguous())
+                if host is tensor:
+                    self._read_only.add(id(host))
+                self._moved[i].append((slot, host))
                 self._keep_on_host(*self._moved[i][-1])
         self._nbytes = {i: sum(tensor_nbytes(host) for _, host in moved) for i, moved in self._moved.items()}
         self._offloaded_bytes = sum(self._nbytes.values())
@@ -77,7 +85,8 @@ class ClassicBlockSwap(BlockSwap):
         # The device copies are freed below, so no outstanding copy may still be writing them.
         self.engine.wait(index)
         for slot, host in self._moved[index]:
-            host.copy_(slot.get(), non_blocking=self._async_copy_out)
+            if id(host) not in self._read_only:
+                host.copy_(slot.get(), non_blocking=self._async_copy_out)
             slot.bind(host)
         self._loaded.discard(index)
         self._kept.discard(index)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..shared_weights import shared_span
 from .block_swap import NO_CHECKPOINTING_MESSAGE, BlockSwap, BlockSwapConfig, is_adapter_parameter, streaming_block_indices
 from .memory_buffer import align, tensor_nbytes
 from .transfer import TensorSlot, byte_views, tensor_slots
@@ -83,14 +84,20 @@ class H2DOnlyBlockSwap(BlockSwap):
                 offsets.append(align(end))
                 end = offsets[-1] + tensor_nbytes(slot.get())
             plans[index] = (slots, offsets, end)
-        pool = self._host_pool([plan[2] for plan in plans.values()])
+        # A block the loader put in the machine's shared copy is already packed there: its span is the master.
+        spans = {index: shared_span([slot.get().data for slot in slots], offsets, nbytes)
+                 for index, (slots, offsets, nbytes) in plans.items()}
+        pool = self._host_pool([plan[2] for index, plan in plans.items() if spans[index] is None])
         self.streamed: dict[int, _StreamedBlock] = {}
         for index, (slots, offsets, nbytes) in plans.items():
             tensors = [slot.get().data for slot in slots]
-            master = pool.allocate(nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+            master = spans[index]
+            if master is None:
+                master = pool.allocate(nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
             views = byte_views(master, tensors, offsets)
             for slot, tensor, view in zip(slots, tensors, views):
-                view.copy_(tensor)
+                if spans[index] is None:
+                    view.copy_(tensor)
                 self._keep_on_host(slot, view)
             self.streamed[index] = _StreamedBlock(index, slots, offsets, nbytes, master, views)
         slot_bytes = max(block.nbytes for block in self.streamed.values())

@@ -6,6 +6,9 @@ caching host allocator rounds every pinned allocation up to a power of two: pinn
 power-of-two chunks (each allocated without rounding loss) into which every tensor is packed at a 64-byte aligned
 offset. Chunks are allocated lazily, the pool grows when a tensor was not planned for, and it falls back to one
 allocation per tensor if a chunk cannot be had.
+
+Frozen weights that already live in host memory the machine's processes share (``core/shared_weights``, loaded once
+per machine) are their own masters: ``host_master`` returns them as they are, and arenas are planned without them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..device import allocate_host_bytes, warn_once
+from ..shared_weights import is_shared_host
 
 ALIGNMENT = 64
 """Every tensor starts at a multiple of this many bytes: enough for any dtype and for vectorised copies."""
@@ -77,6 +81,11 @@ class BaseBufferPool:
         host = self.empty_like(tensor)
         host.copy_(tensor.detach())
         return host
+
+    def host_master(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The read-only host master of a frozen tensor: the tensor itself when it lives in a shared segment (one
+        copy per machine, page-locked where CUDA is), else a copy in this pool."""
+        return tensor.detach() if is_shared_host(tensor) else self.allocate_like(tensor)
 
     @property
     def reserved_bytes(self) -> int:
@@ -234,10 +243,11 @@ class PinnedArenaPool(BaseBufferPool):
     @classmethod
     def from_model(cls, model: torch.nn.Module, allocator: HostAllocator | None = None,
                    trainable_copies: int = 0) -> PinnedArenaPool:
-        """Plans the arena for every frozen parameter and every buffer of ``model`` (shared tensors once), and
-        ``trainable_copies`` host tensors per trainable parameter (2 for optimizer offload: master and gradient)."""
+        """Plans the arena for every frozen parameter and every buffer of ``model`` (tied tensors once; those in a
+        shared segment not at all), and ``trainable_copies`` host tensors per trainable parameter (2 for optimizer
+        offload: master and gradient)."""
         trainable = [p for p in model.parameters() if p.requires_grad]
-        sizes = [tensor_nbytes(t) for t in frozen_tensors(model)]
+        sizes = [tensor_nbytes(t) for t in frozen_tensors(model) if not is_shared_host(t)]
         sizes += [tensor_nbytes(p) for p in trainable for _ in range(trainable_copies)]
         return cls(sizes, allocator)
 

@@ -35,6 +35,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..device import copy_into, copy_to_device, record_event, synchronize_event
+from ..shared_weights import is_shared_host
 from .device_pool import DeviceBufferPool
 from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .hooks import ResidencyMeter
@@ -173,7 +174,10 @@ class TensorOffloader:
 
 
 class StaticParamOffloader(TensorOffloader):
-    """A frozen parameter: one host master, an empty placeholder on the device between uses, no copy back."""
+    """A frozen parameter: one host master, an empty placeholder on the device between uses, no copy back.
+
+    A parameter loaded into the machine's shared host copy is its own master (``BaseBufferPool.host_master``).
+    """
 
     counts_toward_residency = True
 
@@ -181,7 +185,7 @@ class StaticParamOffloader(TensorOffloader):
                  pool: BaseBufferPool, device_pool: DeviceBufferPool | None = None) -> None:
         super().__init__(param, device, meter, device_pool)
         self.param = param
-        self.master = pool.allocate_like(param.data)
+        self.master = pool.host_master(param.data)
         self.placeholder = torch.empty(0, dtype=param.dtype, device=device)
         param.data = self.placeholder
 
@@ -195,7 +199,10 @@ class StaticParamOffloader(TensorOffloader):
         self.param.data = self.placeholder
 
     def restore(self) -> None:
-        self.param.data = torch.empty_like(self.master, device=self.original_device).copy_(self.master)
+        if self.original_device.type == "cpu" and is_shared_host(self.master):
+            self.param.data = self.master  # back where it was loaded: a private copy would undo the sharing
+        else:
+            self.param.data = torch.empty_like(self.master, device=self.original_device).copy_(self.master)
 
 
 class TrainableParamOffloader(TensorOffloader):

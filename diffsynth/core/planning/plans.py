@@ -12,9 +12,12 @@ fits both budgets. The components and their assumptions:
   under checkpointing, the recomputed activations of the block being differentiated (an assumption about the
   working set, to be checked on a GPU with ``scripts/bench_planner.py``). ``allocated`` leaves out context and slack:
   it is the figure to compare with ``torch.cuda.max_memory_allocated``.
-- host memory = the process (``HOST_BASELINE_BYTES``: Python, torch, CUDA's host side, one sample in the loader) +
-  the policy's masters (pinned arenas count in full) + activation offload's block inputs + the host optimizer, or the
-  moment the masters are built while the loaded model still sits beside them, whichever is larger.
+- host memory, of the machine = per process (``HOST_BASELINE_BYTES``: Python, torch, CUDA's host side, one sample in
+  the loader) + the policy's masters (pinned arenas count in full) + activation offload's block inputs + the host
+  optimizer, or the moment the masters are built while the loaded model still sits beside them, whichever is larger;
+  times the processes on the machine. Where those processes share one host copy of the frozen weights
+  (``--shared_host_weights``), the frozen masters count once for the machine, at their exact size, and no process
+  builds an arena for them: ``processes x (baseline + private masters + ...) + shared copy``.
 - step time = FLOPs at the profile's achieved rate, and copies at its achieved bandwidth (half of it from pageable
   memory, ``PAGEABLE_FACTOR``), overlapped as each policy overlaps them: prefetching offload and the H2D ring hide
   copies behind compute, classic block swap hides its loads but not its copies back, offload without prefetch hides
@@ -29,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..offload_training.memory_buffer import tensor_nbytes
+from ..offload_training.memory_buffer import align, tensor_nbytes
 from .footprint import StepFootprint, measure_step
 from .profiles import GIB, DeviceProfile
 from .residency import (Residency, arena_bytes, classic_swap_residency, h2d_ring_residency, leaf_offload_residency,
@@ -96,15 +99,23 @@ class Workload:
         other_model_sizes: Tensor sizes of the other models the stage runs each step (text encoder and VAE when
             training from raw samples); they follow the placement (offloaded with the denoiser, else on the device).
         description: What the workload is, for tables.
+        local_processes: The run's processes on one machine (GPUs in use there); host memory is the machine's.
+        shared_host_weights: Whether those processes share one host copy of the frozen weights that a policy keeps
+            in host memory (``--shared_host_weights auto``).
     """
 
     def __init__(self, model: nn.Module, blocks: Sequence[nn.Module], step: Callable[[], torch.Tensor],
                  set_checkpointing: Callable[[bool], None], other_model_sizes: Sequence[int] = (),
-                 description: str = "") -> None:
+                 description: str = "", local_processes: int = 1, shared_host_weights: bool = True) -> None:
+        if isinstance(local_processes, bool) or not isinstance(local_processes, int) or local_processes < 1:
+            raise ValueError(f"local_processes={local_processes!r} must be the number of processes on a machine, "
+                             "at least 1")
         self.model, self.blocks, self.step = model, blocks, step
         self.set_checkpointing = set_checkpointing
         self.other_model_sizes = list(other_model_sizes)
         self.description = description
+        self.local_processes = local_processes
+        self.shared_host_weights = shared_host_weights
         tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
         self.model_bytes = sum(tensor_nbytes(t) for t in tensors)
         self.trainable_bytes = sum(tensor_nbytes(p) for p in model.parameters() if p.requires_grad)
@@ -151,7 +162,8 @@ class Prediction:
         plan: The plan.
         device_bytes: Peak device memory, context and allocator slack included.
         allocated_bytes: Peak bytes of tensors on the device (``torch.cuda.max_memory_allocated``).
-        host_bytes: Peak host memory of the process.
+        host_bytes: Peak host memory of one machine: its processes, and the host copy they share if they do.
+        shared_host_bytes: The shared host copy within it (counted once); 0 without one.
         step_seconds: One training step.
         compute_seconds: Its compute alone.
         transfer_seconds: Its weight and activation copies alone.
@@ -166,6 +178,7 @@ class Prediction:
     compute_seconds: float
     transfer_seconds: float
     parts: dict[str, int]
+    shared_host_bytes: int = 0
 
     def fits(self, vram_bytes: float, ram_bytes: float) -> bool:
         return self.device_bytes <= vram_bytes and self.host_bytes <= ram_bytes
@@ -193,11 +206,19 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
              "other models": 0 if plan.policy == "offload" else sum(workload.other_model_sizes)}
     allocated = sum(parts.values())
     parts["CUDA context + slack"] = profile.context_bytes + int(ALLOCATOR_SLACK * allocated)
-    host_steady = (residency.host_bytes if residency else 0) + offloaded_inputs
+    sharing = on_host and workload.local_processes > 1 and workload.shared_host_weights
+    masters, building = 0, 0
+    if residency is not None:
+        masters = residency.private_host_bytes if sharing else residency.host_bytes
+        building = residency.private_build_peak_bytes if sharing else residency.build_peak_bytes
+    host_steady = masters + offloaded_inputs
     host_steady += 3 * trainable if plan.optimizer_offload else 0
-    if plan.policy == "offload":
+    shared = residency.shared_bytes if sharing else 0
+    if plan.policy == "offload" and sharing:
+        shared += sum(align(size) for size in workload.other_model_sizes)
+    elif plan.policy == "offload":
         host_steady += arena_bytes(workload.other_model_sizes, pinned=True)
-    host = HOST_BASELINE_BYTES + max(host_steady, residency.build_peak_bytes if on_host else 0)
+    host = workload.local_processes * (HOST_BASELINE_BYTES + max(host_steady, building)) + shared
     bandwidth = profile.bytes_per_second * (1.0 if plan.pinned or plan.policy == "offload" else PAGEABLE_FACTOR)
     compute = footprint.flops / profile.flops_per_second
     loads = (residency.moved_bytes if residency else 0) + offloaded_inputs * 2
@@ -210,7 +231,7 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
     else:
         step = max(compute, transfer)
     return Prediction(plan, allocated + parts["CUDA context + slack"], allocated, host, step, compute, transfer,
-                      parts)
+                      parts, shared)
 
 
 def candidate_plans(workload: Workload, checkpointing: Iterable[str] = CHECKPOINTING,

@@ -6,6 +6,10 @@ its masters take. Block swap follows a fixed schedule, so closed formulas give i
 docstrings from ``classic_swap.py`` and ``h2d_stream.py``). Per-leaf offload depends on the order in which autograd
 runs the units and on which unit inputs need gradients, so it is simulated: the real ``OffloadTrainingManager`` runs
 two steps of the model on the meta device, with masters that take no memory.
+
+With several processes on a machine the frozen weights a policy keeps in host memory can live in one copy the
+processes share (``--shared_host_weights``): the residency then also says how large that copy is (laid out exactly,
+not in power-of-two chunks) and what each process still holds on its own.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class Residency:
         offloaded_bytes: Weight bytes that no longer sit on the device for good.
         build_peak_bytes: Host memory at the worst moment of building the masters from a model loaded in host
             memory: the arena's chunks are allocated while the loaded tensors they replace still exist.
+        shared_bytes: With a host copy shared by the machine's processes: its bytes (the frozen masters, loaded into
+            it directly, once per machine).
+        private_host_bytes: Then, the host memory of the masters each process still holds (buffers, trainable).
+        private_build_peak_bytes: Then, each process's host memory at its worst moment: the loaded tensors that are
+            not shared (block swap moves the resident blocks to the device after loading them) or the arena of the
+            private masters.
     """
 
     peak_bytes: int
@@ -43,6 +53,9 @@ class Residency:
     host_bytes: int
     offloaded_bytes: int
     build_peak_bytes: int
+    shared_bytes: int
+    private_host_bytes: int
+    private_build_peak_bytes: int
 
 
 def arena_bytes(sizes: Sequence[int], pinned: bool) -> int:
@@ -113,8 +126,10 @@ def classic_swap_residency(sizes: Sequence[Sequence[int]], blocks_to_swap: int, 
     peak = max([a + b for a, b in zip(totals, totals[1:])] or totals) if checkpointing else sum(totals)
     trips = 2 if checkpointing else 1
     tensors = [size for block in swapped for size in block]
+    # Shared, the swapped blocks' tensors (buffers, rare in blocks, counted with the weights) are laid out in place.
     return Residency(peak, trips * sum(totals), trips * sum(totals), arena_bytes(tensors, pinned), sum(totals),
-                     build_peak(tensors, loaded_bytes, pinned))
+                     build_peak(tensors, loaded_bytes, pinned), sum(align(size) for size in tensors), 0,
+                     max(loaded_bytes - sum(totals), 0))
 
 
 def h2d_ring_residency(sizes: Sequence[tuple[int, int]], blocks_to_swap: int, ring_size: int,
@@ -130,8 +145,10 @@ def h2d_ring_residency(sizes: Sequence[tuple[int, int]], blocks_to_swap: int, ri
     packed = [size for size, _ in streamed]
     ring = min(ring_size, len(packed))
     moved = sum(packed[ring:]) + sum(packed[:len(packed) - ring])
-    return Residency(ring * max(packed), moved, 0, arena_bytes(packed, pinned), sum(raw for _, raw in streamed),
-                     build_peak(packed, loaded_bytes, pinned))
+    raw = sum(size for _, size in streamed)
+    # The shared copy lays each block out as the ring packs it, so its span is the master.
+    return Residency(ring * max(packed), moved, 0, arena_bytes(packed, pinned), raw, build_peak(packed, loaded_bytes,
+                     pinned), sum(packed), 0, max(loaded_bytes - raw, 0))
 
 
 def _meta_pool() -> BaseBufferPool:
@@ -156,7 +173,12 @@ def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], p
     """
     # The order the manager fills its arena in: frozen tensors largest first, then trainable masters and staging.
     sizes = sorted((tensor_nbytes(t) for t in frozen_tensors(model)), reverse=True)
-    sizes += [tensor_nbytes(p) for p in model.parameters() if p.requires_grad for _ in range(2 * optimizer_offload)]
+    trainable = [tensor_nbytes(p) for p in model.parameters() if p.requires_grad for _ in range(2 * optimizer_offload)]
+    sizes += trainable
+    # Shared, the frozen parameters are their own masters; the arena keeps the buffers and the trainable copies.
+    frozen_params = [tensor_nbytes(p) for p in model.parameters() if not p.requires_grad]
+    private = sorted((tensor_nbytes(b) for b in {id(b): b for b in model.buffers()}.values()), reverse=True)
+    private += trainable
     loaded = sum(tensor_nbytes(t) for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     device = next(model.parameters()).device
     manager = OffloadTrainingManager(model, device, enable_optimizer_cpu_offload=optimizer_offload,
@@ -170,6 +192,8 @@ def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], p
             manager.after_backward()
         moved = sum(o.nbytes * o.load_count for o in moving) - before
         return Residency(manager.peak_resident_bytes, moved, 0, arena_bytes(sizes, pinned),
-                         sum(o.nbytes for o in moving), build_peak(sizes, loaded, pinned))
+                         sum(o.nbytes for o in moving), build_peak(sizes, loaded, pinned),
+                         sum(align(size) for size in frozen_params), arena_bytes(private, pinned),
+                         build_peak(private, loaded - sum(frozen_params), pinned))
     finally:
         manager.remove()

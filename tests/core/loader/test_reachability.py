@@ -1,6 +1,7 @@
 """The hub check before a download: local sockets only (a listening one, a closed port), never a real hub."""
 
 import socket
+import threading
 import time
 
 import pytest
@@ -35,9 +36,18 @@ def test_a_listening_host_is_reachable_and_a_closed_port_is_not():
 
 def test_a_lookup_that_hangs_is_given_up_after_the_timeout(monkeypatch):
     # As with no DNS server in reach: the system's lookup blocks, longer than any connection timeout.
-    monkeypatch.setattr(socket, "create_connection", lambda address, timeout: time.sleep(30))
+    release = threading.Event()
+
+    def hang(address, timeout):
+        release.wait(30)
+        raise socket.gaierror("released by the test")  # the abandoned thread ends quietly, not in a later test
+
+    monkeypatch.setattr(socket, "create_connection", hang)
     started = time.monotonic()
-    reason = unreachable_reason("https://modelscope.cn", timeout=0.2)
+    try:
+        reason = unreachable_reason("https://modelscope.cn", timeout=0.2)
+    finally:
+        release.set()
     assert time.monotonic() - started < 2
     assert reason == "no answer from modelscope.cn:443 within 0.2 s (name lookup still pending)"
 
