@@ -153,19 +153,30 @@ def test_what_each_placement_shares(base):
     assert decisions(run) is None  # weights on the GPU: nothing in host memory to share
 
 
-def processes_mapping(name, marker):
-    """Ids of the processes whose environment holds ``marker`` (the launched run's, inherited by every process it
-    starts, even one orphaned by the launcher's exit) that map a segment whose name starts with ``name``. Only the run
-    counts: this test process may still map a segment an earlier test left to the garbage collector."""
+def processes_with(marker):
+    """Ids of the processes whose environment holds ``marker``: the launched run's processes, which all inherit it,
+    even one orphaned by the launcher's exit."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker.encode() in (entry / "environ").read_bytes().split(b"\0") \
-                        and f"/memfd:{SEGMENT_PREFIX}:{name}" in (entry / "maps").read_text():
+                if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
                     found.append(int(entry.name))
             except OSError:
                 continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def processes_mapping(name, marker):
+    """Ids of the run's processes (``processes_with``) that map a segment whose name starts with ``name``. Only the
+    run counts: this test process may still map a segment an earlier test left to the garbage collector."""
+    found = []
+    for pid in processes_with(marker):
+        try:
+            if f"/memfd:{SEGMENT_PREFIX}:{name}" in Path(f"/proc/{pid}/maps").read_text():
+                found.append(pid)
+        except OSError:
+            continue  # gone meanwhile
     return found
 
 
@@ -202,7 +213,11 @@ def test_a_killed_rank_leaves_no_segment_behind(dataset, tiny_root, tmp_path):
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
         log.close()
+        left = processes_with(marker)
+        for pid in left:  # torch starts each rank in a session of its own, out of reach of the killpg above
+            os.kill(pid, signal.SIGKILL)
     assert launcher.returncode != 0
+    assert left == [], "ranks outlived their launcher"
     # No process maps a segment any more, so the kernel has freed them; no file was ever made for one.
     assert processes_mapping("", marker) == []
     assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) == shm_before
