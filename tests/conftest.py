@@ -51,6 +51,16 @@ def reset_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module's tests: tiny models gain nothing from more, and on a busy 2-core machine
+    their spinning threads made them 10x slower. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def fresh_accelerate_state():
     """Resets accelerate after a test that ran the trainer in-process, as a separate launch would start clean."""

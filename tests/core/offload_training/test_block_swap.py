@@ -48,13 +48,7 @@ def build_wan():
 BUILDERS = {"qwen-image": build_qwen_image, "wan": build_wan}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine their spinning made them 10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lora_model(name, checkpointing=True):
