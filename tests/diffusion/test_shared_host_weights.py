@@ -39,8 +39,9 @@ WAN = [*models(WAN_MODEL_ID, WAN_PATTERNS), "--lora_base_model", "dit", "--lora_
        "4096", "--num_frames", "5", "--num_epochs", "1", "--dataset_repeat", "2"]
 QWEN_MODES = {"offload": ["--enable_model_cpu_offload"],
               "offload_fp8": ["--enable_model_cpu_offload", "--fp8_models",
-                              f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}"]}
-WAN_MODES = {"block_swap": ["--blocks_to_swap", "1"],
+                              f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}"],
+              "block_swap": ["--blocks_to_swap", "1"]}
+WAN_MODES = {"offload": ["--enable_model_cpu_offload"], "block_swap": ["--blocks_to_swap", "1"],
              "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only", "--block_swap_ring_size", "1"]}
 
 
@@ -91,9 +92,9 @@ def assert_one_copy(ranks):
     assert nbytes <= total <= nbytes * 1.02 + 3 * PAGE
 
 
-@pytest.mark.parametrize("mode", list(QWEN_MODES))
-def test_offloaded_models_share_one_copy_and_train_the_per_process_lora(qwen_runs, mode):
-    outputs, log = qwen_runs
+@pytest.mark.parametrize("family, mode", [("qwen", "offload"), ("qwen", "offload_fp8"), ("wan", "offload")])
+def test_offloaded_models_share_one_copy_and_train_the_per_process_lora(request, family, mode):
+    outputs, log = request.getfixturevalue(f"{family}_runs")
     shared, own = held(outputs[(mode, "auto")]), held(outputs[(mode, "off")])
     assert max_difference(lora(outputs[(mode, "auto")], "epoch-0"), lora(outputs[(mode, "off")], "epoch-0")) == 0
     # Every frozen weight of every model (the stage-1 text encoder and VAE too) is in the one shared copy.
@@ -104,14 +105,15 @@ def test_offloaded_models_share_one_copy_and_train_the_per_process_lora(qwen_run
     assert "once for the 2 processes on this machine" in log
 
 
-@pytest.mark.parametrize("mode", list(WAN_MODES))
-def test_block_swap_shares_the_blocks_it_keeps_in_host_memory(wan_runs, mode):
-    outputs, _ = wan_runs
+@pytest.mark.parametrize("family, mode", [("wan", "block_swap"), ("wan", "h2d_streaming"), ("qwen", "block_swap")])
+def test_block_swap_shares_the_blocks_it_keeps_in_host_memory(request, family, mode):
+    outputs, _ = request.getfixturevalue(f"{family}_runs")
     shared = held(outputs[(mode, "auto")])
     assert max_difference(lora(outputs[(mode, "auto")], "epoch-0"), lora(outputs[(mode, "off")], "epoch-0")) == 0
-    blocks = {"block_swap": {1}, "h2d_streaming": {0, 1}}[mode]  # the last one; two spread over two
+    blocks = {"block_swap": {1}, "h2d_streaming": {0, 1}}[mode]  # of two: the last one; two spread over two
+    prefix = {"wan": "dit.blocks.", "qwen": "dit.transformer_blocks."}[family]
     assert shared[0]["shared"] == [name for name in shared[0]["frozen"]
-                                   if name.startswith("dit.blocks.") and int(name.split(".")[2]) in blocks]
+                                   if name.startswith(prefix) and int(name[len(prefix):].split(".")[0]) in blocks]
     assert_one_copy(shared)
     assert held(outputs[(mode, "off")])[0]["shared"] == []
 
