@@ -31,6 +31,8 @@ from typing import Any
 from PIL import Image
 
 from ..core.data.buckets import bucket_sizes, nearest_bucket
+from ..core.data.errors import DatasetError
+from ..core.data.image_modes import check_mode, upright_rgb, upright_size
 from ..core.data.video import is_valid_frame_count
 
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
@@ -144,9 +146,13 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
 def _image_problems(path: Path, key: str) -> list[str]:
     try:
         with Image.open(path) as image:
-            image.size  # noqa: B018 - the header is read on open; this checks it parsed
+            mode = image.mode
     except (OSError, ValueError) as error:
         return [f'"{key}" {path} is not an image PIL can read ({error}); fix the path or the file']
+    try:
+        check_mode(mode, path)
+    except DatasetError as error:
+        return [f'"{key}" {error}']
     return []
 
 
@@ -238,7 +244,7 @@ class ValidationConfig:
         ratio = (1, 1)
         if prompt.images():
             with Image.open(prompt.images()[-1]) as image:
-                ratio = image.size
+                ratio = upright_size(image)  # as training buckets it: phone photos are stored sideways
         width, height = nearest_bucket(*ratio, bucket_sizes(self.max_pixels, size_multiple))
         return height, width
 
@@ -261,8 +267,9 @@ class ValidationConfig:
 
 
 def _open(path: Path) -> Image.Image:
+    """An entry's image decoded as training decodes its data (upright, deep and transparent modes handled)."""
     with Image.open(path) as image:
-        return image.convert("RGB")
+        return upright_rgb(image, path)
 
 
 def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
