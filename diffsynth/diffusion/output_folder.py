@@ -33,19 +33,23 @@ from ..core.files import missing_folders, remove_empty_folders
 from ..core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ..core.loader import model_base_path
 from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
-from .logger import METRICS_FILE, TENSORBOARD_DIR, TRAINING_ARGS_FILE
+from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, TENSORBOARD_DIR, TRAINING_ARGS_FILE
 from .loss_chart import LOSS_CHART_FILE
 from .parsers import FlagError, task_stage
+from .sampling import SAMPLES_DIR
 
 logger = logging.getLogger(__name__)
 
+# A LoRA file's name without its extension: the diffusers twin (logger.DIFFUSERS_TWIN_SUFFIX) is the run's too.
+_LORA_FILE = rf"(epoch|step)-\d+({re.escape(DIFFUSERS_TWIN_SUFFIX)})?"
 # Files and folders a training run writes: a regular expression for the sub-folder ("" for the output folder itself)
 # mapped to regular expressions for the names in it. Names starting with "." are what core.files.atomic_write leaves
 # behind when a run is killed mid-write.
 TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": (re.escape(TRAINING_ARGS_FILE), r"(epoch|step)-\d+\.safetensors", r"\.(epoch|step)-\d+\.safetensors\..+\.tmp",
+    "": (re.escape(TRAINING_ARGS_FILE), rf"{_LORA_FILE}\.safetensors", rf"\.{_LORA_FILE}\.safetensors\..+\.tmp",
          rf"\.{re.escape(TRAINING_ARGS_FILE)}\..+\.tmp"),
     re.escape(CHECKPOINTS_DIR): (r"step-\d+", r"\.step-\d+\.tmp"),
+    re.escape(SAMPLES_DIR): (r"step-\d+",),
     re.escape(str(METRICS_FILE.parent)): tuple(
         pattern for name in (METRICS_FILE.name, LOSS_CHART_FILE.name)
         for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")) + (re.escape(TENSORBOARD_DIR.name),),

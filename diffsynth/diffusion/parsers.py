@@ -230,8 +230,8 @@ def add_output_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             "is writing there. Not the model folder (./models).")
     group.add_argument("--overwrite_output", action="store_true",
                        help="Start afresh in an --output_path that holds an earlier run's outputs: removes the files "
-                            "the trainer writes there (LoRA files, checkpoints/, logs/metrics.csv, logs/loss.png, "
-                            "logs/tensorboard/, training_args.json; for *:data_process the cached samples and "
+                            "the trainer writes there (LoRA files and their .diffusers twins, checkpoints/, samples/, "
+                            "logs/metrics.csv, logs/loss.png, logs/tensorboard/, training_args.json; for *:data_process the cached samples and "
                             "cache_info.json) before starting; other files are kept. Without it such a folder is "
                             "refused, unless --resume_from_checkpoint continues the run.")
     group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
