@@ -1,7 +1,7 @@
 """Which models a run loads once per machine into host memory its processes share (``--shared_host_weights``).
 
 With several processes on a machine, the frozen weights that offload or block swap stream from host memory would
-otherwise be loaded, and pinned, once per process: a 20B Qwen-Image DiT in bf16 is 38 GB, so eight GPUs would need
+otherwise be loaded, and pinned, once per process: a 20B Qwen-Image DiT in bf16 is about 41 GB, so eight GPUs would need
 300 GB of RAM before anything trains. Here the run decides, per model, what goes into the machine's one shared copy
 (``core/loader/shared_loading.py`` loads it; offload and block swap then stream from it in place):
 

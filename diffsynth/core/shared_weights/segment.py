@@ -1,7 +1,7 @@
 """A block of memory that the processes of a run on one machine share: one host copy of the frozen weights.
 
 With offload or block swap every process streams the same frozen weights from host memory; N processes on a machine
-would otherwise hold N copies (a 20B model in bf16 is 38 GB per process). The local main process loads the weights
+would otherwise hold N copies (a 20B model in bf16 is about 41 GB per process). The local main process loads the weights
 once into a ``SharedSegment``; the other processes map the same physical pages.
 
 Lifetime. The segment is an anonymous memory file (``memfd_create``): it has no name in any file system, so there is

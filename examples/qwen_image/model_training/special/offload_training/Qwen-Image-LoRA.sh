@@ -3,7 +3,8 @@
 # copied to the GPU only while it computes. Expect 2-10x slower steps than ../../lora/Qwen-Image.sh, and enough
 # host memory for the models (plan on about 64 GB for Qwen-Image in bfloat16). Run from the repository root.
 #
-# Offload training runs in one process for now, hence --num_processes 1 whatever the accelerate config says.
+# One process as written (--num_processes 1 whatever the accelerate config says); offload also trains on several
+# GPUs, which share one host copy of the frozen weights (docs/en/Multi_GPU.md).
 #
 # Two more flags belong to this mode:
 #   --enable_optimizer_cpu_offload   also keeps the trainable weights, their gradients and the AdamW state on the

@@ -4,7 +4,8 @@
 # Expect 2-10x slower steps than ../../lora/Wan2.1-T2V-1.3B.sh, and enough host memory for the models in bfloat16
 # (the UMT5 text encoder is the largest; plan on about 16 GB). Run from the repository root.
 #
-# Offload training runs in one process for now, hence --num_processes 1 whatever the accelerate config says.
+# One process as written (--num_processes 1 whatever the accelerate config says); offload also trains on several
+# GPUs, which share one host copy of the frozen weights (docs/en/Multi_GPU.md).
 # Fewer frames (--num_frames 33, 17) or a smaller --height/--width shrink the activations, the part offload leaves.
 #
 # Two more flags belong to this mode:
