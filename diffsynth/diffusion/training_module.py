@@ -217,7 +217,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                 # LoRA weights train in float32 whatever the base dtype: bf16 updates of small factors lose most bits.
                 param.data = param.data.float()
                 param.requires_grad_(True)
-        config = {key: value for key, value in dict(getattr(model, "config", {})).items() if not key.startswith("_")}
+        config = _plain_config(model) or {}
         self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
                             "lora_base_model": self.lora_base_model, "base_model_class": type(model).__name__,
                             "base_model_config": config}

@@ -40,6 +40,14 @@ def test_only_the_lora_trains_and_its_weights_are_float32(pipe):
     assert config == {"lora_rank": 4, "lora_alpha": 4, "lora_target_modules": TARGETS, "lora_base_model": "dit"}
 
 
+
+def test_a_lora_on_the_transformers_text_encoder_records_its_config(pipe):
+    module = DiffusionTrainingModule(pipe, lora_base_model="text_encoder", lora_target_modules=["q_proj"])
+    config = module.lora_config
+    assert config["base_model_class"] == "Qwen2_5_VLForConditionalGeneration"
+    assert config["base_model_config"]["text_config"]["hidden_size"] == pipe.text_encoder.config.text_config.hidden_size
+    assert not any(key.startswith("_") for key in config["base_model_config"])
+
 def test_stages_run_complementary_units(pipe):
     full = DiffusionTrainingModule(pipe, lora_base_model="dit", lora_target_modules=TARGETS)
     stage_one = DiffusionTrainingModule(pipe, task="sft:data_process", lora_base_model="dit")
