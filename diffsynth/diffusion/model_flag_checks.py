@@ -28,16 +28,14 @@ from .training_module import resolve_lora_targets
 def _slots(pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
     """The pipeline slot of each config whose model class the pipeline knows (tokenizers and unknown classes are
     left to the real load, which reports them)."""
-    slots = {}
+    names = []
     for config in configs:
         try:
-            name = model_class_name(config)
+            names.append(model_class_name(config))
         except ModelLoadError:
-            continue
-        role = pipeline_class.model_roles.get(name) if name else None
-        if role is not None:
-            slots[role] = config
-    return slots
+            names.append(None)
+    # slots_of, as loading assigns them: Wan2.2 A14B's second transformer is dit2.
+    return {slot: config for config, slot in zip(configs, pipeline_class.slots_of(names)) if slot is not None}
 
 
 def _unknown_names(flag: str, value: str, names: Sequence[str], slots: dict[str, ModelConfig]) -> list[str]:

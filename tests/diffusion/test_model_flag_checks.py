@@ -61,3 +61,23 @@ def test_targets_block_swap_and_fp8_conflicts_are_reported_together(dataset, tmp
 def test_empty_lora_targets_are_reported(dataset, tmp_path):
     assert problems_of(dataset, tmp_path, "--lora_target_modules", " , ") == [
         "--lora_base_model dit needs --lora_target_modules, e.g. 'to_q,to_k,to_v,to_out.0'"]
+
+
+def test_the_second_wan22_expert_is_dit2_as_loading_names_it(base):
+    from diffsynth.core.loader import parse_model_configs
+    from diffsynth.core.loader.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
+    from diffsynth.diffusion.model_flag_checks import check_model_flags
+    from diffsynth.diffusion.parsers import parse_args
+    from diffsynth.pipelines.wan_video import WanVideoPipeline
+
+    def check(*flags):
+        models = ",".join(f"{WAN22_T2V_MODEL_ID}:{pattern}" for pattern in WAN22_A14B_PATTERNS.values())
+        args = parse_args(["--model_id_with_origin_paths", models, "--dataset_metadata_path", "m.csv",
+                           "--lora_target_modules", "q,k", *flags], video=True)
+        check_model_flags(args, WanVideoPipeline, parse_model_configs(args.model_paths, args.model_id_with_origin_paths))
+
+    check("--lora_base_model", "dit2")
+    with pytest.raises(FlagError) as error:  # the fp8 entry is the low-noise expert's file: dit2, not dit
+        check("--lora_base_model", "dit", "--trainable_models", "dit2", "--fp8_models",
+              f"{WAN22_T2V_MODEL_ID}:{WAN22_A14B_PATTERNS['dit2']}")
+    assert error.value.problems[0].startswith("--fp8_models includes ['dit2'], which --trainable_models trains in full")
