@@ -282,7 +282,8 @@ def test_the_loss_chart_is_one_of_the_files_a_run_writes(tmp_path):
 def test_diffusers_twins_and_samples_are_files_a_run_writes(tmp_path):
     (tmp_path / "samples" / "step-10").mkdir(parents=True)
     (tmp_path / "samples" / "notes").mkdir()
-    for name in ("step-10.diffusers.safetensors", ".epoch-0.diffusers.safetensors.x1.tmp", "mine.diffusers.safetensors"):
+    names = ("step-10.diffusers.safetensors", ".epoch-0.diffusers.safetensors.x1.tmp", "mine.diffusers.safetensors")
+    for name in names:
         (tmp_path / name).write_bytes(b"")
     assert previous_outputs(tmp_path, TRAINING_OUTPUTS) == [
         tmp_path / ".epoch-0.diffusers.safetensors.x1.tmp", tmp_path / "samples" / "step-10",
