@@ -19,10 +19,18 @@ from collections.abc import Sequence
 
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
-from .diffusion.parsers import build_parser
-from .diffusion.placement_config import PlacementConfig, PlacementError
-from .diffusion.planner import (ARCHITECTURES, DEVICE_MARGIN_BYTES, budget_bytes, build_architecture, build_workload,
-                                denoiser_skeleton, plan_workload, sample_shape)
+from .training.config.parsers import build_parser
+from .training.placement.config import PlacementConfig, PlacementError
+from .training.placement.planner import (
+    ARCHITECTURES,
+    DEVICE_MARGIN_BYTES,
+    budget_bytes,
+    build_architecture,
+    build_workload,
+    denoiser_skeleton,
+    plan_workload,
+    sample_shape,
+)
 
 PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
              "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True)}

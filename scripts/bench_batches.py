@@ -33,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from bench_split import run_trainer
+
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
-from diffsynth.core.loader.tiny_models import (QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS,
-                                               build_tiny_models)
+from diffsynth.core.loader.tiny_models import (
+    QWEN_IMAGE_MODEL_ID,
+    QWEN_IMAGE_PATTERNS,
+    WAN_MODEL_ID,
+    WAN_PATTERNS,
+    build_tiny_models,
+)
 
 MODELS = {
     "qwen": (QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, "to_q,to_k,to_v,to_out.0", False),
@@ -49,7 +54,7 @@ class BatchClock:
     """Stamps every call of ``runner.sample_generators`` with the time and the batch's size."""
 
     def __init__(self) -> None:
-        import diffsynth.diffusion.runner as runner
+        import diffsynth.training.loop.runner as runner
 
         self.stamps: list[tuple[float, int]] = []
         self._runner, self._original = runner, runner.sample_generators

@@ -67,9 +67,9 @@ def run_rank(argv: list[str], report: Path) -> None:
 
     from diffsynth.core.offload_training.memory_buffer import tensor_nbytes
     from diffsynth.core.shared_weights.pss import process_pss, segment_pss
-    from diffsynth.diffusion.logger import ModelLogger
-    from diffsynth.diffusion.trainer import main
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.training.entry import main
+    from diffsynth.training.outputs.logger import ModelLogger
 
     figures = {}
     on_step_end = ModelLogger.on_step_end

@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "offlo
 from toy_model import ToyModel, train  # noqa: E402
 
 from diffsynth.core import OffloadTrainingManager  # noqa: E402
-from diffsynth.core.device import allocate_host_bytes, peak_memory_bytes, reset_peak_memory  # noqa: E402
-from diffsynth.core.device import resolve_device, synchronize  # noqa: E402
+from diffsynth.core.device import allocate_host_bytes, peak_memory_bytes, reset_peak_memory, resolve_device, synchronize  # noqa: E402  # noqa: E402
 
 LORA_TARGETS = ["to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out",
                 "img_mlp.net.2", "img_mod.1", "txt_mlp.net.2", "txt_mod.1"]

@@ -3,7 +3,7 @@
     python scripts/bench_split.py                       # tiny Qwen-Image, example dataset, CPU: about a minute
     python scripts/bench_split.py --modes plain,offload # also the same runs with --enable_model_cpu_offload
 
-Everything runs the real trainer in-process (``diffsynth.diffusion.trainer.main(QwenImagePipeline, argv)``) on the
+Everything runs the real trainer in-process (``diffsynth.training.entry.main(QwenImagePipeline, argv)``) on the
 tiny random-weight Qwen-Image repo and the drawn example dataset, both built in a temporary folder, with the flags
 printed at the end. For each of ``--modes`` (plain, and offload: ``--enable_model_cpu_offload``) it measures:
 
@@ -73,8 +73,8 @@ class StepClock:
     """Stamps every call of ``runner.step_generator`` and every stage-1 loop, without changing what they do."""
 
     def __init__(self) -> None:
-        import diffsynth.diffusion.runner as runner
-        import diffsynth.diffusion.trainer as trainer
+        import diffsynth.training.entry as trainer
+        import diffsynth.training.loop.runner as runner
 
         self.stamps: list[tuple[float, float]] = []
         self.loop_seconds: list[float] = []
@@ -121,8 +121,8 @@ def run_trainer(argv: Sequence[str], verbose: bool, pipeline_class: type | None 
     """
     from accelerate.state import AcceleratorState, GradientState
 
-    from diffsynth.diffusion.trainer import main
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.training.entry import main
 
     captured = io.StringIO()
     started = time.perf_counter()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from diffsynth.core.planning.plans import NoPlanFits, format_table
 from diffsynth.core.planning.profiles import GIB, PROFILES
-from diffsynth.diffusion.parsers import build_parser
-from diffsynth.diffusion.placement_config import PlacementConfig
-from diffsynth.diffusion.planner import DEVICE_MARGIN_BYTES, build_architecture, build_workload, plan_workload
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training.config.parsers import build_parser
+from diffsynth.training.placement.config import PlacementConfig
+from diffsynth.training.placement.planner import DEVICE_MARGIN_BYTES, build_architecture, build_workload, plan_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE_NAMES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "h100-80gb")

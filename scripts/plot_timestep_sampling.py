@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffsynth.core.files import atomic_write
 from diffsynth.diffusion.flow_match import FlowMatchScheduler
-from diffsynth.diffusion.timestep_sampling import TimestepSampling
+from diffsynth.training.objective.timestep_sampling import TimestepSampling
 
 REPO = Path(__file__).resolve().parents[1]
 LATENTS = (1, 16, 166, 166)  # Qwen-Image at 1328 x 1328

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from diffsynth.diffusion.flag_docs import flag_table, reference_flag_table
-from diffsynth.diffusion.parsers import build_parser
+from diffsynth.training.config.flag_docs import flag_table, reference_flag_table
+from diffsynth.training.config.parsers import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = (REPO / "docs" / "en" / "Training.md", REPO / "docs" / "zh" / "Training.md")

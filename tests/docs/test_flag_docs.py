@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diffsynth.diffusion.flag_docs import flag_table
-from diffsynth.diffusion.parsers import build_parser
+from diffsynth.training.config.flag_docs import flag_table
+from diffsynth.training.config.parsers import build_parser
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "update_flag_docs.py"
 

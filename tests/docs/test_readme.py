@@ -1,6 +1,6 @@
 """The README read as a newcomer reads it: two commands on a fresh machine, and a training section that works when
 followed from the top (the dataset command first, then training commands the trainer accepts; what they do without
-the models and without a network is checked in ``tests/diffusion/test_trainer_downloads.py``)."""
+the models and without a network is checked in ``tests/training/test_trainer_downloads.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from diffsynth.diffusion.parsers import build_parser, validate_args
+from diffsynth.training.config.parsers import build_parser, validate_args
 from tests.examples.test_scripts import launch_commands, trainer_argv
 
 REPO = Path(__file__).resolve().parents[2]

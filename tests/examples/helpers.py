@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from diffsynth.diffusion import trainer
+from diffsynth.training import entry as trainer
 from tests.conftest import reset_accelerate_state
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ import pytest
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.diffusion import trainer
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.training import entry as trainer
 from tests.conftest import reset_accelerate_state
 
 from .test_scripts import launch_commands, trainer_argv

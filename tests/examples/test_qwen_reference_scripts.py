@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.loader import resolve
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
-from diffsynth.diffusion import trainer
-from diffsynth.diffusion.parsers import build_parser
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.training import entry as trainer
+from diffsynth.training.config.parsers import build_parser
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
 
@@ -99,7 +99,7 @@ def lora_update(path: Path) -> float:
 
 def test_low_vram_script_trains_under_its_deepspeed_config(workdir, model_root):
     pytest.importorskip("deepspeed")
-    from tests.diffusion.test_trainer_deepspeed import launch, write_configs
+    from tests.training.test_trainer_deepspeed import launch, write_configs
 
     (_, stage_one), (config, stage_two) = commands("special/low_vram_training/Qwen-Image-LoRA.sh")
     assert config == QWEN / "special/low_vram_training/deepspeed_zero3_cpuoffload.yaml"
@@ -128,7 +128,7 @@ def test_differential_script_merges_the_first_lora_into_the_second_runs_base(wor
     first, second = commands("special/differential_training/Qwen-Image-LoRA.sh")
     # Five epochs as written: the second command merges the first's epoch-4 file (ten tiny steps each).
     run_in_process(small(first[1], {"--num_epochs": "5"}))
-    with caplog.at_level("INFO", logger="diffsynth.diffusion.training_module"):
+    with caplog.at_level("INFO", logger="diffsynth.training.objective.training_module"):
         result = run_in_process(small(second[1], {"--num_epochs": "5"}))
     preset = "./models/train/Qwen-Image-LoRA-deterministic/epoch-4.safetensors"
     assert f"--preset_lora_path {preset}: merged into 24 layers of dit" in caplog.text  # 12 targets x 2 blocks

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from diffsynth.core.loader import parse_model_id_with_origin_paths
-from diffsynth.diffusion.parsers import FlagError, build_parser, validate_args
+from diffsynth.training.config.parsers import build_parser, validate_args
+from diffsynth.training.errors import FlagError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "examples").rglob("*.sh"))

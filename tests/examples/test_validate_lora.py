@@ -17,7 +17,8 @@ from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PA
 from diffsynth.lora.before_after import panel_boxes
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
-from .helpers import load_script as load_script_at, train_lora
+from .helpers import load_script as load_script_at
+from .helpers import train_lora
 
 SCRIPT = "examples/qwen_image/model_training/validate_lora/Qwen-Image.py"
 MODELS = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))

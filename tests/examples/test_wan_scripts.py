@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import resolve
 from diffsynth.core.loader.tiny_models import WAN_MODEL_ID
-from diffsynth.diffusion import trainer
-from diffsynth.diffusion.parsers import build_parser
 from diffsynth.lora import read_lora
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training import entry as trainer
+from diffsynth.training.config.parsers import build_parser
 from tests.conftest import reset_accelerate_state
 
 from .test_scripts import REPO, launch_commands, trainer_argv

@@ -17,7 +17,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import save_file
 
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
-from diffsynth.diffusion.logger import ModelLogger
+from diffsynth.training.outputs.logger import ModelLogger
 from diffsynth.lora import WAN_NAMING, from_peft_state_dict, inspect_lora, to_state_dict
 from diffsynth.lora.__main__ import main as lora_cli
 

@@ -132,7 +132,7 @@ def test_training_inputs_take_the_image_column_or_the_first_frame(pipes):
 
 def test_split_training_caches_the_image_inputs_for_stage_two(pipes):
     from diffsynth.diffusion.base_pipeline import stage_one_units
-    from diffsynth.diffusion.loss import FlowMatchSFTLoss
+    from diffsynth.training.objective.loss import FlowMatchSFTLoss
 
     ours, _ = pipes
     frames = [picture(i, (48, 32)) for i in range(5)]

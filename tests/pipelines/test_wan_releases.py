@@ -16,7 +16,7 @@ from diffsynth.core.loader.tiny_models import (WAN22_A14B_PATTERNS, WAN22_I2V_MO
                                                WAN_I2V_ORIGINAL_MODEL_ID, WAN_I2V_ORIGINAL_PATTERNS, WAN_I2V_PATTERNS,
                                                WAN_SCHEDULER_CONFIG)
 from diffsynth.diffusion.flow_match import DiffusersScheduler
-from diffsynth.diffusion.loss import FlowMatchSFTLoss
+from diffsynth.training.objective.loss import FlowMatchSFTLoss
 from diffsynth.pipelines.wan_video import WanVideoPipeline
 
 PROMPT, NEGATIVE = "a red ball rolling", "static, blurry"

@@ -111,8 +111,8 @@ def test_save_video_writes_a_readable_file(tmp_path, suffix):
 def test_original_wan_names_select_diffusers_layers_and_the_file_names_them_back(tiny_root, monkeypatch, tmp_path):
     from safetensors.torch import load_file
 
-    from diffsynth.diffusion.logger import ModelLogger
-    from diffsynth.diffusion.training_module import DiffusionTrainingModule
+    from diffsynth.training.outputs.logger import ModelLogger
+    from diffsynth.training.objective.training_module import DiffusionTrainingModule
 
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
     pipe = WanVideoPipeline.from_pretrained(torch.float32, "cpu", configs("dit"))

@@ -2,5 +2,5 @@
 
 ``footprint.py`` (saved activations and FLOPs of a dry run on the meta device), ``residency.py`` (what each offload
 policy holds and moves), ``profiles.py`` (device figures), ``plans.py`` (candidate placements, predictions, choice).
-The trainer's flags are turned into a workload by ``diffsynth.diffusion.planner``.
+The trainer's flags are turned into a workload by ``diffsynth.training.placement.planner``.
 """

@@ -1,0 +1,314 @@
+"""What to render while training: the ``--validation_*`` flags and the prompt file, read and checked at start.
+
+``--validation_prompts`` names a text file with one prompt per line (blank lines and lines starting with ``#`` are
+skipped) or a JSON list whose entries are prompts or objects::
+
+    [
+      "a dog on a beach",
+      {"prompt": "make the dog blue", "edit_image": "dog.png", "seed": 3},
+      {"prompt": "a ship at sea", "height": 480, "width": 832, "num_frames": 33, "fps": 16,
+       "input_image": "first_frame.png", "negative_prompt": "blurry"}
+    ]
+
+with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``, ``num_frames`` (video), ``fps``
+(video), ``seed``, ``edit_image`` (Qwen-Image-Edit: a path, or a list of paths for Edit-2509 / 2511) and
+``input_image`` (Wan image-to-video: the first frame); paths are relative to the file's folder. Everything is checked
+when the flags are parsed, before any model loads: the file, every entry, every image (its header), and every size,
+which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``),
+so that rendering stays within the run's memory plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from ...core.data.buckets import bucket_sizes, nearest_bucket
+from ...core.data.errors import DatasetError
+from ...core.data.image_modes import check_mode, upright_rgb, upright_size
+from ...core.data.video import is_valid_frame_count
+
+PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
+               "input_image")
+DEFAULT_FPS = 16  # Wan's frame rate
+
+
+class ValidationError(ValueError):
+    """The sampling flags or the prompt file are wrong; ``problems`` holds one message per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationPrompt:
+    """One entry of the prompt file; unset sizes and seed take the run's defaults."""
+
+    prompt: str
+    negative_prompt: str = ""
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    seed: int | None = None
+    edit_image: Path | tuple[Path, ...] | None = None
+    input_image: Path | None = None
+
+    def images(self) -> list[Path]:
+        """Every image file the entry names."""
+        edits = [self.edit_image] if isinstance(self.edit_image, Path) else list(self.edit_image or ())
+        return [*edits, *([self.input_image] if self.input_image is not None else [])]
+
+
+def read_validation_prompts(path: str | Path) -> list[ValidationPrompt]:
+    """The entries of a prompt file (see the module docstring).
+
+    Raises:
+        ValidationError: Every problem of the file at once, naming the entry, the key and the fix.
+    """
+    path = Path(path)
+    flag = f"--validation_prompts {path}"
+    if not path.is_file():
+        raise ValidationError([f"{flag} does not exist; pass a .txt file (one prompt per line) or a .json list"])
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValidationError([f"{flag} cannot be read as UTF-8 text ({error})"]) from error
+    if path.suffix.lower() == ".json":
+        try:
+            entries = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValidationError([f"{flag} is not valid JSON ({error}); fix the file"]) from error
+        if not isinstance(entries, list):
+            raise ValidationError([f"{flag} holds a JSON {type(entries).__name__}; it must be a list of prompts or "
+                                   '{"prompt": ...} objects'])
+    else:
+        entries = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not entries:
+        raise ValidationError([f"{flag} holds no prompt; write one prompt per line (or a JSON list)"])
+    prompts, problems = [], []
+    for number, entry in enumerate(entries, start=1):
+        try:
+            prompts.append(_entry(entry, path.parent))
+        except ValidationError as error:
+            problems += [f"{flag} entry {number}: {problem}" for problem in error.problems]
+    if problems:
+        raise ValidationError(problems)
+    return prompts
+
+
+def _entry(entry: Any, folder: Path) -> ValidationPrompt:
+    if isinstance(entry, str):
+        entry = {"prompt": entry}
+    if not isinstance(entry, dict):
+        raise ValidationError([f"is a JSON {type(entry).__name__}; write a prompt string or an object with a "
+                               '"prompt" key'])
+    problems = [f"has unknown key {key!r}; the keys are {', '.join(PROMPT_KEYS)}" for key in entry
+                if key not in PROMPT_KEYS]
+    if not isinstance(entry.get("prompt"), str) or not entry["prompt"].strip():
+        problems.append('needs a non-empty "prompt" string')
+    if not isinstance(entry.get("negative_prompt", ""), str):
+        problems.append('"negative_prompt" must be a string')
+    for key in ("height", "width", "num_frames", "fps"):
+        value = entry.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append(f'"{key}" {value!r} must be a positive integer')
+    seed = entry.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        problems.append(f'"seed" {seed!r} must be a non-negative integer')
+    if ("height" in entry) != ("width" in entry):
+        problems.append('gives one of "height" and "width"; give both, or neither for the run\'s default size')
+    images: dict[str, Any] = {}
+    for key in ("edit_image", "input_image"):
+        if key in entry:
+            names = entry[key] if key == "edit_image" and isinstance(entry[key], list) else [entry[key]]
+            paths = []
+            for name in names:
+                if not isinstance(name, str) or not name:
+                    problems.append(f'"{key}" holds {name!r}; give a path relative to the prompt file')
+                    continue
+                paths.append(folder / name)
+                problems += _image_problems(folder / name, key)
+            images[key] = tuple(paths) if isinstance(entry[key], list) else (paths[0] if paths else None)
+    if problems:
+        raise ValidationError(problems)
+    return ValidationPrompt(**{**{key: value for key, value in entry.items() if key not in images}, **images})
+
+
+def _image_problems(path: Path, key: str) -> list[str]:
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+    except (OSError, ValueError) as error:
+        return [f'"{key}" {path} is not an image PIL can read ({error}); fix the path or the file']
+    try:
+        check_mode(mode, path)
+    except DatasetError as error:
+        return [f'"{key}" {error}']
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+    """When and how training renders samples (the ``--validation_*`` flags), checked at construction.
+
+    Attributes:
+        prompts: The entries of the prompt file.
+        every_steps: Render every this many optimizer steps (``--validation_steps``), or never.
+        every_epochs: Render at the end of every this many epochs (``--validation_epochs``), or never.
+        num_inference_steps: Denoising steps of each render.
+        cfg_scale: Classifier-free guidance scale; None: the pipeline's default (Qwen-Image 4, Wan 5).
+        seed: The seed of entries without one.
+        max_pixels: The largest frame area training computes (``--max_pixels``, or ``--height`` x ``--width``):
+            renders may not be larger.
+        fixed_size: ``(--height, --width)``, the size of entries without one; None: the aspect-ratio bucket of the
+            entry's (last) image under ``max_pixels``, or the square one.
+        max_frames: ``--num_frames`` of a video run; None for images.
+    """
+
+    prompts: tuple[ValidationPrompt, ...]
+    every_steps: int | None
+    every_epochs: int | None
+    num_inference_steps: int = 20
+    cfg_scale: float | None = None
+    seed: int = 0
+    max_pixels: int = 1024 * 1024
+    fixed_size: tuple[int, int] | None = None
+    max_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.every_steps is None and self.every_epochs is None:
+            problems.append("--validation_prompts needs --validation_steps N and/or --validation_epochs N (when to "
+                            "render)")
+        for flag, value in (("--validation_steps", self.every_steps), ("--validation_epochs", self.every_epochs),
+                            ("--validation_num_inference_steps", self.num_inference_steps)):
+            if value is not None and value < 1:
+                problems.append(f"{flag} {value} must be at least 1")
+        for number, prompt in enumerate(self.prompts, start=1):
+            problems += [f"--validation_prompts entry {number}: {problem}" for problem in self._size_problems(prompt)]
+        if problems:
+            raise ValidationError(problems)
+
+    def _size_problems(self, prompt: ValidationPrompt) -> list[str]:
+        problems = []
+        if prompt.height is not None and prompt.width is not None and prompt.height * prompt.width > self.max_pixels:
+            problems.append(f"{prompt.width}x{prompt.height} is larger than training's frames ({self.max_pixels} "
+                            "pixels, --max_pixels or --height x --width), which the run's memory plan is made for; "
+                            "render at most that size")
+        if self.max_frames is None:
+            problems += [f'"{key}" is for video; this trainer renders images' for key in ("num_frames", "fps")
+                         if getattr(prompt, key) is not None]
+        elif prompt.num_frames is not None and (not is_valid_frame_count(prompt.num_frames)
+                                                or prompt.num_frames > self.max_frames):
+            problems.append(f'"num_frames" {prompt.num_frames} must be of the form 4k+1 and at most --num_frames '
+                            f"{self.max_frames}, which the run's memory plan is made for")
+        return problems
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ValidationConfig | None:
+        """The run's config, or None without ``--validation_prompts``.
+
+        Raises:
+            ValidationError: The file or a flag is wrong.
+        """
+        if args.validation_prompts is None:
+            return None
+        fixed = (args.height, args.width) if args.height is not None else None
+        return cls(tuple(read_validation_prompts(args.validation_prompts)), args.validation_steps,
+                   args.validation_epochs, args.validation_num_inference_steps, args.validation_cfg_scale,
+                   args.validation_seed, args.height * args.width if fixed else args.max_pixels, fixed,
+                   getattr(args, "num_frames", None))
+
+    def due(self, step: int, completed_epochs: int | None = None) -> bool:
+        """Whether to render after optimizer step ``step``; ``completed_epochs`` is given at the end of an epoch."""
+        if completed_epochs is not None:
+            return self.every_epochs is not None and completed_epochs % self.every_epochs == 0
+        return self.every_steps is not None and step % self.every_steps == 0
+
+    def size(self, prompt: ValidationPrompt, size_multiple: int) -> tuple[int, int]:
+        """``(height, width)`` of an entry: its own, else ``fixed_size``, else the bucket (sides multiples of the
+        model's ``size_multiple``) of its last image's aspect ratio, or the square bucket."""
+        if prompt.height is not None:
+            return prompt.height, prompt.width
+        if self.fixed_size is not None:
+            return self.fixed_size
+        ratio = (1, 1)
+        if prompt.images():
+            with Image.open(prompt.images()[-1]) as image:
+                ratio = upright_size(image)  # as training buckets it: phone photos are stored sideways
+        width, height = nearest_bucket(*ratio, bucket_sizes(self.max_pixels, size_multiple))
+        return height, width
+
+    def call_arguments(self, prompt: ValidationPrompt, size_multiple: int) -> dict[str, Any]:
+        """The pipeline call for one entry: its size, seed, steps, guidance and images (opened now)."""
+        edits = prompt.edit_image
+        images = {"edit_image": ([_open(path) for path in edits] if isinstance(edits, tuple) else _open(edits))
+                  if edits is not None else None,
+                  "input_image": _open(prompt.input_image) if prompt.input_image is not None else None}
+        height, width = self.size(prompt, size_multiple)
+        arguments = {"prompt": prompt.prompt, "negative_prompt": prompt.negative_prompt, "height": height,
+                     "width": width, "seed": self.seed if prompt.seed is None else prompt.seed,
+                     "num_inference_steps": self.num_inference_steps, "progress_bar": False,
+                     **{key: value for key, value in images.items() if value is not None}}
+        if self.cfg_scale is not None:
+            arguments["cfg_scale"] = self.cfg_scale
+        if self.max_frames is not None:
+            arguments["num_frames"] = prompt.num_frames or self.max_frames
+        return arguments
+
+
+def _open(path: Path) -> Image.Image:
+    """An entry's image decoded as training decodes its data (upright, deep and transparent modes handled)."""
+    with Image.open(path) as image:
+        return upright_rgb(image, path)
+
+
+def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the flags of samples while training: prompts rendered with the current LoRA (docs Samples)."""
+    group = parser.add_argument_group("Samples while training")
+    group.add_argument("--validation_prompts", type=str, default=None,
+                       help="Prompts rendered with the LoRA as it trains, by the main process, into "
+                            "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
+                            "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, seed, "
+                            "edit_image, input_image. Checked before the models load.")
+    group.add_argument("--validation_steps", type=int, default=None,
+                       help="Render the prompts every N optimizer steps.")
+    group.add_argument("--validation_epochs", type=int, default=None,
+                       help="Render the prompts at the end of every N epochs.")
+    group.add_argument("--validation_num_inference_steps", type=int, default=20,
+                       help="Denoising steps of each sample.")
+    group.add_argument("--validation_cfg_scale", type=float, default=None,
+                       help="Classifier-free guidance of the samples; unset: the pipeline's (Qwen-Image 4, Wan 5).")
+    group.add_argument("--validation_seed", type=int, default=0,
+                       help="Noise seed of the prompts that give none; the same seed renders comparable samples.")
+    return parser
+
+
+def validation_problems(args: argparse.Namespace) -> list[str]:
+    """The sampling flags' problems, for ``parsers.validate_args``: flags without ``--validation_prompts``, a stage
+    that trains nothing, and ``ValidationConfig``'s own checks."""
+    cfg_scale = args.validation_cfg_scale
+    if cfg_scale is not None and not math.isfinite(cfg_scale):
+        return []  # the finite-flag check reports it: one complaint per flag
+    given = [flag for flag, value in (("--validation_steps", args.validation_steps),
+                                      ("--validation_epochs", args.validation_epochs),
+                                      ("--validation_cfg_scale", cfg_scale)) if value is not None]
+    if args.validation_prompts is None:
+        return [f"{flag} has no effect without --validation_prompts; add the prompt file, or drop {flag}"
+                for flag in given]
+    if args.task.endswith(":data_process"):
+        return [f"--validation_prompts: --task {args.task} trains nothing to render; pass it to the training stage"]
+    try:
+        ValidationConfig.from_args(args)
+    except ValidationError as error:
+        return error.problems
+    return []

@@ -1,0 +1,8 @@
+"""What a run writes and reads back: the output folder and its lock, LoRA files and logs, training-state
+checkpoints, the loss chart, and initial weights."""
+
+from .checkpoint import load_training_state
+from .logger import ModelLogger
+from .output_folder import OutputClaim, claim_output_folder
+
+__all__ = ["ModelLogger", "OutputClaim", "claim_output_folder", "load_training_state"]

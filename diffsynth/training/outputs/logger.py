@@ -1,0 +1,449 @@
+"""``ModelLogger``: what a training run leaves on disk, namely LoRA files, full checkpoints, its flags and metrics.
+
+LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.formats`: keys
+``diffusion_model.<layer name of the original release>.lora_A.weight`` / ``.lora_B.weight`` with the scale
+``alpha / rank`` folded into ``lora_B``, which diffusers, ComfyUI and DiffSynth-Studio all load fully at strength 1.0
+(musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
+model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
+fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
+diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. After every save the loss
+curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically, and only
+by the main process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import enum
+import importlib
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import __version__
+from ...core.device import warn_once
+from ...core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from ...core.finite import require_finite
+from ...core.loader.loading import resolve_dtype
+from ...lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
+from ...lora.inspect import inspect_lora, skeleton_from_metadata
+from ...lora.naming import naming_for
+from .loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
+
+logger = logging.getLogger(__name__)
+
+TRAINING_ARGS_FILE = "training_args.json"
+METRICS_FILE = Path("logs") / "metrics.csv"
+TENSORBOARD_DIR = Path("logs") / "tensorboard"
+DIFFUSERS_TWIN_SUFFIX = ".diffusers"
+
+StateDictFn = Callable[[], Mapping[str, torch.Tensor]]
+
+
+class LoRACompatibilityError(RuntimeError):
+    """A LoRA file the trainer wrote would not load fully in a tool users generate with."""
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return _json_safe(value.value)
+    if isinstance(value, Mapping):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_json_safe(item) for item in value), key=str)
+    return str(value)  # paths, dtypes, devices: their str() is what a reader wants to see
+
+
+def _import_for_flag(module: str, flag: str, fix: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f"--{flag} needs a package that is missing ({error}); {fix}, or drop --{flag}") from None
+
+
+class ModelLogger:
+    """Writes LoRA files, full checkpoints, the run's flags and its metrics under ``output_path``.
+
+    Every process makes one, so that all of them call ``state_dict_fn`` at the same save points (gathering sharded
+    weights can be a collective operation); only the one with ``is_main_process`` writes anything.
+
+    Args:
+        output_path: Folder for everything written; created if missing.
+        remove_prefix_in_ckpt: Prefix removed from the training module's weight names (``pipe.dit.``), leaving names
+            relative to the model. Keys without it are kept as they are.
+        lora_metadata: The LoRA's settings: ``lora_rank``, ``lora_alpha`` (None or absent means equal to the rank,
+            the flag's default), ``lora_target_modules``, ``lora_base_model``, and the base model's diffusers class
+            and config (``base_model_class``, ``base_model_config``) that each file records for inspection.
+        enable_csv_log: Append metrics to ``logs/metrics.csv``.
+        enable_tensorboard_log: Write TensorBoard events to ``logs/tensorboard``.
+        enable_wandb_log: Log metrics (and the flags, via :meth:`save_training_args`) to Weights & Biases.
+        wandb_project: The Weights & Biases project.
+        is_main_process: Whether this process writes.
+        save_steps: Save every this many optimizer steps in :meth:`on_step_end`; None saves per epoch only.
+        save_dtype: Storage dtype of floating weights, e.g. ``"bfloat16"`` for half-size files; None keeps the
+            training dtype.
+        resume_step: The optimizer step a resumed run continues from: CSV rows of later steps (logged before the run
+            was stopped past its checkpoint) are dropped, and TensorBoard discards its events after that step, so
+            every step appears once. None keeps what is there.
+
+    Raises:
+        ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
+            so no rank waits forever for one that failed).
+        ValueError: ``save_steps``, ``save_dtype`` or the LoRA rank or alpha is invalid.
+    """
+
+    def __init__(self, output_path: str | os.PathLike, remove_prefix_in_ckpt: str | None = "pipe.dit.",
+                 lora_metadata: Mapping[str, Any] | None = None, enable_csv_log: bool = False,
+                 enable_tensorboard_log: bool = False, enable_wandb_log: bool = False,
+                 wandb_project: str = "diffsynth", is_main_process: bool = True, *, save_steps: int | None = None,
+                 save_dtype: torch.dtype | str | None = None, resume_step: int | None = None):
+        self.output_path = Path(output_path)
+        self.remove_prefix_in_ckpt = remove_prefix_in_ckpt or ""
+        self.lora_metadata = dict(lora_metadata or {})
+        self.is_main_process = is_main_process
+        self.save_steps = save_steps
+        self.save_dtype = None if save_dtype is None else resolve_dtype(save_dtype, "save_dtype")
+        self._diffusers_twin: bool | None = None  # decided by the first LoRA save
+        if save_steps is not None and save_steps < 1:
+            raise ValueError(f"--save_steps {save_steps} must be at least 1; pass e.g. --save_steps 500 or drop it")
+        rank, alpha = self.lora_metadata.get("lora_rank"), self.lora_metadata.get("lora_alpha")
+        if rank is not None and int(rank) < 1:
+            raise ValueError(f"--lora_rank {rank} must be at least 1; pass e.g. --lora_rank 32")
+        if alpha is not None and float(alpha) <= 0:
+            raise ValueError(f"--lora_alpha {alpha} must be positive; pass e.g. --lora_alpha 32, or drop it")
+        tensorboard = wandb = None
+        if enable_tensorboard_log:
+            tensorboard = _import_for_flag("torch.utils.tensorboard", "enable_tensorboard_log",
+                                           "run `pip install tensorboard`")
+        if enable_wandb_log:
+            wandb = _import_for_flag("wandb", "enable_wandb_log", "run `pip install wandb` and `wandb login`")
+        self._csv_file = self._csv_writer = self._csv_header = None
+        self._tensorboard = self._wandb_run = None
+        self._unsaved = False
+        self.loss_history = LossHistory()
+        if not is_main_process:
+            return
+        self.output_path.mkdir(parents=True, exist_ok=True)
+        if enable_csv_log:
+            self._open_csv(self.output_path / METRICS_FILE, resume_step)
+        if resume_step is not None:  # the chart shows the whole run when the earlier part was logged
+            self.loss_history = LossHistory.from_metrics_csv(self.output_path / METRICS_FILE, resume_step)
+        if tensorboard is not None:
+            purge = {} if resume_step is None else {"purge_step": resume_step + 1}
+            self._tensorboard = tensorboard.SummaryWriter(log_dir=str(self.output_path / TENSORBOARD_DIR), **purge)
+        if wandb is not None:
+            self._wandb_run = wandb.init(project=wandb_project, dir=str(self.output_path))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, is_main_process: bool = True,
+                  lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None) -> ModelLogger:
+        """Builds the logger from the trainer flags (see :mod:`diffsynth.training.config.parsers`).
+
+        ``lora_metadata`` overrides the LoRA settings read from the flags (the training module knows the module
+        names the targets resolved to); ``resume_step`` is the step of the checkpoint a resumed run starts from.
+        """
+        if lora_metadata is None and args.lora_base_model:
+            lora_metadata = {key: getattr(args, key) for key in
+                             ("lora_rank", "lora_alpha", "lora_target_modules", "lora_base_model")}
+        return cls(args.output_path, args.remove_prefix_in_ckpt, lora_metadata, enable_csv_log=args.enable_csv_log,
+                   enable_tensorboard_log=args.enable_tensorboard_log, enable_wandb_log=args.enable_wandb_log,
+                   wandb_project=args.wandb_project, is_main_process=is_main_process, save_steps=args.save_steps,
+                   resume_step=resume_step)
+
+    def _strip_prefix(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        prefix = self.remove_prefix_in_ckpt
+        return {key.removeprefix(prefix): tensor for key, tensor in state_dict.items()}
+
+    def _to_storage(self, tensor: torch.Tensor) -> torch.Tensor:
+        dtype = self.save_dtype if self.save_dtype is not None and tensor.is_floating_point() else tensor.dtype
+        return tensor.detach().to(device="cpu", dtype=dtype)
+
+    def _file(self, name: str) -> Path:
+        stem = name.removesuffix(".safetensors")
+        if not stem or Path(stem).name != stem or stem in (".", ".."):
+            raise ValueError(f"checkpoint name {name!r} must be a plain file name such as 'epoch-0'")
+        return self.output_path / f"{stem}.safetensors"
+
+    def _base_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, str]:
+        entries = {"format": "pt", "diffsynth_version": __version__}
+        if self.save_dtype is not None:
+            entries["dtype"] = str(self.save_dtype).removeprefix("torch.")
+        # A list such as the training module's target modules reads best as the comma list the flag takes.
+        entries.update({key: ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                        for key, value in (metadata or {}).items()})
+        return entries
+
+    def _lora_entries(self) -> dict[str, Any]:
+        """The metadata that says what the LoRA is for: flags as given, and the base model to inspect it on."""
+        entries = {key: self.lora_metadata[key] for key in ("lora_target_modules", "lora_base_model")
+                   if self.lora_metadata.get(key) is not None}
+        if self.lora_metadata.get("base_model_class"):
+            entries[MODEL_CLASS_KEY] = self.lora_metadata["base_model_class"]
+            entries[MODEL_CONFIG_KEY] = json.dumps(_json_safe(self.lora_metadata.get("base_model_config", {})),
+                                                   sort_keys=True)
+        return entries
+
+    def save_lora(self, state_dict: Mapping[str, torch.Tensor], name: str,
+                  metadata: Mapping[str, Any] | None = None) -> Path | None:
+        """Writes ``<output_path>/<name>.safetensors`` in the universal layout (see the module docstring).
+
+        The first call checks the file against every tool on the base model's skeleton and decides whether a
+        diffusers-layout twin is needed; later calls write the same set of files.
+
+        Args:
+            state_dict: The trainable LoRA weights under the training module's names, e.g.
+                ``pipe.dit.transformer_blocks.0.attn.to_q.lora_A.default.weight``.
+            name: The file name without folder, e.g. ``"epoch-0"``.
+            metadata: Extra safetensors metadata entries (stored as strings), e.g. ``{"step": 500}``.
+
+        Returns:
+            The main file written, or None on a process other than the main one.
+
+        Raises:
+            ValueError: A weight is not a LoRA weight, or the LoRA's rank disagrees with ``lora_metadata``.
+            LoRACompatibilityError: The written file would not load fully in a tool users generate with.
+        """
+        alpha = self.lora_metadata.get("lora_alpha")
+        weights = from_peft_state_dict(state_dict, None if alpha is None else float(alpha), self.remove_prefix_in_ckpt)
+        rank = self.lora_metadata.get("lora_rank")
+        if rank is not None and weights.ranks != {int(rank)}:
+            raise ValueError(f"the LoRA weights have rank {min(weights.ranks)} but --lora_rank is {rank}; save the "
+                             "weights of the LoRA this logger was configured for")
+        path = self._file(name)
+        if not self.is_main_process:
+            return None
+        entries = self._base_metadata({**self._lora_entries(), **(metadata or {})})
+        naming = naming_for(self.lora_metadata.get("base_model_class") or "")
+        write_lora(path, weights, "universal", naming, entries, self.save_dtype)
+        first = self._diffusers_twin is None
+        if first:
+            self._diffusers_twin = self._needs_diffusers_twin(path)
+        if self._diffusers_twin:
+            twin = write_lora(self._file(name + DIFFUSERS_TWIN_SUFFIX), weights, "diffusers", naming, entries,
+                              self.save_dtype)
+            if first:
+                self._require_loading(twin, ("diffusers",))
+        return path
+
+    def _require_loading(self, path: Path, tools: tuple[str, ...]) -> set[str]:
+        """Inspects a file of this run on the base model's skeleton; returns the tools that would not load it fully.
+
+        Raises:
+            LoRACompatibilityError: One of ``tools`` would not load the file fully at its trained strength.
+        """
+        skeleton = skeleton_from_metadata(self._base_metadata(self._lora_entries()))
+        if skeleton is None:
+            return set()  # the model is unknown (a logger used outside the trainer): nothing to check against
+        inspection = inspect_lora(path, skeleton)
+        failing = {result.tool for result in inspection.failing()}
+        if failing & set(tools):
+            raise LoRACompatibilityError(
+                f"{path} would not load fully at its trained strength in {', '.join(sorted(failing))}:\n"
+                f"{inspection.format()}\nThe file is kept; report this with the flags you used")
+        return failing
+
+    def _needs_diffusers_twin(self, path: Path) -> bool:
+        """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
+        failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
+        users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
+        # The folder is left out: a long path would make this line longer than a log viewer shows.
+        logger.info("the LoRA files are for %s, at strength 1.0 (musubi-tuner: python -m diffsynth.lora convert "
+                    "<file> <file>.musubi.safetensors --to kohya)", users)
+        if failing:
+            logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
+                        "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)
+        return "diffusers" in failing
+
+    def save_state_dict(self, state_dict: Mapping[str, torch.Tensor], name: str,
+                        metadata: Mapping[str, Any] | None = None) -> Path | None:
+        """Writes full (non-LoRA) trainable weights to ``<output_path>/<name>.safetensors`` with the prefix removed.
+
+        Returns:
+            The file written, or None on a process other than the main one.
+        """
+        path = self._file(name)
+        if not self.is_main_process:
+            return None
+        tensors = {key: self._to_storage(tensor) for key, tensor in self._strip_prefix(state_dict).items()}
+        return atomic_save_safetensors(tensors, path, self._base_metadata(metadata))
+
+    def save_checkpoint(self, state_dict: Mapping[str, torch.Tensor], name: str,
+                        metadata: Mapping[str, Any] | None = None) -> Path | None:
+        """Saves a LoRA file when every weight is a LoRA weight under the prefix, otherwise the full weights.
+
+        Mixed runs (a LoRA plus ``--trainable_models``) therefore keep everything they trained, in one file that
+        this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written as a LoRA file
+        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure. The loss
+        chart ``logs/loss.png`` is then redrawn with every step logged so far.
+
+        Raises:
+            NonFiniteTensorError: A weight holds NaN or inf; nothing is written (checked on every process, which all
+                hold the same weights, so all of them stop together).
+        """
+        require_finite(state_dict, f"not writing {self._file(name)}: the trained weights")
+        prefix = self.remove_prefix_in_ckpt
+        is_lora = bool(state_dict) and all(key.startswith(prefix) and is_peft_lora_key(key.removeprefix(prefix))
+                                           for key in state_dict)
+        path = None
+        if is_lora:
+            try:
+                path = self.save_lora(state_dict, name, metadata)
+            except ValueError as error:
+                is_lora = False
+                logger.warning("%s: saving the weights as they are, not as a LoRA file (%s)", name, error)
+        if not is_lora:
+            path = self.save_state_dict(state_dict, name, metadata)
+        self._unsaved = False
+        if self.is_main_process and self.loss_history.steps:
+            draw_loss_chart(self.loss_history, self.output_path / LOSS_CHART_FILE,
+                            title=f"{self.output_path.name}: loss per optimizer step")
+        return path
+
+    def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn,
+                    metrics: Mapping[str, float | torch.Tensor] | None = None) -> Path | None:
+        """Logs the step's loss, learning rate and ``metrics``, and saves ``step-<step>`` every ``save_steps``
+        optimizer steps.
+
+        Call it on every process after each optimizer step; ``step`` counts optimizer steps from 1.
+        """
+        self.log_metrics(step, {"loss": loss, "lr": lr, **(metrics or {})})
+        if self.is_main_process:
+            self.loss_history.add(step, float(loss), float(lr))
+        self._unsaved = True
+        if self.save_steps is None or step % self.save_steps:
+            return None
+        return self.save_checkpoint(state_dict_fn(), f"step-{step}", {"step": step})
+
+    def on_epoch_end(self, epoch: int, state_dict_fn: StateDictFn) -> Path | None:
+        """Saves ``epoch-<epoch>``; call it on every process at the end of each epoch."""
+        return self.save_checkpoint(state_dict_fn(), f"epoch-{epoch}", {"epoch": epoch})
+
+    def on_train_end(self, step: int, state_dict_fn: StateDictFn) -> Path | None:
+        """Saves ``step-<step>`` if the last steps are in no file yet (a run cut short by ``--max_train_steps``)."""
+        if not self._unsaved:
+            return None
+        return self.save_checkpoint(state_dict_fn(), f"step-{step}", {"step": step})
+
+    def save_training_args(self, args: argparse.Namespace | Mapping[str, Any]) -> Path | None:
+        """Writes the run's flags to ``<output_path>/training_args.json`` (and to the wandb run's config)."""
+        if not self.is_main_process:
+            return None
+        payload = _json_safe(vars(args) if isinstance(args, argparse.Namespace) else args)
+        if self._wandb_run is not None:
+            self._wandb_run.config.update(payload, allow_val_change=True)
+        return atomic_write_json(self.output_path / TRAINING_ARGS_FILE, payload)
+
+    def _open_csv(self, path: Path, resume_step: int | None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "rb+") as handle:
+                content = handle.read()
+                complete = content.rfind(b"\n") + 1
+                if complete < len(content):  # a run killed mid-row left half a line; it must not glue onto the next
+                    handle.truncate(complete)
+            if complete:
+                self._csv_header = next(csv.reader([content[:content.find(b"\n")].decode("utf-8")]))
+                if resume_step is not None:
+                    self._drop_rows_after(path, content[:complete].decode("utf-8"), resume_step)
+        self._csv_file = open(path, "a", newline="", encoding="utf-8")
+        self._csv_writer = csv.writer(self._csv_file, lineterminator="\n")
+
+    def _drop_rows_after(self, path: Path, text: str, step: int) -> None:
+        """Rewrites the CSV without the rows of steps after ``step`` (a row whose step is not a number is kept)."""
+        if "step" not in self._csv_header:
+            return
+        column = self._csv_header.index("step")
+        lines = text.splitlines(keepends=True)
+
+        def later(line: str) -> bool:
+            row = next(csv.reader([line]), [])
+            return len(row) > column and row[column].isdigit() and int(row[column]) > step
+
+        kept = [lines[0], *(line for line in lines[1:] if not later(line))]
+        if len(kept) < len(lines):
+            logger.info("%s: dropping %d rows logged after step %d, which the resumed run logs again", path,
+                        len(lines) - len(kept), step)
+            atomic_write_text(path, "".join(kept))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float | torch.Tensor]) -> None:
+        """Records ``metrics`` at ``step`` in every enabled sink; the CSV row reaches the OS before this returns.
+
+        The CSV columns are fixed by its first row (or, when appending to an earlier run's file, by that file's
+        header); metrics missing from a row leave the cell empty, new ones are left out of the CSV with a warning.
+        """
+        if not self.is_main_process:
+            return
+        values = {key: float(value) for key, value in metrics.items()}
+        if self._csv_writer is not None:
+            if self._csv_header is None:
+                self._csv_header = ["step", *values]
+                self._csv_writer.writerow(self._csv_header)
+            extra = sorted(set(values) - set(self._csv_header))
+            if extra:
+                warn_once(f"metrics-csv-{extra}", f"metrics {extra} are not columns of {METRICS_FILE} (columns "
+                                                  f"{self._csv_header}); they are left out of the CSV")
+            self._csv_writer.writerow([step if column == "step" else values.get(column, "")
+                                       for column in self._csv_header])
+            self._csv_file.flush()
+        if self._tensorboard is not None:
+            for key, value in values.items():
+                self._tensorboard.add_scalar(key, value, step)
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(values, step=step)
+
+    def log_sample(self, step: int, index: int, output: Any, fps: int = 16) -> None:
+        """Logs sample ``index`` rendered at ``step`` (a PIL image, or a list of frames) to TensorBoard and wandb.
+
+        TensorBoard stores a video through moviepy; without it, the first frame is logged as an image instead.
+        """
+        if not self.is_main_process or (self._tensorboard is None and self._wandb_run is None):
+            return
+        frames = list(output) if isinstance(output, (list, tuple)) else [output]
+        arrays = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (frames, H, W, 3) uint8
+        tag = f"samples/{index:02d}"
+        if self._tensorboard is not None:
+            if len(frames) == 1:
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            elif importlib.util.find_spec("moviepy") is not None:
+                self._tensorboard.add_video(tag, arrays.transpose(0, 3, 1, 2)[None], step, fps=fps)
+            else:
+                warn_once("tensorboard-video", "TensorBoard stores videos through moviepy, which is missing; the "
+                                               "first frame of each video sample is logged instead")
+                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            wandb = importlib.import_module("wandb")
+            media = (wandb.Image(arrays[0]) if len(frames) == 1
+                     else wandb.Video(arrays.transpose(0, 3, 1, 2), fps=fps, format="mp4"))
+            self._wandb_run.log({tag: media}, step=step)
+
+    def close(self) -> None:
+        """Closes the CSV file, the TensorBoard writer and the wandb run."""
+        if self._csv_file is not None:
+            self._csv_file.close()
+            self._csv_file = self._csv_writer = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> ModelLogger:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

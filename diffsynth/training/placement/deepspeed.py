@@ -1,0 +1,115 @@
+"""What the runner does differently when accelerate runs DeepSpeed (ZeRO-3 with CPU offload, the low-VRAM recipe).
+
+DeepSpeed owns placement and the optimizer step: the training module is prepared together with its optimizer, ZeRO-3
+partitions every parameter across processes (and into CPU memory with ``offload_param``), and the weights must be
+gathered before they are saved. PyTorch's own checkpointing does not see partitioned parameters, so blocks are
+checkpointed through DeepSpeed's checkpoint once it is configured from the ``activation_checkpointing`` section.
+DeepSpeed is optional: nothing here imports it unless the run uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..objective.training_module import DiffusionTrainingModule
+
+logger = logging.getLogger(__name__)
+
+
+def deepspeed_config(accelerator: Any) -> dict | None:
+    """The DeepSpeed config of the run, or None when accelerate does not run DeepSpeed."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return None if plugin is None else plugin.deepspeed_config
+
+
+def set_micro_batch_size(accelerator: Any, batch_size: int) -> None:
+    """Gives DeepSpeed the run's ``--batch_size`` where its config leaves the micro-batch to accelerate (``auto``).
+
+    accelerate fills ``auto`` from the dataloader's ``batch_size``, which is None for the trainer's bucket batch
+    sampler; a number the config gives is kept.
+    """
+    config = deepspeed_config(accelerator)
+    if config is not None and config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        config["train_micro_batch_size_per_gpu"] = batch_size
+
+
+def initialize_deepspeed_gradient_checkpointing(accelerator: Any) -> bool:
+    """Configures DeepSpeed's activation checkpointing from the config's ``activation_checkpointing`` section.
+
+    Once configured, ``gradient_checkpoint_forward`` checkpoints through DeepSpeed. Without the section, blocks are
+    not checkpointed under ZeRO-3 (torch's checkpoint would re-gather partitioned weights wrongly), which is logged.
+
+    Returns:
+        Whether checkpointing was configured.
+    """
+    config = deepspeed_config(accelerator)
+    if config is None:
+        return False
+    section = config.get("activation_checkpointing")
+    if section is None:
+        logger.warning("the DeepSpeed config has no activation_checkpointing section, so blocks are not "
+                       "checkpointed; add one to use --use_gradient_checkpointing with DeepSpeed")
+        return False
+    import deepspeed
+
+    deepspeed.checkpointing.configure(
+        mpu_=None, partition_activations=section.get("partition_activations", False),
+        checkpoint_in_cpu=section.get("cpu_checkpointing", False),
+        contiguous_checkpointing=section.get("contiguous_memory_optimization", False),
+    )  # fmt: skip
+    return True
+
+
+def release_unused_models(module: DiffusionTrainingModule) -> list[str]:
+    """Drops the pipeline's models that this stage never computes with, so ZeRO does not partition them.
+
+    Skeletons from ``--offload_models`` (weights on the meta device) would make DeepSpeed fail outright.
+
+    Returns:
+        The names of the released models.
+    """
+    active = set(module.active_model_names())
+    released = [name for name, child in module.pipe.named_children() if name not in active]
+    for name in released:
+        setattr(module.pipe, name, None)
+    if released:
+        logger.info("released models this stage never runs before DeepSpeed partitions the rest: %s", released)
+    return released
+
+
+@contextlib.contextmanager
+def gathered_parameters(params: Sequence[torch.nn.Parameter]) -> Iterator[None]:
+    """Makes ZeRO-3 partitioned ``params`` whole for the duration (a collective: every process must enter)."""
+    if not any(hasattr(param, "ds_id") for param in params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(params), modifier_rank=None):
+        yield
+
+
+@contextlib.contextmanager
+def without_zero3_init(accelerator: Any) -> Iterator[None]:
+    """Builds models whole while accelerate runs ZeRO-3.
+
+    transformers would otherwise construct every model inside ZeRO-3's partitioning init, which cannot take the
+    loader's meta-device build; the weights are loaded whole on the CPU and partitioned when the training module is
+    prepared. A no-op without DeepSpeed.
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()

@@ -1,0 +1,345 @@
+"""The memory planner for a training run: from its flags, before any weight is loaded, the placement that fits.
+
+``plan_placement`` (the trainer, with ``--vram_budget`` / ``--ram_budget``) and ``python -m diffsynth.plan`` build the
+run's denoiser without weights on the meta device, inject its LoRA, give it inputs of the largest sample the flags
+allow, and predict every candidate placement (``core/planning``). With budgets the fastest plan that fits both is
+chosen, or the run stops before loading with the budgets that would fit and what to change; placement flags given
+explicitly (``--enable_model_cpu_offload``, ``--blocks_to_swap``) win, and are only predicted and warned about.
+
+What the predictions assume about the data: ``--batch_size`` samples per micro-batch, each of the fixed ``--height``
+x ``--width`` or else the square of ``--max_pixels`` (no aspect-ratio bucket is larger); ``--num_frames`` for video;
+prompts of ``TEXT_TOKENS`` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...core.device import available_host_memory
+from ...core.fp8 import enable_fp8_storage
+from ...core.gradient import gradient_checkpoint_forward
+from ...core.loader import ModelLoadError, load_skeleton, parse_model_configs, parse_model_id_with_origin_paths
+from ...core.loader.loading import resolve_dtype
+from ...core.offload_training import find_block_list
+from ...core.offload_training.memory_buffer import tensor_nbytes
+from ...core.planning.plans import (
+    CHECKPOINTING,
+    POLICIES,
+    NoPlanFits,
+    Plan,
+    Prediction,
+    Workload,
+    best_per_group,
+    candidate_plans,
+    choose,
+    format_table,
+    predict,
+)
+from ...core.planning.profiles import GIB, DeviceProfile, measure_device
+from ..errors import FlagError, split_csv, task_stage
+from ..objective.training_module import resolve_lora_targets
+from .config import PlacementConfig
+
+logger = logging.getLogger(__name__)
+
+TEXT_TOKENS = {"QwenImageTransformer2DModel": 256, "WanTransformer3DModel": 512}
+"""Prompt tokens per sample: Qwen-Image keeps a prompt's own tokens (256 is a long caption); Wan pads to 512."""
+
+ARCHITECTURES = {
+    "qwen-image": ("QwenImageTransformer2DModel", dict(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
+        joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
+    "wan2.1-t2v-14b": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+        text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
+    "wan2.1-t2v-1.3b": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+        text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
+}
+"""Denoisers of the released models (their diffusers configs), to plan without their files."""
+
+HOST_MARGIN_BYTES = 2 * GIB
+"""Host memory left to the system and other processes by ``--ram_budget auto``."""
+DEVICE_MARGIN_BYTES = GIB // 2
+"""Device memory left free by ``--vram_budget auto``."""
+
+
+def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
+    """The denoiser of a released model (``ARCHITECTURES``) on the meta device."""
+    import diffusers
+
+    class_name, config = ARCHITECTURES[name]
+    with torch.device("meta"):
+        model = getattr(diffusers, class_name)(**config)
+    return model.to(resolve_dtype(dtype)).eval()
+
+
+def sample_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    """``(height, width, frames)`` of the largest sample the flags allow (frames 1 for images)."""
+    if args.height is not None:
+        height, width = args.height, args.width
+    else:
+        height = width = max(16, int(math.sqrt(args.max_pixels)) // 16 * 16)
+    return height, width, getattr(args, "num_frames", 1)
+
+
+def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype,
+                    batch: int = 1) -> dict[str, Any]:
+    """The keyword inputs the pipeline passes the denoiser for a batch of ``batch`` samples of this shape, on the meta
+    device.
+
+    Raises:
+        ValueError: A denoiser class the planner has no inputs for.
+    """
+    name, config, meta = type(model).__name__, model.config, torch.device("meta")
+    text = TEXT_TOKENS.get(name, 0)
+    if name == "QwenImageTransformer2DModel":
+        rows, cols = height // 16, width // 16
+        return dict(hidden_states=torch.empty(batch, rows * cols, config.in_channels, dtype=dtype, device=meta),
+                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
+                                                      device=meta),
+                    encoder_hidden_states_mask=torch.ones(batch, text, device=meta),
+                    timestep=torch.empty(batch, device=meta), img_shapes=[[(1, rows, cols)]] * batch,
+                    return_dict=False)
+    if name == "WanTransformer3DModel":
+        inputs = dict(hidden_states=torch.empty(batch, config.in_channels, (frames - 1) // 4 + 1, height // 8,
+                                                width // 8, dtype=dtype, device=meta),
+                      encoder_hidden_states=torch.empty(batch, text, config.text_dim, dtype=dtype, device=meta),
+                      timestep=torch.empty(batch, device=meta), return_dict=False)
+        if config.image_dim:  # image-to-video: CLIP image tokens
+            inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype,
+                                                                device=meta)
+        return inputs
+    raise ValueError(f"the memory planner has no inputs for {name}; it plans QwenImageTransformer2DModel and "
+                     "WanTransformer3DModel")
+
+
+def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes: Sequence[int] = (),
+                   aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False,
+                   local_processes: int = 1) -> Workload:
+    """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
+    in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
+    on a ``--batch_size`` batch of the largest sample; host memory for ``local_processes`` on a machine, sharing one
+    host copy of the frozen weights unless ``--shared_host_weights off``."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    dtype = resolve_dtype(args.torch_dtype)
+    model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
+    model.requires_grad_(False)
+    if args.lora_base_model:
+        targets = resolve_lora_targets(model, split_csv(args.lora_target_modules), aliases or {}, args.lora_base_model)
+        inject_adapter_in_model(LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha or args.lora_rank,
+                                           target_modules=targets), model)
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.data = param.data.float()
+                param.requires_grad_(True)
+    else:
+        model.requires_grad_(True)
+    if fp8:
+        enable_fp8_storage(model)
+    inputs = denoiser_inputs(model, *sample_shape(args), dtype, batch=getattr(args, "batch_size", 1))
+
+    def set_checkpointing(enabled: bool) -> None:
+        if enabled:
+            model.enable_gradient_checkpointing(gradient_checkpointing_func=_checkpoint_block)
+        else:
+            model.disable_gradient_checkpointing()
+
+    def step() -> torch.Tensor:
+        return model(**inputs)[0].float().square().mean()
+
+    return Workload(model, find_block_list(model)[0], step, set_checkpointing, other_model_sizes, description,
+                    local_processes, args.shared_host_weights == "auto")
+
+
+def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
+    # The dry run checkpoints as the trainer does; activation offload is predicted from it (meta has no host copy).
+    return gradient_checkpoint_forward(block, True, False, *args)
+
+
+def plan_modes(placement: PlacementConfig) -> tuple[list[str], list[str]]:
+    """The checkpointing modes and policies the planner may pick: the flags' own when given explicitly."""
+    if placement.use_gradient_checkpointing_offload:
+        modes = ["offload"]
+    elif placement.use_gradient_checkpointing:
+        modes = ["on"]
+    else:
+        modes = list(CHECKPOINTING)
+    if placement.enable_model_cpu_offload:
+        policies = ["offload"]
+    elif placement.blocks_to_swap:
+        policies = ["h2d" if placement.block_swap_h2d_only else "classic"]
+    else:
+        policies = list(POLICIES)
+    return modes, policies
+
+
+def explicit_plan(placement: PlacementConfig) -> Plan | None:
+    """The plan the placement flags name, when they name one (offload or block swap); None leaves it to the planner."""
+    mode = ("offload" if placement.use_gradient_checkpointing_offload
+            else "on" if placement.use_gradient_checkpointing else "off")
+    if placement.enable_model_cpu_offload:
+        depth = 1 if placement.offload_prefetch_depth is None else placement.offload_prefetch_depth
+        return Plan(mode, "offload", prefetch_depth=depth, optimizer_offload=placement.enable_optimizer_cpu_offload)
+    if placement.blocks_to_swap:
+        return Plan(mode, "h2d" if placement.block_swap_h2d_only else "classic", placement.blocks_to_swap,
+                    placement.block_swap_ring_size, placement.use_pinned_memory_for_block_swap)
+    return None
+
+
+def apply_plan(placement: PlacementConfig, plan: Plan) -> PlacementConfig:
+    """``placement`` with the flags of ``plan``."""
+    return dataclasses.replace(
+        placement, use_gradient_checkpointing=plan.checkpointing != "off",
+        use_gradient_checkpointing_offload=plan.checkpointing == "offload",
+        enable_model_cpu_offload=plan.policy == "offload",
+        enable_optimizer_cpu_offload=plan.policy == "offload" and plan.optimizer_offload,
+        offload_prefetch_depth=plan.prefetch_depth if plan.policy == "offload" else None,
+        blocks_to_swap=plan.blocks_to_swap if plan.policy in ("classic", "h2d") else 0,
+        block_swap_h2d_only=plan.policy == "h2d", block_swap_ring_size=plan.ring_size,
+        use_pinned_memory_for_block_swap=plan.policy in ("classic", "h2d") and plan.pinned)
+
+
+def budget_bytes(value: str | None, flag: str, available: int | None) -> float:
+    """A budget flag's bytes: a size in GB (GiB, 2^30 bytes), ``auto`` (``available``), or unbounded when unset.
+
+    Raises:
+        FlagError: ``auto`` where nothing can be measured.
+    """
+    if value is None:
+        return math.inf
+    if value == "auto":
+        if available is None:
+            raise FlagError([f"--{flag} auto measures the CUDA device's free memory, but this machine has none; pass "
+                             f"a size in GB (--{flag} 24), or plan for a card you do not have with python -m "
+                             "diffsynth.plan --device_profile NAME"])
+        return available
+    return float(value) * GIB
+
+
+def available_host_bytes() -> float:
+    """Host memory available to the run (the kernel's figure, or the container's limit when smaller), less
+    ``HOST_MARGIN_BYTES``; unbounded where the platform does not tell (no ``/proc/meminfo``)."""
+    available = available_host_memory()
+    return math.inf if available is None else available - HOST_MARGIN_BYTES
+
+
+@dataclasses.dataclass
+class PlanReport:
+    """What the planner found: the chosen prediction (or the explicit one), the table, the budgets."""
+
+    chosen: Prediction
+    rows: list[Prediction]
+    vram_bytes: float
+    ram_bytes: float
+    profile: DeviceProfile
+    explicit: bool
+
+    def format(self) -> str:
+        head = (f"memory plan on {self.profile.name} ({self.profile.tflops:g} TFLOPS x "
+                f"{self.profile.compute_efficiency:g}, {self.profile.h2d_gbps:g} GB/s x "
+                f"{self.profile.link_efficiency:g}); budgets: device {_gib(self.vram_bytes)}, host {_gib(self.ram_bytes)}")
+        return head + "\n" + format_table(self.rows, self.vram_bytes, self.ram_bytes, self.chosen)
+
+
+def _gib(value: float) -> str:
+    return "unbounded" if value == math.inf else f"{value / GIB:.1f} GiB"
+
+
+def plan_workload(workload: Workload, placement: PlacementConfig, profile: DeviceProfile, vram_bytes: float,
+                  ram_bytes: float) -> PlanReport:
+    """Predicts the candidate plans of ``workload`` and picks one (or predicts the placement flags' own).
+
+    Raises:
+        NoPlanFits: No candidate fits the budgets.
+    """
+    explicit = explicit_plan(placement)
+    modes, policies = plan_modes(placement)
+    predictions = [predict(plan, workload, profile) for plan in candidate_plans(workload, modes, policies)]
+    if explicit is not None:
+        chosen = predict(explicit, workload, profile)
+        predictions = [p for p in predictions if p.plan != explicit] + [chosen]
+    else:
+        chosen = choose(predictions, vram_bytes, ram_bytes)
+    rows = best_per_group(predictions, vram_bytes, ram_bytes)
+    rows = [chosen if row.plan == chosen.plan else row for row in rows]
+    if chosen not in rows:
+        rows = [row for row in rows if (row.plan.checkpointing, row.plan.policy)
+                != (chosen.plan.checkpointing, chosen.plan.policy)] + [chosen]
+    return PlanReport(chosen, rows, vram_bytes, ram_bytes, profile, explicit is not None)
+
+
+def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn.Module, list[int], bool]:
+    """The denoiser on the meta device from the model files' configs, the tensor sizes of the other models the stage
+    runs each step (none when training from a stage-1 cache), and whether ``--fp8_models`` names the denoiser.
+
+    Raises:
+        FlagError: No denoiser among the models.
+    """
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
+    weightless = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
+    fp8 = parse_model_id_with_origin_paths(args.fp8_models) if args.fp8_models else []
+    denoiser, others, denoiser_fp8 = None, [], False
+    for config in configs:
+        try:
+            skeleton = load_skeleton(config, torch_dtype=args.torch_dtype)
+        except ModelLoadError:
+            continue  # a tokenizer folder
+        role = pipeline_class.model_roles.get(type(skeleton).__name__)
+        if role in pipeline_class.denoising_model_names and denoiser is None:
+            denoiser, denoiser_fp8 = skeleton, config in fp8
+        elif config not in weightless and task_stage(args.task)[1] != "train":
+            others += [tensor_nbytes(t) for t in {id(t): t for t in [*skeleton.parameters(),
+                                                                      *skeleton.buffers()]}.values()]
+    if denoiser is None:
+        raise FlagError([f"the memory planner found no denoiser ({', '.join(pipeline_class.denoising_model_names)}) "
+                         "among --model_id_with_origin_paths / --model_paths; it plans the model that trains"])
+    return denoiser, others, denoiser_fp8
+
+
+def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: PlacementConfig,
+                   device: torch.device, local_processes: int = 1) -> PlacementConfig:
+    """The trainer's planning step (with ``--vram_budget`` or ``--ram_budget``): logs the table and returns the
+    placement of the chosen plan, or ``placement`` itself when its flags name one (warning if it exceeds a budget).
+
+    The device's rates are measured first. On the CPU (tests) it plans with the CPU's figures, and a budget counts the
+    "device" bytes the plan would put on a GPU. ``--ram_budget`` is the machine's: the host memory of its
+    ``local_processes`` together.
+
+    Raises:
+        FlagError: No plan fits, or ``--vram_budget auto`` without a CUDA device; before any weight is loaded.
+    """
+    cuda = device.type == "cuda"
+    vram = budget_bytes(placement.vram_budget, "vram_budget",
+                        torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES if cuda else None)
+    ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
+    model, others, fp8 = denoiser_skeleton(args, pipeline_class)
+    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases, fp8=fp8,
+                              local_processes=local_processes)
+    try:
+        report = plan_workload(workload, placement, measure_device(device), vram, ram)
+    except NoPlanFits as error:
+        raise FlagError([f"--vram_budget {placement.vram_budget} / --ram_budget {placement.ram_budget}: {error}"]) \
+            from None
+    logger.info("%s", report.format())
+    chosen = report.chosen
+    if report.explicit:
+        if not chosen.fits(vram, ram):
+            logger.warning("the placement flags given are predicted to need %.1f GiB of device and %.1f GiB of host "
+                           "memory, over the budget; drop them to let the planner choose", chosen.device_bytes / GIB,
+                           chosen.host_bytes / GIB)
+        return placement
+    logger.info("planner: %s, checkpointing %s (the flags %s)", chosen.plan.describe(), chosen.plan.checkpointing,
+                " ".join(chosen.plan.flags()) or "none")
+    return apply_plan(placement, chosen.plan)

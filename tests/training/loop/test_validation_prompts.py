@@ -1,0 +1,46 @@
+"""Images of validation entries are read as training reads its data: upright per EXIF, deep modes scaled, modes
+Pillow cannot show faithfully refused with the entry named."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diffsynth.training.loop.validation_prompts import ValidationConfig, ValidationError, read_validation_prompts
+
+
+def prompt_file(tmp_path, **images):
+    (tmp_path / "prompts.json").write_text(json.dumps([{"prompt": "a photo", **images}]))
+    return tmp_path / "prompts.json"
+
+
+def test_a_photo_stored_sideways_renders_upright_at_the_bucket_of_its_upright_shape(tmp_path):
+    # A phone photo: 400x200 pixels stored, EXIF orientation 6 (turn a quarter clockwise to show it): 200x400 upright.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (400, 200), (200, 30, 30)).save(tmp_path / "phone.jpg", exif=exif)
+    prompts = read_validation_prompts(prompt_file(tmp_path, edit_image="phone.jpg"))
+    config = ValidationConfig(tuple(prompts), every_steps=1, every_epochs=None, max_pixels=64 * 64)
+
+    height, width = config.size(prompts[0], 16)
+    edit = config.call_arguments(prompts[0], 16)["edit_image"]
+    assert height > width and edit.size == (200, 400)
+
+
+def test_a_sixteen_bit_image_is_scaled_not_clipped_to_white(tmp_path):
+    Image.fromarray(np.full((32, 32), 16384, dtype=np.uint16)).save(tmp_path / "deep.png")
+    prompts = read_validation_prompts(prompt_file(tmp_path, edit_image="deep.png"))
+    config = ValidationConfig(tuple(prompts), every_steps=1, every_epochs=None, max_pixels=64 * 64)
+    edit = np.asarray(config.call_arguments(prompts[0], 16)["edit_image"])
+    assert 60 <= edit.mean() <= 68  # 16384 of 65535 is a quarter of 255
+
+
+def test_a_mode_without_a_faithful_conversion_is_refused_naming_the_entry(tmp_path, monkeypatch):
+    from diffsynth.core.data import image_modes
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "odd.png")
+    monkeypatch.setattr(image_modes, "ACCEPTED_MODES", ("L",))
+    with pytest.raises(ValidationError) as raised:
+        read_validation_prompts(prompt_file(tmp_path, edit_image="odd.png"))
+    assert "entry 1" in str(raised.value) and "odd.png" in str(raised.value) and "'RGB'" in str(raised.value)
