@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
-from .training.config.parsers import build_parser
-from .training.placement.config import PlacementConfig, PlacementError
+from .training.config import RunConfig, build_parser
+from .training.config.parsers import parse_namespace
+from .training.errors import FlagError
 from .training.placement.planner import (
     ARCHITECTURES,
     DEVICE_MARGIN_BYTES,
@@ -59,24 +60,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pipeline = _pipeline_of(argv)
     parser = build_plan_parser(pipeline)
-    args = parser.parse_args(argv)
     try:
-        placement = PlacementConfig.from_args(args)
-    except PlacementError as error:
+        args = parse_namespace(parser, argv)  # a --config file is read as the trainer reads it
+        run = RunConfig.from_namespace(args, runnable=False)  # a run to plan: no dataset or model files needed
+    except FlagError as error:
         parser.error("\n  " + "\n  ".join(error.problems))
+    placement = run.placement
     module, class_name, _ = PIPELINES[pipeline]
     pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
     if args.architecture is not None:  # then any --fp8_models entry means the denoiser
-        model, others, fp8 = build_architecture(args.architecture, args.torch_dtype), [], bool(args.fp8_models)
+        model, others, fp8 = build_architecture(args.architecture, run.model.torch_dtype), [], bool(run.model.fp8_models)
     else:
-        model, others, fp8 = denoiser_skeleton(args, pipeline_class)
-    height, width, frames = sample_shape(args)
+        model, others, fp8 = denoiser_skeleton(run, pipeline_class)
+    height, width, frames = sample_shape(run)
     if args.processes_per_machine < 1:
         parser.error(f"--processes_per_machine {args.processes_per_machine} must be at least 1")
-    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases,
+    batch_size = run.dataset.batch_size
+    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
                               f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
                               f"{width}x{height}x{frames}"
-                              f"{f', batch {args.batch_size}' if args.batch_size > 1 else ''}", fp8=fp8,
+                              f"{f', batch {batch_size}' if batch_size > 1 else ''}", fp8=fp8,
                               local_processes=args.processes_per_machine)
     profile = profile_named(args.device_profile)
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)

@@ -8,7 +8,7 @@ example datasets built in a temporary folder, every sample of one size (``--heig
 full). For each model and batch size it trains one-stage (``--task sft``) and from a stage-1 cache (``--task
 sft:train``, made once per model), and prints the samples per second of the training loop.
 
-How it is timed: ``runner.sample_generators`` is called once per micro-batch, when its samples have been read and
+How it is timed: ``training_loop.sample_generators`` is called once per micro-batch, when its samples have been read and
 before their forward pass; the script wraps it (a monkeypatch of the module global the loop looks up) to stamp
 ``time.perf_counter()`` and the batch's size. The interval between two stamps is one batch's forward, backward,
 optimizer step and logging plus reading the next batch; samples per second are the samples of the timed batches over
@@ -51,10 +51,10 @@ MODELS = {
 
 
 class BatchClock:
-    """Stamps every call of ``runner.sample_generators`` with the time and the batch's size."""
+    """Stamps every call of ``training_loop.sample_generators`` with the time and the batch's size."""
 
     def __init__(self) -> None:
-        import diffsynth.training.loop.runner as runner
+        import diffsynth.training.loop.training_loop as runner
 
         self.stamps: list[tuple[float, int]] = []
         self._runner, self._original = runner, runner.sample_generators

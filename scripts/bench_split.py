@@ -15,7 +15,7 @@ printed at the end. For each of ``--modes`` (plain, and offload: ``--enable_mode
   their ratio (stage 2 / one-stage). Both see the same samples in the same order with the same noise, so their losses
   agree; the largest difference is printed as a check that the two compute the same thing.
 
-How step times are taken: ``runner.step_generator`` is called once per micro-batch, at the start of its
+How step times are taken: ``training_loop.step_generator`` is called once per micro-batch, at the start of its
 forward pass, after the loader has produced the sample. This script wraps it (a monkeypatch of the module global
 the training loop looks up, so nothing in the trainer changes) to record ``time.perf_counter()``, and a step's time
 is the difference between consecutive calls: loss, backward, optimizer step, logging, then fetching the next sample
@@ -70,11 +70,11 @@ LORA_TARGETS = "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_
 
 
 class StepClock:
-    """Stamps every call of ``runner.step_generator`` and every stage-1 loop, without changing what they do."""
+    """Stamps every call of ``training_loop.step_generator`` and every stage-1 loop, without changing what they do."""
 
     def __init__(self) -> None:
         import diffsynth.training.entry as trainer
-        import diffsynth.training.loop.runner as runner
+        import diffsynth.training.loop.training_loop as runner
 
         self.stamps: list[tuple[float, float]] = []
         self.loop_seconds: list[float] = []

@@ -19,6 +19,7 @@ from diffsynth.core.planning.plans import NoPlanFits, format_table
 from diffsynth.core.planning.profiles import GIB, PROFILES
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.placement.config import PlacementConfig
 from diffsynth.training.placement.planner import DEVICE_MARGIN_BYTES, build_architecture, build_workload, plan_workload
@@ -42,9 +43,10 @@ def tables() -> str:
     """The Markdown: per run, the chosen plan on each profile, and every placement on the 24 GB profile."""
     sections = []
     for title, (architecture, pipeline, video, fp8, flags) in RUNS.items():
-        args = build_parser(video=video).parse_args(["--lora_base_model", "dit", "--lora_rank", "32", *flags])
+        namespace = build_parser(video=video).parse_args(["--lora_base_model", "dit", "--lora_rank", "32", *flags])
+        config = RunConfig.from_namespace(namespace, runnable=False)  # planned, not run: no model files or dataset
         model = build_architecture(architecture, "bfloat16")
-        workload = build_workload(model, args, (), pipeline.lora_target_aliases, fp8=fp8)
+        workload = build_workload(model, config, (), pipeline.lora_target_aliases, fp8=fp8)
         lines = [f"#### {title}", "", f"{workload.model_bytes / GIB:.1f} GiB of weights, "
                  f"{workload.trainable_bytes / GIB:.2f} GiB of LoRA (float32).", "",
                  "| device | chosen placement | checkpointing | GPU GiB | host GiB | step s |",

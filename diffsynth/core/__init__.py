@@ -4,8 +4,14 @@ device helpers."""
 from .data import CacheDataset, UnifiedDataset
 from .fp8 import Fp8Linear, Fp8Storage, Fp8StorageConfig, enable_fp8_storage, nbytes_by_dtype
 from .gradient import gradient_checkpoint_forward
-from .loader import (ModelConfig, load_model, load_tokenizer, parse_model_id_with_origin_paths, parse_model_paths,
-                     resolve_files)
+from .loader import (
+                     ModelConfig,
+                     load_model,
+                     load_tokenizer,
+                     parse_model_id_with_origin_paths,
+                     parse_model_paths,
+                     resolve_files,
+)
 from .offload_training import OffloadTrainingConfig, OffloadTrainingManager, PinnedArenaPool
 
 __all__ = [

@@ -27,8 +27,15 @@ from ..core.device import resolve_device
 from ..core.loader import ModelConfig, SharedLoad, load_component, load_skeleton, model_class_name
 from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
-from .unit_graph import (PruneCacheUnit, StateKey, UnitAccess, required_cache_keys, split_pipeline_units,
-                         stage_one_units, unit_access)
+from .unit_graph import (
+    PruneCacheUnit,
+    StateKey,
+    UnitAccess,
+    required_cache_keys,
+    split_pipeline_units,
+    stage_one_units,
+    unit_access,
+)
 
 __all__ = ["SCOPES", "BasePipeline", "PipelineUnit", "PipelineUnitRunner", "PruneCacheUnit", "StateKey",
            "UnitAccess", "required_cache_keys", "split_pipeline_units", "stage_one_units", "unit_access"]

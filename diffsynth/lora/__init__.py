@@ -1,15 +1,16 @@
-"""LoRA files: the layouts each tool reads (one module spells every key), merging, converting and inspecting.
+"""LoRA files: the layouts each tool reads (``formats`` writes them, ``reading`` reads them; no other module
+spells a key), merging, converting and inspecting.
 
 Command line: ``python -m diffsynth.lora inspect FILE`` reports what a file is and how much of it diffusers, ComfyUI,
 DiffSynth-Studio and musubi-tuner load at which strength; ``python -m diffsynth.lora convert IN OUT --to LAYOUT``
 rewrites a file in another layout.
 """
 
-from .formats import (LAYOUTS, LoRALayer, LoRAWeights, from_peft_state_dict, read_file, read_lora,
-                      to_state_dict)
+from .formats import LAYOUTS, LoRALayer, LoRAWeights, from_peft_state_dict, to_state_dict
 from .inspect import Inspection, inspect_lora
 from .merge import check_lora, load_lora
 from .naming import WAN_NAMING, ModuleNaming, lora_layer_names, naming_for
+from .reading import read_file, read_lora
 
 __all__ = [
     "LAYOUTS", "Inspection", "LoRALayer", "LoRAWeights", "ModuleNaming", "WAN_NAMING", "check_lora",

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, read_file, read_lora, write_lora
+from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, write_lora
 from .inspect import inspect_lora, skeleton_from_folder, skeleton_from_metadata
 from .naming import lora_layer_names, naming_for
+from .reading import read_file, read_lora
 
 # Entries that describe the base model and the run; a converted file keeps them.
 _KEPT = (MODEL_CLASS_KEY, MODEL_CONFIG_KEY, "lora_base_model", "lora_target_modules", "diffsynth_version", "step",
@@ -54,21 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if failing and not args.json:
                 print(f"\nnot loaded fully at the trained strength by: {', '.join(r.tool for r in failing)}")
             return 1 if failing else 0
-        return _convert(args)
+        return _convert(args.input, args.output, args.to, args.model)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
 
-def _convert(args: argparse.Namespace) -> int:
-    _, metadata = read_file(args.input)
-    skeleton = skeleton_from_folder(args.model) if args.model else skeleton_from_metadata(metadata)
+def _convert(source: str, target: str, layout: str, model: str | None) -> int:
+    """Rewrites the LoRA file ``source`` as ``target`` in ``layout``; ``model`` is the base model's folder (None:
+    the model the file's metadata records)."""
+    _, metadata = read_file(source)
+    skeleton = skeleton_from_folder(model) if model else skeleton_from_metadata(metadata)
     module_names = lora_layer_names(skeleton) if skeleton is not None else None
     naming = naming_for(skeleton) if skeleton is not None else naming_for(metadata.get(MODEL_CLASS_KEY, ""))
-    weights = read_lora(args.input, module_names, naming)
+    weights = read_lora(source, module_names, naming)
     kept = {key: metadata[key] for key in _KEPT if key in metadata}
-    path = write_lora(Path(args.output), weights, args.to, naming, kept)
-    print(f"wrote {path} ({args.to} layout, {len(weights.layers)} layers, from {weights.layout})")
+    path = write_lora(Path(target), weights, layout, naming, kept)
+    print(f"wrote {path} ({layout} layout, {len(weights.layers)} layers, from {weights.layout})")
     return 0
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from .formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, LoRAWeights, read_file, read_lora
+from .formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, LoRAWeights
 from .naming import lora_layer_names, naming_for
+from .reading import read_file, read_lora
 from .tools import ToolResult, check_tools
 
 # The tools that must load the trainer's main file fully; musubi-tuner is reported, and converts with a command.

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 
 import torch
 
-from .formats import LoRALayer, LoRAWeights, read_lora
+from .formats import LoRALayer, LoRAWeights
 from .naming import LORA_TARGET_TYPES, ModuleNaming, naming_for
+from .reading import read_lora
 
 logger = logging.getLogger(__name__)
 

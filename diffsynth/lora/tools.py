@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .formats import LoRALayer, LoRAWeights, read_lora
+from .formats import LoRALayer, LoRAWeights
 from .naming import ModuleNaming
+from .reading import read_lora
 
 TOOLS = ("diffsynth", "diffusers", "ComfyUI", "DiffSynth-Studio", "musubi-tuner")
 _TOLERANCE = 1e-3

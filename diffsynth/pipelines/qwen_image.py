@@ -24,11 +24,27 @@ from PIL import Image
 from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import (LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, draw_noise, image_to_tensor, round_size,
-                     tensor_to_images)
-from .qwen_image_edit import (EDIT_CONDITION_PIXELS, EDIT_IMAGE_PIXELS, EDIT_TEMPLATE_DROP_TOKENS,
-                              EditImageEmbedderUnit, default_processor_config, encode_edit_prompt, load_processor,
-                              output_size, processor_if_present, set_zero_cond_t)
+from .common import (
+    LatentsUnit,
+    ShapeCheckUnit,
+    TextToLatentPipeline,
+    draw_noise,
+    image_to_tensor,
+    round_size,
+    tensor_to_images,
+)
+from .qwen_image_edit import (
+    EDIT_CONDITION_PIXELS,
+    EDIT_IMAGE_PIXELS,
+    EDIT_TEMPLATE_DROP_TOKENS,
+    EditImageEmbedderUnit,
+    default_processor_config,
+    encode_edit_prompt,
+    load_processor,
+    output_size,
+    processor_if_present,
+    set_zero_cond_t,
+)
 
 __all__ = ["ModelConfig", "QwenImagePipeline"]
 

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from diffsynth.training.config.parsers import build_parser, validate_args
+from diffsynth.training.config import RunConfig
+from diffsynth.training.config.parsers import build_parser
 from tests.examples.test_scripts import launch_commands, trainer_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,4 +50,4 @@ def test_the_training_section_makes_the_dataset_first_and_its_commands_are_valid
     # The plain command, then the same one with model CPU offload, then with a memory budget for the planner.
     assert trainings[1:] == [[*first, "--enable_model_cpu_offload"], [*first, "--vram_budget", "auto"]]
     for argv in trainings:
-        validate_args(build_parser().parse_args(argv))
+        RunConfig.from_namespace(build_parser().parse_args(argv))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from diffsynth.core.loader import parse_model_id_with_origin_paths
-from diffsynth.training.config.parsers import build_parser, validate_args
+from diffsynth.training.config import RunConfig, build_parser
 from diffsynth.training.errors import FlagError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_command_parses_and_validates(script, words, capsys):
     except SystemExit:
         pytest.fail(f"{script}: the trainer rejects the command:\n{capsys.readouterr().err}")
     try:
-        validate_args(args)
+        RunConfig.from_namespace(args)
     except FlagError as error:
         pytest.fail(f"{script}: conflicting flags:\n" + "\n".join(error.problems))
     # The trainer makes this check only after the dataset is read; a script can be checked now.

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from diffsynth.core.data import CacheError, DatasetError, list_cache_files, load_cache_sample, read_cache_manifest
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.training import entry as trainer
 from diffsynth.training.entry import main
+from diffsynth.training.startup import dataset as startup_dataset
 from tests.conftest import reset_accelerate_state
 from tests.training.test_trainer import COMMON, PATTERN, REPO, raw, stage_two_argv
 
@@ -169,7 +169,7 @@ def test_skip_trains_on_the_rest_and_counts_the_skipped_sample(dataset, tmp_path
 
 def test_on_first_touch_stop_names_the_row_and_skip_keeps_every_step(dataset, tmp_path, monkeypatch, caplog):
     # A dataset above the start-up budget: files are decoded only when the run reads them.
-    monkeypatch.setattr(trainer, "STARTUP_DECODE_PIXELS", 0)
+    monkeypatch.setattr(startup_dataset, "STARTUP_DECODE_PIXELS", 0)
     name = make_damaged(dataset)
     with pytest.raises(DatasetError) as error:
         one_stage(dataset, tmp_path / "stopped")
@@ -184,7 +184,7 @@ def test_on_first_touch_stop_names_the_row_and_skip_keeps_every_step(dataset, tm
 def test_stage_one_skips_an_undecodable_row_and_stage_two_does_not_count_it_missing(dataset, tmp_path, monkeypatch,
                                                                                  capsys, at_start_up):
     if not at_start_up:
-        monkeypatch.setattr(trainer, "STARTUP_DECODE_PIXELS", 0)
+        monkeypatch.setattr(startup_dataset, "STARTUP_DECODE_PIXELS", 0)
     make_damaged(dataset)
     cache = tmp_path / "cache"
     assert stage_one(dataset, cache, "--on_bad_sample", "skip")["cached"] == 3
@@ -241,12 +241,13 @@ def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dat
     script.write_text(
         "import json, sys, torch\n"
         "from diffsynth.training import entry as trainer\n"
+        "from diffsynth.training.startup import dataset as startup_dataset\n"
         "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
         "from tests.conftest import reset_accelerate_state\n"
         "cache, output, flags = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
         "staged = trainer.main(QwenImagePipeline, [*flags, '--output_path', cache, '--task', 'sft:data_process'])\n"
         "reset_accelerate_state()\n"
-        "trainer.STARTUP_DECODE_PIXELS = 0  # files are decoded when first read\n"
+        "startup_dataset.STARTUP_DECODE_PIXELS = 0  # files are decoded when first read\n"
         "trained = trainer.main(QwenImagePipeline, [*flags, '--output_path', output])\n"
         "rank = torch.distributed.get_rank()\n"
         "total = sum(float(w.double().sum()) for w in trained['module'].trainable_state_dict().values())\n"

@@ -19,7 +19,7 @@ from diffsynth.core.loader.tiny_models import (
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.training.entry import load_pipeline
+from diffsynth.training.startup import load_pipeline
 from tests.core.loader.test_resolve import FakeDownloader
 from tests.training.test_trainer import TRAIN_PY
 

@@ -228,12 +228,12 @@ def test_an_edit_run_renders_its_edit_prompts_at_the_edit_images_aspect_ratio(tm
 
 
 def test_an_image_the_model_cannot_take_is_refused_before_training(videos, tmp_path, monkeypatch):
-    from diffsynth.training.loop import runner
+    from diffsynth.training.loop import training_loop
 
     write_image(tmp_path / "first.png")
     (tmp_path / "prompts.json").write_text(json.dumps([{"prompt": "a ball", "input_image": "first.png"}]))
     models = ",".join(f"{WAN_MODEL_ID}:{WAN_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
-    monkeypatch.setattr(runner, "make_optimizer", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(training_loop, "make_optimizer", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(ValueError, match=r"entry 1: \"input_image\" was given, but the transformer .* takes no image"):
         main(WanVideoPipeline, [*raw(videos), "--model_id_with_origin_paths", models, "--lora_base_model", "dit",
                                 "--lora_target_modules", "q", "--torch_dtype", "float32", "--max_pixels", "4096",

@@ -15,9 +15,23 @@ it without a warning).
 """
 
 from .bad_samples import ON_BAD_SAMPLE_CHOICES, BadSample, BadSampleError
-from .cache import (CACHE_FORMAT_VERSION, CACHE_INFO_FILE, CACHE_MANIFEST_FILE, CacheDataset, cache_file_path,
-                    cache_inventory, list_cache_files, load_cache_sample, make_cache_info, read_cache_fingerprint,
-                    read_cache_info, read_cache_manifest, save_cache_sample, write_cache_info, write_cache_manifest)
+from .cache import (
+                    CACHE_FORMAT_VERSION,
+                    CACHE_INFO_FILE,
+                    CACHE_MANIFEST_FILE,
+                    CacheDataset,
+                    cache_file_path,
+                    cache_inventory,
+                    list_cache_files,
+                    load_cache_sample,
+                    make_cache_info,
+                    read_cache_fingerprint,
+                    read_cache_info,
+                    read_cache_manifest,
+                    save_cache_sample,
+                    write_cache_info,
+                    write_cache_manifest,
+)
 from .cache_codec import STATE_KEYS, decode_state, encode_state
 from .cache_sync import CacheSync, sync_stage_one_cache
 from .dataset import CheckedDataset, UnifiedDataset, check_dataset, check_repeat, read_metadata

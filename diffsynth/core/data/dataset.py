@@ -33,8 +33,14 @@ from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sa
 from .cells import CellType, convert_cells
 from .errors import DataFileNotFoundError, DatasetError
 from .fingerprint import FileIdentity, SampleFingerprint
-from .operators import (DECODE_RULES_VERSION, DEFAULT_DIVISION_FACTOR, DEFAULT_MAX_PIXELS, FileOperator, ResizeConfig,
-                        operator_for)
+from .operators import (
+    DECODE_RULES_VERSION,
+    DEFAULT_DIVISION_FACTOR,
+    DEFAULT_MAX_PIXELS,
+    FileOperator,
+    ResizeConfig,
+    operator_for,
+)
 from .video import DEFAULT_NUM_FRAMES, LoadVideo
 
 METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")

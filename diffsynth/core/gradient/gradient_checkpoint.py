@@ -12,7 +12,6 @@ import torch.utils.checkpoint
 from ..device import copy_to_host
 
 
-
 def _deepspeed_checkpointing_configured() -> bool:
     # DeepSpeed is optional: if it was never imported, it cannot have been configured.
     deepspeed = sys.modules.get("deepspeed")

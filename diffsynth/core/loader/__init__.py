@@ -14,8 +14,7 @@ The tiny-model builders live in ``diffsynth.core.loader.tiny_models`` (imported 
 
 from .config import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, parse_model_paths
 from .errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
-from .loading import (load_component, load_model, load_model_from_files, load_skeleton, load_tokenizer,
-                      model_class_name)
+from .loading import load_component, load_model, load_model_from_files, load_skeleton, load_tokenizer, model_class_name
 from .resolve import model_base_path, resolve_files
 from .shared_loading import SharedLoad
 

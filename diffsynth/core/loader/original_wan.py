@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ModelLoadError
-from .original_wan_encoders import (clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys)
-from .original_wan_vae import (is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys)
+from .original_wan_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
+from .original_wan_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
 from .pth import PTH_SUFFIX
 from .state_dict import CheckpointEntry, read_headers
 

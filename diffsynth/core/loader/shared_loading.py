@@ -29,8 +29,8 @@ from collections.abc import Callable
 import torch
 
 from ..device import available_host_memory
-from ..fp8 import Fp8Linear, store_model_in_fp8
 from ..folder_lock import process_alive
+from ..fp8 import Fp8Linear, store_model_in_fp8
 from ..fp8_conv import is_fp8_conv
 from ..offload_training.memory_buffer import align
 from ..shared_weights import LocalGroup, SegmentOffer, SharedSegment

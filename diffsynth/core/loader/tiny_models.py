@@ -25,11 +25,27 @@ import functools
 from pathlib import Path
 
 from .tiny_common import SHARD_SIZE, TINY_MARKER, model_index, padded, prepare_repo, seeded, write_json
-from .tiny_wan import (WAN22_I2V_MODEL_ID, WAN22_T2V_MODEL_ID, WAN22_TI2V_MODEL_ID, WAN22_A14B_PATTERNS,
-                       WAN22_TI2V_PATTERNS, WAN_BUILDERS, WAN_I2V_IMAGE_PROCESSOR_CONFIG, WAN_I2V_MODEL_ID,
-                       WAN_I2V_ORIGINAL_MODEL_ID, WAN_I2V_ORIGINAL_PATTERNS, WAN_I2V_PATTERNS, WAN_MODEL_ID,
-                       WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS, WAN_PATTERNS, WAN_SCHEDULER_CONFIG,
-                       build_t5_tokenizer, build_tiny_wan, build_tiny_wan_i2v)
+from .tiny_wan import (
+    WAN22_A14B_PATTERNS,
+    WAN22_I2V_MODEL_ID,
+    WAN22_T2V_MODEL_ID,
+    WAN22_TI2V_MODEL_ID,
+    WAN22_TI2V_PATTERNS,
+    WAN_BUILDERS,
+    WAN_I2V_IMAGE_PROCESSOR_CONFIG,
+    WAN_I2V_MODEL_ID,
+    WAN_I2V_ORIGINAL_MODEL_ID,
+    WAN_I2V_ORIGINAL_PATTERNS,
+    WAN_I2V_PATTERNS,
+    WAN_MODEL_ID,
+    WAN_ORIGINAL_MODEL_ID,
+    WAN_ORIGINAL_PATTERNS,
+    WAN_PATTERNS,
+    WAN_SCHEDULER_CONFIG,
+    build_t5_tokenizer,
+    build_tiny_wan,
+    build_tiny_wan_i2v,
+)
 
 # The Wan names are re-exported: tests and scripts import every tiny repo's id and patterns from this module.
 __all__ = [

@@ -11,10 +11,14 @@ from .h2d_stream import H2DOnlyBlockSwap
 from .hooks import ResidencyDriver, ResidencyMeter, ResidencyPolicy
 from .leaf_offload import LeafOffloadPolicy, OffloadUnit
 from .manager import OffloadTrainingConfig, OffloadTrainingManager
-from .memory_buffer import (ALIGNMENT, BaseBufferPool, PinnedArenaPool, PinnedBuffer, per_tensor_pinned_bytes,
-                            plan_arena)
-from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, StaticParamOffloader, TensorOffloader,
-                        TrainableParamOffloader)
+from .memory_buffer import ALIGNMENT, BaseBufferPool, PinnedArenaPool, PinnedBuffer, per_tensor_pinned_bytes, plan_arena
+from .offloader import (
+                            AlwaysOnDeviceParamOffloader,
+                            BufferOffloader,
+                            StaticParamOffloader,
+                            TensorOffloader,
+                            TrainableParamOffloader,
+)
 from .placement import UnitSpec, plan_units
 from .prefetch import PrefetchScheduler, PrefetchStats
 from .transfer import DirectEngine, StagedEngine, SyncEngine, TransferEngine, TransferTimer, make_engine

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..device import allocate_host_bytes, resolve_device, synchronize
 from ..shared_weights import is_shared_host
+from .grad_sync import GradientSynchronizer, distributed_world_size
 from .hooks import ResidencyDriver, ResidencyMeter, ResidencyPolicy
 from .memory_buffer import PinnedArenaPool
 from .transfer import DEFAULT_STAGING_BYTES, ENGINES, TensorSlot, TransferTimer, make_engine, tensor_slots
@@ -91,19 +92,6 @@ class BlockSwapConfig:
         if self.h2d_only:
             return streaming_block_indices(num_blocks, self.blocks_to_swap)
         return list(range(num_blocks - self.blocks_to_swap, num_blocks))
-
-    @classmethod
-    def from_args(cls, args: Any, training: bool = True) -> BlockSwapConfig:
-        """Builds the config from parsed CLI flags (those a parser lacks take their defaults) for a script of your own;
-        with ``training``, ``--use_gradient_checkpointing`` (or its offload variant) is read, so H2D-only without it
-        is refused here rather than mid-step. The trainer builds it from its ``PlacementConfig`` instead."""
-        flag = functools.partial(getattr, args)
-        checkpointing = bool(flag("use_gradient_checkpointing", False)
-                             or flag("use_gradient_checkpointing_offload", False)) if training else None
-        return cls(blocks_to_swap=flag("blocks_to_swap", 0) or 0, h2d_only=bool(flag("block_swap_h2d_only", False)),
-                   ring_size=flag("block_swap_ring_size", 2),
-                   use_pinned_memory=bool(flag("use_pinned_memory_for_block_swap", False)),
-                   gradient_checkpointing=checkpointing)
 
 
 NO_CHECKPOINTING_MESSAGE = (
@@ -192,6 +180,9 @@ class BlockSwap(ResidencyPolicy):
         self._placed: list[tuple[TensorSlot, torch.device]] = []
         self.engine = None
         self.driver: ResidencyDriver | None = None
+        # No DDP wraps a model whose weights move, so its trainable gradients are averaged here (after_backward).
+        trainable = [param for param in (model or blocks).parameters() if param.requires_grad]
+        self._grad_sync = GradientSynchronizer(trainable) if trainable and distributed_world_size() > 1 else None
 
     def _host_pool(self, sizes: list[int]) -> PinnedArenaPool:
         """One host arena for the masters, pinned with ``use_pinned_memory``."""
@@ -265,6 +256,12 @@ class BlockSwap(ResidencyPolicy):
         self.timer.resolve()
         return self.timer.format(f"block swap ({self.mode_name}, engine {self.engine_name}, {self.config.blocks_to_swap} of "
                                  f"{self.num_blocks} blocks): per-block copy and stall time")
+
+    def after_backward(self, sync_gradients: bool = True) -> None:
+        """Ends a backward pass: with several processes and ``sync_gradients`` (the micro-step that ends an optimizer
+        step), averages the model's trainable gradients across them. Call it before ``optimizer.step()``."""
+        if sync_gradients and self._grad_sync is not None:
+            self._grad_sync.all_reduce_mean()
 
     def remove(self) -> None:
         """Detaches the hooks and turns every moved tensor back into an ordinary tensor on its original device."""

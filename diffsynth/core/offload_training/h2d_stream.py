@@ -13,7 +13,13 @@ import torch
 from torch import nn
 
 from ..shared_weights import shared_span
-from .block_swap import NO_CHECKPOINTING_MESSAGE, BlockSwap, BlockSwapConfig, is_adapter_parameter, streaming_block_indices
+from .block_swap import (
+    NO_CHECKPOINTING_MESSAGE,
+    BlockSwap,
+    BlockSwapConfig,
+    is_adapter_parameter,
+    streaming_block_indices,
+)
 from .memory_buffer import align, tensor_nbytes
 from .transfer import TensorSlot, byte_views, tensor_slots
 

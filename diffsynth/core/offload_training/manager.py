@@ -27,8 +27,13 @@ from .grad_sync import GradientSynchronizer, distributed_world_size
 from .hooks import ResidencyDriver, ResidencyMeter
 from .leaf_offload import LeafOffloadPolicy, OffloadUnit
 from .memory_buffer import BaseBufferPool, PinnedArenaPool, frozen_tensors, tensor_nbytes
-from .offloader import (AlwaysOnDeviceParamOffloader, BufferOffloader, StaticParamOffloader, TensorOffloader,
-                        TrainableParamOffloader)
+from .offloader import (
+    AlwaysOnDeviceParamOffloader,
+    BufferOffloader,
+    StaticParamOffloader,
+    TensorOffloader,
+    TrainableParamOffloader,
+)
 from .placement import UnitSpec, plan_units
 from .prefetch import PrefetchScheduler, PrefetchStats
 from .transfer import make_engine

@@ -37,8 +37,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..device import copy_into, copy_to_device, record_event, synchronize_event
 from ..shared_weights import is_shared_host
 from .device_pool import DeviceBufferPool
-from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .hooks import ResidencyMeter
+from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .transfer import CopyPair
 
 

@@ -27,8 +27,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..device import (allocate_host_bytes, new_stream, pinned_memory_available, record_event, use_stream, wait_event,
-                      warn_once)
+from ..device import (
+    allocate_host_bytes,
+    new_stream,
+    pinned_memory_available,
+    record_event,
+    use_stream,
+    wait_event,
+    warn_once,
+)
 from .memory_buffer import tensor_nbytes
 
 ENGINES = ("auto", "direct", "staged", "sync")

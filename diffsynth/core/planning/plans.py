@@ -35,8 +35,15 @@ from torch import nn
 from ..offload_training.memory_buffer import align, tensor_nbytes
 from .footprint import StepFootprint, measure_step
 from .profiles import GIB, DeviceProfile
-from .residency import (Residency, arena_bytes, classic_swap_residency, h2d_ring_residency, leaf_offload_residency,
-                        stream_sizes, swap_sizes)
+from .residency import (
+    Residency,
+    arena_bytes,
+    classic_swap_residency,
+    h2d_ring_residency,
+    leaf_offload_residency,
+    stream_sizes,
+    swap_sizes,
+)
 
 ALLOCATOR_SLACK = 0.08
 """Share of the allocated bytes the caching allocator holds on top, in partly used blocks (assumed)."""

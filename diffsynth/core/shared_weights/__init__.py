@@ -6,8 +6,15 @@ stream from it in place.
 """
 
 from .local_group import LocalGroup, machine_key
-from .segment import (SEGMENT_PREFIX, SegmentOffer, SharedSegment, is_shared_host, memory_files_supported,
-                      shared_span, shared_storage)
+from .segment import (
+                      SEGMENT_PREFIX,
+                      SegmentOffer,
+                      SharedSegment,
+                      is_shared_host,
+                      memory_files_supported,
+                      shared_span,
+                      shared_storage,
+)
 
 __all__ = ["SEGMENT_PREFIX", "LocalGroup", "SegmentOffer", "SharedSegment", "is_shared_host", "machine_key",
            "memory_files_supported", "shared_span", "shared_storage"]

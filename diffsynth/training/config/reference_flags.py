@@ -11,6 +11,8 @@ drift.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any
 
 # Flag -> where the reference defines it.
 REFERENCE_FLAGS: dict[str, str] = {
@@ -89,11 +91,12 @@ def add_unsupported_config(parser: argparse.ArgumentParser) -> argparse.Argument
     return parser
 
 
-def unsupported_flag_problems(args: argparse.Namespace) -> list[str]:
-    """One problem per unsupported reference flag the command gives, naming it and saying why."""
+def unsupported_flag_problems(flags: Mapping[str, Any]) -> list[str]:
+    """One problem per unsupported reference flag the command gives (``flags``: flag name -> parsed value), naming it
+    and saying why."""
     problems = []
     for flag, reason in UNSUPPORTED.items():
-        value = getattr(args, flag[2:], None)
+        value = flags.get(flag[2:])
         if value not in (None, False):
             shown = flag if value is True else f"{flag} {value}"
             problems.append(f"{shown}: {reason}; drop it")

@@ -32,15 +32,15 @@ import torch
 
 from ...core.device import peak_memory_bytes, reset_peak_memory
 from ...core.loader import load_component
-from ...core.offload_training import BlockSwap, OffloadTrainingManager, ResidencyMeter
+from ...core.offload_training import OffloadTrainingManager, ResidencyMeter
 from ...diffusion.base_pipeline import BasePipeline
-from ..outputs.logger import ModelLogger
+from ..outputs.logger import SAMPLES_DIR, ModelLogger
 from ..placement.config import PlacementConfig
+from ..placement.placers import Placer
 from .validation_prompts import DEFAULT_FPS, ValidationConfig
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_DIR = "samples"
 
 
 def rendering_model_names(pipe: BasePipeline) -> list[str]:
@@ -89,7 +89,7 @@ class SampleRenderer:
         config: The prompts and when to render them.
         pipe: The training module's pipeline (the denoiser with its live LoRA).
         placed: The models training placed (the stage's active models).
-        managers: Training's offload managers (their pass is ended after a render).
+        placers: Training's placers (their pass is ended after a render).
         placement: The run's placement, whose offload options the streaming managers take.
         device: The compute device.
         output_path: The run's ``--output_path``.
@@ -98,9 +98,9 @@ class SampleRenderer:
     """
 
     def __init__(self, config: ValidationConfig, pipe: BasePipeline, placed: Sequence[str],
-                 managers: Sequence[OffloadTrainingManager], placement: PlacementConfig, device: torch.device,
+                 placers: Sequence[Placer], placement: PlacementConfig, device: torch.device,
                  output_path: str | Path, model_logger: ModelLogger, meter: ResidencyMeter) -> None:
-        self.config, self.pipe, self.managers, self.placement = config, pipe, list(managers), placement
+        self.config, self.pipe, self.placers, self.placement = config, pipe, list(placers), placement
         self.device, self.output_path, self.model_logger, self.meter = device, Path(output_path), model_logger, meter
         problems = [f"--validation_prompts entry {number}: {problem}"
                     for number, prompt in enumerate(config.prompts, start=1)
@@ -116,10 +116,10 @@ class SampleRenderer:
         self.peaks: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    def attach_meters(cls, managers: Sequence[OffloadTrainingManager], swaps: Sequence[BlockSwap]) -> ResidencyMeter:
-        """One meter counting what every training offload policy holds on the device at once."""
+    def attach_meters(cls, placers: Sequence[Placer]) -> ResidencyMeter:
+        """One meter counting what every training placer holds on the device at once."""
         meter = ResidencyMeter()
-        for placer in [*managers, *swaps]:
+        for placer in placers:
             placer.meter.attach(meter)
         return meter
 
@@ -154,8 +154,8 @@ class SampleRenderer:
                 path = self.pipe.save_output(output, folder / f"{index:02d}", fps=fps)
                 self.model_logger.log_sample(step, index, output, fps=fps)
                 written.append(path)
-        for manager in self.managers:
-            manager.after_backward(sync_gradients=False)  # ends the inference passes: nothing stays loaded
+        for placer in self.placers:
+            placer.after_backward(sync_gradients=False)  # ends the inference passes: nothing stays loaded
         sampling_peak = self.meter.peak
         self.meter.reset_peak()
         device_note = ""

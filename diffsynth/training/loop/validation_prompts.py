@@ -20,13 +20,10 @@ so that rendering stays within the run's memory plan.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import math
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
@@ -34,18 +31,19 @@ from ...core.data.buckets import bucket_sizes, nearest_bucket
 from ...core.data.errors import DatasetError
 from ...core.data.image_modes import check_mode, upright_rgb, upright_size
 from ...core.data.video import is_valid_frame_count
+from ..errors import FlagError
+
+if TYPE_CHECKING:
+    from ..config.dataset import DatasetSection
+    from ..config.validation import ValidationSection
 
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
                "input_image")
 DEFAULT_FPS = 16  # Wan's frame rate
 
 
-class ValidationError(ValueError):
+class ValidationError(FlagError):
     """The sampling flags or the prompt file are wrong; ``problems`` holds one message per problem."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,19 +212,19 @@ class ValidationConfig:
         return problems
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ValidationConfig | None:
+    def from_sections(cls, validation: ValidationSection, dataset: DatasetSection) -> ValidationConfig | None:
         """The run's config, or None without ``--validation_prompts``.
 
         Raises:
             ValidationError: The file or a flag is wrong.
         """
-        if args.validation_prompts is None:
+        if validation.validation_prompts is None:
             return None
-        fixed = (args.height, args.width) if args.height is not None else None
-        return cls(tuple(read_validation_prompts(args.validation_prompts)), args.validation_steps,
-                   args.validation_epochs, args.validation_num_inference_steps, args.validation_cfg_scale,
-                   args.validation_seed, args.height * args.width if fixed else args.max_pixels, fixed,
-                   getattr(args, "num_frames", None))
+        fixed = (dataset.height, dataset.width) if dataset.height is not None else None
+        return cls(tuple(read_validation_prompts(validation.validation_prompts)), validation.validation_steps,
+                   validation.validation_epochs, validation.validation_num_inference_steps,
+                   validation.validation_cfg_scale, validation.validation_seed,
+                   dataset.height * dataset.width if fixed else dataset.max_pixels, fixed, dataset.num_frames)
 
     def due(self, step: int, completed_epochs: int | None = None) -> bool:
         """Whether to render after optimizer step ``step``; ``completed_epochs`` is given at the end of an epoch."""
@@ -270,45 +268,3 @@ def _open(path: Path) -> Image.Image:
     """An entry's image decoded as training decodes its data (upright, deep and transparent modes handled)."""
     with Image.open(path) as image:
         return upright_rgb(image, path)
-
-
-def add_validation_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flags of samples while training: prompts rendered with the current LoRA (docs Samples)."""
-    group = parser.add_argument_group("Samples while training")
-    group.add_argument("--validation_prompts", type=str, default=None,
-                       help="Prompts rendered with the LoRA as it trains, by the main process, into "
-                            "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
-                            "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, seed, "
-                            "edit_image, input_image. Checked before the models load.")
-    group.add_argument("--validation_steps", type=int, default=None,
-                       help="Render the prompts every N optimizer steps.")
-    group.add_argument("--validation_epochs", type=int, default=None,
-                       help="Render the prompts at the end of every N epochs.")
-    group.add_argument("--validation_num_inference_steps", type=int, default=20,
-                       help="Denoising steps of each sample.")
-    group.add_argument("--validation_cfg_scale", type=float, default=None,
-                       help="Classifier-free guidance of the samples; unset: the pipeline's (Qwen-Image 4, Wan 5).")
-    group.add_argument("--validation_seed", type=int, default=0,
-                       help="Noise seed of the prompts that give none; the same seed renders comparable samples.")
-    return parser
-
-
-def validation_problems(args: argparse.Namespace) -> list[str]:
-    """The sampling flags' problems, for ``parsers.validate_args``: flags without ``--validation_prompts``, a stage
-    that trains nothing, and ``ValidationConfig``'s own checks."""
-    cfg_scale = args.validation_cfg_scale
-    if cfg_scale is not None and not math.isfinite(cfg_scale):
-        return []  # the finite-flag check reports it: one complaint per flag
-    given = [flag for flag, value in (("--validation_steps", args.validation_steps),
-                                      ("--validation_epochs", args.validation_epochs),
-                                      ("--validation_cfg_scale", cfg_scale)) if value is not None]
-    if args.validation_prompts is None:
-        return [f"{flag} has no effect without --validation_prompts; add the prompt file, or drop {flag}"
-                for flag in given]
-    if args.task.endswith(":data_process"):
-        return [f"--validation_prompts: --task {args.task} trains nothing to render; pass it to the training stage"]
-    try:
-        ValidationConfig.from_args(args)
-    except ValidationError as error:
-        return error.problems
-    return []

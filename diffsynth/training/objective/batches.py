@@ -17,7 +17,6 @@ whose cached tensors have the same shapes, text embeddings aside (they are padde
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -105,37 +104,6 @@ def cache_bucket_key(dataset: CacheDataset, index: int, padded: Mapping[str, str
     ignored = set(padded) | set(padded.values())
     return tuple((name, shape) for name, shape in sorted(dataset.tensor_shapes(index).items())
                  if name.split("/")[-1] not in ignored)
-
-
-def add_batch_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the batch flags: samples per step, and the aspect-ratio buckets that let samples of one step share a
-    shape (docs Batches)."""
-    group = parser.add_argument_group("Batches")
-    group.add_argument("--batch_size", type=int, default=1,
-                       help="Samples per micro-batch, of one shape: images (and video frames) are brought to "
-                            "aspect-ratio buckets under --max_pixels and each batch is drawn from one bucket (a "
-                            "bucket's last batch of an epoch may be smaller). The loss is averaged per sample. For a "
-                            "split run, pass it to stage 1 too, so the cache holds the samples at bucket sizes.")
-    group.add_argument("--aspect_ratio_buckets", action="store_true",
-                       help="Bring images to aspect-ratio buckets even at --batch_size 1 (implied above 1), e.g. for "
-                            "a stage-1 cache that later runs train at several batch sizes.")
-    return parser
-
-
-def batch_problems(args: argparse.Namespace) -> list[str]:
-    """The batch flags' problems, for ``parsers.validate_args``."""
-    if args.batch_size < 1:
-        return [f"--batch_size {args.batch_size} must be at least 1; pass e.g. --batch_size 1"]
-    if args.batch_size > 1 and args.task.startswith("direct_distill"):
-        return [f"--batch_size {args.batch_size} with --task {args.task}: each sample runs its own sampler (its seed, "
-                "steps and guidance from the metadata), so samples cannot share a batch; pass --batch_size 1 with "
-                f"--gradient_accumulation_steps {args.batch_size} instead"]
-    return []
-
-
-def bucketed(args: argparse.Namespace) -> bool:
-    """Whether the run buckets its samples: ``--batch_size`` above 1, or ``--aspect_ratio_buckets``."""
-    return args.batch_size > 1 or args.aspect_ratio_buckets
 
 
 def batch_sampler(dataset: UnifiedDataset | CacheDataset, batch_size: int, buckets: bool, seed: int,

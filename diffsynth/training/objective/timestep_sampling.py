@@ -38,6 +38,8 @@ from collections.abc import Sequence
 import torch
 
 from ...diffusion.flow_match import FlowMatchScheduler
+from ..errors import FlagError
+from ..section import Section
 
 TIMESTEP_SAMPLINGS = ("grid", "uniform", "sigmoid", "logit_normal", "shift", "qwen_shift", "flux_shift")
 WEIGHTING_SCHEMES = ("none", "logit_normal", "mode", "cosmap")
@@ -55,16 +57,12 @@ READS = {"grid": (), "uniform": (), "sigmoid": ("sigmoid_scale",), "logit_normal
 SCHEME_READS = {"logit_normal": ("logit_mean", "logit_std"), "mode": ("mode_scale",)}
 
 
-class TimestepSamplingError(ValueError):
+class TimestepSamplingError(FlagError):
     """The sampling flags conflict; ``problems`` holds one message per problem, each naming flag, value and fix."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclasses.dataclass(frozen=True)
-class TimestepSampling:
+class TimestepSampling(Section):
     """One run's timestep rule and loss weighting, checked at construction; the fields are named after the flags.
 
     Parameters left ``None`` take ``DEFAULTS``.
@@ -82,17 +80,42 @@ class TimestepSampling:
     discrete_flow_shift: float | None = None
     mode_scale: float | None = None
 
-    def __post_init__(self) -> None:
-        problems = self._choice_problems()
-        if not problems:
-            problems = self._unused_problems() + self._range_problems()
-        if problems:
-            raise TimestepSamplingError(problems)
+    ERROR = TimestepSamplingError
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TimestepSampling:
-        """Reads the sampling flags of a trainer ``Namespace`` (from ``build_parser``: every flag is there)."""
-        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+    def add_arguments(cls, parser: argparse.ArgumentParser, video: bool = False) -> None:
+        """Adds the Timestep sampling group (docs Timestep_Sampling)."""
+        group = parser.add_argument_group("Timestep sampling")
+        group.add_argument("--timestep_sampling", type=str, default="grid", choices=TIMESTEP_SAMPLINGS,
+                           help="How training draws its noise levels: grid draws uniformly from the model's own "
+                                "shifted 1000-step grid (the reference's rule); uniform, sigmoid, logit_normal, shift, "
+                                "qwen_shift and flux_shift draw continuously as musubi-tuner does (the shift rules "
+                                "bend a sigmoid draw, qwen/flux by the sample's resolution). Always within "
+                                "--min/max_timestep_boundary.")
+        group.add_argument("--weighting_scheme", type=str, default=None, choices=WEIGHTING_SCHEMES,
+                           help="Loss weighting as diffusers names it: none; cosmap; logit_normal and mode draw the "
+                                "grid non-uniformly (with --timestep_sampling grid) and weight 1. Unset: the "
+                                "reference's Gaussian weighting for grid, none for the continuous rules.")
+        group.add_argument("--sigmoid_scale", type=float, default=None,
+                           help="Scale of the normal draw of sigmoid, shift, qwen_shift and flux_shift; larger spreads "
+                                "them towards uniform. Unset: 1.0.")
+        group.add_argument("--logit_mean", type=float, default=None,
+                           help="Mean of the logit-normal draw (--timestep_sampling logit_normal, --weighting_scheme "
+                                "logit_normal); positive favours noisier steps. Unset: 0.0.")
+        group.add_argument("--logit_std", type=float, default=None,
+                           help="Standard deviation of the logit-normal draw. Unset: 1.0.")
+        group.add_argument("--discrete_flow_shift", type=float, default=None,
+                           help="Shift of --timestep_sampling shift: s*t/(1+(s-1)*t) bends draws towards noise for s > "
+                                "1. Unset: 3.0.")
+        group.add_argument("--mode_scale", type=float, default=None,
+                           help="Scale of --weighting_scheme mode, between -1 and 1.75; positive favours the middle of "
+                                "the grid. Unset: 1.29.")
+
+    def problems(self) -> list[str]:
+        problems = super().problems() + self._choice_problems()
+        if problems:
+            return problems
+        return self._unused_problems() + self._range_problems()
 
     def _choice_problems(self) -> list[str]:
         problems = []
@@ -238,51 +261,6 @@ class TimestepSampling:
         location, scale = self._normal_location_scale()
         base = sigma / (shift - (shift - 1.0) * sigma)
         return torch.special.ndtr((torch.log(base) - torch.log1p(-base) - location) / scale)
-
-
-def add_timestep_sampling_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the timestep sampling flags: the noise levels training draws and the loss weight at each (docs
-    Timestep_Sampling)."""
-    group = parser.add_argument_group("Timestep sampling")
-    group.add_argument("--timestep_sampling", type=str, default="grid", choices=TIMESTEP_SAMPLINGS,
-                       help="How training draws its noise levels: grid draws uniformly from the model's own shifted "
-                            "1000-step grid (the reference's rule); uniform, sigmoid, logit_normal, shift, "
-                            "qwen_shift and flux_shift draw continuously as musubi-tuner does (the shift rules bend "
-                            "a sigmoid draw, qwen/flux by the sample's resolution). Always within "
-                            "--min/max_timestep_boundary.")
-    group.add_argument("--weighting_scheme", type=str, default=None, choices=WEIGHTING_SCHEMES,
-                       help="Loss weighting as diffusers names it: none; cosmap; logit_normal and mode draw the grid "
-                            "non-uniformly (with --timestep_sampling grid) and weight 1. Unset: the reference's "
-                            "Gaussian weighting for grid, none for the continuous rules.")
-    group.add_argument("--sigmoid_scale", type=float, default=None,
-                       help="Scale of the normal draw of sigmoid, shift, qwen_shift and flux_shift; larger spreads "
-                            "them towards uniform. Unset: 1.0.")
-    group.add_argument("--logit_mean", type=float, default=None,
-                       help="Mean of the logit-normal draw (--timestep_sampling logit_normal, --weighting_scheme "
-                            "logit_normal); positive favours noisier steps. Unset: 0.0.")
-    group.add_argument("--logit_std", type=float, default=None,
-                       help="Standard deviation of the logit-normal draw. Unset: 1.0.")
-    group.add_argument("--discrete_flow_shift", type=float, default=None,
-                       help="Shift of --timestep_sampling shift: s*t/(1+(s-1)*t) bends draws towards noise for s > 1. "
-                            "Unset: 3.0.")
-    group.add_argument("--mode_scale", type=float, default=None,
-                       help="Scale of --weighting_scheme mode, between -1 and 1.75; positive favours the middle of "
-                            "the grid. Unset: 1.29.")
-    return parser
-
-
-def timestep_sampling_problems(args: argparse.Namespace) -> list[str]:
-    """The sampling flags' problems, for ``parsers.validate_args``: ``TimestepSampling``'s own checks, and a rule for
-    a loss that draws no timesteps."""
-    try:
-        sampling = TimestepSampling.from_args(args)
-    except TimestepSamplingError as error:
-        return error.problems
-    family = args.task.partition(":")[0]
-    if family != "sft" and not sampling.is_reference:
-        return [f"--timestep_sampling {args.timestep_sampling} / --weighting_scheme {args.weighting_scheme} shape the "
-                f"sft loss; --task {args.task} runs whole denoising loops and draws no timesteps; drop them"]
-    return []
 
 
 def sigma_range(scheduler: FlowMatchScheduler, min_boundary: float, max_boundary: float) -> tuple[float, float]:

@@ -18,21 +18,22 @@ whose files cannot be read (a truncated safetensors file, broken JSON) for the n
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...core.data.cache_codec import decode_tree, encode_tree
 from ...core.files import atomic_save_safetensors, atomic_write_json
 from ...core.finite import require_finite
-from ..errors import split_csv
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -197,26 +198,26 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
     return trainable, state["optimizer"], state["lr_scheduler"], progress
 
 
-def training_flags(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> dict[str, Any]:
+def training_flags(run: RunConfig, target_aliases: Mapping[str, str]) -> dict[str, Any]:
     """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, and the order of
     the data (batch size and buckets: a resume skips the batches its epoch consumed), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
     """
-    lora = args.lora_base_model is not None
-    batch_size = getattr(args, "batch_size", 1)
-    targets = sorted({target_aliases.get(name, name) for name in split_csv(args.lora_target_modules)})
+    lora = run.lora.lora_base_model is not None
+    batch_size = run.dataset.batch_size
+    targets = sorted({target_aliases.get(name, name) for name in run.lora.targets})
     return {
-        "lora_base_model": args.lora_base_model,
+        "lora_base_model": run.lora.lora_base_model,
         "lora_target_modules": targets if lora else None,
-        "lora_rank": args.lora_rank if lora else None,
-        "lora_alpha": float(args.lora_rank if args.lora_alpha is None else args.lora_alpha) if lora else None,
-        "trainable_models": sorted(split_csv(args.trainable_models)),
+        "lora_rank": run.lora.lora_rank if lora else None,
+        "lora_alpha": float(run.lora.lora_alpha or run.lora.lora_rank) if lora else None,
+        "trainable_models": sorted(run.training.trainable),
         # The optimizer state in the checkpoint is the named class's (AdamW's when unset).
-        "customized_optimizer": getattr(args, "customized_optimizer", None),
+        "customized_optimizer": run.training.customized_optimizer,
         "batch_size": batch_size,
-        "aspect_ratio_buckets": batch_size > 1 or getattr(args, "aspect_ratio_buckets", False),
+        "aspect_ratio_buckets": batch_size > 1 or run.dataset.aspect_ratio_buckets,
     }
 
 

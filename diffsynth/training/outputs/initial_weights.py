@@ -6,13 +6,12 @@ The flag has two meanings here, told apart by what it names: ``latest`` or a fol
 a weights file, read as the reference reads it: each key, prefixed with ``--remove_prefix_in_ckpt`` (``pipe.dit.``),
 names a weight of the training module, so the file holds the names the trainer writes for a full fine-tune. Its
 weights are loaded over the pipeline's before anything else changes them (a preset LoRA merge, the LoRA, fp8).
-``validate_args`` moves a file to ``args.initial_weights``; the file is checked against the model's skeleton before
+``TrainingSection.initial_weights`` is such a file; it is checked against the model's skeleton before
 any weight loads.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,24 +26,6 @@ def target_model(prefix: str) -> str | None:
     """The pipeline slot a prefix such as ``pipe.dit.`` loads into; None when the keys name it themselves."""
     rest = prefix[len(MODULE_PREFIX):] if prefix.startswith(MODULE_PREFIX) else prefix
     return rest.split(".")[0] or None
-
-
-def split_resume_flag(args: argparse.Namespace) -> list[str]:
-    """Sets ``args.initial_weights`` to a weights file given as ``--resume_from_checkpoint`` (and clears the latter),
-    or to None; returns the problems with the value."""
-    value = args.resume_from_checkpoint
-    args.initial_weights = None
-    if not value or value == "latest" or Path(value).is_dir():
-        return []
-    path = Path(value)
-    if path.suffix == ".safetensors":
-        args.initial_weights, args.resume_from_checkpoint = value, None
-        return []
-    if path.is_file():
-        return [f"--resume_from_checkpoint {value} is a file but not .safetensors; weights files are read as "
-                "safetensors only (pickled .bin/.pt/.ckpt files can run code when loaded): convert it, or pass a "
-                "training-state folder to resume a run"]
-    return []  # a folder that does not exist: the checkpoint resolver names it
 
 
 def _target_names(keys: list[str], prefix: str) -> dict[str, str]:

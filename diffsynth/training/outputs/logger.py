@@ -7,13 +7,12 @@ LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.forma
 model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
 diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. After every save the loss
-curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically, and only
-by the main process.
+curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically,
+and only by the main process.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import enum
 import importlib
@@ -23,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,9 +37,13 @@ from ...lora.inspect import inspect_lora, skeleton_from_metadata
 from ...lora.naming import naming_for
 from .loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
 
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
 logger = logging.getLogger(__name__)
 
 TRAINING_ARGS_FILE = "training_args.json"
+SAMPLES_DIR = "samples"  # samples while training: samples/step-N/
 METRICS_FILE = Path("logs") / "metrics.csv"
 TENSORBOARD_DIR = Path("logs") / "tensorboard"
 DIFFUSERS_TWIN_SUFFIX = ".diffusers"
@@ -147,20 +150,21 @@ class ModelLogger:
             self._wandb_run = wandb.init(project=wandb_project, dir=str(self.output_path))
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, is_main_process: bool = True,
-                  lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None) -> ModelLogger:
-        """Builds the logger from the trainer flags (see :mod:`diffsynth.training.config.parsers`).
+    def from_config(cls, run: RunConfig, is_main_process: bool = True,
+                    lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None) -> ModelLogger:
+        """Builds the logger from the run's config.
 
         ``lora_metadata`` overrides the LoRA settings read from the flags (the training module knows the module
         names the targets resolved to); ``resume_step`` is the step of the checkpoint a resumed run starts from.
         """
-        if lora_metadata is None and args.lora_base_model:
-            lora_metadata = {key: getattr(args, key) for key in
+        lora, output = run.lora, run.output
+        if lora_metadata is None and lora.lora_base_model:
+            lora_metadata = {key: getattr(lora, key) for key in
                              ("lora_rank", "lora_alpha", "lora_target_modules", "lora_base_model")}
-        return cls(args.output_path, args.remove_prefix_in_ckpt, lora_metadata, enable_csv_log=args.enable_csv_log,
-                   enable_tensorboard_log=args.enable_tensorboard_log, enable_wandb_log=args.enable_wandb_log,
-                   wandb_project=args.wandb_project, is_main_process=is_main_process, save_steps=args.save_steps,
-                   resume_step=resume_step)
+        return cls(output.output_path, output.remove_prefix_in_ckpt, lora_metadata,
+                   enable_csv_log=output.enable_csv_log, enable_tensorboard_log=output.enable_tensorboard_log,
+                   enable_wandb_log=output.enable_wandb_log, wandb_project=output.wandb_project,
+                   is_main_process=is_main_process, save_steps=output.save_steps, resume_step=resume_step)
 
     def _strip_prefix(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = self.remove_prefix_in_ckpt
@@ -336,11 +340,11 @@ class ModelLogger:
             return None
         return self.save_checkpoint(state_dict_fn(), f"step-{step}", {"step": step})
 
-    def save_training_args(self, args: argparse.Namespace | Mapping[str, Any]) -> Path | None:
+    def save_training_args(self, flags: Mapping[str, Any]) -> Path | None:
         """Writes the run's flags to ``<output_path>/training_args.json`` (and to the wandb run's config)."""
         if not self.is_main_process:
             return None
-        payload = _json_safe(vars(args) if isinstance(args, argparse.Namespace) else args)
+        payload = _json_safe(flags)
         if self._wandb_run is not None:
             self._wandb_run.config.update(payload, allow_val_change=True)
         return atomic_write_json(self.output_path / TRAINING_ARGS_FILE, payload)

@@ -16,7 +16,6 @@ the lock, so a launch never refuses itself. The run id is new for a new run and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -26,28 +25,33 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.data.cache import CACHE_INFO_FILE, CACHE_MANIFEST_FILE
 from ...core.files import missing_folders, remove_empty_folders
 from ...core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ...core.loader import model_base_path
-from ..errors import FlagError, task_stage
-from ..loop.sampling import SAMPLES_DIR
+from ..errors import FlagError
 from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
-from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, TENSORBOARD_DIR, TRAINING_ARGS_FILE
+from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, SAMPLES_DIR, TENSORBOARD_DIR, TRAINING_ARGS_FILE
 from .loss_chart import LOSS_CHART_FILE
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
 
 # A LoRA file's name without its extension: the diffusers twin (logger.DIFFUSERS_TWIN_SUFFIX) is the run's too.
 _LORA_FILE = rf"(epoch|step)-\d+({re.escape(DIFFUSERS_TWIN_SUFFIX)})?"
+#: The flags a training run resolved, which ``--config`` reruns (``config.files.save_run_config``).
+RUN_CONFIG_FILE = "config.yaml"
 # Files and folders a training run writes: a regular expression for the sub-folder ("" for the output folder itself)
 # mapped to regular expressions for the names in it. Names starting with "." are what core.files.atomic_write leaves
 # behind when a run is killed mid-write.
 TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": (re.escape(TRAINING_ARGS_FILE), rf"{_LORA_FILE}\.safetensors", rf"\.{_LORA_FILE}\.safetensors\..+\.tmp",
-         rf"\.{re.escape(TRAINING_ARGS_FILE)}\..+\.tmp"),
+    "": (rf"{_LORA_FILE}\.safetensors", rf"\.{_LORA_FILE}\.safetensors\..+\.tmp",
+         *(pattern for name in (TRAINING_ARGS_FILE, RUN_CONFIG_FILE)
+           for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp"))),
     re.escape(CHECKPOINTS_DIR): (r"step-\d+", r"\.step-\d+\.tmp"),
     re.escape(SAMPLES_DIR): (r"step-\d+",),
     re.escape(str(METRICS_FILE.parent)): tuple(
@@ -150,18 +154,18 @@ def _busy_problem(folder: Path, error: FolderLockedError) -> str:
             "over automatically")
 
 
-def _ownership_problems(args: argparse.Namespace, folder: Path, stage: str | None) -> list[str]:
+def _ownership_problems(run: RunConfig, folder: Path, stage: str | None) -> list[str]:
     """Refuses, or with ``--overwrite_output`` removes, what an earlier run left in ``folder``."""
     outputs = STAGE_ONE_OUTPUTS if stage == "data_process" else TRAINING_OUTPUTS
     previous = previous_outputs(folder, outputs)
     if not previous:
         return []
-    if args.overwrite_output:
+    if run.output.overwrite_output:
         logger.warning("--overwrite_output: removing %d outputs of the earlier run in %s: %s", len(previous), folder,
                        _listing(folder, previous))
         remove_outputs(folder, previous)
         return []
-    if stage == "data_process" or args.resume_from_checkpoint:
+    if stage == "data_process" or run.training.resume_checkpoint:
         return []  # stage 1 continues its cache; a resumed run continues the outputs it finds
     run = _previous_run_id(folder)
     run = f" (run {run})" if run else ""
@@ -180,22 +184,22 @@ def _writable_problems(folder: Path) -> list[str]:
             "another --output_path" for sub in blocked]
 
 
-def _claim(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> OutputClaim:
+def _claim(run: RunConfig, target_aliases: Mapping[str, str]) -> OutputClaim:
     """The main process's half of :func:`claim_output_folder`: checks, lock, ownership. Raises ``FlagError``."""
-    folder = Path(args.output_path)
-    _, stage = task_stage(args.task)
+    folder = Path(run.output.output_path)
+    stage = run.training.stage
     problems = []
     if _is_model_folder(folder):
         raise FlagError([f"--output_path {folder} is the model folder (DIFFSYNTH_MODEL_BASE_PATH); training outputs "
                          "do not belong among the model files: pass another --output_path, e.g. ./output"])
     checkpoint = progress = None
-    if args.resume_from_checkpoint:
-        checkpoint = resolve_checkpoint(args.resume_from_checkpoint, folder)
+    if run.training.resume_checkpoint:
+        checkpoint = resolve_checkpoint(run.training.resume_checkpoint, folder)
         progress = read_progress(checkpoint)
-        problems += flag_mismatches(checkpoint, progress.get("flags"), training_flags(args, target_aliases))
+        problems += flag_mismatches(checkpoint, progress.get("flags"), training_flags(run, target_aliases))
     run_id = (progress or {}).get("run_id") or uuid.uuid4().hex[:12]
-    claim = OutputClaim(run_id, checkpoint, progress, FolderLock(folder, purpose=f"--task {args.task}", run_id=run_id),
-                        created=missing_folders(folder))
+    lock = FolderLock(folder, purpose=f"--task {run.training.task}", run_id=run_id)
+    claim = OutputClaim(run_id, checkpoint, progress, lock, created=missing_folders(folder))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         claim.lock.acquire()
@@ -209,7 +213,7 @@ def _claim(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> Outpu
     try:
         problems += _writable_problems(folder)
         if not problems:  # --overwrite_output deletes nothing while another problem stops the run anyway
-            problems += _ownership_problems(args, folder, stage)
+            problems += _ownership_problems(run, folder, stage)
         if problems:
             raise FlagError(problems)
     except BaseException:
@@ -218,14 +222,14 @@ def _claim(args: argparse.Namespace, target_aliases: Mapping[str, str]) -> Outpu
     return claim
 
 
-def claim_output_folder(args: argparse.Namespace, accelerator: Any, target_aliases: Mapping[str, str]
+def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Mapping[str, str]
                         ) -> OutputClaim:
     """Claims ``--output_path`` for this run on the main process and shares the verdict with every process.
 
     Call it on every process, before anything heavy: it is a collective operation when several processes run.
 
     Args:
-        args: The parsed flags.
+        run: The run's config.
         accelerator: The run's ``accelerate.Accelerator``.
         target_aliases: The pipeline's LoRA target aliases (to compare ``--lora_target_modules`` with a checkpoint's).
 
@@ -237,7 +241,7 @@ def claim_output_folder(args: argparse.Namespace, accelerator: Any, target_alias
     claim = verdict = failure = None
     if accelerator.is_main_process:
         try:
-            claim = _claim(args, target_aliases)
+            claim = _claim(run, target_aliases)
             verdict = {"run_id": claim.run_id, "checkpoint": claim.checkpoint, "progress": claim.progress}
         except Exception as error:  # noqa: BLE001 - whatever stops the main process must reach the others
             failure, verdict = error, {"refused": str(error)}

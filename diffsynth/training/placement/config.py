@@ -11,30 +11,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from ...core.offload_training import BlockSwapConfig
+from ..errors import FlagError
+from ..section import Section
 
 
-class PlacementError(ValueError):
+class PlacementError(FlagError):
     """Placement flags conflict; ``problems`` holds one message per conflict, each naming flag, value and fix."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
-
-
-# (flag, smallest value allowed, an example fix); unset optional flags are not checked.
-_LOWER_BOUNDS = (
-    ("blocks_to_swap", 0, "--blocks_to_swap 10, or 0 for no block swap"),
-    ("offload_prefetch_depth", 0, "--offload_prefetch_depth 1, or 0 for no prefetch"),
-    ("block_swap_ring_size", 1, "--block_swap_ring_size 2"),
-)
 
 
 @dataclasses.dataclass(frozen=True)
-class PlacementConfig:
+class PlacementConfig(Section):
     """The placement flags of one run, checked at construction; the fields are named after the flags.
 
     Raises:
@@ -55,16 +44,77 @@ class PlacementConfig:
     ram_budget: str | None = None
     shared_host_weights: str = "auto"
 
-    def __post_init__(self) -> None:
-        problems = (self._bound_problems() + self._cross_flag_problems() + self._budget_problems()
-                    + self._choice_problems())
-        if problems:
-            raise PlacementError(problems)
+    LOWER_BOUNDS = (
+        ("blocks_to_swap", 0, True, "--blocks_to_swap 10, or 0 for no block swap"),
+        ("offload_prefetch_depth", 0, True, "--offload_prefetch_depth 1, or 0 for no prefetch"),
+        ("block_swap_ring_size", 1, True, "--block_swap_ring_size 2"),
+    )
+    EXAMPLES = {"cpu_offload_split_threshold": "--cpu_offload_split_threshold 256"}
+    ERROR = PlacementError
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> PlacementConfig:
-        """Reads the placement flags of a trainer ``Namespace`` (from ``build_parser``: every flag is there)."""
-        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+    def add_arguments(cls, parser: argparse.ArgumentParser, video: bool = False) -> None:
+        """Adds the Gradient checkpointing, Offload training, Block swap, Several GPUs and Memory planner groups.
+
+        For ``video`` (the Wan trainer) checkpointing is on whatever the flag says, as the reference's Wan trainer
+        forces it: a video's activations do not fit otherwise.
+        """
+        group = parser.add_argument_group("Gradient checkpointing")
+        # musubi-tuner spells it --gradient_checkpointing; both names set the same flag.
+        names = ("--use_gradient_checkpointing", "--gradient_checkpointing")
+        if video:
+            group.add_argument(*names, action="store_true", default=True,
+                               help="Recompute activations in the backward pass. Always on for video (Wan) training, "
+                                    "as the reference's Wan trainer forces it: a video's activations do not fit "
+                                    "otherwise. Also spelled --gradient_checkpointing.")
+        else:
+            group.add_argument(*names, action="store_true",
+                               help="Recompute activations in the backward pass: much less VRAM, about a third slower. "
+                                    "Also spelled --gradient_checkpointing (musubi-tuner).")
+        group.add_argument("--use_gradient_checkpointing_offload", action="store_true",
+                           help="Also keep the checkpointed activations in CPU memory; implies "
+                                "--use_gradient_checkpointing. Least VRAM, slower still.")
+        group = parser.add_argument_group("Offload training")
+        group.add_argument("--enable_model_cpu_offload", action="store_true",
+                           help="Keep the weights on the CPU and move each layer to the GPU only while it runs; "
+                                "2-10x slower, weight VRAM of one layer.")
+        group.add_argument("--enable_optimizer_cpu_offload", action="store_true",
+                           help="With --enable_model_cpu_offload, also keep trainable weights, gradients and optimizer "
+                                "state on the CPU; for full fine-tunes that do not fit otherwise.")
+        group.add_argument("--cpu_offload_split_threshold", type=float, default=None,
+                           help="Experimental (MB): modules larger than this are offloaded piece by piece rather than "
+                                "as a whole; unset offloads leaf layers.")
+        group.add_argument("--offload_prefetch_depth", type=int, default=None,
+                           help="Units whose weights are copied ahead of use on a side stream while the current one "
+                                "computes; unset: 1 on CUDA, 0 elsewhere. Each extra unit costs its weights in memory.")
+        group = parser.add_argument_group("Block swap")
+        group.add_argument("--blocks_to_swap", type=int, default=0,
+                           help="Blocks of the transformer kept in host memory and moved to the GPU only while they "
+                                "compute; 0 turns block swap off.")
+        group.add_argument("--block_swap_h2d_only", action="store_true",
+                           help="Stream those blocks' frozen weights into a small ring of GPU slots, host-to-device "
+                                "only (LoRA training; needs --use_gradient_checkpointing).")
+        group.add_argument("--block_swap_ring_size", type=int, default=2,
+                           help="GPU slots for streamed blocks with --block_swap_h2d_only; more slots, more overlap.")
+        group.add_argument("--use_pinned_memory_for_block_swap", action="store_true",
+                           help="Keep swapped weights in pinned host memory: faster copies, RAM locked for the run.")
+        group = parser.add_argument_group("Several GPUs on one machine")
+        group.add_argument("--shared_host_weights", choices=("auto", "off"), default="auto",
+                           help="auto: with several processes on a machine, the frozen weights that offload or block "
+                                "swap keep in host memory are loaded once per machine into shared memory (RAM for one "
+                                "copy instead of one per GPU); off: each process loads its own copy.")
+        group = parser.add_argument_group("Memory planner")
+        group.add_argument("--vram_budget", type=str, default=None,
+                           help="GPU memory in GB the run may use, or auto (free memory less 0.5 GB): the planner "
+                                "predicts every placement before loading and picks the fastest that fits. Offload or "
+                                "block swap flags given explicitly win; then it only predicts and warns.")
+        group.add_argument("--ram_budget", type=str, default=None,
+                           help="Host memory in GB the run may use, or auto (available memory less 2 GB); planned "
+                                "together with --vram_budget.")
+
+    def problems(self) -> list[str]:
+        return (super().problems() + self._split_threshold_problems() + self._cross_flag_problems()
+                + self._budget_problems() + self._choice_problems())
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -96,17 +146,12 @@ class PlacementConfig:
                     cpu_offload_split_threshold=self.cpu_offload_split_threshold,
                     prefetch_depth=self.offload_prefetch_depth)
 
-    def _bound_problems(self) -> list[str]:
-        problems = []
-        for name, bound, example in _LOWER_BOUNDS:
-            value = getattr(self, name)
-            if value is not None and value < bound:
-                problems.append(f"--{name} {value} must be at least {bound}; pass e.g. {example}")
+    def _split_threshold_problems(self) -> list[str]:
         threshold = self.cpu_offload_split_threshold
-        if threshold is not None and math.isfinite(threshold) and threshold <= 0:  # nan and inf: parsers refuse them
-            problems.append(f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
-                            f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers")
-        return problems
+        if threshold is not None and math.isfinite(threshold) and threshold <= 0:
+            return [f"--cpu_offload_split_threshold {threshold} must be a positive size in MB, e.g. "
+                    f"--cpu_offload_split_threshold 256, or drop it to offload leaf layers"]
+        return []
 
     def shares_host_weights(self, num_processes: int) -> bool:
         """Whether the weights kept in host memory (offload, block swap) load once per machine into shared memory:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +117,36 @@ def without_zero3_init(accelerator: Any) -> Iterator[None]:
         yield
     finally:
         plugin.set_deepspeed_weakref()
+
+
+def refuse_with_deepspeed(config: RunConfig) -> None:
+    """Flags that cannot work when accelerate runs DeepSpeed, each with its fix.
+
+    Raises:
+        FlagError: Every such flag given.
+    """
+    placement, problems = config.placement, []
+    if placement.enable_model_cpu_offload:
+        problems.append("--enable_model_cpu_offload and DeepSpeed both decide where the weights live; drop "
+                        "--enable_model_cpu_offload (ZeRO-3's offload_param keeps the weights in CPU memory), or "
+                        "launch without the DeepSpeed accelerate config")
+    if placement.blocks_to_swap:
+        problems.append(f"--blocks_to_swap {placement.blocks_to_swap} and DeepSpeed both decide where the weights "
+                        "live; drop --blocks_to_swap (ZeRO-3's offload_param keeps the weights in CPU memory)")
+    if placement.planned:
+        problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
+                        "them (ZeRO-3 partitions and offloads by its config)")
+    if config.model.quant_options:
+        problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
+                        "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
+    if config.validation.validation_prompts:
+        problems.append(f"--validation_prompts {config.validation.validation_prompts}: ZeRO-3 partitions the weights "
+                        "over the processes, so one process cannot render with them; drop it (render from the LoRA "
+                        "files with the validate_lora scripts), or launch without the DeepSpeed accelerate config")
+    if config.training.resume_checkpoint:
+        problems.append(f"--resume_from_checkpoint {config.training.resume_checkpoint}: training-state checkpoints "
+                        "are not written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA "
+                        "file with --lora_checkpoint instead")
+    if problems:
+        raise FlagError(problems)
+

@@ -13,12 +13,11 @@ prompts of ``TEXT_TOKENS`` tokens.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,9 +43,12 @@ from ...core.planning.plans import (
     predict,
 )
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
-from ..errors import FlagError, split_csv, task_stage
+from ..errors import FlagError
 from ..objective.training_module import resolve_lora_targets
 from .config import PlacementConfig
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +86,13 @@ def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     return model.to(resolve_dtype(dtype)).eval()
 
 
-def sample_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+def sample_shape(run: RunConfig) -> tuple[int, int, int]:
     """``(height, width, frames)`` of the largest sample the flags allow (frames 1 for images)."""
-    if args.height is not None:
-        height, width = args.height, args.width
+    if run.dataset.height is not None:
+        height, width = run.dataset.height, run.dataset.width
     else:
-        height = width = max(16, int(math.sqrt(args.max_pixels)) // 16 * 16)
-    return height, width, getattr(args, "num_frames", 1)
+        height = width = max(16, int(math.sqrt(run.dataset.max_pixels)) // 16 * 16)
+    return height, width, run.dataset.num_frames or 1
 
 
 def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype,
@@ -124,7 +126,7 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
                      "WanTransformer3DModel")
 
 
-def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes: Sequence[int] = (),
+def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence[int] = (),
                    aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False,
                    local_processes: int = 1) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
@@ -133,12 +135,12 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
     host copy of the frozen weights unless ``--shared_host_weights off``."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    dtype = resolve_dtype(args.torch_dtype)
+    dtype = resolve_dtype(run.model.torch_dtype)
     model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
     model.requires_grad_(False)
-    if args.lora_base_model:
-        targets = resolve_lora_targets(model, split_csv(args.lora_target_modules), aliases or {}, args.lora_base_model)
-        inject_adapter_in_model(LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha or args.lora_rank,
+    if run.lora.lora_base_model:
+        targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
+        inject_adapter_in_model(LoraConfig(r=run.lora.lora_rank, lora_alpha=run.lora.lora_alpha or run.lora.lora_rank,
                                            target_modules=targets), model)
         for name, param in model.named_parameters():
             if ".lora_" in name:
@@ -148,7 +150,7 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
         model.requires_grad_(True)
     if fp8:
         enable_fp8_storage(model)
-    inputs = denoiser_inputs(model, *sample_shape(args), dtype, batch=getattr(args, "batch_size", 1))
+    inputs = denoiser_inputs(model, *sample_shape(run), dtype, batch=run.dataset.batch_size)
 
     def set_checkpointing(enabled: bool) -> None:
         if enabled:
@@ -160,7 +162,7 @@ def build_workload(model: nn.Module, args: argparse.Namespace, other_model_sizes
         return model(**inputs)[0].float().square().mean()
 
     return Workload(model, find_block_list(model)[0], step, set_checkpointing, other_model_sizes, description,
-                    local_processes, args.shared_host_weights == "auto")
+                    local_processes, run.placement.shared_host_weights == "auto")
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
@@ -201,7 +203,7 @@ def explicit_plan(placement: PlacementConfig) -> Plan | None:
 def apply_plan(placement: PlacementConfig, plan: Plan) -> PlacementConfig:
     """``placement`` with the flags of ``plan``."""
     return dataclasses.replace(
-        placement, use_gradient_checkpointing=plan.checkpointing != "off",
+        placement, use_gradient_checkpointing=plan.checkpointing == "on",
         use_gradient_checkpointing_offload=plan.checkpointing == "offload",
         enable_model_cpu_offload=plan.policy == "offload",
         enable_optimizer_cpu_offload=plan.policy == "offload" and plan.optimizer_offload,
@@ -280,26 +282,26 @@ def plan_workload(workload: Workload, placement: PlacementConfig, profile: Devic
     return PlanReport(chosen, rows, vram_bytes, ram_bytes, profile, explicit is not None)
 
 
-def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn.Module, list[int], bool]:
+def denoiser_skeleton(run: RunConfig, pipeline_class: Any) -> tuple[nn.Module, list[int], bool]:
     """The denoiser on the meta device from the model files' configs, the tensor sizes of the other models the stage
     runs each step (none when training from a stage-1 cache), and whether ``--fp8_models`` names the denoiser.
 
     Raises:
         FlagError: No denoiser among the models.
     """
-    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
-    weightless = parse_model_id_with_origin_paths(args.offload_models) if args.offload_models else []
-    fp8 = parse_model_id_with_origin_paths(args.fp8_models) if args.fp8_models else []
+    configs = parse_model_configs(run.model.model_paths, run.model.model_id_with_origin_paths)
+    weightless = parse_model_id_with_origin_paths(run.model.offload_models) if run.model.offload_models else []
+    fp8 = parse_model_id_with_origin_paths(run.model.fp8_models) if run.model.fp8_models else []
     denoiser, others, denoiser_fp8 = None, [], False
     for config in configs:
         try:
-            skeleton = load_skeleton(config, torch_dtype=args.torch_dtype)
+            skeleton = load_skeleton(config, torch_dtype=run.model.torch_dtype)
         except ModelLoadError:
             continue  # a tokenizer folder
         role = pipeline_class.model_roles.get(type(skeleton).__name__)
         if role in pipeline_class.denoising_model_names and denoiser is None:
             denoiser, denoiser_fp8 = skeleton, config in fp8
-        elif config not in weightless and task_stage(args.task)[1] != "train":
+        elif config not in weightless and run.training.stage != "train":
             others += [tensor_nbytes(t) for t in {id(t): t for t in [*skeleton.parameters(),
                                                                       *skeleton.buffers()]}.values()]
     if denoiser is None:
@@ -308,10 +310,10 @@ def denoiser_skeleton(args: argparse.Namespace, pipeline_class: Any) -> tuple[nn
     return denoiser, others, denoiser_fp8
 
 
-def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: PlacementConfig,
-                   device: torch.device, local_processes: int = 1) -> PlacementConfig:
+def plan_placement(run: RunConfig, pipeline_class: Any, device: torch.device,
+                   local_processes: int = 1) -> PlacementConfig:
     """The trainer's planning step (with ``--vram_budget`` or ``--ram_budget``): logs the table and returns the
-    placement of the chosen plan, or ``placement`` itself when its flags name one (warning if it exceeds a budget).
+    placement of the chosen plan, or the run's own when its flags name one (warning if it exceeds a budget).
 
     The device's rates are measured first. On the CPU (tests) it plans with the CPU's figures, and a budget counts the
     "device" bytes the plan would put on a GPU. ``--ram_budget`` is the machine's: the host memory of its
@@ -320,12 +322,12 @@ def plan_placement(args: argparse.Namespace, pipeline_class: Any, placement: Pla
     Raises:
         FlagError: No plan fits, or ``--vram_budget auto`` without a CUDA device; before any weight is loaded.
     """
-    cuda = device.type == "cuda"
+    placement, cuda = run.placement, device.type == "cuda"
     vram = budget_bytes(placement.vram_budget, "vram_budget",
                         torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES if cuda else None)
     ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
-    model, others, fp8 = denoiser_skeleton(args, pipeline_class)
-    workload = build_workload(model, args, others, pipeline_class.lora_target_aliases, fp8=fp8,
+    model, others, fp8 = denoiser_skeleton(run, pipeline_class)
+    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases, fp8=fp8,
                               local_processes=local_processes)
     try:
         report = plan_workload(workload, placement, measure_device(device), vram, ram)

@@ -10,14 +10,17 @@ checked on the model's skeleton.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...core.loader import ModelConfig
 from ...core.quant import QuantConfig, bitsandbytes_available, quantizable_layers
 from ..errors import split_csv
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 FLAG = "--quant_options"
 EXAMPLE = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4/img_mod.1,proj_out"
@@ -53,37 +56,16 @@ def _model_string(config: ModelConfig) -> str:
     return f"{config.model_id}:{config.origin_file_pattern}"
 
 
-def quant_flag_problems(args: argparse.Namespace) -> list[str]:
-    """What the flags alone say is wrong with ``--quant_options``."""
-    try:
-        options = parse_quant_options(args.quant_options)
-    except ValueError as error:
-        return [str(error)]
-    if not options:
-        return []
-    problems = []
-    for flag in ("enable_model_cpu_offload", "blocks_to_swap"):
-        if getattr(args, flag, None):
-            problems.append(f"{FLAG} and --{flag} cannot be combined: the offloader and block swap move plain "
-                            f"weights, not 4-bit packed ones; drop --{flag} (a 4-bit model needs a quarter of the "
-                            "memory of bf16), or drop the quantization")
-    for flag in ("vram_budget", "ram_budget"):
-        if getattr(args, flag, None) is not None:
-            problems.append(f"{FLAG} and --{flag} cannot be combined: the memory planner does not model 4-bit weights "
-                            f"and may choose offload or block swap, which cannot move them; drop --{flag}")
-    return problems
-
-
-def quant_package_problems(args: argparse.Namespace) -> list[str]:
+def quant_package_problems(quant_options: str | None) -> list[str]:
     """The optional package the methods need, when it is missing (checked at start-up, not with the flags, so that
     example commands validate on machines without it)."""
-    if not parse_quant_options(args.quant_options) or bitsandbytes_available():
+    if not parse_quant_options(quant_options) or bitsandbytes_available():
         return []
-    return [f"{FLAG} {args.quant_options}: bitsandbytes_nf4 needs bitsandbytes, which is not installed; pip install "
+    return [f"{FLAG} {quant_options}: bitsandbytes_nf4 needs bitsandbytes, which is not installed; pip install "
             "-c constraints.txt bitsandbytes, or drop the flag"]
 
 
-def quant_model_problems(args: argparse.Namespace, configs: Sequence[ModelConfig], slots: Mapping[str, ModelConfig],
+def quant_model_problems(run: RunConfig, configs: Sequence[ModelConfig], slots: Mapping[str, ModelConfig],
                          trains: bool, skeletons: Mapping[str, torch.nn.Module]) -> list[str]:
     """The entries must name loaded models that stay frozen and are not fp8, and their exclusions real layers.
 
@@ -93,17 +75,17 @@ def quant_model_problems(args: argparse.Namespace, configs: Sequence[ModelConfig
         trains: Whether this stage trains (stage 1 trains nothing, so any model may be quantized there).
         skeletons: Weightless builds of the quantized models, for the exclusions.
     """
-    options = parse_quant_options(args.quant_options)
+    options = parse_quant_options(run.model.quant_options)
     loaded = {_model_string(config) for config in configs}
     problems = [f"{FLAG} entry {model!r} is not among the models loaded; copy it exactly from "
                 "--model_id_with_origin_paths (or --model_paths)" for model in options if model not in loaded]
-    named = quantized_models(args, slots)
-    full = [slot for slot in named if slot in split_csv(args.trainable_models)]
+    named = quantized_models(run.model.quant_options, slots)
+    full = [slot for slot in named if slot in run.training.trainable]
     if trains and full:
         problems.append(f"{FLAG} quantizes {full}, which --trainable_models trains in full; 4-bit storage is for "
                         "frozen weights: drop one of the two (a LoRA on a quantized model trains)")
-    fp8 = [slot for slot, config in slots.items() if slot in named and args.fp8_models
-           and _model_string(config) in split_csv(args.fp8_models)]
+    fp8 = [slot for slot, config in slots.items() if slot in named and run.model.fp8_models
+           and _model_string(config) in split_csv(run.model.fp8_models)]
     if fp8:
         problems.append(f"{FLAG} and --fp8_models both name {fp8}; store each model one way")
     for slot, model in skeletons.items():
@@ -115,8 +97,8 @@ def quant_model_problems(args: argparse.Namespace, configs: Sequence[ModelConfig
     return problems
 
 
-def quantized_models(args: argparse.Namespace, model_configs: Mapping[str, ModelConfig]) -> dict[str, QuantConfig]:
+def quantized_models(quant_options: str | None, model_configs: Mapping[str, ModelConfig]) -> dict[str, QuantConfig]:
     """The pipeline slots (of ``model_configs``: slot -> config) ``--quant_options`` names, with their configs."""
-    options = parse_quant_options(args.quant_options)
+    options = parse_quant_options(quant_options)
     return {slot: options[_model_string(config)] for slot, config in model_configs.items()
             if _model_string(config) in options}

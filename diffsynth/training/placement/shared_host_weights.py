@@ -14,48 +14,36 @@ otherwise be loaded, and pinned, once per process: a 20B Qwen-Image DiT in bf16 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...core.loader import ModelConfig, ModelLoadError, SharedLoad, model_class_name, parse_model_id_with_origin_paths
 from ...core.offload_training.block_swap import host_parameters
 from ...core.shared_weights import LocalGroup
-from .config import PlacementConfig
 
 if TYPE_CHECKING:
     from ...diffusion.base_pipeline import BasePipeline
-
-
-def add_shared_host_weights_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flag that shares host copies of frozen weights between a machine's processes (docs Multi_GPU)."""
-    group = parser.add_argument_group("Several GPUs on one machine")
-    group.add_argument("--shared_host_weights", choices=("auto", "off"), default="auto",
-                       help="auto: with several processes on a machine, the frozen weights that offload or block "
-                            "swap keep in host memory are loaded once per machine into shared memory (RAM for one "
-                            "copy instead of one per GPU); off: each process loads its own copy.")
-    return parser
+    from ..config import RunConfig
 
 
 SharedLoads = Callable[[ModelConfig], SharedLoad | None]
 """What ``BasePipeline.from_pretrained`` asks of each model it loads: how to share it, or None for a private copy."""
 
 
-def shared_loads(args: argparse.Namespace, pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig],
-                 placement: PlacementConfig, num_processes: int) -> SharedLoads | None:
+def shared_loads(run: RunConfig, pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig],
+                 num_processes: int) -> SharedLoads | None:
     """How each of ``configs`` loads, or None when nothing is shared (one process, ``--shared_host_weights off``, or
     weights that stay on the GPU).
 
     With sharing, every process of the run must call it (it finds the processes of each machine) and then load the
     same models in the same order; a machine with one process of the run then loads as usual.
     """
-    from ..errors import split_csv
-
+    placement = run.placement
     if not placement.shares_host_weights(num_processes):
         return None
     group = LocalGroup.of_this_process()
-    trained = set(split_csv(args.trainable_models))
-    fp8 = parse_model_id_with_origin_paths(args.fp8_models) if args.fp8_models else []
+    trained = set(run.training.trainable)
+    fp8 = parse_model_id_with_origin_paths(run.model.fp8_models) if run.model.fp8_models else []
     slots = pipeline_class.slots_of([_class_name(config) for config in configs])
     swap_select = host_parameters(placement.block_swap) if placement.blocks_to_swap else None
 

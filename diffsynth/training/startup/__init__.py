@@ -1,6 +1,10 @@
-"""What is checked and built before the first step: the flags against the pipeline's inputs and its models."""
+"""What is checked and built before the first step: the flags against the pipeline's inputs and its models, the
+accelerator, the dataset, the pipeline and the training module."""
 
+from .dataset import build_dataset
 from .input_checks import check_inputs_used, warn_about_unread_columns
 from .model_checks import check_model_flags
+from .pipeline import build_training_module, load_pipeline
 
-__all__ = ["check_inputs_used", "check_model_flags", "warn_about_unread_columns"]
+__all__ = ["build_dataset", "build_training_module", "check_inputs_used", "check_model_flags", "load_pipeline",
+           "warn_about_unread_columns"]

@@ -13,14 +13,17 @@ loss reads the negative branch (``direct_distill``), not for SFT.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ...diffusion.base_pipeline import BasePipeline, PipelineUnit, StateKey, unit_access
 from ...diffusion.unit_graph import expand_keys
-from ..errors import FlagError, split_csv, task_stage
+from ..errors import FlagError
 from ..objective.loss import LOSSES
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,76 +46,76 @@ def inputs_that_matter(units: Sequence[PipelineUnit], final_keys: Iterable[str |
     return {name for scope, name in needed if scope == "shared" and name not in branch_outputs}
 
 
-def _used_inputs(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> tuple[set[str], str]:
-    family, _ = task_stage(args.task)
+def _used_inputs(config: RunConfig, pipeline_class: type[BasePipeline]) -> tuple[set[str], str]:
     pipe = pipeline_class()  # no models: only the units' declarations are read
-    loss = LOSSES[family]
+    loss = LOSSES[config.training.family]
     return inputs_that_matter(pipe.units, loss.required_keys(pipe)), loss.__name__
 
 
-def extra_input_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> list[str]:
+def extra_input_problems(config: RunConfig, pipeline_class: type[BasePipeline]) -> list[str]:
     """``--extra_inputs`` names that nothing in this task reads (a stage-2 run reads none: they are cached)."""
-    names = split_csv(args.extra_inputs)
-    if not names or task_stage(args.task)[1] == "train":
+    names, task = config.model.extra_input_names, config.training.task
+    if not names or config.training.stage == "train":
         return []
-    used, loss = _used_inputs(args, pipeline_class)
+    used, loss = _used_inputs(config, pipeline_class)
     unread = [name for name in names if name not in used and name not in pipeline_class.derived_inputs]
     if not unread:
         return []
-    return [f"--extra_inputs {args.extra_inputs}: {unread} would be passed to {pipeline_class.__name__} with --task "
-            f"{args.task}, but neither its units nor {loss} read them, so they would be ignored. It reads: "
+    return [f"--extra_inputs {config.model.extra_inputs}: {unread} would be passed to {pipeline_class.__name__} with "
+            f"--task {task}, but neither its units nor {loss} read them, so they would be ignored. It reads: "
             f"{', '.join(sorted(used))}. Drop them (or, for the distillation settings seed, num_inference_steps and "
             "cfg_scale, use --task direct_distill)"]
 
 
-def warn_about_unread_columns(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+def warn_about_unread_columns(config: RunConfig, pipeline_class: type[BasePipeline],
                               columns: Iterable[str]) -> list[str]:
     """Warns about metadata columns this task could read as inputs but ``--extra_inputs`` leaves out; returns them."""
-    passed = {*split_csv(args.extra_inputs), *pipeline_class.training_columns, *split_csv(args.data_file_keys)}
-    used, _ = _used_inputs(args, pipeline_class)
+    passed = {*config.model.extra_input_names, *pipeline_class.training_columns, *config.dataset.file_keys}
+    used, _ = _used_inputs(config, pipeline_class)
     unread = sorted(column for column in columns if column in used and column not in passed)
     if unread:
         logger.warning("metadata columns %s are not read: --task %s could use them, but --extra_inputs does not "
-                       "name them; add them (e.g. --extra_inputs %s) or remove the columns", unread, args.task,
-                       ",".join(unread))
+                       "name them; add them (e.g. --extra_inputs %s) or remove the columns", unread,
+                       config.training.task, ",".join(unread))
     return unread
 
 
-def flag_effect_problems(args: argparse.Namespace) -> list[str]:
+def flag_effect_problems(config: RunConfig) -> list[str]:
     """Flags with no effect in the chosen task and mode: errors, except the warnings the reference's commands need."""
-    family, stage = task_stage(args.task)
+    training, flags = config.training, config.to_flags()
+    task, family, stage = training.task, training.family, training.stage
     problems = []
-    if family == "direct_distill" and (args.min_timestep_boundary, args.max_timestep_boundary) != (0.0, 1.0):
-        problems.append(f"--min_timestep_boundary {args.min_timestep_boundary} / --max_timestep_boundary "
-                        f"{args.max_timestep_boundary} have no effect on --task {args.task}: distillation runs the "
+    if family == "direct_distill" and (training.min_timestep_boundary, training.max_timestep_boundary) != (0.0, 1.0):
+        problems.append(f"--min_timestep_boundary {training.min_timestep_boundary} / --max_timestep_boundary "
+                        f"{training.max_timestep_boundary} have no effect on --task {task}: distillation runs the "
                         "whole sampler, it draws no timestep; drop them")
-    if not args.lora_base_model:
-        given = [flag for flag in ("lora_checkpoint", "lora_alpha") if getattr(args, flag) is not None]
-        problems += [f"--{flag} {getattr(args, flag)} has no effect without --lora_base_model (no LoRA is trained); "
+    if not config.lora.lora_base_model:
+        given = [flag for flag in ("lora_checkpoint", "lora_alpha") if flags[flag] is not None]
+        problems += [f"--{flag} {flags[flag]} has no effect without --lora_base_model (no LoRA is trained); "
                      "add --lora_base_model dit, or drop it" for flag in given]
     if stage == "data_process":
         given = [flag for flag in ("lora_checkpoint", "save_steps", "max_train_steps", "max_grad_norm")
-                 if getattr(args, flag) is not None]
-        problems += [f"--{flag} {getattr(args, flag)} has no effect on --task {args.task}, which trains nothing; "
+                 if flags[flag] is not None]
+        problems += [f"--{flag} {flags[flag]} has no effect on --task {task}, which trains nothing; "
                      f"pass it to the {family}:train run" for flag in given]
-        if getattr(args, "initial_weights", None):
-            problems.append(f"--resume_from_checkpoint {args.initial_weights} (weights to train from) has no effect "
-                            f"on --task {args.task}, which trains nothing; pass it to the {family}:train run")
+        if training.initial_weights:
+            problems.append(f"--resume_from_checkpoint {training.initial_weights} (weights to train from) has no "
+                            f"effect on --task {task}, which trains nothing; pass it to the {family}:train run")
     if stage == "train":
         # The reference's split scripts repeat these in stage 2, so they only warn there.
-        given = [flag for flag in ("height", "width", "extra_inputs") if getattr(args, flag) is not None]
-        for flag in given:
-            logger.warning("--%s %s has no effect on --task %s: stage 1 applied it and the cache holds the result",
-                           flag, getattr(args, flag), args.task)
+        for flag in ("height", "width", "extra_inputs"):
+            if flags[flag] is not None:
+                logger.warning("--%s %s has no effect on --task %s: stage 1 applied it and the cache holds the "
+                               "result", flag, flags[flag], task)
     return problems
 
 
-def check_inputs_used(args: argparse.Namespace, pipeline_class: type[BasePipeline]) -> None:
+def check_inputs_used(config: RunConfig, pipeline_class: type[BasePipeline]) -> None:
     """Refuses inputs and flags that would be silently ignored (see the module docstring).
 
     Raises:
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
-    problems = extra_input_problems(args, pipeline_class) + flag_effect_problems(args)
+    problems = extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
     if problems:
         raise FlagError(problems)

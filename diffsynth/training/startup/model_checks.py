@@ -10,8 +10,8 @@ second or so, no weights); every problem is then reported at once.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,10 +24,13 @@ from ...core.loader import (
 )
 from ...core.offload_training.block_swap import find_block_list
 from ...diffusion.base_pipeline import BasePipeline
-from ..errors import FlagError, split_csv, task_stage
+from ..errors import FlagError
 from ..objective.training_module import resolve_lora_targets
 from ..outputs.initial_weights import initial_weights_problems, target_model
 from ..placement.quant_options import quant_model_problems, quantized_models
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 
 def _slots(pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
@@ -52,17 +55,17 @@ def _unknown_names(flag: str, value: str, names: Sequence[str], slots: dict[str,
             "or load the model with --model_id_with_origin_paths / --model_paths"]
 
 
-def _fp8_problems(args: argparse.Namespace, configs: Sequence[ModelConfig], slots: dict[str, ModelConfig],
+def _fp8_problems(run: RunConfig, configs: Sequence[ModelConfig], slots: dict[str, ModelConfig],
                   trains: bool) -> list[str]:
-    if not args.fp8_models:
+    if not run.model.fp8_models:
         return []
-    wanted = parse_model_id_with_origin_paths(args.fp8_models)
+    wanted = parse_model_id_with_origin_paths(run.model.fp8_models)
     unmatched = [config.describe() for config in wanted if config not in configs]
     problems = []
     if unmatched:
         problems.append(f"--fp8_models entries {unmatched} are not among the models loaded; copy them exactly from "
                         "--model_id_with_origin_paths")
-    full = [name for name, config in slots.items() if config in wanted and name in split_csv(args.trainable_models)]
+    full = [name for name, config in slots.items() if config in wanted and name in run.training.trainable]
     if trains and full:
         problems.append(f"--fp8_models includes {full}, which --trainable_models trains in full; fp8 storage is for "
                         "frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
@@ -96,56 +99,56 @@ def _skeletons(names: set[str | None], slots: dict[str, ModelConfig], torch_dtyp
     return built
 
 
-def _preset_lora_problems(args: argparse.Namespace, slots: dict[str, ModelConfig], trains: bool,
+def _preset_lora_problems(run: RunConfig, slots: dict[str, ModelConfig], trains: bool,
                           model: torch.nn.Module | None) -> list[str]:
     """The preset LoRA must fit its model; stage 1 may leave that model out (it never computes with it)."""
-    name = args.preset_lora_model
-    if not args.preset_lora_path or (name not in slots and not trains):
+    name = run.lora.preset_lora_model
+    if not run.lora.preset_lora_path or (name not in slots and not trains):
         return []
     problems = _unknown_names("--preset_lora_model", name, [name], slots)
     if model is not None:
         from ...lora import check_lora
 
         try:
-            check_lora(model, args.preset_lora_path)
+            check_lora(model, run.lora.preset_lora_path)
         except (FileNotFoundError, ValueError) as error:
-            problems.append(f"--preset_lora_path {args.preset_lora_path} cannot be merged into {name} "
+            problems.append(f"--preset_lora_path {run.lora.preset_lora_path} cannot be merged into {name} "
                             f"({type(model).__name__}): {error}")
     return problems
 
 
-def _initial_weights_problems(args: argparse.Namespace, slots: dict[str, ModelConfig]) -> list[str]:
+def _initial_weights_problems(run: RunConfig, slots: dict[str, ModelConfig]) -> list[str]:
     """A weights file (``--resume_from_checkpoint FILE``) must name weights of the model the prefix names."""
-    target = target_model(args.remove_prefix_in_ckpt or "")
+    target = target_model(run.output.remove_prefix_in_ckpt or "")
     if target is not None and target not in slots:
-        return [f"--resume_from_checkpoint {args.initial_weights} loads into {target} (--remove_prefix_in_ckpt "
-                f"{args.remove_prefix_in_ckpt}), which is not loaded; load it, or pass the prefix of the model the "
-                "file holds"]
+        return [f"--resume_from_checkpoint {run.training.initial_weights} loads into {target} "
+                f"(--remove_prefix_in_ckpt {run.output.remove_prefix_in_ckpt}), which is not loaded; load it, or pass "
+                "the prefix of the model the file holds"]
     names = {target} if target is not None else set(slots)
-    return initial_weights_problems(args.initial_weights, args.remove_prefix_in_ckpt or "",
-                                    _skeletons(names, slots, args.torch_dtype))
+    return initial_weights_problems(run.training.initial_weights, run.output.remove_prefix_in_ckpt or "",
+                                    _skeletons(names, slots, run.model.torch_dtype))
 
 
-def _lora_target_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+def _lora_target_problems(run: RunConfig, pipeline_class: type[BasePipeline],
                           model: torch.nn.Module | None) -> list[str]:
     if model is None:
         return []
-    targets = split_csv(args.lora_target_modules)
+    targets = run.lora.targets
     if not targets:
-        return [f"--lora_base_model {args.lora_base_model} needs --lora_target_modules, e.g. "
+        return [f"--lora_base_model {run.lora.lora_base_model} needs --lora_target_modules, e.g. "
                 "'to_q,to_k,to_v,to_out.0'"]
     try:
-        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, args.lora_base_model)
+        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, run.lora.lora_base_model)
     except ValueError as error:
         return [str(error)]
     return []
 
 
-def _sampling_problems(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+def _sampling_problems(run: RunConfig, pipeline_class: type[BasePipeline],
                        slots: dict[str, ModelConfig]) -> list[str]:
     """Samples while training render with the text encoder and the VAE besides the denoiser: they must be loaded
     (as weightless skeletons in a split run's stage 2: they are loaded from their files while rendering)."""
-    if not getattr(args, "validation_prompts", None):
+    if not run.validation.validation_prompts:
         return []
     missing = [name for name in ("text_encoder", "vae", *pipeline_class.denoising_model_names) if name not in slots]
     if not missing:
@@ -155,7 +158,7 @@ def _sampling_problems(args: argparse.Namespace, pipeline_class: type[BasePipeli
             "*:train stage also to --offload_models: no weights while training, loaded while rendering)"]
 
 
-def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipeline],
+def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
                       configs: Sequence[ModelConfig]) -> None:
     """Checks the model-naming flags against the models ``configs`` name, without loading any weight.
 
@@ -166,28 +169,29 @@ def check_model_flags(args: argparse.Namespace, pipeline_class: type[BasePipelin
     Raises:
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
-    trains = task_stage(args.task)[1] != "data_process"
+    trains = run.training.stage != "data_process"
     slots = _slots(pipeline_class, configs)
-    problems = _fp8_problems(args, configs, slots, trains)
-    preset = args.preset_lora_model if args.preset_lora_path else None
-    quantized = set(quantized_models(args, slots)) if args.quant_options else set()
-    skeletons = _skeletons({preset, *quantized}, slots, args.torch_dtype)
-    problems += _preset_lora_problems(args, slots, trains, skeletons.get(preset))
-    if args.quant_options:
-        problems += quant_model_problems(args, configs, slots, trains,
+    problems = _fp8_problems(run, configs, slots, trains)
+    preset = run.lora.preset_lora_model if run.lora.preset_lora_path else None
+    quantized = set(quantized_models(run.model.quant_options, slots)) if run.model.quant_options else set()
+    skeletons = _skeletons({preset, *quantized}, slots, run.model.torch_dtype)
+    problems += _preset_lora_problems(run, slots, trains, skeletons.get(preset))
+    if run.model.quant_options:
+        problems += quant_model_problems(run, configs, slots, trains,
                                          {name: skeletons[name] for name in quantized if name in skeletons})
     if trains:
-        trainable = split_csv(args.trainable_models)
-        problems += _unknown_names("--trainable_models", args.trainable_models, trainable, slots)
-        if args.lora_base_model:
-            problems += _unknown_names("--lora_base_model", args.lora_base_model, [args.lora_base_model], slots)
-        denoisers = pipeline_class.denoising_model_names if args.blocks_to_swap else ()
-        skeletons.update(_skeletons({args.lora_base_model, *denoisers} - set(skeletons), slots, args.torch_dtype))
-        problems += _lora_target_problems(args, pipeline_class, skeletons.get(args.lora_base_model))
-        problems += _block_swap_problems(args.blocks_to_swap, {name: skeletons[name] for name in denoisers
+        trainable = run.training.trainable
+        problems += _unknown_names("--trainable_models", run.training.trainable_models, trainable, slots)
+        if run.lora.lora_base_model:
+            problems += _unknown_names("--lora_base_model", run.lora.lora_base_model, [run.lora.lora_base_model], slots)
+        denoisers = pipeline_class.denoising_model_names if run.placement.blocks_to_swap else ()
+        wanted = {run.lora.lora_base_model, *denoisers} - set(skeletons)
+        skeletons.update(_skeletons(wanted, slots, run.model.torch_dtype))
+        problems += _lora_target_problems(run, pipeline_class, skeletons.get(run.lora.lora_base_model))
+        problems += _block_swap_problems(run.placement.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})
-        problems += _sampling_problems(args, pipeline_class, slots)
-    if trains and getattr(args, "initial_weights", None):
-        problems += _initial_weights_problems(args, slots)
+        problems += _sampling_problems(run, pipeline_class, slots)
+    if trains and run.training.initial_weights:
+        problems += _initial_weights_problems(run, slots)
     if problems:
         raise FlagError(problems)

@@ -4,7 +4,6 @@ The helpers take the device as a parameter; the CPU tests run the sync engine (a
 the end rerun the same checks on CUDA with the direct and staged engines.
 """
 
-import argparse
 import copy
 import dataclasses
 import functools
@@ -305,19 +304,6 @@ def test_h2d_only_training_without_checkpointing_is_refused_at_forward():
     with pytest.raises(RuntimeError, match=r"transformer_blocks\.1 \(QwenImageTransformerBlock\).*"
                                            "Add --use_gradient_checkpointing"):
         model(**inputs)
-
-
-def test_config_from_args_reads_the_flags():
-    args = argparse.Namespace(blocks_to_swap=3, block_swap_h2d_only=True, block_swap_ring_size=1,
-                              use_pinned_memory_for_block_swap=True, use_gradient_checkpointing=True)
-    config = BlockSwapConfig.from_args(args)
-    assert (config.blocks_to_swap, config.h2d_only, config.ring_size, config.use_pinned_memory,
-            config.gradient_checkpointing) == (3, True, 1, True, True)
-    args.use_gradient_checkpointing = False
-    with pytest.raises(ValueError, match="--block_swap_h2d_only needs --use_gradient_checkpointing"):
-        BlockSwapConfig.from_args(args)
-    assert BlockSwapConfig.from_args(args, training=False).gradient_checkpointing is None
-    assert BlockSwapConfig.from_args(argparse.Namespace()) == BlockSwapConfig(gradient_checkpointing=False)
 
 
 def test_streaming_blocks_are_spread_evenly():

@@ -5,10 +5,10 @@ import logging
 
 import pytest
 
-from diffsynth.training.config import parsers
 from diffsynth.training.config.flag_docs import flag_table
 from diffsynth.training.config.reference_flags import SWITCHES, UNSUPPORTED
-from diffsynth.training.config.parsers import build_parser, parse_args, validate_args
+from diffsynth.training.config import RunConfig, build_parser, parse_args
+from diffsynth.training.loop import stage_one
 from diffsynth.training.errors import TASKS, FlagError, split_csv, task_stage
 
 # The reference trainer's flags and defaults; a reference command must mean the same here.
@@ -49,6 +49,8 @@ DEPARTURES = {"output_path": "./output"}
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
 # What the run prints: nothing that changes the training.
 CONSOLE_DEFAULTS = {"progress_interval_seconds": 30.0, "debug": False}
+# A config file of flags is read only when named.
+CONFIG_DEFAULTS = {"config": None}
 # The reference's flags this trainer refuses when given (reference_flags.UNSUPPORTED): unset unless given.
 REFUSED_DEFAULTS = {flag[2:]: False if flag in SWITCHES else None for flag in UNSUPPORTED}
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
@@ -59,11 +61,11 @@ STAGE_TWO = [flag for flag in VALID if flag not in ("--dataset_metadata_path", "
 def test_defaults_match_the_reference_and_extras_change_nothing():
     args = build_parser().parse_args([])
     assert vars(args) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **CONSOLE_DEFAULTS,
-                          **REFUSED_DEFAULTS}
+                          **CONFIG_DEFAULTS, **REFUSED_DEFAULTS}
     video = build_parser(video=True).parse_args([])
     # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
     assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **CONSOLE_DEFAULTS,
-                           **REFUSED_DEFAULTS,
+                           **CONFIG_DEFAULTS, **REFUSED_DEFAULTS,
                            "num_frames": 81, "allow_shorter_videos": False, "use_gradient_checkpointing": True}
     assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
@@ -71,14 +73,15 @@ def test_defaults_match_the_reference_and_extras_change_nothing():
 def test_a_valid_command_parses_with_its_types():
     args = parse_args(VALID + ["--learning_rate", "2e-5", "--height", "512", "--width", "768", "--lora_alpha", "16",
                                "--cpu_offload_split_threshold", "64.5", "--enable_model_cpu_offload"])
-    assert (args.learning_rate, args.height, args.width, args.lora_alpha) == (2e-5, 512, 768, 16.0)
-    assert args.cpu_offload_split_threshold == 64.5
+    assert (args.training.learning_rate, args.dataset.height, args.dataset.width, args.lora.lora_alpha) == (
+        2e-5, 512, 768, 16.0)
+    assert args.placement.cpu_offload_split_threshold == 64.5
 
 
 def test_every_task_is_accepted_and_an_unknown_one_lists_the_choices(capsys):
     for task in TASKS:
         command = STAGE_TWO + ["--dataset_base_path", "cache"] if task.endswith(":train") else VALID
-        assert parse_args(command + ["--task", task]).task == task
+        assert parse_args(command + ["--task", task]).training.task == task
     with pytest.raises(SystemExit) as exit_info:
         parse_args(VALID + ["--task", "sft:everything"])
     assert exit_info.value.code == 2
@@ -147,28 +150,28 @@ def test_each_conflict_names_flag_value_and_fix(extra, fragments, capsys):
 def test_nothing_to_train_and_no_model():
     args = build_parser().parse_args(["--lora_target_modules", "to_q,to_k", "--dataset_metadata_path", "m.csv"])
     with pytest.raises(FlagError) as error:
-        validate_args(args)
-    nothing, no_model = error.value.problems
+        RunConfig.from_namespace(args)
+    no_model, nothing = error.value.problems
     assert "--task sft has nothing to train" in nothing and "'to_q,to_k'" in nothing
     assert "add --lora_base_model dit" in nothing and "--trainable_models dit" in nothing
     assert no_model.startswith("no model given") and "--model_id_with_origin_paths" in no_model
     # A full fine-tune trains without a LoRA; stage 1 of a split run trains nothing at all.
     model = ["--model_paths", '["dit.safetensors"]', "--dataset_metadata_path", "m.csv"]
-    assert parse_args(model + ["--trainable_models", "dit"]).lora_base_model is None
-    assert parse_args(model + ["--task", "sft:data_process"]).task == "sft:data_process"
+    assert parse_args(model + ["--trainable_models", "dit"]).lora.lora_base_model is None
+    assert parse_args(model + ["--task", "sft:data_process"]).training.task == "sft:data_process"
 
 
 def test_dataset_flags_must_fit_the_stage():
     with pytest.raises(FlagError, match="--dataset_metadata_path is unset"):
-        validate_args(build_parser().parse_args(STAGE_TWO))
+        RunConfig.from_namespace(build_parser().parse_args(STAGE_TWO))
     with pytest.raises(FlagError, match=r"drop --dataset_metadata_path 'data/metadata.csv'"):
-        validate_args(build_parser().parse_args(VALID + ["--task", "sft:train", "--dataset_base_path", "cache"]))
+        RunConfig.from_namespace(build_parser().parse_args(VALID + ["--task", "sft:train", "--dataset_base_path", "cache"]))
 
 
 def test_all_conflicts_are_reported_at_once():
     args = build_parser().parse_args(VALID + ["--num_epochs", "0", "--lora_rank", "0", "--width", "8"])
     with pytest.raises(FlagError) as error:
-        validate_args(args)
+        RunConfig.from_namespace(args)
     assert len(error.value.problems) == 4  # epochs, rank, width alone, width not a multiple of 16
     assert isinstance(error.value, ValueError) and str(error.value).count("\n") == 3
 
@@ -179,21 +182,21 @@ def test_output_path_that_is_a_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(VALID + ["--output_path", str(existing)])
     assert f"--output_path {str(existing)!r} is a file" in capsys.readouterr().err
-    assert parse_args(VALID + ["--output_path", str(tmp_path / "new")]).output_path == str(tmp_path / "new")
+    assert parse_args(VALID + ["--output_path", str(tmp_path / "new")]).output.output_path == str(tmp_path / "new")
 
 
 def test_overwrite_output_cannot_remove_the_checkpoint_a_resume_reads(tmp_path):
     output = ["--output_path", str(tmp_path / "out"), "--overwrite_output"]
     for checkpoint in ("latest", str(tmp_path / "out" / "checkpoints" / "step-4")):
         with pytest.raises(FlagError, match=f"--resume_from_checkpoint {checkpoint} would resume from; drop"):
-            validate_args(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", checkpoint]))
+            RunConfig.from_namespace(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", checkpoint]))
     # A checkpoint from another folder may start a cleaned one.
     elsewhere = str(tmp_path / "other" / "checkpoints" / "step-4")
-    assert validate_args(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", elsewhere]))
+    assert RunConfig.from_namespace(build_parser().parse_args(VALID + output + ["--resume_from_checkpoint", elsewhere]))
 
 
 def test_num_frames_must_be_4k_plus_1(capsys):
-    assert parse_args(VALID + ["--num_frames", "49"], video=True).num_frames == 49
+    assert parse_args(VALID + ["--num_frames", "49"], video=True).dataset.num_frames == 49
     with pytest.raises(SystemExit):
         parse_args(VALID + ["--num_frames", "80"], video=True)
     error = capsys.readouterr().err
@@ -201,15 +204,17 @@ def test_num_frames_must_be_4k_plus_1(capsys):
 
 
 def test_checkpointing_offload_implies_checkpointing():
-    args = parse_args(VALID + ["--use_gradient_checkpointing_offload"])
-    assert args.use_gradient_checkpointing and args.use_gradient_checkpointing_offload
-    assert not parse_args(VALID).use_gradient_checkpointing
+    placement = parse_args(VALID + ["--use_gradient_checkpointing_offload"]).placement
+    assert placement.gradient_checkpointing and placement.use_gradient_checkpointing_offload
+    assert not parse_args(VALID).placement.gradient_checkpointing
 
 
-def test_optimizer_offload_in_stage_one_only_warns(caplog):
+def test_optimizer_offload_in_stage_one_parses_and_only_warns(caplog):
     argv = VALID + ["--task", "sft:data_process", "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload"]
-    with caplog.at_level(logging.WARNING, logger=parsers.__name__):
-        parse_args(argv)
+    config = parse_args(argv)
+    with caplog.at_level(logging.WARNING, logger=stage_one.__name__):
+        with pytest.raises(AttributeError):  # warned before anything else is read of the (missing) accelerator
+            stage_one.launch_data_process_task(None, None, _NoCacheModule(), config)
     assert "--enable_optimizer_cpu_offload is ignored by --task sft:data_process" in caplog.text
 
 
@@ -217,7 +222,7 @@ def test_a_namespace_built_in_code_with_an_unknown_task_is_a_flag_error():
     args = build_parser().parse_args(VALID)
     args.task = "pretrain"
     with pytest.raises(FlagError, match="--task 'pretrain' is not a known task; choose one of sft"):
-        validate_args(args)
+        RunConfig.from_namespace(args)
 
 
 def test_flag_table_lists_every_flag_under_its_group():
@@ -226,7 +231,7 @@ def test_flag_table_lists_every_flag_under_its_group():
     flags = [option for action in parser._actions for option in action.option_strings[:1]
              if not isinstance(action, argparse._HelpAction)]
     assert len(flags) == (len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + len(SAFETY_DEFAULTS)
-                          + len(CONSOLE_DEFAULTS) + len(REFUSED_DEFAULTS)
+                          + len(CONSOLE_DEFAULTS) + len(CONFIG_DEFAULTS) + len(REFUSED_DEFAULTS)
                           + 2)  # + the video flags --num_frames, --allow_shorter_videos
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
@@ -279,8 +284,8 @@ def test_a_preset_lora_needs_its_model_and_its_file_together(capsys):
             parse_args(VALID + given)
         error = " ".join(capsys.readouterr().err.split())
         assert f"{given[0]} {given[1]} needs --preset_lora_" in error and "pass both" in error
-    args = parse_args(VALID + ["--preset_lora_path", "preset.safetensors", "--preset_lora_model", "dit"])
-    assert (args.preset_lora_path, args.preset_lora_model) == ("preset.safetensors", "dit")
+    lora = parse_args(VALID + ["--preset_lora_path", "preset.safetensors", "--preset_lora_model", "dit"]).lora
+    assert (lora.preset_lora_path, lora.preset_lora_model) == ("preset.safetensors", "dit")
 
 
 @pytest.mark.parametrize(("path", "fragment"), [
@@ -297,26 +302,37 @@ def test_a_customized_optimizer_that_does_not_resolve_is_refused(path, fragment,
 
 
 def test_a_customized_optimizer_is_checked_and_kept():
-    assert parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam"]).customized_optimizer == "torch.optim.Adam"
+    optimizer = parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam"]).training.customized_optimizer
+    assert optimizer == "torch.optim.Adam"
     with pytest.raises(FlagError, match="has no effect on --task sft:data_process"):
-        validate_args(build_parser().parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam", "--task",
+        RunConfig.from_namespace(build_parser().parse_args(VALID + ["--customized_optimizer", "torch.optim.Adam", "--task",
                                                          "sft:data_process"]))
 
 
 def test_musubi_tuners_spelling_of_gradient_checkpointing_sets_the_same_flag():
-    assert parse_args(VALID + ["--gradient_checkpointing"]).use_gradient_checkpointing is True
-    assert parse_args(VALID).use_gradient_checkpointing is False
+    assert parse_args(VALID + ["--gradient_checkpointing"]).placement.use_gradient_checkpointing is True
+    assert parse_args(VALID).placement.use_gradient_checkpointing is False
 
 
 def test_resume_from_checkpoint_tells_a_weights_file_from_a_state_folder(tmp_path, capsys):
     (tmp_path / "step-4").mkdir()
-    state = parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "step-4")])
-    assert (state.resume_from_checkpoint, state.initial_weights) == (str(tmp_path / "step-4"), None)
-    latest = parse_args(VALID + ["--resume_from_checkpoint", "latest"])
-    assert (latest.resume_from_checkpoint, latest.initial_weights) == ("latest", None)
-    weights = parse_args(VALID + ["--resume_from_checkpoint", "models/epoch-4.safetensors"])
-    assert (weights.resume_from_checkpoint, weights.initial_weights) == (None, "models/epoch-4.safetensors")
+    state = parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "step-4")]).training
+    assert (state.resume_checkpoint, state.initial_weights) == (str(tmp_path / "step-4"), None)
+    latest = parse_args(VALID + ["--resume_from_checkpoint", "latest"]).training
+    assert (latest.resume_checkpoint, latest.initial_weights) == ("latest", None)
+    weights = parse_args(VALID + ["--resume_from_checkpoint", "models/epoch-4.safetensors"]).training
+    assert (weights.resume_checkpoint, weights.initial_weights) == (None, "models/epoch-4.safetensors")
     (tmp_path / "epoch-4.bin").write_bytes(b"pickle")
     with pytest.raises(SystemExit):
         parse_args(VALID + ["--resume_from_checkpoint", str(tmp_path / "epoch-4.bin")])
     assert "is a file but not .safetensors" in " ".join(capsys.readouterr().err.split())
+
+
+class _NoCacheModule:
+    """What stage 1 reads of a training module before it places the models: nothing to cache, no weights."""
+
+    def cache_info(self) -> dict:
+        return {}
+
+    def stage_one_identity(self) -> dict:
+        return {}

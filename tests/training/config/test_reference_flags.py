@@ -3,7 +3,7 @@
 import pytest
 
 from diffsynth.training.config.flag_docs import reference_flag_table
-from diffsynth.training.config.parsers import build_parser, parse_args, validate_args
+from diffsynth.training.config import RunConfig, build_parser, parse_args
 from diffsynth.training.config.reference_flags import REFERENCE_FLAGS, UNSUPPORTED
 from diffsynth.training.errors import FlagError
 
@@ -25,7 +25,7 @@ def test_an_unsupported_reference_flag_parses_and_is_refused_by_name(flag):
     action = next(action for action in parser._actions if flag in action.option_strings)
     argv = VALID + ([flag] if action.nargs == 0 else [flag, "1"])
     with pytest.raises(FlagError) as error:
-        validate_args(parser.parse_args(argv))
+        RunConfig.from_namespace(parser.parse_args(argv))
     assert str(error.value).startswith(flag) and UNSUPPORTED[flag] in str(error.value)
 
 

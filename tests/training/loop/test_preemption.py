@@ -92,16 +92,16 @@ def test_each_outcome_has_its_exit_code(error, code, capsys):
 
 def test_stage_one_stops_after_the_sample_in_progress_and_a_rerun_completes_it(dataset, tmp_path, monkeypatch,
                                                                                   caplog):
-    from diffsynth.training.loop import runner
+    from diffsynth.training.loop import stage_one as caching
 
-    save = runner.save_cache_sample
+    save = caching.save_cache_sample
 
     def save_then_signal(*args, **kwargs):
         path = save(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's signal, arriving while a sample is being cached
         return path
 
-    monkeypatch.setattr(runner, "save_cache_sample", save_then_signal)
+    monkeypatch.setattr(caching, "save_cache_sample", save_then_signal)
     def stage_one(output):
         return [*raw(dataset), *COMMON, "--output_path", str(output), "--task", "sft:data_process"]
 
@@ -111,7 +111,7 @@ def test_stage_one_stops_after_the_sample_in_progress_and_a_rerun_completes_it(d
     assert exit_info.value.code == exit_codes.PREEMPTED
     assert "stage 1 stopped by SIGTERM after 1 of the 3 samples process 0 had to compute" in caplog.text
     assert sorted(path.name for path in (tmp_path / "cache" / "0").iterdir()) == ["0.safetensors"]
-    monkeypatch.setattr(runner, "save_cache_sample", save)
+    monkeypatch.setattr(caching, "save_cache_sample", save)
     assert main(QwenImagePipeline, argv)["cached"] == 2
     main(QwenImagePipeline, stage_one(tmp_path / "fresh"))
     for name in ("0", "1", "2"):

@@ -2,7 +2,7 @@
 
 import torch
 
-from diffsynth.training.loop.runner import sample_generators, step_generator
+from diffsynth.training.loop.training_loop import sample_generators, step_generator
 
 
 def test_step_generators_differ_by_sample_and_seed_and_repeat_exactly():

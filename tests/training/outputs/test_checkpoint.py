@@ -1,12 +1,12 @@
 """Training-state checkpoints: exact round trip, latest and its fallback, pruning by run, recorded flags."""
 
-import argparse
 import json
 import logging
 
 import pytest
 import torch
 
+from diffsynth.training.config import RunConfig
 from diffsynth.training.outputs.checkpoint import (
     CheckpointError,
     flag_mismatches,
@@ -117,7 +117,7 @@ def test_only_this_runs_newest_checkpoints_are_kept(tmp_path):
 def flags(**changes):
     values = {"lora_base_model": "dit", "lora_target_modules": "q,to_k", "lora_rank": 4, "lora_alpha": None,
               "trainable_models": None}
-    return argparse.Namespace(**{**values, **changes})
+    return RunConfig.from_flags({**values, **changes}, runnable=False)
 
 
 def test_flags_that_change_the_trainable_weights_are_named_with_both_values(tmp_path):

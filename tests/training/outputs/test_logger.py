@@ -193,13 +193,13 @@ def test_save_points_and_only_the_main_process_writes(trained, tmp_path):
 
 
 def test_training_args_json(tmp_path):
-    args = parse_args(["--model_paths", '["dit.safetensors"]', "--lora_base_model", "dit", "--dataset_metadata_path", "m.csv", "--lora_rank", "8",
-                       "--output_path", str(tmp_path)])
-    args.torch_dtype, args.folders, args.shape = torch.bfloat16, {tmp_path / "a"}, (1, 2)
-    logger = ModelLogger.from_args(args)
+    config = parse_args(["--model_paths", '["dit.safetensors"]', "--lora_base_model", "dit", "--dataset_metadata_path", "m.csv", "--lora_rank", "8",
+                         "--output_path", str(tmp_path)])
+    flags = {**config.to_flags(), "torch_dtype": torch.bfloat16, "folders": {tmp_path / "a"}, "shape": (1, 2)}
+    logger = ModelLogger.from_config(config)
     assert logger.lora_metadata == {"lora_rank": 8, "lora_alpha": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2",
                                     "lora_base_model": "dit"}
-    path = logger.save_training_args(args)
+    path = logger.save_training_args(flags)
     saved = json.loads(path.read_text())
     assert path == tmp_path / "training_args.json"
     assert saved["lora_rank"] == 8 and saved["task"] == "sft" and saved["save_steps"] is None

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 
@@ -114,7 +115,7 @@ def test_a_new_run_in_an_old_runs_folder_is_refused_then_overwrite_or_resume_wor
     (output / "epoch-7.safetensors").write_bytes(b"stale file of the earlier run")
     fresh = train(dataset, output, "--overwrite_output", "--num_epochs", "1", "--enable_csv_log")
     assert fresh["global_step"] == 6 and metric_steps(output) == list(range(1, 7))
-    assert sorted(os.listdir(output)) == ["checkpoints", "epoch-0.safetensors", "logs", "notes.txt",
+    assert sorted(os.listdir(output)) == ["checkpoints", "config.yaml", "epoch-0.safetensors", "logs", "notes.txt",
                                           "training_args.json"]
     assert sorted(os.listdir(output / "checkpoints")) == ["step-6"]
     assert json.loads((output / "training_args.json").read_text())["run_id"] != run_id
@@ -264,7 +265,7 @@ def test_two_processes_both_stop_at_a_held_folder_without_loading_models(dataset
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_PY, *raw(dataset),
                *COMMON, "--output_path", str(output)]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = Path(__file__).resolve().parents[3]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=repo)
     assert done.returncode != 0
     assert done.stderr.count(f"--output_path {output} is in use by run other-run") >= 2, done.stderr[-3000:]

@@ -13,15 +13,15 @@ VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetens
 
 
 def test_the_flags_make_the_config_and_the_engine_configs_come_from_it():
-    args = parse_args(VALID + ["--blocks_to_swap", "3", "--block_swap_h2d_only", "--block_swap_ring_size", "1",
-                               "--use_pinned_memory_for_block_swap", "--use_gradient_checkpointing_offload"])
-    placement = PlacementConfig.from_args(args)
+    config = parse_args(VALID + ["--blocks_to_swap", "3", "--block_swap_h2d_only", "--block_swap_ring_size", "1",
+                                 "--use_pinned_memory_for_block_swap", "--use_gradient_checkpointing_offload"])
+    placement = config.placement
     assert placement.gradient_checkpointing and placement.weights_on_host
     assert placement.block_swap == BlockSwapConfig(3, h2d_only=True, ring_size=1, use_pinned_memory=True,
                                                    gradient_checkpointing=True)
-    offload = PlacementConfig.from_args(parse_args(VALID + [
+    offload = parse_args(VALID + [
         "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload", "--cpu_offload_split_threshold", "64",
-        "--offload_prefetch_depth", "2"]))
+        "--offload_prefetch_depth", "2"]).placement
     assert offload.offload_options(trains=True) == dict(enable_optimizer_cpu_offload=True,
                                                         cpu_offload_split_threshold=64.0, prefetch_depth=2)
     assert offload.offload_options(trains=False)["enable_optimizer_cpu_offload"] is False
@@ -29,7 +29,7 @@ def test_the_flags_make_the_config_and_the_engine_configs_come_from_it():
 
 
 def test_the_defaults_place_nothing_anywhere_special():
-    placement = PlacementConfig.from_args(build_parser().parse_args([]))
+    placement = PlacementConfig.from_flags(vars(build_parser().parse_args([])))
     assert placement == PlacementConfig()
     assert not placement.weights_on_host and not placement.block_swap.enabled and not placement.gradient_checkpointing
 

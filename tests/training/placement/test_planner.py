@@ -69,7 +69,7 @@ def test_a_plan_applied_to_the_placement_gives_valid_flags_that_name_it_again(pl
     placement = apply_plan(PlacementConfig(vram_budget="24"), plan)
     assert placement.vram_budget == "24"
     args = parse_args(COMMAND + plan.flags())
-    assert PlacementConfig.from_args(args) == dataclasses.replace(placement, vram_budget=None)
+    assert args.placement == dataclasses.replace(placement, vram_budget=None)
     if plan.policy != "device":
         assert explicit_plan(placement) == plan
 
@@ -131,9 +131,11 @@ def test_plan_cli_refuses_bad_flags_by_name(capsys):
 def test_the_trainer_refuses_an_auto_budget_without_cuda_before_loading(base, tmp_path, fresh_accelerate_state,
                                                                        monkeypatch):
     from diffsynth.training import entry as trainer
+    from diffsynth.training.startup import dataset as startup_dataset
 
     monkeypatch.setattr(trainer, "load_pipeline", lambda *a, **k: pytest.fail("models loaded before the refusal"))
-    monkeypatch.setattr(trainer, "build_raw_dataset", lambda *a, **k: pytest.fail("dataset read before the refusal"))
+    monkeypatch.setattr(startup_dataset, "build_raw_dataset",
+                        lambda *a, **k: pytest.fail("dataset read before the refusal"))
     with pytest.raises(FlagError, match=r"--vram_budget auto measures the CUDA device.*--vram_budget 24"):
         trainer.main(QwenImagePipeline, COMMAND + ["--vram_budget", "auto", "--output_path", str(tmp_path)])
 
@@ -153,7 +155,7 @@ def test_the_trainer_trains_with_the_plan_chosen_for_its_budget(base, tmp_path, 
     from diffsynth.core.data.example_dataset import build_example_dataset
     from diffsynth.core.planning.profiles import measure_device
     from diffsynth.training.entry import main
-    from diffsynth.training.loop import runner
+    from diffsynth.training.loop import training_loop
     from tests.conftest import reset_accelerate_state
 
     build_example_dataset(tmp_path / "data", num_images=2)
@@ -166,8 +168,8 @@ def test_the_trainer_trains_with_the_plan_chosen_for_its_budget(base, tmp_path, 
     main(QwenImagePipeline, data + TRAIN + ["--output_path", str(tmp_path / "plain")])
     reset_accelerate_state()
     placements = []
-    place_models = runner.place_models
-    monkeypatch.setattr(runner, "place_models", lambda module, device, placement: placements.append(placement)
+    place_models = training_loop.place_models
+    monkeypatch.setattr(training_loop, "place_models", lambda module, device, placement: placements.append(placement)
                         or place_models(module, device, placement))
     with caplog.at_level("INFO", logger="diffsynth.training.placement.planner"):
         main(QwenImagePipeline, data + TRAIN + ["--output_path", str(tmp_path / "planned"),

@@ -9,12 +9,12 @@ import torch
 from diffsynth.core.loader import load_skeleton, parse_model_id_with_origin_paths
 from diffsynth.core.quant import QuantConfig, bitsandbytes_available
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser, parse_args
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
 from diffsynth.training.placement.quant_options import (
     parse_quant_options,
-    quant_flag_problems,
     quant_model_problems,
     quant_package_problems,
 )
@@ -22,6 +22,18 @@ from tests.core.test_quant import REFERENCE_EXCLUDE, needs_bitsandbytes
 from tests.training.test_trainer import ALL_MODELS, COMMON, PATTERN, raw
 
 NF4 = f"{PATTERN['dit']}:bitsandbytes_nf4/{','.join(REFERENCE_EXCLUDE)}"
+
+
+def run_config(argv):
+    """The config of ``argv`` without the checks of what a run needs (a model, a dataset)."""
+    return RunConfig.from_namespace(build_parser().parse_args(argv), runnable=False)
+
+
+def flag_problems(argv):
+    """The problems the config of ``argv`` is refused with."""
+    with pytest.raises(FlagError) as error:
+        run_config(argv)
+    return error.value.problems
 
 
 def test_entries_parse_as_in_the_reference():
@@ -37,14 +49,14 @@ def test_entries_parse_as_in_the_reference():
 
 
 def test_flag_problems_name_the_fix(capsys):
-    from diffsynth.training.entry import refuse_with_deepspeed
+    from diffsynth.training.placement.deepspeed import refuse_with_deepspeed
 
-    args = build_parser().parse_args(["--quant_options", NF4, "--enable_model_cpu_offload"])
-    assert "--quant_options and --enable_model_cpu_offload cannot be combined" in quant_flag_problems(args)[0]
-    planned = build_parser().parse_args(["--quant_options", NF4, "--vram_budget", "24"])
-    assert "--quant_options and --vram_budget cannot be combined" in quant_flag_problems(planned)[0]
+    problems = flag_problems(["--quant_options", NF4, "--enable_model_cpu_offload"])
+    assert "--quant_options and --enable_model_cpu_offload cannot be combined" in problems[0]
+    planned = flag_problems(["--quant_options", NF4, "--vram_budget", "24"])
+    assert "--quant_options and --vram_budget cannot be combined" in planned[0]
     with pytest.raises(FlagError, match="--quant_options and DeepSpeed cannot be combined"):
-        refuse_with_deepspeed(build_parser().parse_args(["--quant_options", NF4]))
+        refuse_with_deepspeed(run_config(["--quant_options", NF4]))
     with pytest.raises(SystemExit):
         parse_args(["--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit", "--dataset_metadata_path",
                     "m.csv", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_int8"])
@@ -55,7 +67,7 @@ def test_flag_problems_name_the_fix(capsys):
 def test_a_missing_bitsandbytes_stops_the_trainer_before_anything_loads(dataset, tmp_path, base,
                                                                        fresh_accelerate_state):
     argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"), "--quant_options", NF4]
-    assert "needs bitsandbytes, which is not installed" in quant_package_problems(build_parser().parse_args(argv))[0]
+    assert "needs bitsandbytes, which is not installed" in quant_package_problems(build_parser().parse_args(argv).quant_options)[0]
     with pytest.raises(FlagError, match="pip install -c constraints.txt bitsandbytes"):
         main(QwenImagePipeline, argv)
 
@@ -64,13 +76,13 @@ def test_model_problems_are_found_on_skeletons(base):
     configs = parse_model_id_with_origin_paths(ALL_MODELS)
     slots = dict(zip(("dit", "text_encoder", "vae"), configs))
     dit = load_skeleton(slots["dit"])
-    args = build_parser().parse_args(["--quant_options", f"{NF4};Qwen/Qwen-Image:nothing/*:bitsandbytes_nf4",
-                                      "--trainable_models", "dit", "--fp8_models", PATTERN["dit"]])
+    args = run_config(["--quant_options", f"{NF4};Qwen/Qwen-Image:nothing/*:bitsandbytes_nf4",
+                       "--trainable_models", "dit", "--fp8_models", PATTERN["dit"]])
     problems = quant_model_problems(args, configs, slots, True, {"dit": dit})
     assert any("entry 'Qwen/Qwen-Image:nothing/*' is not among the models loaded" in p for p in problems)
     assert any("quantizes ['dit'], which --trainable_models trains in full" in p for p in problems)
     assert any("--quant_options and --fp8_models both name ['dit']" in p for p in problems)
-    args = build_parser().parse_args(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4/img_mod.9"])
+    args = run_config(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4/img_mod.9"])
     assert quant_model_problems(args, configs, slots, True, {"dit": dit}) == [
         "--quant_options for dit: exclude entries ['img_mod.9'] match no Linear layer of QwenImageTransformer2DModel; "
         "name layers by their dotted path or its end, e.g. ['time_text_embed.timestep_embedder.linear_1', "

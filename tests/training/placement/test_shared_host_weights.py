@@ -20,8 +20,8 @@ from tests.training.conftest import lora, max_difference
 
 pytestmark = pytest.mark.skipif(not memory_files_supported(), reason="needs Linux memory files")
 
-REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "tests" / "diffusion" / "shared_weights_run.py"
+REPO = Path(__file__).resolve().parents[3]
+RUN = Path(__file__).resolve().with_name("shared_weights_run.py")
 PAGE = 4096
 
 
@@ -123,12 +123,11 @@ def decisions(run, *flags, processes=2):
     from diffsynth.core.loader import parse_model_configs
     from diffsynth.pipelines.wan_video import WanVideoPipeline
     from diffsynth.training.config.parsers import parse_args
-    from diffsynth.training.placement.config import PlacementConfig
     from diffsynth.training.placement.shared_host_weights import shared_loads
 
-    args = parse_args([*run, *flags], video=True)
-    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
-    how = shared_loads(args, WanVideoPipeline, configs, PlacementConfig.from_args(args), processes)
+    config = parse_args([*run, *flags], video=True)
+    configs = parse_model_configs(config.model.model_paths, config.model.model_id_with_origin_paths)
+    how = shared_loads(config, WanVideoPipeline, configs, processes)
     if how is None:
         return None
     return {config.origin_file_pattern: how(config) for config in configs if how(config) is not None}

@@ -6,6 +6,7 @@ import pytest
 
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
@@ -21,10 +22,13 @@ from tests.training.test_trainer import COMMON, raw
 DISTILL = ["seed", "rand_device", "num_inference_steps", "cfg_scale"]
 
 
-def flags(*argv, video=False):
-    return build_parser(video=video).parse_args(["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*",
-                                                 "--lora_base_model", "dit", "--dataset_metadata_path", "m.csv",
-                                                 *argv])
+def flags(*argv, video=False, metadata=True):
+    """The run config of a LoRA command plus ``argv`` (``metadata``: with a metadata file, which a stage-2 run
+    that reads a cache refuses)."""
+    data = ["--dataset_metadata_path", "m.csv"] if metadata else ["--dataset_base_path", "cache"]
+    namespace = build_parser(video=video).parse_args(["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*",
+                                                      "--lora_base_model", "dit", *data, *argv])
+    return RunConfig.from_namespace(namespace, runnable=False)
 
 
 def test_guidance_and_the_seed_matter_to_distillation_only():
@@ -90,5 +94,6 @@ def test_flags_without_effect_are_refused(argv, fragment):
 
 def test_flags_the_reference_repeats_in_stage_two_only_warn(caplog):
     with caplog.at_level(logging.WARNING):
-        assert flag_effect_problems(flags("--task", "sft:train", "--height", "480", "--width", "832")) == []
+        assert flag_effect_problems(flags("--task", "sft:train", "--height", "480", "--width", "832",
+                                                metadata=False)) == []
     assert "--height 480 has no effect on --task sft:train" in caplog.text

@@ -74,7 +74,7 @@ def test_the_second_wan22_expert_is_dit2_as_loading_names_it(base):
         models = ",".join(f"{WAN22_T2V_MODEL_ID}:{pattern}" for pattern in WAN22_A14B_PATTERNS.values())
         args = parse_args(["--model_id_with_origin_paths", models, "--dataset_metadata_path", "m.csv",
                            "--lora_target_modules", "q,k", *flags], video=True)
-        configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths)
+        configs = parse_model_configs(args.model.model_paths, args.model.model_id_with_origin_paths)
         check_model_flags(args, WanVideoPipeline, configs)
 
     check("--lora_base_model", "dit2")

@@ -1,0 +1,127 @@
+"""The units of a Wan video's inputs that the image conditioning (``wan_image.py``) leaves: the frame count, the
+noise, the input video's latents and the UMT5 prompt embeddings, as diffusers' ``WanPipeline`` computes them.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from PIL import Image
+
+from ..diffusion.base_pipeline import PipelineUnit
+from .common import draw_noise, image_to_tensor
+
+if TYPE_CHECKING:
+    from .wan_video import WanVideoPipeline
+
+logger = logging.getLogger(__name__)
+
+VAE_TEMPORAL_SCALE = 4
+
+
+def clean_prompt(text: str) -> str:
+    """Unescapes HTML entities and collapses whitespace, as diffusers does before tokenising (ftfy aside)."""
+    try:
+        import ftfy
+
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def round_frames(num_frames: int) -> int:
+    """The largest count of the form 4k+1 not above ``num_frames`` (at least 1)."""
+    return max(1, (int(num_frames) - 1) // VAE_TEMPORAL_SCALE * VAE_TEMPORAL_SCALE + 1)
+
+
+def video_to_tensor(frames: Sequence[Image.Image]) -> torch.Tensor:
+    """RGB frames as a ``(1, 3, frames, H, W)`` float32 tensor in ``[-1, 1]``."""
+    return torch.stack([image_to_tensor(frame)[0] for frame in frames], dim=1).unsqueeze(0)
+
+
+class FrameCountUnit(PipelineUnit):
+    """Rounds ``num_frames`` down to the form 4k+1 that the VAE's 4x temporal compression needs, with a warning."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("num_frames",), output_params=("num_frames",))
+
+    def process(self, pipe: WanVideoPipeline, num_frames: int) -> dict:
+        if not isinstance(num_frames, int) or num_frames < 1:
+            raise ValueError(f"num_frames={num_frames!r} must be a positive frame count of the form 4k+1, e.g. 81")
+        rounded = round_frames(num_frames)
+        if rounded != num_frames:
+            logger.warning("num_frames=%d is not of the form 4k+1; using %d", num_frames, rounded)
+        return {"num_frames": rounded}
+
+
+class NoiseUnit(PipelineUnit):
+    """Draws the initial noise ``(1, C, (num_frames - 1) / 4 + 1, height / s, width / s)`` (the VAE's latent channels
+    ``C`` and spatial compression ``s``)."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("height", "width", "num_frames", "seed", "rand_device"),
+                         output_params=("noise",))
+
+    def process(self, pipe: WanVideoPipeline, height: int, width: int, num_frames: int, seed: int | None,
+                rand_device: str | torch.device | None) -> dict:
+        return {"noise": draw_noise(pipe, pipe.latent_shape(height, width, num_frames), seed, rand_device)}
+
+
+class InputVideoEmbedderUnit(PipelineUnit):
+    """Encodes ``input_video`` (a list of frames) with the Wan VAE into normalised latents.
+
+    Frames are resized to ``height x width`` if they differ, and the first ``num_frames`` are used. The VAE's
+    distribution mode is used rather than a sample, so a cached latent equals the one a single-stage run computes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_video", "height", "width", "num_frames"),
+                         output_params=("input_latents",), onload_model_names=("vae",))
+
+    def process(self, pipe: WanVideoPipeline, input_video: Sequence[Image.Image] | None, height: int, width: int,
+                num_frames: int) -> dict:
+        if input_video is None:
+            return {}
+        if len(input_video) < num_frames:
+            raise ValueError(f"input_video has {len(input_video)} frames, fewer than num_frames={num_frames}; pass "
+                             f"num_frames={round_frames(len(input_video))} or a longer video")
+        frames = [frame if frame.size == (width, height) else frame.resize((width, height), Image.Resampling.LANCZOS)
+                  for frame in input_video[:num_frames]]
+        pixels = video_to_tensor(frames).to(pipe.device, pipe.vae.dtype)
+        latents = pipe.vae.encode(pixels).latent_dist.mode()
+        mean, inverse_std = pipe.latent_statistics(latents)
+        return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
+
+
+class PromptEmbedderUnit(PipelineUnit):
+    """Encodes the prompt (and, with CFG, the negative prompt) with UMT5.
+
+    The embeddings of the real tokens are kept and zero-padded to ``max_sequence_length``, as the model was trained.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
+                         output_params=("prompt_emb",), onload_model_names=("text_encoder",))
+
+    def process(self, pipe: WanVideoPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+        if pipe.text_encoder is None or pipe.tokenizer is None:
+            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
+                             "'<model_id>:text_encoder/model*.safetensors' to the model configs")
+        length = max_sequence_length or 512
+        tokens = pipe.tokenizer([clean_prompt(prompt or "")], padding="max_length", max_length=length,
+                                truncation=True, add_special_tokens=True, return_attention_mask=True,
+                                return_tensors="pt")
+        ids, mask = tokens.input_ids.to(pipe.device), tokens.attention_mask.to(pipe.device)
+        hidden = pipe.text_encoder(ids, mask).last_hidden_state
+        kept = int(mask.gt(0).sum())
+        embeddings = torch.zeros_like(hidden)
+        embeddings[:, :kept] = hidden[:, :kept]
+        return {"prompt_emb": embeddings.to(pipe.torch_dtype)}

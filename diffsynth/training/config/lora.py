@@ -1,0 +1,72 @@
+"""The LoRA section: which model and layers get adapters, their rank and scale, and the LoRAs a run starts from."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..errors import split_csv
+from ..section import Section
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection(Section):
+    """The LoRA flags; ``lora_base_model`` unset trains no LoRA."""
+
+    lora_base_model: str | None = None
+    lora_target_modules: str = "q,k,v,o,ffn.0,ffn.2"
+    lora_rank: int = 32
+    lora_alpha: float | None = None
+    lora_checkpoint: str | None = None
+    preset_lora_path: str | None = None
+    preset_lora_model: str | None = None
+
+    LOWER_BOUNDS = (
+        ("lora_rank", 1, True, "--lora_rank 32"),
+        ("lora_alpha", 0, False, "--lora_alpha 32, or drop it to use the rank"),
+    )
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, video: bool = False) -> None:
+        """Adds the LoRA group."""
+        group = parser.add_argument_group("LoRA")
+        group.add_argument("--lora_base_model", type=str, default=None,
+                           help="Pipeline model that gets the LoRA (e.g. dit); unset trains no LoRA.")
+        group.add_argument("--lora_target_modules", type=str, default="q,k,v,o,ffn.0,ffn.2",
+                           help="Comma list of layer names (suffixes) in --lora_base_model that get adapters. The "
+                                "default is the reference's; diffusers models name their layers e.g. "
+                                "to_q,to_k,to_v,to_out.0.")
+        group.add_argument("--lora_rank", type=int, default=32,
+                           help="LoRA rank; higher learns more, with more trainable weights and optimizer memory.")
+        group.add_argument("--lora_alpha", type=float, default=None,
+                           help="LoRA scale numerator (the update is scaled by alpha / rank); unset equals the rank.")
+        group.add_argument("--lora_checkpoint", type=str, default=None,
+                           help="LoRA .safetensors file whose weights start the training.")
+        group.add_argument("--preset_lora_path", type=str, default=None,
+                           help="Differential LoRA: a LoRA .safetensors file (any layout; docs/en/Using_LoRA.md) "
+                                "merged into the frozen weights of --preset_lora_model before training, so the new "
+                                "LoRA learns the difference from it. Use the new LoRA on the base with the preset "
+                                "merged (or both LoRAs loaded).")
+        group.add_argument("--preset_lora_model", type=str, default=None,
+                           help="Pipeline model the --preset_lora_path LoRA is merged into (e.g. dit).")
+
+    @property
+    def targets(self) -> list[str]:
+        """The layer names (suffixes) that get adapters (``--lora_target_modules``)."""
+        return split_csv(self.lora_target_modules)
+
+    @property
+    def preset(self) -> tuple[str | None, str] | None:
+        """``(model, file)`` of the preset LoRA merged before training, or None."""
+        return (self.preset_lora_model, self.preset_lora_path) if self.preset_lora_path else None
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        # The two preset flags go together; whether the file fits its model is checked against the model (a
+        # script's first command may write the file its second command merges).
+        if bool(self.preset_lora_path) != bool(self.preset_lora_model):
+            given, missing = (("--preset_lora_path", "--preset_lora_model") if self.preset_lora_path
+                              else ("--preset_lora_model", "--preset_lora_path"))
+            problems.append(f"{given} {self.preset_lora_path or self.preset_lora_model} needs {missing}: the preset "
+                            "LoRA is merged into one model; pass both (e.g. --preset_lora_model dit), or neither")
+        return problems

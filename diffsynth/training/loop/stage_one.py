@@ -1,0 +1,113 @@
+"""Stage 1 of split training (``--task *:data_process``): every sample's units run once and are cached."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader, Subset
+
+from ...core.data import UnifiedDataset
+from ...core.data.bad_samples import pop_skipped
+from ...core.data.cache import cache_file_path, save_cache_sample, write_cache_info, write_cache_manifest
+from ...core.data.cache_sync import summarise, sync_stage_one_cache
+from ...core.data.fingerprint import digest
+from ..objective.training_module import DiffusionTrainingModule
+from ..placement.placers import place_models
+from .preemption import PreemptionListener, RunPreempted, ignore_stop_signals
+from .progress import ProgressReport
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _first(batch: list[Any]) -> Any:
+    """One sample per step of stage 1, which runs each sample's units alone."""
+    return batch[0]
+
+
+def signal_name(preemption: PreemptionListener) -> str:
+    """The stop signal a run ended by, as its message names it."""
+    if preemption.received is None:
+        return "a stop signal another process received"
+    return signal.Signals(preemption.received).name
+
+
+def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule,
+                             config: RunConfig, command: str | None = None) -> int:
+    """Stage 1: runs the stage's units on every sample and writes one cache file per sample.
+
+    Processes take every ``num_processes``-th sample. A rerun keeps each file whose fingerprint still matches its
+    sample, recomputes the others and removes the files of samples that are gone (``cache_sync``); it reports what it
+    did on the main process. Samples whose files fail to decode are skipped or stop the run (``--on_bad_sample``).
+
+    Args:
+        accelerator: The run's ``accelerate.Accelerator``.
+        dataset: The metadata dataset, built with ``keep_row_indices`` (sample ``i`` is row ``i``).
+        module: The stage-1 training module.
+        config: The run's config.
+        command: The command line that reruns this stage, recorded for stage 2's message about a partial cache.
+
+    Returns:
+        The number of samples this process computed (not counting those it kept or skipped).
+
+    Raises:
+        RunPreempted: SIGTERM / SIGINT arrived; this process stopped after the sample in progress.
+    """
+    from accelerate.utils import gather_object
+
+    info = module.cache_info()
+    models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
+    if config.placement.enable_optimizer_cpu_offload:
+        logger.warning("--enable_optimizer_cpu_offload is ignored by --task %s: stage 1 trains nothing, so there is "
+                       "no optimizer to offload", config.training.task)
+    output = config.output.output_path
+    place_models(module, accelerator.device, config.placement)  # stage 1 never runs the denoiser, so nothing is swapped
+    if accelerator.is_main_process:
+        write_cache_info(output, info)
+    accelerator.wait_for_everyone()
+    num_samples = len(dataset.rows)
+    sync = sync_stage_one_cache(output, accelerator.process_index, accelerator.num_processes, num_samples,
+                                lambda index, stored: dataset.fingerprint(index, models, stored),
+                                skipped=dataset.excluded)
+    accelerator.wait_for_everyone()
+    skipped = {index: bad.describe() for index, bad in dataset.excluded.items()}
+    if accelerator.is_main_process:
+        # Written once every stale file is gone: from here on the folder holds only samples of this dataset.
+        write_cache_manifest(output, num_samples, skipped, command)
+    loader = DataLoader(Subset(dataset, sync.todo), batch_size=1, collate_fn=_first,
+                        num_workers=config.dataset.dataset_num_workers, worker_init_fn=ignore_stop_signals)
+    report = ProgressReport(len(sync.todo), "caching", interval_seconds=config.console.progress_interval_seconds,
+                            enabled=accelerator.is_local_main_process, unit="sample", device=accelerator.device)
+    skipped_here = []
+    with PreemptionListener() as preemption:
+        for done, (index, sample) in enumerate(zip(sync.todo, loader), start=1):
+            bad = pop_skipped(sample)
+            if bad:
+                logger.warning("skipping sample %s (--on_bad_sample skip); it is not cached", bad[0].describe())
+                skipped_here.extend(bad)
+            else:
+                state = module.process_sample(sample)
+                save_cache_sample(cache_file_path(output, accelerator.process_index, index), state, info,
+                                  sync.fingerprints[index])
+            report.update()
+            if preemption.requested and done < len(sync.todo):
+                raise RunPreempted(f"stage 1 stopped by {signal_name(preemption)} after {done} of the "
+                                   f"{len(sync.todo)} samples process {accelerator.process_index} had to compute; "
+                                   f"rerun the same command to compute the other {len(sync.todo) - done}", done)
+    report.close()
+    accelerator.wait_for_everyone()
+    counts = gather_object([sync.counts()])
+    late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
+    if accelerator.is_main_process:
+        skipped.update(late)
+        if late:
+            write_cache_manifest(output, num_samples, skipped, command)
+        print(f"stage 1: {summarise(counts, skipped=len(skipped))}. Cache in {output}; train from it with "
+              f"--task {config.training.family}:train --dataset_base_path {output}")
+    return len(sync.todo) - len(skipped_here)
+
+

@@ -1,0 +1,367 @@
+"""What the training recipe (``runner.launch_training_task``) calls: the prepared run, each micro-step, each
+optimizer step's bookkeeping, each epoch's end, and the end of training.
+
+Each optimizer step ends with one all-reduce that carries the loss and three verdicts every process must share: a
+non-finite loss or gradient (the step is skipped everywhere, ``nonfinite_guard``), a stop signal (every process stops
+after the same step, ``preemption``), and a due timed checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ...core.data.bad_samples import pop_skipped
+from ...core.finite import is_finite
+from ..objective.batches import batch_sampler
+from ..objective.training_module import DiffusionTrainingModule
+from ..outputs.checkpoint import checkpoint_folder, save_training_state, training_flags
+from ..outputs.logger import ModelLogger
+from ..placement.deepspeed import (
+    deepspeed_config,
+    gathered_parameters,
+    initialize_deepspeed_gradient_checkpointing,
+    release_unused_models,
+    set_micro_batch_size,
+)
+from ..placement.placers import place_models
+from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
+from .optimizer import make_optimizer
+from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
+from .progress import ProgressReport
+from .sampling import SampleRenderer
+from .stage_one import signal_name
+from .validation_prompts import ValidationConfig
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class _Indexed(Dataset):
+    """``(index, sample)`` pairs of a dataset, so that a step can name the samples it trained on."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        return index, self.dataset[index]
+
+
+def step_generator(seed: int, sample_index: int) -> torch.Generator:
+    """The CPU generator for one sample's timestep and noise, a function of the run's position only.
+
+    ``sample_index`` counts samples across all processes (at batch size 1, ``micro_step * num_processes +
+    process_index``, the order in which accelerate deals batches out), so P processes draw what one process
+    accumulating P micro-batches would, and the two runs train the same weights.
+    """
+    (state,) = np.random.SeedSequence([seed, sample_index]).generate_state(1, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state))
+
+
+def sample_generators(seed: int, batch_number: int, batch_size: int, count: int) -> list[torch.Generator]:
+    """The generators of the ``count`` samples of batch ``batch_number`` (counted over all processes, in the order
+    accelerate deals batches out): sample ``j`` draws from ``step_generator(seed, batch_number * batch_size + j)``,
+    its position in the run's stream of samples. So a batch of B draws what B micro-steps at batch 1 draw, and at
+    batch 1 the draws are those of a run without batches (a short last batch leaves positions unused)."""
+    return [step_generator(seed, batch_number * batch_size + offset) for offset in range(count)]
+
+
+def _sample_names(accelerator: Any, dataset: Dataset, indices: list[int]) -> list[str]:
+    """What the samples at ``indices`` on every process are (their metadata rows or cache files); a collective."""
+    from accelerate.utils import gather_object
+
+    describe = getattr(dataset, "describe_sample", lambda index: f"dataset index {index}")
+    return gather_object([describe(index) for index in indices])
+
+
+def _note_skipped(sample: dict[str, Any]) -> int:
+    """Warns about the samples a raw dataset skipped to produce ``sample`` and returns how many."""
+    bad = pop_skipped(sample)
+    for one in bad:
+        logger.warning("skipping sample %s (--on_bad_sample skip); the next readable row takes its place",
+                       one.describe())
+    return len(bad)
+
+
+def _agree(accelerator: Any, loss: torch.Tensor, *flags: bool) -> tuple[float, list[bool]]:
+    """The step's one all-reduce: ``loss`` averaged over the processes, and each flag, set if any process set it."""
+    local = torch.cat([loss.detach().float().reshape(1).cpu(), torch.tensor([float(flag) for flag in flags])])
+    total = accelerator.reduce(local.to(accelerator.device), reduction="sum").tolist()
+    return total[0] / accelerator.num_processes, [value > 0 for value in total[1:]]
+
+
+class TrainingLoop:
+    """One training run's state between optimizer steps, and the steps of the recipe.
+
+    Building it places the models, makes the optimizer, the batches and the schedule, lets accelerate prepare them
+    and restores a checkpoint's position and optimizer state (``resume``). ``progress`` is what a checkpoint
+    records: the optimizer and micro steps done, the epoch and the batch within it, the seed, the skipped
+    non-finite steps, the run id and the flags that must match on resume.
+    """
+
+    def __init__(self, accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
+                 model_logger: ModelLogger, config: RunConfig, run_id: str | None,
+                 resume: tuple[dict, dict, dict] | None) -> None:
+        self.accelerator, self.dataset, self.module, self.model_logger = accelerator, dataset, module, model_logger
+        self.config, self.training, self.output = config, config.training, config.output
+        self.deepspeed = deepspeed_config(accelerator) is not None
+        self._prepare()
+        self.progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0,
+                         "seed": self.training.seed, "nonfinite_steps": 0, "run_id": run_id,
+                         "flags": training_flags(config, module.pipe.lora_target_aliases)}
+        if resume is not None:
+            optimizer_state, scheduler_state, saved = resume
+            self.optimizer.load_state_dict(optimizer_state)
+            self.lr_scheduler.load_state_dict(scheduler_state)
+            self.progress.update({key: saved[key] for key in ("global_step", "micro_step", "epoch", "batch_in_epoch")})
+            self.progress["nonfinite_steps"] = saved.get("nonfinite_steps", 0)  # absent from older checkpoints
+        self.guard = NonFiniteGuard(self.training.max_nonfinite_steps, skipped=self.progress["nonfinite_steps"])
+        # fp16's gradient scaler skips overflowing steps itself (calibration); DeepSpeed steps inside backward.
+        self.check_gradients = not self.deepspeed and accelerator.scaler is None
+        self.clock = CheckpointClock(self.output.checkpoint_every_minutes)
+        resumed_from = checkpoint_folder(self.output.output_path, self.progress["global_step"])
+        self.last_checkpoint = resumed_from if resume is not None and resumed_from.is_dir() else None
+        self.last_weights = None
+        self.saved_step = self.progress["global_step"]
+        self.report = ProgressReport(
+            self.total_steps, "training", interval_seconds=config.console.progress_interval_seconds,
+            enabled=accelerator.is_local_main_process, initial=self.progress["global_step"],
+            num_epochs=self.training.num_epochs, device=accelerator.device,
+            samples_per_unit=self.training.gradient_accumulation_steps * accelerator.num_processes)
+        self.losses: list[float] = []
+        self.micro_losses: list[torch.Tensor] = []
+        self.window: list[int] = []  # dataset indices of this process's micro-batches in the current step
+        # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's, all epochs'.
+        self.skipped, self.skipped_total = 0, 0
+        self.preempted = False
+
+    def _prepare(self) -> None:
+        """Placement, sampler, optimizer, loader and schedule, handed to accelerate as the placement allows."""
+        accelerator, module, config = self.accelerator, self.module, self.config
+        if self.deepspeed:
+            # DeepSpeed places and partitions the weights itself; it must not meet models this stage never runs.
+            release_unused_models(module)
+            self.placers = []
+        else:
+            self.placers = place_models(module, accelerator.device, config.placement)
+        validation = ValidationConfig.from_sections(config.validation, config.dataset)
+        self.renderer = None
+        if validation is not None and not self.deepspeed:
+            self.renderer = SampleRenderer(validation, module.pipe, module.active_model_names(), self.placers,
+                                           config.placement, accelerator.device, self.output.output_path,
+                                           self.model_logger, SampleRenderer.attach_meters(self.placers))
+        self.params = [param for param in module.parameters() if param.requires_grad]
+        optimizer = make_optimizer(self.params, self.training.learning_rate, self.training.weight_decay, accelerator,
+                                   self.training.customized_optimizer)
+        batch_size = config.dataset.batch_size
+        self.sampler = batch_sampler(self.dataset, batch_size, config.dataset.bucketed, self.training.seed,
+                                     accelerator.num_processes, module.pipe.padded_inputs,
+                                     log=accelerator.is_main_process)
+        # A batch stays a list of (index, sample) pairs: the training module joins what the loss reads once every
+        # sample's units have run (batches.collate_states).
+        dataloader = DataLoader(_Indexed(self.dataset), batch_sampler=self.sampler, collate_fn=list,
+                                num_workers=config.dataset.dataset_num_workers, worker_init_fn=ignore_stop_signals)
+        if self.deepspeed:
+            set_micro_batch_size(accelerator, batch_size)
+            self.trained, self.optimizer, self.dataloader = accelerator.prepare(module, optimizer, dataloader)
+            initialize_deepspeed_gradient_checkpointing(accelerator)
+        else:
+            # Weights that move cannot be wrapped by DDP: the placers average the gradients instead.
+            self.trained = module if self.placers else accelerator.prepare_model(module, device_placement=False)
+            self.optimizer, self.dataloader = accelerator.prepare(optimizer, dataloader)
+        steps_per_epoch = math.ceil(len(self.dataloader) / self.training.gradient_accumulation_steps)
+        self.total_steps = steps_per_epoch * self.training.num_epochs
+        if self.training.max_train_steps is not None:
+            self.total_steps = min(self.total_steps, self.training.max_train_steps)
+        from diffusers.optimization import get_scheduler
+
+        # Stepped once per optimizer step by hand: accelerate's wrapper would step it once per process.
+        self.lr_scheduler = get_scheduler(self.training.lr_scheduler, self.optimizer,
+                                          num_warmup_steps=self.training.lr_warmup_steps,
+                                          num_training_steps=self.total_steps)
+
+    def epochs_left(self) -> bool:
+        """Whether another epoch (or the rest of a resumed one) runs."""
+        return self.progress["epoch"] < self.training.num_epochs and self.progress["global_step"] < self.total_steps
+
+    def epoch_batches(self) -> Any:
+        """This epoch's batches in its order, without those a resumed run already consumed."""
+        skip = self.progress["batch_in_epoch"]
+        batches = self.accelerator.skip_first_batches(self.dataloader, skip) if skip else self.dataloader
+        # accelerate's loaders count epochs themselves and pass their count to the sampler; a loader made to skip
+        # batches starts counting at 0, so both are told the epoch explicitly.
+        batches.set_epoch(self.progress["epoch"])
+        self.sampler.set_epoch(self.progress["epoch"])
+        return batches
+
+    def trainable_state(self):
+        """A function returning the trainable weights (gathered from ZeRO-3 partitions)."""
+
+        def collect() -> dict[str, torch.Tensor]:
+            with gathered_parameters(self.params):
+                return self.module.trainable_state_dict()
+
+        return collect
+
+    def micro_step(self, batch: list[tuple[int, Any]], stop_requested: bool) -> tuple[float, bool, bool, bool] | None:
+        """Forward and backward of one micro-batch; on the step's last one, the checked optimizer step.
+
+        Returns:
+            None on a micro-step without an optimizer step; else ``(mean loss, whether the update was applied,
+            whether a process was asked to stop, whether a timed checkpoint is due)``, agreed by every process.
+        """
+        accelerator, progress = self.accelerator, self.progress
+        indices, samples = zip(*batch)
+        self.skipped += sum(_note_skipped(sample) for sample in samples)
+        outcome = None
+        with accelerator.accumulate(self.trained):
+            batch_number = progress["micro_step"] * accelerator.num_processes + accelerator.process_index
+            generators = sample_generators(self.training.seed, batch_number, self.config.dataset.batch_size,
+                                           len(samples))
+            with accelerator.autocast():
+                loss = self.trained(list(samples), generators=generators)
+            self.window.extend(indices)
+            if self.deepspeed:  # DeepSpeed updates inside backward: the loss is checked before it
+                _, (nonfinite,) = _agree(accelerator, loss, not is_finite(loss))
+                if nonfinite:
+                    step = progress["global_step"] + 1
+                    self.guard.record(step, False, _sample_names(accelerator, self.dataset, self.window))
+                    raise self.guard.diverged(step, None, self.last_weights, deepspeed=True)
+            accelerator.backward(loss)
+            self.micro_losses.append(loss.detach().float())
+            # Offload and block swap: unload what is left, hand host gradients to .grad and average them.
+            for placer in self.placers:
+                placer.after_backward(sync_gradients=accelerator.sync_gradients)
+            if accelerator.sync_gradients:
+                outcome = self._optimizer_step(stop_requested, self.clock.due())
+        progress["micro_step"] += 1
+        progress["batch_in_epoch"] += 1
+        return outcome
+
+    def _optimizer_step(self, *flags: bool) -> tuple[float, bool, bool, bool]:
+        """Checks the step's losses (and gradients), agrees with the other processes, and applies the update unless
+        a process saw a non-finite value; the gradients are zeroed either way."""
+        max_norm, params = self.training.max_grad_norm, self.params
+        norm, clipped = None, False
+        if self.check_gradients:
+            if max_norm is not None:
+                norm, clipped = self.accelerator.clip_grad_norm_(params, max_norm), True
+            else:
+                norm = gradient_norm(params)
+        finite = step_is_finite(self.micro_losses, norm)
+        mean_loss, (nonfinite, *agreed) = _agree(self.accelerator, torch.stack(self.micro_losses).mean(), not finite,
+                                                 *flags)
+        if not nonfinite:
+            if max_norm is not None and not clipped:
+                self.accelerator.clip_grad_norm_(params, max_norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        return mean_loss, not nonfinite, *agreed
+
+    def end_step(self, mean_loss: float, applied: bool, stop: bool, checkpoint_due: bool) -> bool:
+        """An optimizer step's bookkeeping: schedule, guard, logs, checkpoints and samples.
+
+        Returns:
+            Whether the epoch's loop ends here: the step budget is spent or the run was asked to stop.
+
+        Raises:
+            TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite.
+        """
+        # A skipped step advances the schedule too, on purpose, so torch's warning that the optimizer did not step
+        # first is silenced.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.lr_scheduler.step()
+        self.progress["global_step"] += 1
+        step = self.progress["global_step"]
+        samples = [] if applied else _sample_names(self.accelerator, self.dataset, self.window)
+        diverged = self.guard.record(step, applied, samples)
+        self.progress["nonfinite_steps"] = self.guard.skipped
+        self.window.clear()
+        self.micro_losses.clear()
+        self.losses.append(mean_loss)
+        self.report.update(mean_loss, self.progress["epoch"])
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.last_weights = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(),
+                                                          {"nonfinite_steps": self.guard.skipped}) or self.last_weights
+        if diverged:
+            raise self.guard.diverged(step, self.last_checkpoint, self.last_weights)
+        save_steps = self.output.save_steps
+        if (save_steps and step % save_steps == 0) or checkpoint_due:
+            self.checkpoint()
+        if self.renderer is not None and not stop and self.renderer.due(step):
+            self.renderer.render(step, self.accelerator)
+        self.preempted = stop and step < self.total_steps
+        return step >= self.total_steps or stop
+
+    def end_epoch(self) -> None:
+        """Counts the epoch's skipped samples; an epoch run to its end writes its weights file and a checkpoint,
+        renders the samples due and moves the data position to the next epoch."""
+        accelerator, progress = self.accelerator, self.progress
+        total = int(accelerator.reduce(torch.tensor(self.skipped, device=accelerator.device), reduction="sum").item())
+        if total and accelerator.is_main_process:
+            logger.warning("epoch %d: %d sample(s) skipped because their files failed to decode", progress["epoch"],
+                           total)
+        self.skipped_total += total
+        self.skipped = 0
+        if progress["batch_in_epoch"] < len(self.dataloader):
+            return
+        written = self.model_logger.on_epoch_end(progress["epoch"], self.trainable_state())
+        self.last_weights = written or self.last_weights
+        progress["epoch"] += 1
+        progress["batch_in_epoch"] = 0
+        self.checkpoint()
+        if self.renderer is not None and not self.preempted and self.renderer.due(progress["global_step"],
+                                                                                  progress["epoch"]):
+            self.renderer.render(progress["global_step"], self.accelerator)
+
+    def checkpoint(self) -> None:
+        """Writes a training-state checkpoint of the current step (none under DeepSpeed, whose optimizer states are
+        partitioned; resuming under it is refused at start-up) and restarts the checkpoint clock."""
+        self.saved_step = self.progress["global_step"]
+        self.clock.reset()
+        if self.deepspeed:
+            return
+        if self.accelerator.is_main_process:
+            save_training_state(self.output.output_path, self.trainable_state()(), self.optimizer.state_dict(),
+                                self.lr_scheduler.state_dict(), self.progress,
+                                keep_last=self.output.checkpoints_total_limit)
+        self.accelerator.wait_for_everyone()
+        self.last_checkpoint = checkpoint_folder(self.output.output_path, self.saved_step)
+
+    def finish(self, preemption: PreemptionListener) -> dict[str, Any]:
+        """Ends training: a run cut short (``--max_train_steps``, a signal) is checkpointed first, as that is what a
+        resume needs when a scheduler's grace period runs out, then the weights file; the placements are undone.
+
+        Raises:
+            RunPreempted: The run was asked to stop; the message says how to continue.
+        """
+        self.report.close()
+        if self.saved_step != self.progress["global_step"]:
+            self.checkpoint()
+        self.model_logger.on_train_end(self.progress["global_step"], self.trainable_state())
+        for placer in self.placers:
+            placer.remove()
+        step = self.progress["global_step"]
+        if self.preempted:
+            output = self.output.output_path
+            kept = (f"the weights are in {output}; continue from them with --lora_checkpoint (DeepSpeed writes no "
+                    "training-state checkpoint)" if self.deepspeed else f"checkpoint {self.last_checkpoint} written; "
+                    "rerun the same command with --resume_from_checkpoint latest to continue")
+            raise RunPreempted(f"training stopped by {signal_name(preemption)} after optimizer step {step}: {kept}",
+                               step)
+        return {"global_step": step, "losses": self.losses, "nonfinite_steps": self.guard.skipped,
+                "skipped_samples": self.skipped_total,
+                "sample_peaks": self.renderer.peaks if self.renderer is not None else {}}

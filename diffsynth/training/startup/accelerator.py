@@ -1,0 +1,39 @@
+"""The run's ``Accelerator`` and the seed every process agrees on."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config.training import TrainingSection
+
+
+def make_accelerator(training: TrainingSection) -> Any:
+    """The run's ``Accelerator``: accumulation, mixed precision, DDP's unused-parameter search, CPU fallback."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs. Under a
+    # DeepSpeed launch the flag would switch DeepSpeed off, so DeepSpeed picks its (CPU) accelerator itself.
+    deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return Accelerator(
+        cpu=not torch.cuda.is_available() and not deepspeed_launch,
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        mixed_precision=training.mixed_precision,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=training.find_unused_parameters)],
+    )
+
+
+def agree_on_seed(accelerator: Any, seed: int | None) -> int:
+    """``seed``, or one drawn on the main process and shared, so every process shuffles the data alike."""
+    from accelerate.utils import broadcast_object_list
+
+    if seed is not None:
+        return seed
+    drawn = [random.SystemRandom().randrange(2**31)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]

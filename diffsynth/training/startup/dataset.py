@@ -1,0 +1,92 @@
+"""The run's dataset: the stage-1 cache, or the metadata rows with every referenced file checked before any model
+loads."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
+from ...core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
+from ...diffusion.base_pipeline import BasePipeline
+from ..errors import FlagError
+from .input_checks import warn_about_unread_columns
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def build_dataset(config: RunConfig, pipeline_class: type[BasePipeline], accelerator: Any
+                  ) -> CacheDataset | UnifiedDataset:
+    """The stage-1 cache for ``*:train``; otherwise the metadata dataset, decoded once at start-up when small."""
+    dataset = config.dataset
+    if config.training.stage == "train":
+        return CacheDataset(dataset.dataset_base_path, repeat=dataset.dataset_repeat,
+                            allow_partial=dataset.allow_partial_cache)
+    raw = build_raw_dataset(config, pipeline_class)
+    decode_at_startup(accelerator, raw, dataset.on_bad_sample)
+    return raw
+
+
+def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> UnifiedDataset:
+    """The metadata dataset, with every referenced file checked (headers only) before any model loads.
+
+    Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
+    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files.
+
+    Raises:
+        FlagError: An extra input the pipeline reads as images (``edit_image``) is missing from ``--data_file_keys``.
+    """
+    flags, extra_inputs = config.dataset, config.model.extra_input_names
+    unloaded = [name for name in extra_inputs if name in pipeline_class.image_inputs and name not in flags.file_keys]
+    if unloaded:
+        raise FlagError([f"--extra_inputs {name} takes images, but --data_file_keys {flags.data_file_keys!r} leaves "
+                         f"the {name} column as paths; add it, e.g. --data_file_keys image,{name}"
+                         for name in unloaded])
+    repeat = flags.dataset_repeat
+    caching = config.training.stage == "data_process"
+    if caching and repeat > 1:
+        logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
+                       "to the training stage", repeat, config.training.task)
+        repeat = 1
+    dataset = UnifiedDataset(
+        flags.dataset_base_path, flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
+        height=flags.height, width=flags.width, max_pixels=flags.max_pixels,
+        required_columns=pipeline_class.required_columns(extra_inputs),
+        num_frames=DEFAULT_NUM_FRAMES if flags.num_frames is None else flags.num_frames,
+        allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
+        keep_row_indices=caching, buckets=flags.bucketed,
+        column_types={name: pipeline_class.input_types[name] for name in extra_inputs
+                      if name in pipeline_class.input_types},
+    )  # fmt: skip
+    warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
+    return dataset
+
+
+def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:
+    """Decodes every data file once before the models load, when the dataset is small enough (see ``bad_samples``).
+
+    Each process decodes every ``num_processes``-th row and all share what they found, so every process leaves out
+    the same rows under ``--on_bad_sample skip``.
+
+    Raises:
+        DatasetError: Some files fail to decode and ``on_bad_sample`` is ``stop``; the message names rows and files.
+    """
+    from accelerate.utils import gather_object
+
+    if dataset.decode_pixels > STARTUP_DECODE_PIXELS:
+        logger.info("the dataset decodes to %.1f gigapixels, more than the %.1f checked at start-up: each file is "
+                    "decoded (and checked) when first read", dataset.decode_pixels / 1e9, STARTUP_DECODE_PIXELS / 1e9)
+        return
+    rows = range(accelerator.process_index, len(dataset.rows), accelerator.num_processes)
+    bad = sorted(gather_object(dataset.find_bad_rows(rows)), key=lambda sample: sample.index)
+    if not bad:
+        return
+    if on_bad_sample == "stop":
+        raise bad_samples_error(bad, str(dataset.metadata_path))
+    for sample in bad:
+        logger.warning("skipping sample %s (--on_bad_sample skip)", sample.describe())
+    logger.warning("%d of %d samples skipped at start-up: their files fail to decode", len(bad), len(dataset.rows))
+    dataset.exclude(bad)
