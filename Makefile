@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-fast bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: setup
 
 test: setup
 	$(PYTHON) -m pytest -q tests
+
+# The inner loop: the tests not marked slow (whole trainer runs, child processes, model grids; see tests/conftest.py).
+test-fast: setup
+	$(PYTHON) -m pytest -q -m "not slow" tests
 
 bench: setup
 	$(PYTHON) scripts/bench_offload.py

@@ -1,17 +1,155 @@
-"""Suite-wide fixtures: GPU tests skipped without CUDA, the tiny model repos, and no network access."""
+"""Suite-wide rules and fixtures: slow tests marked ``slow``, GPU tests skipped without CUDA, the tiny model repos,
+no network access, and temporary files only under pytest's temporary folder."""
 
 import logging
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+import types
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
+from diffusers import DiffusionPipeline
 
 from diffsynth.core.loader import resolve
 from diffsynth.core.loader.tiny_models import build_tiny_models
+from diffsynth.training import entry
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own set-up of its temporary folder
+def pytest_configure(config):
+    """What the tests write goes under pytest's temporary folder, where their ``tmp_path`` folders are: temporary
+    files of the test process and of every process it starts (``TMPDIR``; torch's elastic launcher leaves a folder
+    per ``accelerate launch`` behind), Hypothesis' storage (else ``.hypothesis`` in the working folder, written while
+    the tests are collected), and the CPU op DeepSpeed compiles when a run starts under it (else in
+    ``~/.cache/torch_extensions``; about 30 s once per session)."""
+    folders = config._tmp_path_factory  # what the tmp_path_factory fixture returns, here before any fixture
+    patch = pytest.MonkeyPatch()
+    config.add_cleanup(patch.undo)
+    patch.setenv("TMPDIR", str(folders.mktemp("tmp")))
+    patch.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(folders.mktemp("hypothesis")))
+    patch.setenv("TORCH_EXTENSIONS_DIR", str(folders.mktemp("torch_extensions")))
+    patch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
+
+
+# What the ``slow`` rule of ``pytest_collection_modifyitems`` looks for in a test's code.
+TRAINER_RUNS = (entry.main, entry.cli)
+CHILD_PROCESSES = (
+    subprocess.run, subprocess.Popen, subprocess.call, subprocess.check_call, subprocess.check_output,
+    multiprocessing.Process, multiprocessing.Pool, multiprocessing.Manager, mp.spawn, mp.start_processes,
+)
+# Modules whose tests start child processes where their code cannot show it: a fixture picked by name at run time.
+SLOW_MODULES = (
+    "tests/training/placement/test_shared_host_weights.py",  # request.getfixturevalue(f"{family}_runs")
+)
+# A test function parametrized into this many items or more that builds a model is a model grid.
+MODEL_GRID_SIZE = 8
+
+
+def is_slow_call(value) -> bool:
+    return any(value is call for call in (*TRAINER_RUNS, *CHILD_PROCESSES)) or is_reference_pipeline(value)
+
+
+def is_reference_pipeline(value) -> bool:
+    """A diffusers pipeline class: a test that runs one runs whole pipelines (inference parity with diffusers)."""
+    return isinstance(value, type) and issubclass(value, DiffusionPipeline)
+
+
+def is_model_class(value) -> bool:
+    return isinstance(value, type) and issubclass(value, torch.nn.Module)
+
+
+def named_values(function, name: str) -> list:
+    """What ``name`` in ``function`` stands for: a global or a module it imports (``sys.modules``: an import inside
+    the function), the function a decorator wraps (``functools.lru_cache``), the values of a dict, list or tuple."""
+    value = function.__globals__.get(name, sys.modules.get(name))
+    values = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) \
+        else [value]
+    wrapped = [None if isinstance(value, types.ModuleType) else getattr(value, "__wrapped__", None) for value in values]
+    return [inner if isinstance(inner, types.FunctionType) else value for value, inner in zip(values, wrapped)]
+
+
+def names_reach(function, predicate, seen: set) -> bool:
+    """Whether ``function`` (its nested functions and lambdas included) names a value ``predicate`` accepts
+    (``named_values``), an attribute of a module it names (of a module among those, and so on), or a function of the
+    tests package that does."""
+    if function in seen:
+        return False
+    seen.add(function)
+    names, codes = set(), [function.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(constant for constant in code.co_consts if isinstance(constant, types.CodeType))
+    values, modules = [value for name in names for value in named_values(function, name)], set()
+    while values:
+        value = values.pop()
+        if isinstance(value, types.ModuleType):
+            if value not in modules:  # the attributes it names of a module it names: torch.nn.Linear, entry.main
+                modules.add(value)
+                values.extend(vars(value).get(attribute) for attribute in names)  # vars: no lazy import
+                # diffusers exports its pipelines lazily: a test that imports one inside a fixture names it so.
+                values.extend(getattr(value, attribute) for attribute in names
+                              if attribute.endswith("Pipeline") and attribute not in vars(value)
+                              and value.__name__ == "diffusers" and attribute in dir(value))
+        elif predicate(value) or (isinstance(value, types.FunctionType) and value.__module__.split(".")[0] == "tests"
+                                  and names_reach(value, predicate, seen)):
+            return True
+    return False
+
+
+def reaches(item, predicate) -> bool:
+    """Whether the test function of ``item``, a function it is parametrized with, or a fixture it uses reaches a
+    value ``predicate`` accepts (``names_reach``)."""
+    parameters = getattr(item, "callspec", None)
+    functions = [item.function, *(value for value in (parameters.params.values() if parameters else ())
+                                  if isinstance(value, types.FunctionType))]
+    # pytest's record of the fixtures an item uses; the last definition of a name is the one in effect.
+    functions += [definitions[-1].func for definitions in item._fixtureinfo.name2fixturedefs.values()]
+    seen = set()
+    return any(names_reach(function, predicate, seen) for function in functions)
+
+
+def model_grid_repeats(items) -> list:
+    """The items of each model grid among ``items`` after its first one."""
+    grids = {}
+    for item in items:
+        if hasattr(item, "callspec"):
+            grids.setdefault((item.parent.nodeid, item.originalname), []).append(item)
+    return [repeat for grid in grids.values() if len(grid) >= MODEL_GRID_SIZE
+            and reaches(grid[0], is_model_class) for repeat in grid[1:]]
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks the slow tests ``slow`` (``make test-fast`` leaves them out), and skips ``gpu`` tests without CUDA.
+
+    Slow by rule, so that no test has to be decorated to leave the fast loop:
+
+    - a whole trainer run in-process: the test reaches ``entry.main`` or ``entry.cli``;
+    - a whole pipeline run of diffusers' own (the reference of an inference parity test): the test reaches a
+      ``diffusers.DiffusionPipeline`` class;
+    - a child process: the test reaches ``subprocess`` (``run``, ``Popen``, ``call``, ``check_call``,
+      ``check_output``) or ``multiprocessing`` / ``torch.multiprocessing`` (``Process``, ``Pool``, ``Manager``,
+      ``spawn``, ``start_processes``), as ``accelerate launch``, ``train.py`` and spawned ranks are started; or the
+      test is in ``SLOW_MODULES``;
+    - a model grid's repeats: a test function parametrized into ``MODEL_GRID_SIZE`` items or more that builds a
+      model (it reaches an ``nn.Module`` class) is slow after its first item, so that the fast loop still runs each
+      of its assertions once.
+
+    A test reaches a value when its function, a function it is parametrized with or one of its fixtures names it, or
+    names a function of the tests package that reaches it (read from the code, nothing is run). Using
+    ``fresh_accelerate_state`` is no sign: modules request it for all their tests, flag checks included.
+    ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule.
+    """
+    ruled = [item for item in items if not item.get_closest_marker("fast") and not item.get_closest_marker("slow")]
+    for item in [item for item in ruled if item.nodeid.startswith(SLOW_MODULES) or reaches(item, is_slow_call)]:
+        item.add_marker(pytest.mark.slow)
+    for item in model_grid_repeats([item for item in ruled if not item.get_closest_marker("slow")]):
+        item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -160,7 +160,7 @@ def load_slowly(root: str, seconds: float) -> dict:
 
 
 def test_the_others_wait_for_a_slow_fill_without_a_collective_timing_out(tiny_root, tmp_path):
-    ranks = run_ranks(load_slowly, 2, tmp_path, str(tiny_root), 10.0, collective_timeout=6)
+    ranks = run_ranks(load_slowly, 2, tmp_path, str(tiny_root), 6.0, collective_timeout=3)
     assert [rank["shared"] for rank in ranks] == [True, True]
 
 
