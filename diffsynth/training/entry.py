@@ -129,11 +129,15 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
     model_logger = ModelLogger.from_config(config, is_main_process=accelerator.is_main_process,
                                            lora_metadata=module.lora_config or None,
                                            resume_step=resume[2]["global_step"] if resume else None)
-    model_logger.save_training_args({**config.to_flags(), "run_id": claim.run_id})
-    if accelerator.is_main_process:
-        save_run_config(config, claim.run_id)
+
+    def record_run() -> None:
+        model_logger.save_training_args({**config.to_flags(), "run_id": claim.run_id})
+        if accelerator.is_main_process:
+            save_run_config(config, claim.run_id)
+
     try:
-        result = launch_training_task(accelerator, dataset, module, model_logger, config, claim.run_id, resume)
+        result = launch_training_task(accelerator, dataset, module, model_logger, config, claim.run_id, resume,
+                                      on_start=record_run)
     finally:
         model_logger.close()
     if accelerator.is_main_process:

@@ -134,6 +134,34 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(reference, dataset, 
     assert max_difference(lora(output), lora(reference[0])) < 1e-6
 
 
+def test_a_resume_that_fails_before_its_first_step_leaves_the_earlier_runs_files(dataset, tmp_path, monkeypatch):
+    from diffsynth.training.loop.training_loop import TrainingLoop
+
+    output = tmp_path / "out"
+    one_stage(dataset, output, "--max_train_steps", "5", "--save_steps", "2", "--enable_csv_log")
+    earlier = {name: (output / name).read_bytes() for name in ("logs/metrics.csv", "training_args.json",
+                                                               "config.yaml")}
+    reset_accelerate_state()
+
+    def fail(self):
+        raise RuntimeError("the device is gone")
+
+    monkeypatch.setattr(TrainingLoop, "_prepare", fail)
+    with pytest.raises(RuntimeError, match="the device is gone"):
+        one_stage(dataset, output, "--resume_from_checkpoint", "latest", "--learning_rate", "2e-3", "--enable_csv_log")
+    assert {name: (output / name).read_bytes() for name in earlier} == earlier
+
+
+def test_a_checkpoint_of_one_process_is_refused_on_two_before_anything_changes(dataset, tmp_path, tiny_root):
+    flags = [*raw(dataset), *COMMON, "--num_epochs", "1", "--dataset_repeat", "2", "--enable_csv_log"]
+    main(QwenImagePipeline, [*flags, "--max_train_steps", "3", "--save_steps", "3", "--output_path",
+                             str(tmp_path / "two")])
+    metrics = (tmp_path / "two" / "logs" / "metrics.csv").read_bytes()
+    with pytest.raises(AssertionError, match="this run has 2 processes, but the checkpoint .* was trained on 1"):
+        launch_two_processes(tmp_path, tiny_root, [*flags, "--resume_from_checkpoint", "latest"], tmp_path / "two")
+    assert (tmp_path / "two" / "logs" / "metrics.csv").read_bytes() == metrics
+
+
 def test_the_lora_loads_into_diffusers_and_changes_its_output(reference, tiny_root):
     from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
 
@@ -186,10 +214,9 @@ MULTI_PROCESS_MODES = {**OFFLOAD_MODES, "block_swap": ["--blocks_to_swap", "1"],
                        "batches": ["--batch_size", "2", "--height", "64", "--width", "64", "--dataset_repeat", "4"]}
 
 
-@pytest.mark.parametrize("mode", list(MULTI_PROCESS_MODES))
-def test_two_processes_train_what_one_process_accumulating_two_samples_trains(dataset, tmp_path, tiny_root, mode):
-    """DDP for plain training, the offload manager's own all-reduce for offloaded training, the runner's for block
-    swap; with batches, two processes at batch 2 train what one process at batch 2 accumulating two batches trains."""
+def launch_two_processes(tmp_path, tiny_root, flags, output):
+    """``main`` on two gloo processes, as ``accelerate launch --multi_gpu --num_processes 2`` starts it; returns the
+    finished process and each rank's trained weights."""
     script = tmp_path / "run.py"
     script.write_text(
         "import sys, torch\n"
@@ -201,22 +228,45 @@ def test_two_processes_train_what_one_process_accumulating_two_samples_trains(da
         "save_file(result['module'].trainable_state_dict(), sys.argv[sys.argv.index('--output_path') + 1]"
         " + f'/rank{rank}.safetensors')\n"
     )
-    flags = [*raw(dataset), *COMMON, "--num_epochs", "1", "--dataset_repeat", "2", *MULTI_PROCESS_MODES[mode]]
-    output = tmp_path / "two"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *flags,
                "--output_path", str(output)]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    first, second = load_file(str(output / "rank0.safetensors")), load_file(str(output / "rank1.safetensors"))
+    return done, load_file(str(output / "rank0.safetensors")), load_file(str(output / "rank1.safetensors"))
+
+
+@pytest.mark.parametrize("mode", list(MULTI_PROCESS_MODES))
+def test_two_processes_train_what_one_process_accumulating_two_samples_trains(dataset, tmp_path, tiny_root, mode):
+    """DDP for plain training, the offload manager's own all-reduce for offloaded training, the runner's for block
+    swap; with batches, two processes at batch 2 train what one process at batch 2 accumulating two batches trains."""
+    flags = [*raw(dataset), *COMMON, "--num_epochs", "1", "--dataset_repeat", "2", *MULTI_PROCESS_MODES[mode]]
+    done, first, second = launch_two_processes(tmp_path, tiny_root, flags, tmp_path / "two")
     assert max_difference(first, second) == 0
     # Six samples: three optimizer steps, each averaging two samples, in both runs.
     single = main(QwenImagePipeline, [*flags, "--gradient_accumulation_steps", "2", "--output_path",
                                       str(tmp_path / "one")])
     assert single["global_step"] == 3 and "training: 100%" in done.stderr
     assert max_difference(first, single["module"].trainable_state_dict()) < 1e-6
-    assert max_difference(lora(output, "epoch-0"), lora(tmp_path / "one", "epoch-0")) < 1e-6
+    assert max_difference(lora(tmp_path / "two", "epoch-0"), lora(tmp_path / "one", "epoch-0")) < 1e-6
+
+
+def test_two_processes_train_from_a_cache_beside_skeleton_models(dataset, tmp_path, tiny_root):
+    """Stage 2 builds the models it never runs (``--offload_models``) as skeletons on the meta device: DDP must not
+    be handed them, and two processes train what one accumulating two samples trains (with fp8 storage as well:
+    tests/examples/test_multi_process_scripts.py)."""
+    main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "cache"), "--task",
+                             "sft:data_process", "--offload_models", PATTERN["dit"]])
+    reset_accelerate_state()
+    flags = ["--dataset_base_path", str(tmp_path / "cache"), *COMMON, "--task", "sft:train", "--offload_models",
+             f"{PATTERN['text_encoder']},{PATTERN['vae']}", "--dataset_repeat", "2", "--num_epochs", "1"]
+    done, first, second = launch_two_processes(tmp_path, tiny_root, flags, tmp_path / "two")
+    assert max_difference(first, second) == 0
+    single = main(QwenImagePipeline, [*flags, "--gradient_accumulation_steps", "2", "--output_path",
+                                      str(tmp_path / "one")])
+    assert single["global_step"] == 3
+    assert max_difference(lora(tmp_path / "two", "epoch-0"), lora(tmp_path / "one", "epoch-0")) < 1e-6
 
 
 def write_dataset(folder, metadata, images=("a.png",)):

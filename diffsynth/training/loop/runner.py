@@ -11,6 +11,7 @@ computes with move to the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Dataset
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
                          model_logger: ModelLogger, config: RunConfig, run_id: str | None = None,
-                         resume: tuple[dict, dict, dict] | None = None) -> dict[str, Any]:
+                         resume: tuple[dict, dict, dict] | None = None,
+                         on_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """Trains ``module`` on ``dataset`` for ``--num_epochs`` (or ``--max_train_steps``) optimizer steps.
 
     Args:
@@ -37,6 +39,8 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         config: The run's config; ``config.training.seed`` must be set.
         run_id: The run's id, recorded in every checkpoint so that pruning tells this run's from others'.
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
+        on_start: Writes the run's record (flags, config file); called once everything is placed and the checkpoint
+            restored, before the first step, so a resume that cannot run leaves the earlier run's files as they were.
 
     Returns:
         ``{"global_step", "losses", "nonfinite_steps", "skipped_samples", "sample_peaks"}``: the optimizer steps
@@ -52,6 +56,9 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     """
     # Placement, optimizer, batches and schedule, prepared by accelerate; a checkpoint's position and state.
     loop = TrainingLoop(accelerator, dataset, module, model_logger, config, run_id, resume)
+    # The run's record, written only now that the run can start: a failed resume leaves the earlier run's.
+    if on_start is not None:
+        on_start()
     with PreemptionListener() as preemption:
         while loop.epochs_left():
             # Data: this epoch's order, without the batches a resumed run already consumed.

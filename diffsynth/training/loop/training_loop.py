@@ -29,7 +29,7 @@ from ..placement.deepspeed import (
     release_unused_models,
     set_micro_batch_size,
 )
-from ..placement.placers import place_models
+from ..placement.placers import place_models, wrap_data_parallel
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .optimizer import make_optimizer
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
@@ -120,7 +120,7 @@ class TrainingLoop:
         self._prepare()
         self.progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0,
                          "seed": self.training.seed, "nonfinite_steps": 0, "run_id": run_id,
-                         "flags": training_flags(config, module.pipe.lora_target_aliases)}
+                         "flags": training_flags(config, module.pipe.lora_target_aliases, accelerator.num_processes)}
         if resume is not None:
             optimizer_state, scheduler_state, saved = resume
             self.optimizer.load_state_dict(optimizer_state)
@@ -179,7 +179,7 @@ class TrainingLoop:
             initialize_deepspeed_gradient_checkpointing(accelerator)
         else:
             # Weights that move cannot be wrapped by DDP: the placers average the gradients instead.
-            self.trained = module if self.placers else accelerator.prepare_model(module, device_placement=False)
+            self.trained = module if self.placers else wrap_data_parallel(accelerator, module)
             self.optimizer, self.dataloader = accelerator.prepare(optimizer, dataloader)
         steps_per_epoch = math.ceil(len(self.dataloader) / self.training.gradient_accumulation_steps)
         self.total_steps = steps_per_epoch * self.training.num_epochs

@@ -198,9 +198,10 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
     return trainable, state["optimizer"], state["lr_scheduler"], progress
 
 
-def training_flags(run: RunConfig, target_aliases: Mapping[str, str]) -> dict[str, Any]:
+def training_flags(run: RunConfig, target_aliases: Mapping[str, str], num_processes: int = 1) -> dict[str, Any]:
     """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, and the order of
-    the data (batch size and buckets: a resume skips the batches its epoch consumed), as a checkpoint records them.
+    the data (batch size, buckets, accumulation and the process count: a resume skips the batches its epoch
+    consumed, counted in micro-batches of all processes), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
     the rank.
@@ -218,6 +219,8 @@ def training_flags(run: RunConfig, target_aliases: Mapping[str, str]) -> dict[st
         "customized_optimizer": run.training.customized_optimizer,
         "batch_size": batch_size,
         "aspect_ratio_buckets": batch_size > 1 or run.dataset.aspect_ratio_buckets,
+        "gradient_accumulation_steps": run.training.gradient_accumulation_steps,
+        "num_processes": num_processes,
     }
 
 
@@ -233,7 +236,12 @@ def flag_mismatches(folder: str | os.PathLike, recorded: Mapping[str, Any] | Non
     problems = []
     for name, now in current.items():
         was = recorded.get(name, now)
-        if was != now:
+        if was != now and name == "num_processes":
+            problems.append(f"this run has {now} processes, but the checkpoint {folder} was trained on {was}: its "
+                            f"position in the data counts batches of {was} processes; resume it as it was launched "
+                            f"(accelerate launch --num_processes {was} ...), or start a new run without "
+                            "--resume_from_checkpoint (another --output_path, or --overwrite_output)")
+        elif was != now:
             shown_was, shown_now = (_flag_text(value) for value in (was, now))
             note = " (an unset --lora_alpha equals --lora_rank)" if name == "lora_alpha" else ""
             problems.append(f"--{name} {shown_now}: the checkpoint {folder} was trained with --{name} {shown_was}"

@@ -99,7 +99,8 @@ class ModelLogger:
             training dtype.
         resume_step: The optimizer step a resumed run continues from: CSV rows of later steps (logged before the run
             was stopped past its checkpoint) are dropped, and TensorBoard discards its events after that step, so
-            every step appears once. None keeps what is there.
+            every step appears once, when the first row is written (so a run that fails before its first step
+            changes nothing of the earlier run's log). None keeps what is there.
 
     Raises:
         ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
@@ -133,6 +134,8 @@ class ModelLogger:
         if enable_wandb_log:
             wandb = _import_for_flag("wandb", "enable_wandb_log", "run `pip install wandb` and `wandb login`")
         self._csv_file = self._csv_writer = self._csv_header = None
+        # The CSV opens at the first row: a resume that fails before its first step leaves the earlier run's intact.
+        self._csv_pending: tuple[Path, int | None] | None = None
         self._tensorboard = self._wandb_run = None
         self._unsaved = False
         self.loss_history = LossHistory()
@@ -140,7 +143,7 @@ class ModelLogger:
             return
         self.output_path.mkdir(parents=True, exist_ok=True)
         if enable_csv_log:
-            self._open_csv(self.output_path / METRICS_FILE, resume_step)
+            self._csv_pending = (self.output_path / METRICS_FILE, resume_step)
         if resume_step is not None:  # the chart shows the whole run when the earlier part was logged
             self.loss_history = LossHistory.from_metrics_csv(self.output_path / METRICS_FILE, resume_step)
         if tensorboard is not None:
@@ -390,6 +393,9 @@ class ModelLogger:
         if not self.is_main_process:
             return
         values = {key: float(value) for key, value in metrics.items()}
+        if self._csv_pending is not None:
+            self._open_csv(*self._csv_pending)
+            self._csv_pending = None
         if self._csv_writer is not None:
             if self._csv_header is None:
                 self._csv_header = ["step", *values]

@@ -184,7 +184,7 @@ def _writable_problems(folder: Path) -> list[str]:
             "another --output_path" for sub in blocked]
 
 
-def _claim(run: RunConfig, target_aliases: Mapping[str, str]) -> OutputClaim:
+def _claim(run: RunConfig, target_aliases: Mapping[str, str], num_processes: int) -> OutputClaim:
     """The main process's half of :func:`claim_output_folder`: checks, lock, ownership. Raises ``FlagError``."""
     folder = Path(run.output.output_path)
     stage = run.training.stage
@@ -196,7 +196,8 @@ def _claim(run: RunConfig, target_aliases: Mapping[str, str]) -> OutputClaim:
     if run.training.resume_checkpoint:
         checkpoint = resolve_checkpoint(run.training.resume_checkpoint, folder)
         progress = read_progress(checkpoint)
-        problems += flag_mismatches(checkpoint, progress.get("flags"), training_flags(run, target_aliases))
+        problems += flag_mismatches(checkpoint, progress.get("flags"),
+                                    training_flags(run, target_aliases, num_processes))
     run_id = (progress or {}).get("run_id") or uuid.uuid4().hex[:12]
     lock = FolderLock(folder, purpose=f"--task {run.training.task}", run_id=run_id)
     claim = OutputClaim(run_id, checkpoint, progress, lock, created=missing_folders(folder))
@@ -241,7 +242,7 @@ def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Mappin
     claim = verdict = failure = None
     if accelerator.is_main_process:
         try:
-            claim = _claim(run, target_aliases)
+            claim = _claim(run, target_aliases, accelerator.num_processes)
             verdict = {"run_id": claim.run_id, "checkpoint": claim.checkpoint, "progress": claim.progress}
         except Exception as error:  # noqa: BLE001 - whatever stops the main process must reach the others
             failure, verdict = error, {"refused": str(error)}

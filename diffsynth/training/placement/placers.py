@@ -9,7 +9,7 @@ go to the device and DDP wraps the training module, so there are no placers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -73,3 +73,19 @@ def place_models(module: DiffusionTrainingModule, device: torch.device, placemen
     for model in models.values():
         model.to(device)
     return []
+
+
+def wrap_data_parallel(accelerator: Any, module: DiffusionTrainingModule) -> torch.nn.Module:
+    """The training module wrapped by accelerate for several processes (DDP), its frozen parts left out.
+
+    DDP averages trainable gradients only, yet checks the devices of every parameter and broadcasts every buffer each
+    step: a skeleton model (``--offload_models``, weights on the meta device) fails that check, and frozen models'
+    buffers would be copied for nothing. So only trainable parameters are DDP's.
+    """
+    if accelerator.num_processes > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ignored = [name for name, param in module.named_parameters() if not param.requires_grad]
+        ignored += [name for name, _ in module.named_buffers()]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignored)
+    return accelerator.prepare_model(module, device_placement=False)

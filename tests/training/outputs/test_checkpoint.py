@@ -144,6 +144,16 @@ def test_a_resume_keeps_the_order_of_the_data():
     assert len(buckets) == 1 and "--aspect_ratio_buckets True" in buckets[0]
 
 
+def test_a_resume_keeps_the_process_count_and_the_accumulation():
+    recorded = json.loads(json.dumps(training_flags(flags(), {}, num_processes=1)))
+    [processes] = flag_mismatches("ckpt", recorded, training_flags(flags(), {}, num_processes=2))
+    assert processes.startswith("this run has 2 processes, but the checkpoint ckpt was trained on 1")
+    assert "accelerate launch --num_processes 1" in processes
+    [accumulation] = flag_mismatches("ckpt", recorded, training_flags(flags(gradient_accumulation_steps=2), {}))
+    assert accumulation.startswith("--gradient_accumulation_steps 2: the checkpoint ckpt was trained with "
+                                   "--gradient_accumulation_steps 1")
+
+
 @pytest.mark.parametrize("poisoned", ["weights", "optimizer"])
 def test_a_non_finite_state_is_refused_and_the_latest_checkpoint_stays(tmp_path, poisoned):
     from diffsynth.core.finite import NonFiniteTensorError
