@@ -3,6 +3,8 @@
     python -m diffsynth.plan --pipeline qwen-image <the training flags> --device_profile rtx4090-24gb
     python -m diffsynth.plan --pipeline wan --architecture wan2.1-t2v-14b --lora_base_model dit \\
         --height 480 --width 832 --num_frames 81 --device_profile rtx4090-24gb
+    python -m diffsynth.plan --pipeline flux2-klein --architecture flux.2-klein-9b --trainable_models dit \\
+        --height 1024 --width 1024 --device_profile rtx4090-24gb
 
 Takes the trainer's flags (the model files' configs are read, no weight is loaded; ``--architecture`` plans a released
 model without its files), predicts every placement on the profile and prints the table, the plan the trainer would
@@ -34,7 +36,9 @@ from .training.placement.planner import (
 )
 
 PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
-             "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True)}
+             "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True),
+             "z-image": ("diffsynth.pipelines.z_image", "ZImagePipeline", False),
+             "flux2-klein": ("diffsynth.pipelines.flux2_klein", "Flux2KleinPipeline", False)}
 
 
 def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:
@@ -68,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     placement = run.placement
     module, class_name, _ = PIPELINES[pipeline]
     pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
+    if args.architecture is not None and ARCHITECTURES[args.architecture][0] not in pipeline_class.model_roles:
+        fitting = sorted(name for name, (cls, _) in ARCHITECTURES.items() if cls in pipeline_class.model_roles)
+        parser.error(f"--architecture {args.architecture} is not a {pipeline} model; for --pipeline {pipeline} choose "
+                     f"one of {fitting}, or pass the --pipeline of {args.architecture}")
     if args.architecture is not None:  # then any --fp8_models entry means the denoiser
         model, others, fp8 = build_architecture(args.architecture, run.model.torch_dtype), [], bool(run.model.fp8_models)
     else:

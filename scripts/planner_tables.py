@@ -1,12 +1,13 @@
-"""Writes the memory planner's tables for the released Qwen-Image and Wan2.1-14B denoisers into docs Low_VRAM.
+"""Writes the memory planner's tables for the released Qwen-Image, Wan2.1-14B, Z-Image and FLUX.2 [klein] denoisers
+into docs Low_VRAM.
 
     python scripts/planner_tables.py            # rewrites the tables in docs/en/Low_VRAM.md and docs/zh/Low_VRAM.md
     python scripts/planner_tables.py --print    # prints them instead
 
 The runs planned are LoRA rank 32 on the example scripts' layers, bf16 weights (and Qwen-Image once more with fp8
-storage), one sample per step: Qwen-Image at 1024x1024 with 256 prompt tokens, Wan2.1-T2V-14B at 832x480 with 81
-frames; device budgets are each profile's memory less 0.5 GiB, the host budget 128 GiB. Everything is predicted on the
-meta device (no weights, no GPU).
+storage), one sample per step: Qwen-Image and Z-Image at 1024x1024 with 256 prompt tokens, FLUX.2 [klein] at 1024x1024
+with 512, Wan2.1-T2V-14B at 832x480 with 81 frames; device budgets are each profile's memory less 0.5 GiB, the host
+budget 128 GiB. Everything is predicted on the meta device (no weights, no GPU).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from pathlib import Path
 
 from diffsynth.core.planning.plans import NoPlanFits, format_table
 from diffsynth.core.planning.profiles import GIB, PROFILES
+from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.z_image import ZImagePipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.placement.config import PlacementConfig
@@ -29,12 +32,21 @@ PROFILE_NAMES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "h100-80gb")
 HOST_BUDGET = 128 * GIB
 QWEN_IMAGE_FLAGS = ["--lora_target_modules", "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,"
                     "img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1", "--height", "1024", "--width", "1024"]
+SQUARE = ["--height", "1024", "--width", "1024"]
+# The reference's FLUX.2 [klein] targets: its scripts name single_transformer_blocks.0-19.attn.to_out one by one.
+FLUX2_FLAGS = ["--lora_target_modules", ",".join([
+    "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
+    *(f"single_transformer_blocks.{index}.attn.to_out" for index in range(20))]), *SQUARE]
 RUNS = {
     "Qwen-Image (20B) LoRA, 1024x1024": ("qwen-image", QwenImagePipeline, False, False, QWEN_IMAGE_FLAGS),
     "Qwen-Image (20B) LoRA, 1024x1024, frozen weights in fp8 (--fp8_models)": (
         "qwen-image", QwenImagePipeline, False, True, QWEN_IMAGE_FLAGS),
     "Wan2.1-T2V-14B LoRA, 832x480, 81 frames": ("wan2.1-t2v-14b", WanVideoPipeline, True, False, [
         "--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--height", "480", "--width", "832", "--num_frames", "81"]),
+    "Z-Image (6B) LoRA, 1024x1024": ("z-image", ZImagePipeline, False, False, [
+        "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", *SQUARE]),
+    "FLUX.2 [klein] 4B LoRA, 1024x1024": ("flux.2-klein-4b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
+    "FLUX.2 [klein] 9B LoRA, 1024x1024": ("flux.2-klein-9b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
 }
 START, END = "<!-- planner-tables:start -->", "<!-- planner-tables:end -->"
 

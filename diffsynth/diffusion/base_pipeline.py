@@ -80,6 +80,9 @@ class BasePipeline(torch.nn.Module):
     #: Text embeddings whose length varies by sample, each with the key of its token mask: a batch pads them to its
     #: longest with a mask of the real tokens (``batches.collate_states``).
     padded_inputs: dict[str, str] = {}
+    #: Latent cells per side of one transformer token: 2 where the transformer patches 2x2 latents itself, 1 where
+    #: the state holds latents already patchified (FLUX.2). Resolution-dependent timestep shifts count tokens by it.
+    latent_patch_size: int = 2
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

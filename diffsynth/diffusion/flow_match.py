@@ -11,6 +11,11 @@ sigma grid is bent ("shifted") towards high noise:
 * ``"wan"``: plain shift 5 on ``linspace(1, 0, N + 1)[:-1]``, as DiffSynth-Studio trains and samples Wan. The
   diffusers Wan repos ship ``UniPCMultistepScheduler(flow_shift=3.0)`` instead; for output parity with diffusers'
   WanPipeline wrap that scheduler in :class:`DiffusersScheduler`, which offers the same inference interface.
+* ``"z_image"``: plain shift 3, the reference trainer's Z-Image schedule and Z-Image-Turbo's
+  ``scheduler_config.json``; ``pipelines.z_image.ZImageScheduler`` samples with a release's own shift.
+* ``"flux2"``: exponential shift with FLUX.2's empirical ``mu`` (a function of the token count and the number of
+  steps, which the pipeline computes and passes as ``mu``) on ``linspace(1, 1/N, N)``, as diffusers'
+  Flux2KleinPipeline samples.
 
 Training samples timesteps from a 1000-step grid bent with the same shift (dynamic presets use a fixed
 ``training_mu``, since one run mixes resolutions) and weights the loss with a Gaussian bump over timesteps.
@@ -30,6 +35,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         shift_terminal=0.02,
     ),
     "wan": dict(shift=5.0),
+    "z_image": dict(shift=3.0),
+    # FLUX.2: the released scheduler config's line; inference passes its own (empirical) mu and training bends the
+    # grid at training_mu 0.8, as the reference trainer does.
+    "flux2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096),
 }
 
 

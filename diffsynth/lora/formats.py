@@ -16,7 +16,9 @@ peft       ``<native>.lora_A.default.weight``                 folded (the refere
 
 ``<native>`` is the layer's name in the model's original release (:mod:`.naming`): ComfyUI, DiffSynth-Studio and
 musubi-tuner run that code. The trainer writes ``universal``, the one layout that diffusers, ComfyUI, DiffSynth-Studio
-and musubi-tuner all load fully at strength 1.0 (checked by ``python -m diffsynth.lora inspect``).
+and musubi-tuner all load fully at strength 1.0 (checked by ``python -m diffsynth.lora inspect``). FLUX.2's universal
+keys have no ``diffusion_model.`` prefix (``ModuleNaming.universal_prefix``): ComfyUI reads its names bare; diffusers
+then gets a diffusers-layout twin file (``training.outputs.logger``).
 
 Reading (:mod:`.reading`) accepts all four, plus this project's earlier files (diffusers layout with a plain
 ``lora_alpha`` entry), any of the prefixes in :data:`STRIPPED_PREFIXES`, and diffusers' or native names. A scale
@@ -193,8 +195,8 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
             up = layer.up.float() * layer.scale
             folded[native if layout != "diffusers" else name] = layer.scale
         if layout == "universal":
-            tensors[f"diffusion_model.{native}.lora_A.weight"] = store(down)
-            tensors[f"diffusion_model.{native}.lora_B.weight"] = store(up)
+            tensors[f"{naming.universal_prefix}{native}.lora_A.weight"] = store(down)
+            tensors[f"{naming.universal_prefix}{native}.lora_B.weight"] = store(up)
         elif layout == "peft":
             tensors[f"{native}.lora_A.default.weight"] = store(down)
             tensors[f"{native}.lora_B.default.weight"] = store(up)

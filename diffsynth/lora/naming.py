@@ -28,12 +28,15 @@ class ModuleNaming:
         block_layers: diffusers -> native names of the layers inside each ``blocks.<i>`` block.
         top_layers: diffusers -> native names of the layers outside the blocks.
         identity: The native names are the diffusers names (the two tables are then unused).
+        universal_prefix: What the universal layout puts before each native name: ``diffusion_model.``, which
+            ComfyUI's key maps take for most models, or nothing where ComfyUI reads the names bare (FLUX.2).
     """
 
     name: str
     block_layers: Mapping[str, str] = field(default_factory=dict)
     top_layers: Mapping[str, str] = field(default_factory=dict)
     identity: bool = False
+    universal_prefix: str = "diffusion_model."
 
     def __post_init__(self) -> None:
         for table in (self.block_layers, self.top_layers):
@@ -95,6 +98,14 @@ WAN_NAMING = ModuleNaming(
 NAMINGS: dict[str, ModuleNaming] = {
     "WanTransformer3DModel": WAN_NAMING,
     "QwenImageTransformer2DModel": ModuleNaming("original Qwen-Image", identity=True),
+    # DiffSynth-Studio's Flux2DiT keeps diffusers' module names. ComfyUI runs BFL's fused layout, and its Flux key map
+    # (comfy/lora.py with comfy/utils.flux_to_diffusers) takes diffusers names bare or under transformer., landing
+    # to_q/to_k/to_v on slices of the fused qkv, but never under diffusion_model.: so the names are written bare.
+    "Flux2Transformer2DModel": ModuleNaming("DiffSynth-Studio FLUX.2", identity=True, universal_prefix=""),
+    # The released Z-Image transformers (and DiffSynth-Studio's ZImageDiT) use diffusers' names. ComfyUI's NextDiT
+    # fuses attention.qkv and renames to_out.0 to attention.out, but its Lumina2 LoRA key map (comfy/lora.py with
+    # comfy/utils.z_image_to_diffusers) takes diffusers' names and lands to_q/to_k/to_v on slices of qkv.
+    "ZImageTransformer2DModel": ModuleNaming("original Z-Image", identity=True),
 }
 
 

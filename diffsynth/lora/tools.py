@@ -3,11 +3,14 @@
 Each function below follows one tool's own loading code, as read in its repository (December 2026), on the file's
 keys and the model's layer names; none needs the tool installed except diffusers, whose real key conversion runs:
 
-* diffusers: ``QwenImageLoraLoaderMixin`` / ``WanLoraLoaderMixin.lora_state_dict`` (real code), then
-  ``load_lora_adapter``: keys under ``transformer.`` only, scale from ``lora_adapter_metadata`` or alpha = rank.
-* ComfyUI (``comfy/lora.py``): a key map of ``diffusion_model.<native>`` and ``lora_unet_<native with _>`` (plus, for
-  Qwen-Image, ``<native>`` and ``transformer.<native>``); factors ``lora_up/down``, ``lora_B/A`` (also ``.default``);
-  scale ``<key>.alpha`` / rank, else 1.
+* diffusers: ``QwenImageLoraLoaderMixin`` / ``WanLoraLoaderMixin`` / ``ZImageLoraLoaderMixin.lora_state_dict``
+  (real code), then ``load_lora_adapter``: keys under ``transformer.`` only, scale from ``lora_adapter_metadata`` or
+  alpha = rank.
+* ComfyUI (``comfy/lora.py``): for FLUX.2 its Flux key map (diffusers names bare or under ``transformer.``, see
+  ``_COMFY_FLUX_LAYERS``); otherwise ``diffusion_model.<native>`` and ``lora_unet_<native with _>`` (plus, for
+  Qwen-Image and Z-Image, ``<native>`` and ``transformer.<native>``; Z-Image's diffusers names land on NextDiT's fused
+  ``attention.qkv`` as slices, and its ``lora_unet_`` keys follow NextDiT's names); factors ``lora_up/down``,
+  ``lora_B/A`` (also ``.default``); scale ``<key>.alpha`` / rank, else 1.
 * DiffSynth-Studio (``GeneralLoRALoader``): every ``lora_B``/``lora_up`` key, adapter name and one leading
   ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1.
 * musubi-tuner (its Wan and Qwen-Image generate scripts and network merge): only ``lora_unet_<native with _>`` keys
@@ -148,9 +151,15 @@ def _diffsynth(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
 
 
 def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    from diffusers.loaders.lora_pipeline import QwenImageLoraLoaderMixin, WanLoraLoaderMixin
+    from diffusers.loaders.lora_pipeline import (
+        Flux2LoraLoaderMixin,
+        QwenImageLoraLoaderMixin,
+        WanLoraLoaderMixin,
+        ZImageLoraLoaderMixin,
+    )
 
-    mixins = {"QwenImageTransformer2DModel": QwenImageLoraLoaderMixin, "WanTransformer3DModel": WanLoraLoaderMixin}
+    mixins = {"QwenImageTransformer2DModel": QwenImageLoraLoaderMixin, "WanTransformer3DModel": WanLoraLoaderMixin,
+              "ZImageTransformer2DModel": ZImageLoraLoaderMixin, "Flux2Transformer2DModel": Flux2LoraLoaderMixin}
     mixin = mixins.get(model.class_name)
     if mixin is None:
         raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
@@ -185,15 +194,60 @@ _COMFY_FACTORS = ((".lora_up.weight", ".lora_down.weight"), ("_lora.up.weight", 
                   (".lora_B.default.weight", ".lora_A.default.weight"))
 
 
-def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+def _comfy_z_image_native(name: str) -> str | None:
+    """The name of diffusers Z-Image layer ``name`` in ComfyUI's NextDiT, None for to_q/to_k/to_v (fused there into
+    ``attention.qkv``, which only diffusers-named keys reach, as slices)."""
+    if re.search(r"\.attention\.to_[qkv]$", name):
+        return None
+    name = name.replace(".attention.to_out.0", ".attention.out")
+    return name.replace("all_x_embedder.2-1", "x_embedder").replace("all_final_layer.2-1.", "final_layer.")
+
+
+# The diffusers FLUX.1 / FLUX.2 layers comfy/utils.flux_to_diffusers maps onto BFL's layout (ComfyUI 09708ea):
+# fused q/k/v and FLUX.2's fused single-block projections as slices or whole, the embedders and the final layer.
+# FLUX.2's shared modulation layers and its time_guidance_embed have no entry there, so ComfyUI skips them.
+_COMFY_FLUX_LAYERS = re.compile(
+    r"^(transformer_blocks\.\d+\.(attn\.(to_[qkv]|add_[qkv]_proj|to_out\.0|to_add_out)"
+    r"|(ff|ff_context)\.(linear_in|linear_out|net\.0\.proj|net\.2)|norm1(_context)?\.linear)"
+    r"|single_transformer_blocks\.\d+\.(attn\.(to_[qkv]|to_qkv_mlp_proj|to_out)|proj_mlp|proj_out|norm\.linear)"
+    r"|x_embedder|context_embedder|proj_out|norm_out\.linear|time_text_embed\..+)$")
+
+
+def _comfy_flux_key_map(model: _Model) -> dict[str, str]:
+    """ComfyUI's Flux branch: diffusers names bare (DiffSynth-Studio's files), under ``transformer.``, and its
+    underscore forms; BFL-named ``diffusion_model.`` keys would need BFL's fused layers, which no file here names."""
+    key_map = {}
+    for name in model.weights:
+        if _COMFY_FLUX_LAYERS.match(name):
+            key_map[name] = key_map[f"transformer.{name}"] = name
+            key_map["lycoris_" + name.replace(".", "_")] = key_map["lora_transformer_" + name.replace(".", "_")] = name
+    return key_map
+
+
+def _comfy_native_key_map(model: _Model) -> dict[str, str]:
+    """ComfyUI's generic key map of the model's native names, with the Qwen-Image and Lumina2 (Z-Image) additions."""
     key_map = {}
     for native, name in model.native_names().items():
         key_map[f"diffusion_model.{native}"] = name
+        if model.class_name == "ZImageTransformer2DModel":
+            # Lumina2's key map: diffusers names under these prefixes; lora_unet_ keys follow NextDiT's own names.
+            key_map[native] = key_map[f"transformer.{native}"] = name
+            key_map["lycoris_" + native.replace(".", "_")] = name
+            comfy_native = _comfy_z_image_native(name)
+            if comfy_native is not None:
+                key_map["lora_unet_" + comfy_native.replace(".", "_")] = name
+            continue
         key_map["lora_unet_" + native.replace(".", "_")] = name
         if model.class_name == "QwenImageTransformer2DModel":
             key_map[native] = name
             key_map[f"transformer.{native}"] = name
             key_map["lycoris_" + native.replace(".", "_")] = name
+    return key_map
+
+
+def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    flux = model.class_name == "Flux2Transformer2DModel"
+    key_map = _comfy_flux_key_map(model) if flux else _comfy_native_key_map(model)
     applied, used = {}, set()
     for prefix, name in key_map.items():
         for up_suffix, down_suffix in _COMFY_FACTORS:

@@ -67,6 +67,20 @@ class ShapeCheckUnit(PipelineUnit):
         return rounded
 
 
+class ImageNoiseUnit(PipelineUnit):
+    """Draws an image pipeline's initial noise ``(1, latent_channels, height / p, width / p)``, ``p`` its
+    ``pixels_per_latent``, from ``seed`` on ``rand_device`` when given."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("height", "width", "seed", "rand_device"), output_params=("noise",))
+
+    def process(self, pipe: TextToLatentPipeline, height: int, width: int, seed: int | None,
+                rand_device: str | torch.device | None) -> dict:
+        scale = pipe.pixels_per_latent
+        return {"noise": draw_noise(pipe, (1, pipe.latent_channels, height // scale, width // scale), seed,
+                                    rand_device)}
+
+
 class LatentsUnit(PipelineUnit):
     """The latents the denoising loop starts from: the noise, or the input noised to the first timestep."""
 
@@ -88,6 +102,8 @@ class TextToLatentPipeline(BasePipeline):
 
     scheduler_preset = ""
     latent_channels = 16
+    #: Pixels per latent cell side of the state's latents (the VAE's compression, times a patchify done in the state).
+    pixels_per_latent = 8
     input_types = {
         "seed": integer, "rand_device": text, "num_inference_steps": positive_integer, "cfg_scale": real,
         "denoising_strength": real, "max_sequence_length": positive_integer, "height": positive_integer,

@@ -25,10 +25,10 @@ from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (
+    ImageNoiseUnit,
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
-    draw_noise,
     image_to_tensor,
     round_size,
     tensor_to_images,
@@ -83,17 +83,6 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     patches = tokens.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
     return patches.reshape(batch, channels, height, width)
 
-
-class NoiseUnit(PipelineUnit):
-    """Draws the initial noise ``(1, 16, height / 8, width / 8)``, from ``seed`` on ``rand_device`` when given."""
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("height", "width", "seed", "rand_device"), output_params=("noise",))
-
-    def process(self, pipe: QwenImagePipeline, height: int, width: int, seed: int | None,
-                rand_device: str | torch.device | None) -> dict:
-        shape = (1, pipe.latent_channels, height // VAE_SCALE, width // VAE_SCALE)
-        return {"noise": draw_noise(pipe, shape, seed, rand_device)}
 
 
 class InputImageEmbedderUnit(PipelineUnit):
@@ -188,8 +177,8 @@ class QwenImagePipeline(TextToLatentPipeline):
         self.processor: Any = None
         self.processor_config: ModelConfig | None = None
         # The VAE encodes the edit images next to the training image, so it is onloaded once for both.
-        self.units = [ShapeCheckUnit(), NoiseUnit(), InputImageEmbedderUnit(), EditImageEmbedderUnit(), LatentsUnit(),
-                      PromptEmbedderUnit()]
+        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), EditImageEmbedderUnit(),
+                      LatentsUnit(), PromptEmbedderUnit()]
 
     @classmethod
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",

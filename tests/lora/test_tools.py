@@ -14,12 +14,13 @@ import json
 import pytest
 import torch
 from peft import LoraConfig, inject_adapter_in_model
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from diffsynth.core.loader.tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
-from diffsynth.training.outputs.logger import ModelLogger
 from diffsynth.lora import WAN_NAMING, from_peft_state_dict, inspect_lora, to_state_dict
 from diffsynth.lora.__main__ import main as lora_cli
+from diffsynth.training.outputs.logger import ModelLogger
 
 RANK = 8
 
@@ -149,6 +150,36 @@ def test_a_layer_diffusers_cannot_take_gets_a_diffusers_twin(tiny_root, tmp_path
     pipe = WanImageToVideoPipeline.from_pretrained(str(tiny_root / WAN_I2V_MODEL_ID), dtype=torch.float32)
     pipe.load_lora_weights(str(twin))
     assert len([m for m in pipe.transformer.modules() if hasattr(m, "scaling")]) == 6
+
+
+def test_comfyui_reads_flux2_layers_bare_or_under_transformer_but_not_under_diffusion_model(tiny_root, tmp_path):
+    """ComfyUI's Flux key map (comfy/lora.py, comfy/utils.flux_to_diffusers) has FLUX.2's diffusers names bare and
+    under ``transformer.``; its shared modulation layers are in no map. The trainer's files name them bare."""
+    from diffusers import Flux2Transformer2DModel
+
+    targets = ["to_q", "add_k_proj", "to_out.0", "linear_in", "to_qkv_mlp_proj", "double_stream_modulation_img.linear"]
+    base, model = lora_model(Flux2Transformer2DModel, tiny_root / FLUX2_KLEIN_4B_MODEL_ID / "transformer", targets)
+    config = {k: v for k, v in dict(base.config).items() if not k.startswith("_")}
+    state = {"pipe.dit." + k: v for k, v in model.named_parameters() if ".lora_" in k}
+    logger = ModelLogger(tmp_path, lora_metadata={"lora_rank": RANK, "lora_alpha": RANK, "base_model_class":
+                                                  "Flux2Transformer2DModel", "base_model_config": config})
+    with pytest.raises(Exception, match="would not load fully .* ComfyUI"):
+        logger.save_lora(state, "with-modulation")  # the modulation layer: refused, the file kept for inspection
+    total = len({k.rsplit(".lora_", 1)[0] for k in state}) - 1
+    bare = tmp_path / "with-modulation.safetensors"
+    found = strengths(inspect_lora(bare, base))
+    assert found["ComfyUI"] == (total, total + 1, 1.0) and found["DiffSynth-Studio"] == (total + 1, total + 1, 1.0)
+    tensors = load_file(str(bare))
+    prefixed = {"diffusion_model." + key: value for key, value in tensors.items()}
+    save_file(prefixed, str(tmp_path / "prefixed.safetensors"), metadata=safe_metadata(bare))
+    assert strengths(inspect_lora(tmp_path / "prefixed.safetensors", base))["ComfyUI"][0] == 0
+
+
+def safe_metadata(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return handle.metadata()
 
 
 def test_inspect_command(models, tiny_root, tmp_path, capsys):

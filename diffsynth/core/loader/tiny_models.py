@@ -25,6 +25,7 @@ import functools
 from pathlib import Path
 
 from .tiny_common import SHARD_SIZE, TINY_MARKER, model_index, padded, prepare_repo, seeded, write_json
+from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_wan import (
     WAN22_A14B_PATTERNS,
     WAN22_I2V_MODEL_ID,
@@ -46,6 +47,7 @@ from .tiny_wan import (
     build_tiny_wan,
     build_tiny_wan_i2v,
 )
+from .tiny_z_image import Z_IMAGE_BUILDERS
 
 # The Wan names are re-exported: tests and scripts import every tiny repo's id and patterns from this module.
 __all__ = [
@@ -252,6 +254,8 @@ BUILDERS = {
     "qwen_image_edit_2509": functools.partial(build_tiny_qwen_image_edit, model_id=QWEN_IMAGE_EDIT_2509_MODEL_ID),
     "qwen_image_edit_2511": functools.partial(build_tiny_qwen_image_edit, model_id=QWEN_IMAGE_EDIT_2511_MODEL_ID),
     **WAN_BUILDERS,
+    **FLUX2_BUILDERS,
+    **Z_IMAGE_BUILDERS,
 }
 
 

@@ -1,4 +1,8 @@
-"""Block swap: run or train a transformer whose block list does not fit on the device, a few blocks at a time.
+"""Block swap: run or train a transformer whose blocks do not fit on the device, a few blocks at a time.
+
+The blocks are one sequence in execution order (``BlockSequence``), from one list or several chained
+(``BLOCK_SEQUENCES``: FLUX's double-stream blocks, then its single-stream ones); block counts and indices count over
+the whole sequence.
 
 Two policies on the residency driver (``hooks.py``), so model forward loops need no change and diffusers' gradient
 checkpointing composes (a block re-run inside backward is a recompute):
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,8 +42,67 @@ from .transfer import DEFAULT_STAGING_BYTES, ENGINES, TensorSlot, TransferTimer,
 
 logger = logging.getLogger(__name__)
 
-BLOCK_LIST_NAMES = ("transformer_blocks", "blocks")
-"""Attributes searched for the block list: Qwen-Image's ``transformer_blocks``, Wan's ``blocks``."""
+BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "layers")
+"""Attributes searched for a single block list: Qwen-Image's ``transformer_blocks``, Wan's ``blocks``, Z-Image's
+``layers`` (its refiner blocks stay resident)."""
+
+BLOCK_SEQUENCES: tuple[tuple[str, ...], ...] = (
+    ("transformer_blocks", "single_transformer_blocks"),
+    *((name,) for name in BLOCK_LIST_NAMES),
+)
+"""Which block lists are swapped as one sequence, tried in order: the first entry whose lists the model all has (as
+non-empty ``ModuleList`` attributes) wins, its lists chained in the order given, which must be the order the model
+runs them. FLUX.1's ``FluxTransformer2DModel`` and FLUX.2's ``Flux2Transformer2DModel`` run their double-stream
+``transformer_blocks`` and then their ``single_transformer_blocks`` (most of the weights); every other model has one
+list (``BLOCK_LIST_NAMES``), so it swaps as before."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSequence(Sequence):
+    """The blocks block swap manages, in execution order, possibly from several lists, with each one's full name.
+
+    Indices (``blocks_to_swap``, streamed indices, trace events) count over the whole sequence.
+
+    Args:
+        blocks: The blocks, in the order the model runs them.
+        names: Each block's qualified name in its model (``"single_transformer_blocks.3"``): its parameters are
+            named ``<name>.<path>``.
+        list_names: The lists the blocks come from, in order (``("transformer_blocks", "single_transformer_blocks")``).
+    """
+
+    blocks: tuple[nn.Module, ...]
+    names: tuple[str, ...]
+    list_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.blocks) != len(self.names):
+            raise ValueError(f"a block sequence needs one name per block: {len(self.blocks)} blocks, "
+                             f"{len(self.names)} names")
+
+    @classmethod
+    def of_lists(cls, *lists: tuple[str, nn.ModuleList]) -> BlockSequence:
+        """The blocks of ``(name, list)`` pairs, chained in the given order."""
+        blocks = tuple(block for _, blocks in lists for block in blocks)
+        names = tuple(f"{name}.{index}" for name, blocks in lists for index in range(len(blocks)))
+        return cls(blocks, names, tuple(name for name, _ in lists))
+
+    @property
+    def label(self) -> str:
+        """The lists, for messages: ``transformer_blocks + single_transformer_blocks``."""
+        return " + ".join(self.list_names)
+
+    def prefixes(self, indices: Iterable[int]) -> tuple[str, ...]:
+        """Parameter-name prefixes of the blocks at ``indices`` (``"single_transformer_blocks.3."``)."""
+        return tuple(f"{self.names[index]}." for index in indices)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int | slice) -> nn.Module | tuple[nn.Module, ...]:
+        return self.blocks[index]
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self.blocks)
 
 
 @dataclasses.dataclass
@@ -107,21 +171,36 @@ def _check_count(name: str, value: Any, flag: str | None, minimum: int, meaning:
         raise ValueError(f"{name}={value!r}{where} must be {meaning}")
 
 
-def find_block_list(model_or_blocks: nn.Module) -> tuple[nn.ModuleList, str]:
-    """The block list of a diffusers transformer (``transformer_blocks``, ``blocks``), or the given ``ModuleList``.
+def find_block_sequence(model_or_blocks: nn.Module) -> BlockSequence:
+    """The blocks of a diffusers transformer block swap manages, as one sequence in execution order.
+
+    The first entry of ``BLOCK_SEQUENCES`` whose lists the model has wins: FLUX's ``transformer_blocks`` then
+    ``single_transformer_blocks``; else one of ``transformer_blocks``, ``blocks``, ``layers``. A given ``ModuleList``
+    is the sequence itself, named ``blocks``.
 
     Raises:
         ValueError: No non-empty ``ModuleList`` under those names; the message names the model class.
     """
     if isinstance(model_or_blocks, nn.ModuleList):
-        return model_or_blocks, "blocks"
-    for name in BLOCK_LIST_NAMES:
-        blocks = getattr(model_or_blocks, name, None)
-        if isinstance(blocks, nn.ModuleList) and len(blocks) > 0:
-            return blocks, name
+        return BlockSequence.of_lists(("blocks", model_or_blocks))
+    for names in BLOCK_SEQUENCES:
+        lists = [(name, getattr(model_or_blocks, name, None)) for name in names]
+        if all(isinstance(blocks, nn.ModuleList) and len(blocks) > 0 for _, blocks in lists):
+            return BlockSequence.of_lists(*lists)
     raise ValueError(f"block swap found no block list on {type(model_or_blocks).__name__}: it looks for a non-empty "
                      f"nn.ModuleList named {' or '.join(BLOCK_LIST_NAMES)}; pass the block list itself "
                      "(create_offloader(model.<blocks>, ...)) or turn block swap off (--blocks_to_swap 0)")
+
+
+def find_block_list(model_or_blocks: nn.Module) -> tuple[BlockSequence, str]:
+    """``find_block_sequence`` and its lists' label (``"transformer_blocks + single_transformer_blocks"``), for
+    callers that unpack ``blocks, name``: ``blocks`` is the whole sequence, every list of it.
+
+    Raises:
+        ValueError: No block list (see ``find_block_sequence``).
+    """
+    sequence = find_block_sequence(model_or_blocks)
+    return sequence, sequence.label
 
 
 def streaming_block_indices(num_blocks: int, count: int) -> list[int]:
@@ -137,8 +216,8 @@ def host_parameters(config: BlockSwapConfig):
     host memory, the weights of ``config.host_block_indices`` (no model is swapped without a block list)."""
 
     def select(model: nn.Module):
-        blocks, name = find_block_list(model)
-        prefixes = tuple(f"{name}.{index}." for index in config.host_block_indices(len(blocks)))
+        blocks = find_block_sequence(model)
+        prefixes = blocks.prefixes(config.host_block_indices(len(blocks)))
         return lambda parameter: parameter.startswith(prefixes)
 
     return select
@@ -153,26 +232,31 @@ class BlockSwap(ResidencyPolicy):
     """What both policies share: checks, host masters, placement of the other tensors, engine, driver, public API.
 
     Args:
-        blocks: The block list, in execution order.
+        blocks: The blocks, in execution order: a ``BlockSequence`` (``find_block_sequence``; several lists chained)
+            or one list.
         config: The checked configuration.
         device: The compute device.
-        model: The model owning the list; its other tensors are placed on the device too. None: only the blocks are.
-        list_name: The list's attribute name, for messages.
+        model: The model owning the blocks; its other tensors are placed on the device too. None: only the blocks are.
+        list_name: The list's attribute name, for messages and tensor names, when ``blocks`` is one bare list.
     """
 
     mode_name = "block swap"
 
-    def __init__(self, blocks: nn.ModuleList, config: BlockSwapConfig, device: torch.device,
+    def __init__(self, blocks: BlockSequence | nn.ModuleList, config: BlockSwapConfig, device: torch.device,
                  model: nn.Module | None = None, list_name: str = "blocks") -> None:
+        if not isinstance(blocks, BlockSequence):
+            blocks = BlockSequence.of_lists((list_name, blocks))
         if not config.enabled:
             raise ValueError("blocks_to_swap=0 turns block swap off: use create_offloader, which returns None then")
         if config.blocks_to_swap > len(blocks):
             owner = type(model).__name__ + "." if model is not None else ""
-            raise ValueError(f"blocks_to_swap={config.blocks_to_swap} (--blocks_to_swap) but {owner}{list_name} has "
-                             f"only {len(blocks)} blocks; use at most {len(blocks)}")
+            raise ValueError(f"blocks_to_swap={config.blocks_to_swap} (--blocks_to_swap) but {owner}{blocks.label} "
+                             f"has only {len(blocks)} blocks; use at most {len(blocks)}")
         self.blocks, self.config, self.device, self.model = blocks, config, device, model
-        self.list_name = list_name
+        self.list_name = blocks.label
         self.num_blocks = len(blocks)
+        # What owns every tensor this policy places: the model, or (given bare blocks) a container of the blocks.
+        self._root = model if model is not None else nn.ModuleList(blocks)
         self.timer = TransferTimer() if config.debug_timing else None
         self.meter = ResidencyMeter()
         self.self_heals = 0
@@ -181,7 +265,7 @@ class BlockSwap(ResidencyPolicy):
         self.engine = None
         self.driver: ResidencyDriver | None = None
         # No DDP wraps a model whose weights move, so its trainable gradients are averaged here (after_backward).
-        trainable = [param for param in (model or blocks).parameters() if param.requires_grad]
+        trainable = [param for param in self._root.parameters() if param.requires_grad]
         self._grad_sync = GradientSynchronizer(trainable) if trainable and distributed_world_size() > 1 else None
 
     def _host_pool(self, sizes: list[int]) -> PinnedArenaPool:
@@ -197,7 +281,7 @@ class BlockSwap(ResidencyPolicy):
     def _start(self, staging_bytes: int) -> None:
         """Places every unmanaged tensor on the device, builds the engine and hands the blocks to the driver."""
         managed = {id(slot.get()) for slot, _, _ in self._masters}
-        for slot in tensor_slots(self.model if self.model is not None else self.blocks, ""):
+        for slot in tensor_slots(self._root, ""):
             tensor = slot.get()
             if id(tensor) not in managed and tensor.device != self.device:
                 self._placed.append((slot, tensor.device))
@@ -287,7 +371,7 @@ class BlockSwap(ResidencyPolicy):
 
 def create_offloader(model_or_blocks: nn.Module, config: BlockSwapConfig,
                      device: str | torch.device) -> BlockSwap | None:
-    """Builds the block swap ``config`` asks for on a model's block list, or returns None when it is off.
+    """Builds the block swap ``config`` asks for on a model's blocks, or returns None when it is off.
 
     Call it once the LoRA is injected and before training; it places the model itself (resident parts on ``device``,
     swapped weights in host memory), so do not move the model with ``.to()`` afterwards: that would pull the host
@@ -295,8 +379,9 @@ def create_offloader(model_or_blocks: nn.Module, config: BlockSwapConfig,
 
     Args:
         model_or_blocks: A diffusers transformer (``QwenImageTransformer2DModel``: ``transformer_blocks``;
-            ``WanTransformer3DModel``: ``blocks``) or an explicit ``nn.ModuleList``; with a list, only the blocks are
-            placed.
+            ``WanTransformer3DModel``: ``blocks``; ``Flux2Transformer2DModel``: ``transformer_blocks`` then
+            ``single_transformer_blocks``, one sequence, see ``BLOCK_SEQUENCES``) or an explicit ``nn.ModuleList``;
+            with a list, only the blocks are placed.
         config: The block swap settings.
         device: The compute device.
 
@@ -306,13 +391,13 @@ def create_offloader(model_or_blocks: nn.Module, config: BlockSwapConfig,
     if not config.enabled:
         return None
     device = resolve_device(device, "device")
-    blocks, name = find_block_list(model_or_blocks)
+    blocks = find_block_sequence(model_or_blocks)
     model = None if isinstance(model_or_blocks, nn.ModuleList) else model_or_blocks
     # The policies subclass BlockSwap, so they import this module.
     if config.h2d_only:
         from .h2d_stream import H2DOnlyBlockSwap
 
-        return H2DOnlyBlockSwap(blocks, config, device, model, name)
+        return H2DOnlyBlockSwap(blocks, config, device, model)
     from .classic_swap import ClassicBlockSwap
 
-    return ClassicBlockSwap(blocks, config, device, model, name)
+    return ClassicBlockSwap(blocks, config, device, model)

@@ -10,13 +10,13 @@ from torch import nn
 
 from ..device import warn_once
 from ..shared_weights import is_shared_host
-from .block_swap import BlockSwap, BlockSwapConfig
+from .block_swap import BlockSequence, BlockSwap, BlockSwapConfig
 from .memory_buffer import tensor_nbytes
 from .transfer import DirectEngine, tensor_slots
 
 
 class ClassicBlockSwap(BlockSwap):
-    """Exchange block swap: the last ``blocks_to_swap`` blocks live in host memory between uses.
+    """Exchange block swap: the last ``blocks_to_swap`` blocks of the sequence live in host memory between uses.
 
     Forward: block i's pre-hook makes sure it is on the device and prefetches swapped block i + 1; its post-hook
     copies it back out. Backward: the gradient reaching a swapped block's outputs loads it (for the recompute) and
@@ -29,11 +29,11 @@ class ClassicBlockSwap(BlockSwap):
 
     wants_backward_start = True
 
-    def __init__(self, blocks: nn.ModuleList, config: BlockSwapConfig, device: torch.device,
+    def __init__(self, blocks: BlockSequence | nn.ModuleList, config: BlockSwapConfig, device: torch.device,
                  model: nn.Module | None = None, list_name: str = "blocks") -> None:
         super().__init__(blocks, config, device, model, list_name)
         self.first_swapped = self.num_blocks - config.blocks_to_swap
-        slots = {i: [s for s in tensor_slots(blocks[i], f"{list_name}.{i}")
+        slots = {i: [s for s in tensor_slots(self.blocks[i], self.blocks.names[i])
                      if not (s.is_param and s.get().requires_grad)] for i in self.swapped}
         pool = self._host_pool([tensor_nbytes(s.get()) for block in slots.values() for s in block
                                 if not is_shared_host(s.get())])

@@ -15,6 +15,7 @@ from torch import nn
 from ..shared_weights import shared_span
 from .block_swap import (
     NO_CHECKPOINTING_MESSAGE,
+    BlockSequence,
     BlockSwap,
     BlockSwapConfig,
     is_adapter_parameter,
@@ -65,7 +66,7 @@ class H2DOnlyBlockSwap(BlockSwap):
 
     mode_name = "H2D-only"
 
-    def __init__(self, blocks: nn.ModuleList, config: BlockSwapConfig, device: torch.device,
+    def __init__(self, blocks: BlockSequence | nn.ModuleList, config: BlockSwapConfig, device: torch.device,
                  model: nn.Module | None = None, list_name: str = "blocks",
                  keep_resident: Callable[[str], bool] | None = None) -> None:
         super().__init__(blocks, config, device, model, list_name)
@@ -75,13 +76,13 @@ class H2DOnlyBlockSwap(BlockSwap):
         self.ring_size = min(config.ring_size, len(self.stream_indices))
         plans = {}
         for index in self.stream_indices:
-            slots = [s for s in tensor_slots(blocks[index], f"{list_name}.{index}")
-                     if s.is_param and not keep_resident(s.name)]
+            block, name = self.blocks[index], self.blocks.names[index]
+            slots = [s for s in tensor_slots(block, name) if s.is_param and not keep_resident(s.name)]
             for slot in slots:
                 if slot.get().requires_grad:
                     raise ValueError(
-                        f"H2D-only block swap streams the frozen weights of {list_name}.{index} "
-                        f"({type(blocks[index]).__name__}), but {slot.name} requires grad: weights are only copied "
+                        f"H2D-only block swap streams the frozen weights of {name} "
+                        f"({type(block).__name__}), but {slot.name} requires grad: weights are only copied "
                         "host-to-device, so its updates would be lost. Freeze the base model and train a LoRA (LoRA "
                         "parameters, named lora_*, are small and stay resident on the device, outside the streamed "
                         "weights), or drop --block_swap_h2d_only for classic block swap")
@@ -106,6 +107,8 @@ class H2DOnlyBlockSwap(BlockSwap):
                     view.copy_(tensor)
                 self._keep_on_host(slot, view)
             self.streamed[index] = _StreamedBlock(index, slots, offsets, nbytes, master, views)
+        # Blocks may differ in size (FLUX's double blocks are larger than its single ones): a slot holds the largest
+        # streamed block, and a smaller one fills its head (a load copies ``nbytes``, its views start at 0).
         slot_bytes = max(block.nbytes for block in self.streamed.values())
         self._offloaded_bytes = sum(block.nbytes for block in self.streamed.values())
         # The ring is allocated once; every load copies into it, and each block's views into it are made here.
@@ -116,8 +119,11 @@ class H2DOnlyBlockSwap(BlockSwap):
         self.in_slot: list[int | None] = [None] * self.ring_size
         self._pass_needs_backward = False
         self._start(slot_bytes)
+        # Over several lists an index alone does not say which block it is, so the log names them.
+        several = len(self.blocks.list_names) > 1
+        shown = [self.blocks.names[i] for i in self.stream_indices] if several else self.stream_indices
         logger.info("H2D-only block swap on %s.%s: streaming blocks %s of %d through %d device slot(s) of %.1f MiB "
-                    "(engine %s)", type(model).__name__ if model is not None else "", list_name, self.stream_indices,
+                    "(engine %s)", type(model).__name__ if model is not None else "", self.list_name, shown,
                     self.num_blocks, self.ring_size, slot_bytes / 2**20, self.engine_name)
 
     def _bind(self, rank: int, views: list[torch.Tensor]) -> None:
@@ -154,7 +160,7 @@ class H2DOnlyBlockSwap(BlockSwap):
         if index not in self.rank:
             return
         if needs_backward and not checkpointed:
-            name = f"{self.list_name}.{index} ({type(self.blocks[index]).__name__})"
+            name = f"{self.blocks.names[index]} ({type(self.blocks[index]).__name__})"
             raise RuntimeError(f"{name} is streamed by H2D-only block swap and ran a training forward without "
                                f"gradient checkpointing. {NO_CHECKPOINTING_MESSAGE}")
         self._pass_needs_backward |= needs_backward

@@ -64,6 +64,10 @@ def wrap_inputs(on_backward_done: Callable[[], None], args: tuple, kwargs: dict)
     return tuple(args), kwargs
 
 
+def _ignore_backward() -> None:
+    """The boundary callback of a non-reentrant recompute, whose graph autograd never runs backward through."""
+
+
 def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside ``value``: nested lists, tuples, dicts and dataclasses (model outputs)."""
     if isinstance(value, torch.Tensor):
@@ -248,7 +252,11 @@ class ResidencyDriver:
             self.policy.before_recompute(unit)
             self.record("recompute", unit)
             # Reentrant checkpointing ran the forward without grad; this re-run's graph is the one backpropagated.
-            return self._bracket(unit, args, kwargs) if grad and self.pending[unit] == 0 else None
+            if grad and self.pending[unit] == 0:
+                return self._bracket(unit, args, kwargs)
+            # Non-reentrant: the forward's graph is backpropagated, but the re-run must take the same ops, or the
+            # tensors it saves differ from the forward's (matmul folds a 3-d input or not by whether it is a view).
+            return wrap_inputs(_ignore_backward, args, kwargs) if grad else None
         if unit == 0 and self.root is None:
             self._pass_start()
         needs_backward = grad and (self._trainable[unit] or any(t.requires_grad for t in iter_tensors((args, kwargs))))

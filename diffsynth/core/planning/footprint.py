@@ -140,7 +140,7 @@ def measure_step(model: torch.nn.Module, step: Callable[[], torch.Tensor],
     Args:
         model: The model (its parameters are left out of the saved bytes).
         step: Runs the forward and returns a scalar loss.
-        blocks: The blocks to report per block (a transformer's block list).
+        blocks: The blocks to report per block (a transformer's blocks, every list block swap manages).
         fused_attention: Compute attention with the fused kernel (``fused_attention``); the meta device needs it.
     """
     blocks = list(blocks)

@@ -100,7 +100,8 @@ class Workload:
 
     Args:
         model: The denoiser built on the meta device, with its LoRA injected (trainable parameters as in the run).
-        blocks: Its block list (what block swap moves).
+        blocks: Its blocks in execution order, what block swap moves: every list it swaps, chained
+            (``find_block_sequence``: FLUX's double then single blocks); counts and indices are over them all.
         step: Runs one forward on meta inputs of the run's shape and returns a scalar loss.
         set_checkpointing: Turns the blocks' gradient checkpointing on or off.
         other_model_sizes: Tensor sizes of the other models the stage runs each step (text encoder and VAE when

@@ -181,6 +181,8 @@ def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], p
     private += trainable
     loaded = sum(tensor_nbytes(t) for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     device = next(model.parameters()).device
+    # An earlier dry run's gradients (full training) are meta tensors the manager could not move to the host.
+    model.zero_grad(set_to_none=True)
     manager = OffloadTrainingManager(model, device, enable_optimizer_cpu_offload=optimizer_offload,
                                      cpu_offload_split_threshold=split_threshold_mb, pool=_meta_pool(),
                                      prefetch_depth=prefetch_depth, reuse_device_buffers=False)

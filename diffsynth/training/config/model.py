@@ -38,7 +38,9 @@ class ModelSection(Section):
                            help="Comma list of model_id:file_pattern entries, resolved under DIFFSYNTH_MODEL_BASE_PATH "
                                 "and downloaded only when missing.")
         group.add_argument("--tokenizer_path", type=str, default=None,
-                           help="Tokenizer folder; unset takes it from the model repository.")
+                           help="Tokenizer folder, or a model_id:pattern entry such as "
+                                "black-forest-labs/FLUX.2-klein-4B:tokenizer/; unset takes it from the model "
+                                "repository.")
         group.add_argument("--processor_path", type=str, default=None,
                            help="Qwen-Image-Edit: Qwen2.5-VL processor folder that reads the edit images; unset takes "
                                 "the processor/ folder of the transformer's repository.")

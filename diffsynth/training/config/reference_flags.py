@@ -40,6 +40,7 @@ REFERENCE_FLAGS: dict[str, str] = {
                     "qwen_image train.py"),
     **dict.fromkeys(["--audio_processor_path", "--min_timestep_boundary", "--max_timestep_boundary",
                      "--framewise_decoding"], "wanvideo train.py"),
+    "--enable_npu_patch": "z_image train.py",
 }
 
 _DMD2 = "DMD2 distillation (the reference's DMD2 trainer) is not supported here; --task direct_distill distills"
@@ -54,11 +55,13 @@ UNSUPPORTED: dict[str, str] = {
     "--swanlab_project": "SwanLab logging is not supported here; use --enable_wandb_log with --wandb_project",
     "--audio_processor_path": "Wan2.2-S2V (speech-to-video), which needs the audio processor, is not supported here",
     "--framewise_decoding": "the WanToDance global model, which decodes frame by frame, is not supported here",
+    "--enable_npu_patch": "Ascend NPU patches are not supported here (the command trains on GPUs without it)",
     **dict.fromkeys([flag for flag, where in REFERENCE_FLAGS.items() if flag.startswith("--dmd2_")], _DMD2),
 }
 
 # The unsupported flags that are switches (store_true there); the others take a value.
-SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding"})
+SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding",
+                      "--enable_npu_patch"})
 
 # Differences worth knowing for flags that work.
 NOTES: dict[str, str] = {
@@ -101,3 +104,38 @@ def unsupported_flag_problems(flags: Mapping[str, Any]) -> list[str]:
             shown = flag if value is True else f"{flag} {value}"
             problems.append(f"{shown}: {reason}; drop it")
     return problems
+
+
+# Reference features this trainer does not run at all, named by a model id a command loads (repository id prefix, in
+# --model_id_with_origin_paths or --template_model_id_or_path) or by its --task. Such a command is refused with that
+# one reason before anything else is checked, downloaded or loaded.
+UNSUPPORTED_MODELS: dict[str, str] = {
+    "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
+    "Tongyi-MAI/Z-Image-Omni-Base": "Z-Image-Omni-Base (SigLIP image conditioning, edit images) is not supported "
+                                    "here; train Tongyi-MAI/Z-Image or Tongyi-MAI/Z-Image-Turbo",
+    "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
+    "black-forest-labs/FLUX.2-dev": "FLUX.2 [dev] (its Mistral-3 text encoder and 32B transformer) is not supported "
+                                    "here; train black-forest-labs/FLUX.2-klein-4B, -9B or their -base models",
+    "DiffSynth-Studio/Template-KleinBase4B": "the FLUX.2 [klein] template models (Template-KleinBase4B-*) are not "
+                                             "supported here",
+    "DiffSynth-Studio/KleinBase4B-i2L": "FLUX.2 [klein] image-to-LoRA (i2L) template models are not supported here",
+}
+UNSUPPORTED_TASKS: dict[str, str] = {
+    "trajectory_imitation": "trajectory imitation (the reference's experimental Z-Image-Turbo distillation) is not "
+                            "supported here; --task direct_distill distills a few-step sampler",
+}
+
+
+def unsupported_feature_problems(flags: Mapping[str, Any]) -> list[str]:
+    """One problem per unsupported reference model or task the command names (``flags``: flag name -> value)."""
+    problems = []
+    for flag in ("model_id_with_origin_paths", "template_model_id_or_path"):
+        for entry in str(flags.get(flag) or "").split(","):
+            model_id = entry.split(":", 1)[0].strip()
+            reason = next((why for prefix, why in UNSUPPORTED_MODELS.items() if model_id.startswith(prefix)), None)
+            if model_id and reason is not None:
+                problems.append(f"--{flag} loads {model_id}: {reason}")
+    task = flags.get("task")
+    if task in UNSUPPORTED_TASKS:
+        problems.append(f"--task {task}: {UNSUPPORTED_TASKS[task]}")
+    return list(dict.fromkeys(problems))

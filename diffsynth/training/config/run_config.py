@@ -24,7 +24,7 @@ from .dataset import DatasetSection
 from .lora import LoraSection
 from .model import ModelSection
 from .output import OutputSection
-from .reference_flags import unsupported_flag_problems
+from .reference_flags import unsupported_feature_problems, unsupported_flag_problems
 from .training import TrainingSection
 from .validation import ValidationSection
 
@@ -188,6 +188,9 @@ class RunConfig:
         Raises:
             FlagError: Every problem at once: each section's, an unsupported reference flag, and across sections.
         """
+        refused = unsupported_feature_problems(flags)
+        if refused:  # no other check of a command for a model or task not supported here would mean anything
+            raise FlagError(refused)
         sections, problems = {}, unsupported_flag_problems(flags)
         for name, section_class in SECTIONS.items():
             try:

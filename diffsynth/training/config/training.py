@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import TASKS, split_csv, task_stage
 from ..section import Section
+from .reference_flags import UNSUPPORTED_TASKS
 
 LR_SCHEDULERS = ("constant", "linear", "cosine", "constant_with_warmup")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -72,7 +73,8 @@ class TrainingSection(Section):
                                 "torch.optim.AdamW (DeepSpeed's CPU Adam when ZeRO offloads the optimizer). Checked to "
                                 "import before any model loads; a resume needs the optimizer its checkpoint was made "
                                 "with.")
-        group.add_argument("--task", type=str, default="sft", choices=TASKS,
+        # The reference's tasks refused here parse, to be refused with their reason (reference_flags).
+        group.add_argument("--task", type=str, default="sft", choices=(*TASKS, *UNSUPPORTED_TASKS),
                            help="Training task; a :data_process / :train suffix runs one stage of split training.")
         group.add_argument("--gradient_accumulation_steps", type=int, default=1,
                            help="Batches per optimizer step; more steps give a larger effective batch at no VRAM cost.")

@@ -97,7 +97,8 @@ class FlowMatchSFTLoss(LatentsLoss):
         timesteps, weights, noises = [], [], []
         for index, sample_generator in enumerate(generators):
             timestep, weight = self.sampling.draw(pipe.scheduler, input_latents.shape, sample_generator,
-                                                  self.min_timestep_boundary, self.max_timestep_boundary)
+                                                  self.min_timestep_boundary, self.max_timestep_boundary,
+                                                  pipe.latent_patch_size)
             timesteps.append(timestep)
             weights.append(weight.reshape(1))
             noises.append(_noise_like(input_latents[index:index + 1], sample_generator))

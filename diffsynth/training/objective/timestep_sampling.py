@@ -178,7 +178,8 @@ class TimestepSampling(Section):
     # ---- drawing --------------------------------------------------------------------------------------------------
 
     def draw(self, scheduler: FlowMatchScheduler, latent_shape: Sequence[int], generator: torch.Generator | None,
-             min_boundary: float = 0.0, max_boundary: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+             min_boundary: float = 0.0, max_boundary: float = 1.0,
+             patch_size: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
         """One sample's timestep and loss weight.
 
         Args:
@@ -187,6 +188,8 @@ class TimestepSampling(Section):
             generator: The sample's generator (CPU); every draw comes from it.
             min_boundary: Lower boundary, a fraction of the training grid (0: its noisiest end).
             max_boundary: Upper boundary.
+            patch_size: Latent cells per transformer token side (the pipeline's ``latent_patch_size``), so the
+                resolution-dependent shifts count the tokens the transformer sees.
 
         Returns:
             ``(timestep, weight)``: float32 tensors of shape ``(1,)`` and ``()`` on the CPU.
@@ -194,7 +197,8 @@ class TimestepSampling(Section):
         if self.timestep_sampling == "grid":
             timestep = self._draw_on_grid(scheduler, generator, min_boundary, max_boundary)
         else:
-            timestep = self._draw_continuous(scheduler, latent_shape, generator, min_boundary, max_boundary)
+            timestep = self._draw_continuous(scheduler, latent_shape, generator, min_boundary, max_boundary,
+                                             patch_size)
         return timestep, self.weight(scheduler, timestep)
 
     def weight(self, scheduler: FlowMatchScheduler, timestep: torch.Tensor) -> torch.Tensor:
@@ -222,8 +226,9 @@ class TimestepSampling(Section):
         return scheduler.training_timesteps[index].cpu()
 
     def _draw_continuous(self, scheduler: FlowMatchScheduler, latent_shape: Sequence[int],
-                         generator: torch.Generator | None, min_boundary: float, max_boundary: float) -> torch.Tensor:
-        shift = self.shift(latent_shape)
+                         generator: torch.Generator | None, min_boundary: float, max_boundary: float,
+                         patch_size: int = 2) -> torch.Tensor:
+        shift = self.shift(latent_shape, patch_size)
         sigma_low, sigma_high = sigma_range(scheduler, min_boundary, max_boundary)
         # Inverse-CDF sampling restricted to [F(sigma_low), F(sigma_high)]: the distribution conditioned on the range.
         start, end = (self.cdf(torch.tensor([value], dtype=torch.float64), shift) for value in (sigma_low, sigma_high))
@@ -231,13 +236,14 @@ class TimestepSampling(Section):
         sigma = self.quantile(u, shift).clamp(sigma_low, sigma_high)
         return (sigma * scheduler.num_train_timesteps).to(torch.float32)
 
-    def shift(self, latent_shape: Sequence[int]) -> float:
-        """The static bend of the continuous rules: ``discrete_flow_shift``, ``exp(mu(tokens))``, or 1 (none)."""
+    def shift(self, latent_shape: Sequence[int], patch_size: int = 2) -> float:
+        """The static bend of the continuous rules: ``discrete_flow_shift``, ``exp(mu(tokens))``, or 1 (none); the
+        tokens are ``patch_size`` x ``patch_size`` patches of the latent grid."""
         if self.timestep_sampling == "shift":
             return self.parameter("discrete_flow_shift")
         if self.timestep_sampling in RESOLUTION_SHIFTS:
             tokens_1, mu_1, tokens_2, mu_2 = RESOLUTION_SHIFTS[self.timestep_sampling]
-            tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+            tokens = (latent_shape[-2] // patch_size) * (latent_shape[-1] // patch_size)
             return math.exp(mu_1 + (mu_2 - mu_1) / (tokens_2 - tokens_1) * (tokens - tokens_1))
         return 1.0
 

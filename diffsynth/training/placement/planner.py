@@ -27,7 +27,7 @@ from ...core.fp8 import enable_fp8_storage
 from ...core.gradient import gradient_checkpoint_forward
 from ...core.loader import ModelLoadError, load_skeleton, parse_model_configs, parse_model_id_with_origin_paths
 from ...core.loader.loading import resolve_dtype
-from ...core.offload_training import find_block_list
+from ...core.offload_training.block_swap import find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
 from ...core.planning.plans import (
     CHECKPOINTING,
@@ -52,8 +52,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TEXT_TOKENS = {"QwenImageTransformer2DModel": 256, "WanTransformer3DModel": 512}
-"""Prompt tokens per sample: Qwen-Image keeps a prompt's own tokens (256 is a long caption); Wan pads to 512."""
+TEXT_TOKENS = {"QwenImageTransformer2DModel": 256, "WanTransformer3DModel": 512, "ZImageTransformer2DModel": 256,
+               "Flux2Transformer2DModel": 512}
+"""Prompt tokens per sample: Qwen-Image and Z-Image keep a prompt's own tokens (256 is a long caption); Wan and
+FLUX.2 pad to 512."""
 
 ARCHITECTURES = {
     "qwen-image": ("QwenImageTransformer2DModel", dict(
@@ -67,6 +69,12 @@ ARCHITECTURES = {
         patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
         text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
+    # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer.
+    "z-image": ("ZImageTransformer2DModel", dict()),
+    "flux.2-klein-4b": ("Flux2Transformer2DModel", dict(
+        guidance_embeds=False, joint_attention_dim=7680, num_attention_heads=24, num_layers=5, num_single_layers=20)),
+    "flux.2-klein-9b": ("Flux2Transformer2DModel", dict(
+        guidance_embeds=False, joint_attention_dim=12288, num_attention_heads=32, num_layers=8, num_single_layers=24)),
 }
 """Denoisers of the released models (their diffusers configs), to plan without their files."""
 
@@ -122,8 +130,19 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
             inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype,
                                                                 device=meta)
         return inputs
-    raise ValueError(f"the memory planner has no inputs for {name}; it plans QwenImageTransformer2DModel and "
-                     "WanTransformer3DModel")
+    if name == "ZImageTransformer2DModel":  # one tensor per sample: (channels, frames, rows, cols) latents
+        latents = torch.empty(config.in_channels, 1, height // 8, width // 8, dtype=dtype, device=meta)
+        return dict(x=[latents] * batch, t=torch.empty(batch, device=meta),
+                    cap_feats=[torch.empty(text, config.cap_feat_dim, dtype=dtype, device=meta)] * batch,
+                    return_dict=False)
+    if name == "Flux2Transformer2DModel":
+        tokens = (height // 16) * (width // 16)
+        return dict(hidden_states=torch.empty(batch, tokens, config.in_channels, dtype=dtype, device=meta),
+                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
+                                                      device=meta),
+                    timestep=torch.empty(batch, device=meta), img_ids=torch.zeros(batch, tokens, 4, device=meta),
+                    txt_ids=torch.zeros(batch, text, 4, device=meta), return_dict=False)
+    raise ValueError(f"the memory planner has no inputs for {name}; it plans {', '.join(sorted(TEXT_TOKENS))}")
 
 
 def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence[int] = (),
@@ -159,9 +178,13 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
             model.disable_gradient_checkpointing()
 
     def step() -> torch.Tensor:
-        return model(**inputs)[0].float().square().mean()
+        prediction = model(**inputs)[0]
+        if isinstance(prediction, list):  # Z-Image predicts one tensor per sample
+            prediction = torch.stack(prediction)
+        return prediction.float().square().mean()
 
-    return Workload(model, find_block_list(model)[0], step, set_checkpointing, other_model_sizes, description,
+    # Every block list block swap would swap (FLUX: double then single blocks), as one sequence.
+    return Workload(model, find_block_sequence(model), step, set_checkpointing, other_model_sizes, description,
                     local_processes, run.placement.shared_host_weights == "auto")
 
 

@@ -22,7 +22,7 @@ from ...core.loader import (
     model_class_name,
     parse_model_id_with_origin_paths,
 )
-from ...core.offload_training.block_swap import find_block_list
+from ...core.offload_training.block_swap import find_block_sequence
 from ...diffusion.base_pipeline import BasePipeline
 from ..errors import FlagError
 from ..objective.training_module import resolve_lora_targets
@@ -73,17 +73,19 @@ def _fp8_problems(run: RunConfig, configs: Sequence[ModelConfig], slots: dict[st
 
 
 def _block_swap_problems(blocks_to_swap: int, denoisers: dict[str, torch.nn.Module]) -> list[str]:
+    """``--blocks_to_swap`` counts over the whole block sequence block swap manages (FLUX: its double blocks, then
+    its single ones), so it may not exceed that sequence's length."""
     problems = []
     for name, model in denoisers.items():
         try:
-            blocks, list_name = find_block_list(model)
+            blocks = find_block_sequence(model)
         except ValueError:
             problems.append(f"--blocks_to_swap {blocks_to_swap}: {name} ({type(model).__name__}) has no block list "
                             "to swap; drop --blocks_to_swap")
             continue
         if blocks_to_swap > len(blocks):
             problems.append(f"--blocks_to_swap {blocks_to_swap}, but {name} ({type(model).__name__}) has only "
-                            f"{len(blocks)} blocks in {list_name}; pass at most --blocks_to_swap {len(blocks)}")
+                            f"{len(blocks)} blocks in {blocks.label}; pass at most --blocks_to_swap {len(blocks)}")
     return problems
 
 

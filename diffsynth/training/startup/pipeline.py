@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 PIPELINE_OPTION_FLAGS = {"processor_config": "--processor_path", "zero_cond_t": "--zero_cond_t"}
 
 
+def tokenizer_config(value: str) -> ModelConfig:
+    """``--tokenizer_path``: a local folder, or a ``model_id:pattern`` entry resolved (and downloaded when missing) as
+    ``--model_id_with_origin_paths`` entries are, the way the reference's FLUX.2 scripts give it
+    (``black-forest-labs/FLUX.2-klein-4B:tokenizer/``)."""
+    if os.path.exists(value) or ":" not in value:
+        return ModelConfig(path=value)
+    return parse_model_id_with_origin_paths(value)[0]
+
+
 def pipeline_load_options(model: ModelSection, pipeline_class: type[BasePipeline]) -> dict[str, Any]:
     """The ``from_pretrained`` options the pipeline-specific flags ask for.
 
@@ -62,7 +71,7 @@ def load_pipeline(config: RunConfig, pipeline_class: type[BasePipeline], acceler
     if unmatched:
         raise FlagError([f"--offload_models entries {unmatched} are not among the models loaded; copy them exactly "
                          "from --model_id_with_origin_paths"])
-    tokenizer = ModelConfig(path=model.tokenizer_path) if model.tokenizer_path else None
+    tokenizer = tokenizer_config(model.tokenizer_path) if model.tokenizer_path else None
     with accelerator.local_main_process_first():
         for entry in [*configs, *([tokenizer] if tokenizer else [])]:
             resolve_files(entry)

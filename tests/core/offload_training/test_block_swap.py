@@ -10,12 +10,23 @@ import functools
 
 import pytest
 import torch
-from diffusers import QwenImageTransformer2DModel, WanTransformer3DModel
+from diffusers import (
+    Flux2Transformer2DModel,
+    FluxTransformer2DModel,
+    QwenImageTransformer2DModel,
+    WanTransformer3DModel,
+)
 from peft import LoraConfig, inject_adapter_in_model
 from torch import nn
 
-from diffsynth.core.offload_training import (BlockSwapConfig, ClassicBlockSwap, H2DOnlyBlockSwap, create_offloader,
-                                             streaming_block_indices)
+from diffsynth.core.offload_training import (
+    BlockSwapConfig,
+    ClassicBlockSwap,
+    H2DOnlyBlockSwap,
+    create_offloader,
+    streaming_block_indices,
+)
+from diffsynth.core.offload_training.block_swap import find_block_sequence, host_parameters
 
 from .test_diffusers_models import lora_train
 
@@ -44,16 +55,31 @@ def build_wan():
     return model, inputs
 
 
+def build_flux2():
+    """FLUX.2 [klein]: 2 double-stream blocks, then 3 single-stream ones (smaller: one fused projection each)."""
+    torch.manual_seed(0)
+    model = Flux2Transformer2DModel(in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=16,
+                                    num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 4, 4),
+                                    guidance_embeds=False)
+    inputs = dict(hidden_states=torch.randn(1, 16, 16), encoder_hidden_states=torch.randn(1, 7, 32),
+                  timestep=torch.tensor([0.5]), img_ids=torch.zeros(1, 16, 4), txt_ids=torch.zeros(1, 7, 4),
+                  return_dict=False)
+    return model, inputs
+
+
 BUILDERS = {"qwen-image": build_qwen_image, "wan": build_wan}
+MODELS = {**BUILDERS, "flux2": build_flux2}
+# FLUX.2's single blocks have no to_q / to_k: their LoRA goes on the fused projection, so both lists train.
+LORA_TARGETS = {"flux2": ["to_q", "to_k", "add_q_proj", "to_qkv_mlp_proj"]}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lora_model(name, checkpointing=True):
-    model, inputs = BUILDERS[name]()
+    model, inputs = MODELS[name]()
     model.requires_grad_(False)
-    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k"],
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=LORA_TARGETS.get(name, ["to_q", "to_k"]),
                                        init_lora_weights="gaussian"), model)
     if checkpointing:
         model.enable_gradient_checkpointing()
@@ -319,6 +345,80 @@ def test_modes_are_chosen_by_the_config():
     assert isinstance(create_offloader(model, BlockSwapConfig(1, h2d_only=True), "cpu"), H2DOnlyBlockSwap)
 
 
+# ---- several block lists: FLUX.2's double blocks, then its single blocks -------------------------------------------
+
+FLUX2_NAMES = [f"transformer_blocks.{i}" for i in range(2)] + [f"single_transformer_blocks.{i}" for i in range(3)]
+
+
+def test_flux_block_lists_are_one_sequence_in_execution_order():
+    model = build_flux2()[0]
+    flux2 = find_block_sequence(model)
+    assert list(flux2.names) == FLUX2_NAMES and flux2.label == "transformer_blocks + single_transformer_blocks"
+    assert list(flux2) == [*model.transformer_blocks, *model.single_transformer_blocks]
+    flux1 = FluxTransformer2DModel(num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                   joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))
+    assert list(find_block_sequence(flux1).names) == ["transformer_blocks.0", "single_transformer_blocks.0",
+                                                      "single_transformer_blocks.1"]
+    qwen = find_block_sequence(build_qwen_image()[0])
+    assert qwen.list_names == ("transformer_blocks",) and len(qwen) == NUM_LAYERS
+
+
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "plain"])
+def test_flux2_classic_swap_over_both_lists_matches_plain_training(checkpointing):
+    offloader = check_swap_training("flux2", BlockSwapConfig(blocks_to_swap=4), "cpu", checkpointing)
+    # The last 4 of the sequence: the second double block and every single block.
+    assert [offloader.blocks.names[i] for i in offloader.swapped] == FLUX2_NAMES[1:]
+    loaded, per_pass = replay(offloader.trace, 2 if checkpointing else 4, offloader.swapped)
+    assert not loaded
+    if checkpointing:
+        for loads in per_pass:
+            assert sorted(loads) == sorted(2 * [1, 2, 3, 4])
+        # Adjacent blocks of different sizes (double, single) are on the device at once at most.
+        assert offloader.peak_swapped_bytes <= 2 * max(offloader._nbytes.values())
+    assert offloader._nbytes[1] > offloader._nbytes[2]  # a double block outweighs a single one
+
+
+@pytest.mark.parametrize("ring", [1, 2])
+@pytest.mark.parametrize("streamed", [2, 3, 5])
+def test_flux2_h2d_streaming_over_both_lists_matches_plain_training(ring, streamed):
+    config = BlockSwapConfig(blocks_to_swap=streamed, h2d_only=True, ring_size=ring)
+    offloader = check_swap_training("flux2", config, "cpu")
+    indices = streaming_block_indices(5, streamed)
+    assert offloader.stream_indices == indices
+    names = [offloader.blocks.names[i] for i in indices]
+    assert any(n.startswith("transformer_blocks.") for n in names)
+    assert any(n.startswith("single_transformer_blocks.") for n in names)
+    check_h2d_schedule(offloader, indices, min(ring, streamed))
+    # Slots hold the largest streamed block; the smaller single blocks fill part of one.
+    sizes = [offloader.streamed[i].nbytes for i in indices]
+    assert len(set(sizes)) > 1 and offloader.ring[0].numel() == max(sizes)
+
+
+@pytest.mark.parametrize("config", [BlockSwapConfig(4), BlockSwapConfig(2, h2d_only=True)], ids=["classic", "h2d"])
+def test_flux2_host_parameters_are_the_swapped_blocks_of_both_lists(config):
+    model, _ = build_flux2()
+    model.requires_grad_(False)
+    selected = host_parameters(config)(model)
+    chosen = {name for name, _ in model.named_parameters() if selected(name)}
+    # What the policy itself keeps in host memory, named by where each tensor sits in the model.
+    offloader = create_offloader(model, config, "cpu")
+    kept = {slot.name for slot, _, _ in offloader._masters}
+    offloader.remove()
+    assert chosen == kept
+    lists = {".".join(name.split(".")[:2]) for name in chosen}
+    expected = FLUX2_NAMES[1:] if not config.h2d_only else ["transformer_blocks.1", "single_transformer_blocks.1"]
+    assert lists == set(expected)
+
+
+def test_flux2_more_blocks_than_both_lists_hold_is_refused():
+    model, _ = lora_model("flux2")
+    with pytest.raises(ValueError, match=r"blocks_to_swap=6 \(--blocks_to_swap\) but Flux2Transformer2DModel\."
+                                         r"transformer_blocks \+ single_transformer_blocks has only 5 blocks; use at "
+                                         r"most 5"):
+        create_offloader(model, BlockSwapConfig(6), "cpu")
+    assert create_offloader(model, BlockSwapConfig(5), "cpu").num_blocks == 5
+
+
 # ---- the same on CUDA ------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -329,7 +429,7 @@ def test_modes_are_chosen_by_the_config():
     BlockSwapConfig(2, use_pinned_memory=True),
     BlockSwapConfig(2),
 ], ids=["h2d-direct-ring1", "h2d-direct-ring2", "h2d-staged", "classic-direct", "classic-staged"])
-@pytest.mark.parametrize("name", BUILDERS)
+@pytest.mark.parametrize("name", MODELS)  # FLUX.2: the H2D configs stream double and single blocks
 def test_lora_training_on_cuda_matches_plain_cuda_training(name, config):
     offloader = check_swap_training(name, config, "cuda")
     assert offloader.engine_name == ("direct" if config.use_pinned_memory else "staged")

@@ -4,7 +4,12 @@ import copy
 
 import pytest
 import torch
-from diffusers import QwenImageTransformer2DModel, WanTransformer3DModel
+from diffusers import (
+    Flux2Transformer2DModel,
+    QwenImageTransformer2DModel,
+    WanTransformer3DModel,
+    ZImageTransformer2DModel,
+)
 from peft import LoraConfig
 
 from diffsynth.core import OffloadTrainingManager
@@ -33,6 +38,37 @@ def tiny_wan():
     return model, targets, inputs
 
 
+def tiny_flux2():
+    """FLUX.2's double blocks feed their LoRA'd projections views that need a gradient only through the LoRA: a
+    checkpoint recompute must route them through the same ops as the forward, or matmul saves other tensors."""
+    torch.manual_seed(0)
+    model = Flux2Transformer2DModel(in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                                    num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 4, 4),
+                                    guidance_embeds=False)
+    targets = ["to_q", "to_k", "add_q_proj", "to_out.0", "to_add_out", "linear_in", "to_qkv_mlp_proj"]
+    inputs = dict(hidden_states=torch.randn(1, 16, 16), encoder_hidden_states=torch.randn(1, 7, 32),
+                  timestep=torch.tensor([0.5]), img_ids=torch.zeros(1, 16, 4), txt_ids=torch.zeros(1, 7, 4),
+                  return_dict=False)
+    return model, targets, inputs
+
+
+class _StackedZImage(ZImageTransformer2DModel):
+    """Z-Image predicts one tensor per sample; stacked so the parity loss reads it like the others."""
+
+    def forward(self, **inputs):
+        return (torch.stack(super().forward(**inputs)[0]),)
+
+
+def tiny_z_image():
+    torch.manual_seed(0)
+    model = _StackedZImage(in_channels=16, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                           cap_feat_dim=24, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32])
+    targets = ["to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3"]
+    inputs = dict(x=[torch.randn(16, 1, 8, 8)], t=torch.tensor([0.5]), cap_feats=[torch.randn(7, 24)],
+                  return_dict=False)
+    return model, targets, inputs
+
+
 def lora_train(model, inputs, steps=2, manager=None):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     losses = []
@@ -49,9 +85,11 @@ def lora_train(model, inputs, steps=2, manager=None):
     return torch.stack(losses)
 
 
-@pytest.mark.parametrize("build", [tiny_qwen_image, tiny_wan], ids=["qwen-image", "wan"])
+@pytest.mark.parametrize("build", [tiny_qwen_image, tiny_wan, tiny_flux2, tiny_z_image],
+                         ids=["qwen-image", "wan", "flux2", "z-image"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
-@pytest.mark.parametrize("options", [{}, dict(enable_optimizer_cpu_offload=True), dict(cpu_offload_split_threshold=0.05)],
+@pytest.mark.parametrize("options", [{}, dict(enable_optimizer_cpu_offload=True),
+                                     dict(cpu_offload_split_threshold=0.05)],
                          ids=["frozen-offload", "optimizer-offload", "threshold"])
 def test_lora_training_matches_plain_training(build, checkpointing, options):
     base, targets, inputs = build()

@@ -84,6 +84,14 @@ def test_the_resolution_shift_follows_the_token_count():
     assert ks_distance(draws(sampling, scheduler, latents=large), lambda x: phi(logit(unshift(x, shift)))) < KS_LIMIT
 
 
+def test_patchified_latents_count_one_token_per_cell():
+    """FLUX.2's state holds 2x2-patchified latents: a 64 x 64 grid is 4096 tokens, not 1024."""
+    sampling = TimestepSampling("flux_shift")
+    shape = (1, 128, 64, 64)
+    assert sampling.shift(shape, patch_size=1) == pytest.approx(math.exp(1.15))  # the line's 4096-token end
+    assert sampling.shift(shape) == pytest.approx(math.exp(0.5 + 0.65 / 3840 * (1024 - 256)))
+
+
 def grid_cdf(scheduler, low, high, index_cdf):
     """The CDF in sigma of a draw whose grid index has CDF ``index_cdf`` (the grid falls as the index grows)."""
     sigmas = (scheduler.training_timesteps.double() / scheduler.num_train_timesteps).tolist()

@@ -96,8 +96,12 @@ def test_the_released_architectures_have_their_published_sizes():
     import torch
 
     sizes = {name: sum(p.numel() for p in build_architecture(name, torch.bfloat16).parameters()) / 1e9
-             for name in ("qwen-image", "wan2.1-t2v-14b", "wan2.1-t2v-1.3b")}
+             for name in ("qwen-image", "wan2.1-t2v-14b", "wan2.1-t2v-1.3b", "z-image", "flux.2-klein-4b",
+                          "flux.2-klein-9b")}
     assert sizes["qwen-image"] == pytest.approx(20.4, abs=0.1)
+    assert sizes["z-image"] == pytest.approx(6.15, abs=0.05)
+    assert sizes["flux.2-klein-4b"] == pytest.approx(3.9, abs=0.1)
+    assert sizes["flux.2-klein-9b"] == pytest.approx(9.1, abs=0.1)
     assert sizes["wan2.1-t2v-14b"] == pytest.approx(14.3, abs=0.1)
     assert sizes["wan2.1-t2v-1.3b"] == pytest.approx(1.4, abs=0.1)
 
@@ -118,6 +122,25 @@ def test_plan_cli_for_wan_video_and_a_budget_nothing_fits(base, capsys):
     assert plan_main(wan) == 0
     assert plan_main(wan + ["--vram_budget", "0.000001"]) == 1
     assert "no placement fits" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a dry run of a 6B / 9B denoiser's every placement
+@pytest.mark.parametrize("pipeline, architecture, flags", [
+    ("z-image", "z-image", ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3"]),
+    ("flux2-klein", "flux.2-klein-9b", ["--trainable_models", "dit"]),
+])
+def test_plan_cli_plans_the_released_z_image_and_flux2_denoisers(capsys, pipeline, architecture, flags):
+    assert plan_main(["--pipeline", pipeline, "--architecture", architecture, *flags, "--height", "256", "--width",
+                      "256", "--use_gradient_checkpointing", "--device_profile", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{architecture} at 256x256x1") and "chosen: " in out
+
+
+def test_plan_cli_refuses_an_architecture_of_another_family(capsys):
+    with pytest.raises(SystemExit):
+        plan_main(["--pipeline", "qwen-image", "--architecture", "flux.2-klein-4b", "--trainable_models", "dit",
+                   "--device_profile", "h100-80gb"])
+    assert "--architecture flux.2-klein-4b is not a qwen-image model" in capsys.readouterr().err
 
 
 def test_plan_cli_refuses_bad_flags_by_name(capsys):

@@ -1,0 +1,314 @@
+"""Z-Image and Z-Image-Turbo text-to-image as declared units over the diffusers / transformers models.
+
+Models, by pipeline name: ``dit`` (``ZImageTransformer2DModel``), ``vae`` (``AutoencoderKL``, 16 latent channels),
+``text_encoder`` (``Qwen3Model``) and ``tokenizer``. The computation follows diffusers' ``ZImagePipeline`` step for
+step: the prompt goes through Qwen3's chat template (with ``enable_thinking``) and the encoder's second-to-last hidden
+states of its real tokens are the caption; the transformer takes lists of per-sample latents and captions and the
+timestep ``(1000 - t) / 1000``, and its output is the negated velocity; latents are normalised with the VAE's
+``scaling_factor`` and ``shift_factor``; the schedule is flow-match Euler on ``linspace(1, 1/N, N)`` with the static
+shift of the release's ``scheduler/scheduler_config.json`` (3 when that file is not on disk, the reference's value).
+
+CFG: ``cfg_scale`` follows the reference trainer (``negative + cfg_scale * (positive - negative)``, 1 is off), which is
+diffusers' ``guidance_scale + 1``; ``cfg_normalization`` and ``cfg_truncation`` are diffusers' options of the same
+names. Training draws timesteps from the reference's grid (shift 3) whatever the release's inference shift.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..core.data.cells import real
+from ..core.files import atomic_write
+from ..core.loader import ModelConfig, SharedLoad, resolve_files
+from ..diffusion.base_pipeline import PipelineUnit
+from ..diffusion.flow_match import PRESETS, FlowMatchScheduler
+from .common import (
+    ImageNoiseUnit,
+    LatentsUnit,
+    ShapeCheckUnit,
+    TextToLatentPipeline,
+    image_to_tensor,
+    round_size,
+    tensor_to_images,
+)
+
+__all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
+
+logger = logging.getLogger(__name__)
+
+VAE_SCALE = 8
+DEFAULT_SIZE = 1024
+TOKENIZER_MAX_LENGTH = 512
+# diffusers reads the caption from the encoder's second-to-last hidden states.
+CAPTION_HIDDEN_LAYER = -2
+
+MODEL_ROLES = {
+    "ZImageTransformer2DModel": "dit",
+    "AutoencoderKL": "vae",
+    "Qwen3Model": "text_encoder",
+    "Qwen3ForCausalLM": "text_encoder",
+}
+
+
+class ZImageScheduler(FlowMatchScheduler):
+    """Flow-match Euler whose inference schedule uses a release's static shift while training draws from the
+    reference trainer's grid (``PRESETS["z_image"]``, shift 3), so one run trains alike on Z-Image and Turbo.
+
+    Args:
+        inference_shift: The static shift of the sampling schedule (the release's ``scheduler_config.json``).
+    """
+
+    def __init__(self, inference_shift: float = PRESETS["z_image"]["shift"]) -> None:
+        super().__init__(**PRESETS["z_image"])
+        if inference_shift <= 0:
+            raise ValueError(f"inference_shift={inference_shift} must be positive; use 3.0 (Z-Image-Turbo)")
+        # The training grid was bent at construction; the shift read from here on is the sampling schedule's.
+        self.shift = float(inference_shift)
+
+
+def release_shift(dit_config: ModelConfig | None) -> float | None:
+    """The ``shift`` of ``scheduler/scheduler_config.json`` beside the transformer's folder, when that file is on
+    disk (nothing is downloaded); None otherwise."""
+    if dit_config is None:
+        return None
+    try:
+        files = resolve_files(ModelConfig(path=dit_config.path, model_id=dit_config.model_id,
+                                          origin_file_pattern=dit_config.origin_file_pattern, skip_download=True))
+    except FileNotFoundError:
+        return None
+    first = files[0] if files else None
+    if first is None:
+        return None
+    path = (first if first.is_dir() else first.parent).parent / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    if config.get("use_dynamic_shifting"):
+        logger.warning("%s asks for dynamic shifting, which Z-Image releases do not use; using its static shift", path)
+    return float(config.get("shift", PRESETS["z_image"]["shift"]))
+
+
+
+class InputImageEmbedderUnit(PipelineUnit):
+    """Encodes ``input_image`` with the VAE into normalised latents (training targets, image-to-image start).
+
+    The image is resized to ``height x width`` if it differs; the distribution's mode is used, so a cached latent
+    equals the one a single-stage run computes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
+                         onload_model_names=("vae",))
+
+    def process(self, pipe: ZImagePipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
+        if input_image is None:
+            return {}
+        if input_image.size != (width, height):
+            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
+        pixels = image_to_tensor(input_image).to(pipe.device, pipe.vae.dtype)
+        latents = pipe.vae.encode(pixels).latent_dist.mode()
+        return {"input_latents": pipe.normalise_latents(latents).to(pipe.torch_dtype)}
+
+
+class PromptEmbedderUnit(PipelineUnit):
+    """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3 through its chat template.
+
+    Outputs the second-to-last hidden states of the first ``max_sequence_length`` tokens and a mask that is ``None``
+    (one prompt has no padding; batches pad through ``padded_inputs``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
+                         output_params=("prompt_emb", "prompt_emb_mask"), onload_model_names=("text_encoder",))
+
+    def process(self, pipe: ZImagePipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+        if pipe.text_encoder is None or pipe.tokenizer is None:
+            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
+                             "'Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors' to the model configs")
+        text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": prompt or ""}], tokenize=False,
+                                                  add_generation_prompt=True, enable_thinking=True)
+        # Without padding: the encoder is causal, so padding to max_length (as diffusers does) changes no real token.
+        tokens = pipe.tokenizer([text], max_length=max_sequence_length or TOKENIZER_MAX_LENGTH, truncation=True,
+                                return_tensors="pt").to(pipe.device)
+        hidden = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask.bool(),
+                                   output_hidden_states=True).hidden_states[CAPTION_HIDDEN_LAYER]
+        return {"prompt_emb": hidden.to(pipe.torch_dtype), "prompt_emb_mask": None}
+
+
+class ZImagePipeline(TextToLatentPipeline):
+    """Z-Image / Z-Image-Turbo generation and the computation its training shares.
+
+    Build it with ``from_pretrained``; call it with a prompt to get an image. ``model_fn`` is also what training
+    calls, on the state the units produce.
+    """
+
+    denoising_model_names = ("dit",)
+    model_roles = MODEL_ROLES
+    default_tokenizer_config = ModelConfig(model_id="Tongyi-MAI/Z-Image-Turbo", origin_file_pattern="tokenizer/")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask")
+    #: Dataset columns a training sample needs; ``image`` is a file column.
+    training_columns = ("image", "prompt")
+    #: A batch pads prompt embeddings to its longest prompt; ``model_fn`` cuts each back to its real tokens.
+    padded_inputs = {"prompt_emb": "prompt_emb_mask"}
+    scheduler_preset = "z_image"
+    input_types = {**TextToLatentPipeline.input_types, "cfg_normalization": real, "cfg_truncation": real}
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
+                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
+        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
+                         manage_model_devices=manage_model_devices)
+        self.scheduler = ZImageScheduler()
+        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
+
+    @classmethod
+    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
+                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None) -> ZImagePipeline:
+        """Loads the models as ``BasePipeline.from_pretrained`` does; the sampling schedule takes the shift of the
+        transformer's release (``scheduler/scheduler_config.json`` beside ``transformer/``, when on disk)."""
+        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
+                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
+                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
+        shift = release_shift(pipe.model_configs.get("dit"))
+        if shift is not None:
+            pipe.scheduler = ZImageScheduler(inference_shift=shift)
+        return pipe
+
+    def normalise_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE latents to the transformer's scale: ``(latents - shift_factor) * scaling_factor``."""
+        return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+
+    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
+        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).
+
+        Training runs without CFG and at the image's own size (the dataset already cropped it to a multiple of 16).
+        """
+        image = sample["image"]
+        if isinstance(image, list):
+            image = image[0]
+        inputs_shared = {
+            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
+            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": TOKENIZER_MAX_LENGTH,
+            **{name: sample[name] for name in extra_inputs},
+        }  # fmt: skip
+        return inputs_shared, {"prompt": sample["prompt"]}, {}
+
+    def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
+                 prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+        """The velocity ``noise - x0`` for ``(B, 16, h, w)`` ``latents`` at ``timestep`` (scale 0 to 1000).
+
+        The transformer reads one latent ``(16, 1, h, w)`` and one caption of its real tokens per sample and the
+        timestep as ``(1000 - t) / 1000``; it predicts the negated velocity. Extra state keys are ignored.
+        """
+        batch = latents.shape[0]
+        timestep = torch.as_tensor(timestep, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)
+        if prompt_emb_mask is None:
+            captions = list(prompt_emb.expand(batch, -1, -1).unbind(0))
+        else:
+            captions = [emb[mask.bool()] for emb, mask in zip(prompt_emb, prompt_emb_mask)]
+        frames = list(latents.unsqueeze(2).unbind(0))
+        prediction = self.dit(frames, (1000 - timestep) / 1000, captions, return_dict=False)[0]
+        return -torch.stack(prediction).squeeze(2)
+
+    def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                      timestep: Any) -> torch.Tensor:
+        """The prediction with diffusers' CFG options: none when ``cfg_scale`` is 1 or the step's progress
+        ``(1000 - t) / 1000`` exceeds ``cfg_truncation``; the guided result's norm capped at ``cfg_normalization``
+        times the positive one's when that is positive."""
+        cfg_scale = inputs_shared.get("cfg_scale", 1)
+        truncation = inputs_shared.get("cfg_truncation")
+        unguided = {**inputs_shared, "cfg_scale": 1}
+        positive = super().predict_noise(unguided, inputs_posi, inputs_nega, timestep)
+        if cfg_scale == 1 or (truncation is not None and truncation <= 1 and (1000 - float(timestep)) / 1000
+                              > truncation):
+            return positive
+        # The base class merges its second argument as the branch, so this is the negative pass.
+        negative = super().predict_noise(unguided, inputs_nega, inputs_posi, timestep)
+        guided = self.guide(positive, negative, cfg_scale)
+        normalization = float(inputs_shared.get("cfg_normalization") or 0)
+        if normalization > 0:
+            dims = tuple(range(1, guided.dim()))
+            limit = torch.linalg.vector_norm(positive.float(), dim=dims, keepdim=True) * normalization
+            norm = torch.linalg.vector_norm(guided.float(), dim=dims, keepdim=True)
+            guided = torch.where(norm > limit, guided * (limit / norm), guided.float()).to(guided.dtype)
+        return guided
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
+        """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``."""
+        self.load_models_to_device(["vae"])
+        latents = inputs_shared["latents"].to(self.vae.dtype)
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        images = self.vae.decode(latents, return_dict=False)[0]
+        return (images / 2 + 0.5).clamp(0, 1)
+
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """Z-Image renders from a prompt; edit images are Z-Image-Omni-Base's, which this package does not run."""
+        problems = []
+        if "edit_image" in inputs:
+            problems.append('"edit_image" is for Z-Image-Omni-Base, which diffsynth does not support; drop it')
+        if "input_image" in inputs:
+            problems.append('"input_image" is for Wan image-to-video; Z-Image renders from the prompt alone')
+        return problems
+
+    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
+        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
+        path = stem.with_suffix(".png")
+        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
+
+    @torch.no_grad()
+    def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,
+                 cfg_normalization: float = 0.0, cfg_truncation: float = 1.0, input_image: Image.Image | None = None,
+                 denoising_strength: float = 1.0, height: int | None = None, width: int | None = None,
+                 seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 8,
+                 max_sequence_length: int = TOKENIZER_MAX_LENGTH, output_type: str = "pil",
+                 progress_bar: bool = True) -> Image.Image | torch.Tensor:
+        """Generates one image.
+
+        Args:
+            prompt: What to draw.
+            negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
+            cfg_scale: CFG scale, ``negative + cfg_scale * (positive - negative)``: diffusers' ``guidance_scale`` + 1.
+                1 (Z-Image-Turbo's setting) turns CFG off and halves the work per step; Z-Image takes about 4 to 6.
+            cfg_normalization: Caps the guided prediction's norm at this multiple of the positive one's; 0 is off
+                (diffusers' ``cfg_normalization``, where True means 1).
+            cfg_truncation: CFG only while the step's progress ``(1000 - t) / 1000`` is at most this; 1 keeps it on
+                every step (diffusers' ``cfg_truncation``).
+            input_image: Start from this image instead of pure noise (image-to-image).
+            denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
+            height: Output height in pixels, rounded to a multiple of 16; default 1024.
+            width: Output width in pixels, rounded to a multiple of 16; default 1024.
+            seed: Noise seed; ``None`` draws from torch's global generator.
+            rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
+            num_inference_steps: Denoising steps (Turbo: 8; Z-Image: 28 to 50).
+            max_sequence_length: Prompt tokens kept, template included (at most 512).
+            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
+            progress_bar: Show a progress bar over the steps.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
+        if output_type not in ("pil", "pt"):
+            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
+        if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
+            raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        if cfg_normalization < 0:
+            raise ValueError(f"cfg_normalization={cfg_normalization} must be 0 (off) or positive, e.g. 1.0")
+        height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
+        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
+        inputs_shared = {
+            "cfg_scale": cfg_scale, "cfg_normalization": cfg_normalization, "cfg_truncation": cfg_truncation,
+            "input_image": input_image, "denoising_strength": denoising_strength, "height": height, "width": width,
+            "seed": seed, "rand_device": rand_device, "max_sequence_length": max_sequence_length,
+        }  # fmt: skip
+        images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
+                              progress_bar=progress_bar)
+        return images if output_type == "pt" else tensor_to_images(images)[0]

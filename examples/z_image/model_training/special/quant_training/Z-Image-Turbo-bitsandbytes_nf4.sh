@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# LoRA on Z-Image-Turbo with the transformer's and the text encoder's frozen weights in 4-bit NF4: the
+# reference's command. Run from the repository root; needs bitsandbytes (pip install -c constraints.txt
+# bitsandbytes).
+#
+# --quant_options quantizes every Linear weight of both models to 4 bits (about a quarter of bf16's memory);
+# the timestep embedder keeps its dtype. The LoRA trains in float32 on top; use it on the full-precision model.
+#
+# The dataset is a folder of images plus metadata.csv (columns image,prompt). To try the command on a small
+# procedurally drawn one:  python -m diffsynth.core.data.example_dataset --output data/example_image_dataset
+# The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing; the
+# reference loads Z-Image-Turbo's text encoder and VAE (the same files as Z-Image's) beside either transformer.
+set -e
+
+accelerate launch examples/z_image/model_training/train.py \
+  --dataset_base_path data/example_image_dataset \
+  --dataset_metadata_path data/example_image_dataset/metadata.csv \
+  --max_pixels 1048576 \
+  --dataset_repeat 50 \
+  --model_id_with_origin_paths "Tongyi-MAI/Z-Image-Turbo:transformer/*.safetensors,Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors,Tongyi-MAI/Z-Image-Turbo:vae/diffusion_pytorch_model.safetensors" \
+  --quant_options "Tongyi-MAI/Z-Image-Turbo:transformer/*.safetensors:bitsandbytes_nf4;Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors:bitsandbytes_nf4" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/Z-Image-Turbo_quant_lora" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_q,to_k,to_v,to_out.0,w1,w2,w3" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --dataset_num_workers 8

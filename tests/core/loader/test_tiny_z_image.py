@@ -1,0 +1,89 @@
+"""The tiny Z-Image repos: the released layout, one shared text encoder and VAE, deterministic, and rendered by
+diffusers' own ``ZImagePipeline``."""
+
+import json
+
+import pytest
+import torch
+
+from diffsynth.core.loader.tiny_models import BUILDERS
+from diffsynth.core.loader.tiny_z_image import (
+    Z_IMAGE_BUILDERS,
+    Z_IMAGE_MODEL_ID,
+    Z_IMAGE_SCHEDULER_CONFIGS,
+    Z_IMAGE_TURBO_MODEL_ID,
+    build_tiny_z_image,
+)
+
+RELEASES = (Z_IMAGE_MODEL_ID, Z_IMAGE_TURBO_MODEL_ID)
+
+
+def test_the_builders_are_registered():
+    assert all(BUILDERS[name] is builder for name, builder in Z_IMAGE_BUILDERS.items())
+
+
+@pytest.mark.parametrize("model_id", RELEASES)
+def test_repo_has_the_released_layout(tiny_root, model_id):
+    repo = tiny_root / model_id
+    transformer = sorted(p.name for p in (repo / "transformer").glob("*.safetensors"))
+    assert len(transformer) >= 2 and all(n.startswith("diffusion_pytorch_model-0000") for n in transformer)
+    index = json.loads((repo / "transformer" / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == transformer
+    assert len(list((repo / "text_encoder").glob("model-0000*-of-0000*.safetensors"))) >= 2
+    assert [p.name for p in (repo / "vae").glob("*.safetensors")] == ["diffusion_pytorch_model.safetensors"]
+    assert (repo / "tokenizer" / "chat_template.jinja").is_file()
+    scheduler = json.loads((repo / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler == Z_IMAGE_SCHEDULER_CONFIGS[model_id] and scheduler["use_dynamic_shifting"] is False
+    model_index = json.loads((repo / "model_index.json").read_text())
+    assert model_index["_class_name"] == "ZImagePipeline"
+    assert model_index["transformer"] == ["diffusers", "ZImageTransformer2DModel"]
+    assert model_index["text_encoder"] == ["transformers", "Qwen3Model"]
+    assert model_index["vae"] == ["diffusers", "AutoencoderKL"]
+
+
+def test_both_releases_share_text_encoder_and_vae_but_not_the_transformer(tiny_root):
+    base, turbo = (tiny_root / model_id for model_id in RELEASES)
+    for shared in ("vae/diffusion_pytorch_model.safetensors", "text_encoder/model-00001-of-00002.safetensors",
+                   "tokenizer/tokenizer.json"):
+        assert (base / shared).read_bytes() == (turbo / shared).read_bytes()
+    name = "transformer/diffusion_pytorch_model-00001-of-00005.safetensors"
+    assert (base / name).read_bytes() != (turbo / name).read_bytes()
+
+
+def test_builds_are_deterministic_for_a_seed(tiny_root, tmp_path):
+    again = build_tiny_z_image(tmp_path / "again", Z_IMAGE_TURBO_MODEL_ID, seed=0)
+    for file in sorted((tiny_root / Z_IMAGE_TURBO_MODEL_ID).rglob("*")):
+        if file.is_file():
+            assert file.read_bytes() == (again / file.relative_to(tiny_root / Z_IMAGE_TURBO_MODEL_ID)).read_bytes()
+    other = build_tiny_z_image(tmp_path / "other", Z_IMAGE_TURBO_MODEL_ID, seed=1)
+    name = "vae/diffusion_pytorch_model.safetensors"
+    assert (other / name).read_bytes() != (again / name).read_bytes()
+
+
+def test_an_unknown_release_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="Tongyi-MAI/Z-Image-Omni-Base.*is not a Z-Image release"):
+        build_tiny_z_image(tmp_path, "Tongyi-MAI/Z-Image-Omni-Base")
+
+
+def test_the_chat_template_is_qwen3s_with_thinking_enabled(tiny_root):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_root / Z_IMAGE_TURBO_MODEL_ID / "tokenizer"))
+    messages = [{"role": "user", "content": "a cat"}]
+    thinking = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=True)
+    assert thinking == "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n"
+    plain = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert plain.endswith("<think>\n\n</think>\n\n") and tokenizer.pad_token == "<|endoftext|>"
+
+
+@pytest.mark.parametrize("model_id", RELEASES)
+def test_diffusers_z_image_pipeline_renders_the_repo(tiny_root, model_id):
+    from diffusers import ZImagePipeline
+
+    pipe = ZImagePipeline.from_pretrained(str(tiny_root / model_id), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(prompt="a red cat", height=32, width=48, num_inference_steps=2, output_type="pt")
+    image = pipe(**kwargs, guidance_scale=0.0, generator=torch.Generator().manual_seed(0)).images
+    assert image.shape == (1, 3, 32, 48) and image.std() > 0
+    assert pipe.scheduler.config.shift == Z_IMAGE_SCHEDULER_CONFIGS[model_id]["shift"]

@@ -1,0 +1,168 @@
+"""Z-Image and Z-Image-Turbo: output parity with diffusers' own pipeline on the tiny repos (both releases' schedules,
+CFG with its normalisation and truncation options), the schedule, the model function, bad input."""
+
+import pytest
+import torch
+
+from diffsynth.core.loader.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.pipelines.z_image import ModelConfig, ZImagePipeline, ZImageScheduler
+
+PROMPT, NEGATIVE = "a red cube on a blue table", "blurry, low quality"
+SIZE = dict(height=48, width=80)
+
+
+def configs(model_id, *names):
+    return [ModelConfig(model_id=model_id, origin_file_pattern=Z_IMAGE_PATTERNS[n]) for n in names]
+
+
+@pytest.fixture(scope="module")
+def pipes(tiny_root):
+    from diffusers import ZImagePipeline as DiffusersZImagePipeline
+
+    loaded = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        for model_id in (Z_IMAGE_MODEL_ID, Z_IMAGE_TURBO_MODEL_ID):
+            ours = ZImagePipeline.from_pretrained(torch.float32, "cpu", configs(model_id, "dit", "text_encoder", "vae"))
+            theirs = DiffusersZImagePipeline.from_pretrained(str(tiny_root / model_id), dtype=torch.float32)
+            theirs.set_progress_bar_config(disable=True)
+            loaded[model_id] = ours, theirs
+    return loaded
+
+
+def render_ours(pipe, seed=7, **kwargs):
+    return pipe(PROMPT, negative_prompt=NEGATIVE, seed=seed, output_type="pt", progress_bar=False, **SIZE, **kwargs)
+
+
+def render_theirs(pipe, seed=7, **kwargs):
+    return pipe(PROMPT, negative_prompt=NEGATIVE, generator=torch.Generator().manual_seed(seed), output_type="pt",
+                **SIZE, **kwargs).images
+
+
+# (release, steps, diffusers' guidance_scale, cfg_normalization, cfg_truncation): Turbo's few steps without
+# guidance, the base model's CFG, and CFG with each of diffusers' options (shift 6 keeps the progress
+# (1000 - t) / 1000 of 4 steps below 0.15, so truncation at 0.05 drops CFG from the second step on).
+CASES = [
+    (Z_IMAGE_TURBO_MODEL_ID, 3, 0.0, False, 1.0),
+    (Z_IMAGE_MODEL_ID, 4, 0.0, False, 1.0),
+    (Z_IMAGE_MODEL_ID, 4, 3.0, False, 1.0),
+    (Z_IMAGE_MODEL_ID, 4, 3.0, True, 1.0),
+    (Z_IMAGE_MODEL_ID, 4, 3.0, False, 0.05),
+    (Z_IMAGE_TURBO_MODEL_ID, 3, 2.0, False, 1.0),
+]
+
+
+@pytest.mark.parametrize(("model_id", "steps", "guidance", "normalization", "truncation"), CASES)
+def test_matches_diffusers_pipeline(pipes, model_id, steps, guidance, normalization, truncation):
+    ours, theirs = pipes[model_id]
+    image = render_ours(ours, cfg_scale=guidance + 1, cfg_normalization=float(normalization),
+                        cfg_truncation=truncation, num_inference_steps=steps)
+    reference = render_theirs(theirs, guidance_scale=guidance, cfg_normalization=normalization,
+                              cfg_truncation=truncation, num_inference_steps=steps)
+    assert image.shape == reference.shape == (1, 3, 48, 80)
+    assert (image - reference).abs().max() < 1e-4
+    # The check has teeth: another seed moves the image far beyond the tolerance.
+    other = render_ours(ours, seed=8, cfg_scale=guidance + 1, cfg_normalization=float(normalization),
+                        cfg_truncation=truncation, num_inference_steps=steps)
+    assert (other - reference).abs().max() > 1e-2
+
+
+def test_each_cfg_option_changes_the_output(pipes):
+    ours, _ = pipes[Z_IMAGE_MODEL_ID]
+    plain = render_ours(ours, num_inference_steps=3)
+    guided = render_ours(ours, cfg_scale=4.0, num_inference_steps=3)
+    normalised = render_ours(ours, cfg_scale=4.0, cfg_normalization=1.0, num_inference_steps=3)
+    truncated = render_ours(ours, cfg_scale=4.0, cfg_truncation=0.05, num_inference_steps=3)
+    for first, second in ((plain, guided), (guided, normalised), (guided, truncated)):
+        assert (first - second).abs().max() > 1e-3
+
+
+def test_the_schedule_takes_each_releases_shift(pipes):
+    for model_id, shift in ((Z_IMAGE_MODEL_ID, 6.0), (Z_IMAGE_TURBO_MODEL_ID, 3.0)):
+        ours, theirs = pipes[model_id]
+        assert ours.scheduler.shift == shift == theirs.scheduler.config.shift
+        ours.scheduler.set_timesteps(4)
+        assert torch.allclose(ours.scheduler.sigmas[0], torch.tensor(1.0))
+        expected = shift * 0.75 / (1 + (shift - 1) * 0.75)
+        assert abs(float(ours.scheduler.sigmas[1]) - expected) < 1e-6
+    # Training draws from the reference's grid (shift 3) whatever the release samples with.
+    assert torch.equal(pipes[Z_IMAGE_MODEL_ID][0].scheduler.training_timesteps,
+                       pipes[Z_IMAGE_TURBO_MODEL_ID][0].scheduler.training_timesteps)
+
+
+def test_without_the_scheduler_config_the_reference_shift_is_used(tiny_root, tmp_path, monkeypatch):
+    import shutil
+
+    copy = tmp_path / Z_IMAGE_MODEL_ID
+    shutil.copytree(tiny_root / Z_IMAGE_MODEL_ID / "transformer", copy / "transformer")
+    (copy / ".diffsynth_tiny_model").write_text("")
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tmp_path))
+    pipe = ZImagePipeline.from_pretrained(torch.float32, "cpu", configs(Z_IMAGE_MODEL_ID, "dit"))
+    assert pipe.scheduler.shift == 3.0 and pipe.text_encoder is None
+
+
+def test_model_fn_cuts_each_padded_caption_to_its_real_tokens(pipes):
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    torch.manual_seed(0)
+    latents, short, long = torch.randn(2, 16, 4, 6), torch.randn(1, 5, 32), torch.randn(1, 9, 32)
+    padded = torch.cat([torch.cat([short, short.new_zeros(1, 4, 32)], dim=1), long])
+    mask = torch.tensor([[1] * 5 + [0] * 4, [1] * 9])
+    batched = ours.model_fn(latents, torch.tensor([500.0, 500.0]), padded, mask)
+    alone = [ours.model_fn(latents[i:i + 1], 500.0, emb) for i, emb in enumerate((short, long))]
+    assert batched.shape == latents.shape
+    assert torch.allclose(batched, torch.cat(alone), atol=1e-5)
+
+
+def test_bad_input_is_named(pipes):
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    with pytest.raises(TypeError, match="prompt must be one string"):
+        ours(["a", "b"])
+    with pytest.raises(ValueError, match="output_type='np'"):
+        ours(PROMPT, output_type="np")
+    with pytest.raises(ValueError, match=r"max_sequence_length=600 must lie in \[1, 512\]"):
+        ours(PROMPT, max_sequence_length=600)
+    with pytest.raises(ValueError, match="cfg_normalization=-1 must be 0"):
+        ours(PROMPT, cfg_normalization=-1)
+    with pytest.raises(ValueError, match="height=-16 must be a positive number"):
+        ours(PROMPT, height=-16, num_inference_steps=1, progress_bar=False)
+    with pytest.raises(ValueError, match="inference_shift=0 must be positive"):
+        ZImageScheduler(inference_shift=0)
+
+
+def test_a_prompt_needs_the_text_encoder(tiny_root, monkeypatch):
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+    pipe = ZImagePipeline.from_pretrained(torch.float32, "cpu", configs(Z_IMAGE_TURBO_MODEL_ID, "dit", "vae"))
+    with pytest.raises(ValueError, match="text_encoder/\\*.safetensors"):
+        pipe(PROMPT, height=32, width=32, num_inference_steps=1, progress_bar=False)
+
+
+def test_sample_inputs_other_than_the_prompt_are_refused(pipes):
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    assert ours.sample_input_problems(set()) == []
+    assert "Z-Image-Omni-Base" in ours.sample_input_problems({"edit_image"})[0]
+
+
+def test_units_do_what_they_declare(pipes):
+    from PIL import Image
+
+    from tests.pipelines.declarations import check_declarations
+
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    ours.scheduler.set_timesteps(2, 0.5)
+    shared = {"cfg_scale": 2.0, "height": 32, "width": 32, "seed": 0, "rand_device": "cpu",
+              "input_image": Image.new("RGB", (32, 32)), "denoising_strength": 0.5, "max_sequence_length": 64}
+    assert check_declarations(ours, shared, {"prompt": PROMPT}, {"negative_prompt": NEGATIVE}) == {}
+
+
+def test_image_to_image_noises_the_input_to_the_first_timestep(pipes):
+    from PIL import Image
+
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    ours.scheduler.set_timesteps(4, 0.5)
+    image = Image.new("RGB", (32, 32), (200, 30, 90))
+    shared, _, _ = ours.run_units({"height": 32, "width": 32, "seed": 3, "input_image": image,
+                                   "denoising_strength": 0.5}, {"prompt": PROMPT}, {})
+    sigma = ours.scheduler.sigmas[0]
+    expected = (1 - sigma) * shared["input_latents"] + sigma * shared["noise"]
+    assert 0.5 < sigma < 1 and torch.allclose(shared["latents"], expected, atol=1e-6)
+    assert shared["input_latents"].shape == (1, 16, 4, 4)

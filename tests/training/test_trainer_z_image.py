@@ -1,0 +1,135 @@
+"""The CLI trainer on the tiny Z-Image-Turbo: LoRA and full training, two stages, the placement modes, batches with
+padded prompts, samples while training, fp8 and NF4 storage.
+
+Runs go through ``trainer.main`` with a real argv (the entry ``examples/z_image/model_training/train.py`` calls).
+"""
+
+import json
+
+import pytest
+import torch
+
+from diffsynth.core.loader import ModelConfig, load_model
+from diffsynth.core.loader.tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.training.entry import main
+from tests.conftest import reset_accelerate_state
+from tests.core.test_quant import needs_bitsandbytes
+from tests.training.conftest import lora, max_difference
+from tests.training.test_trainer_batches import write_same_ratio_dataset
+
+PATTERN = {name: f"{Z_IMAGE_TURBO_MODEL_ID}:{Z_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}
+COMMON = [
+    "--model_id_with_origin_paths", ",".join(PATTERN.values()), "--torch_dtype", "float32", "--seed", "3",
+    "--learning_rate", "1e-3", "--height", "32", "--width", "32", "--use_gradient_checkpointing",
+    "--remove_prefix_in_ckpt", "pipe.dit.", "--num_epochs", "1", "--dataset_repeat", "2",
+]  # fmt: skip
+LORA = ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", "--lora_rank", "4"]
+# Two blocks in ``layers`` (the refiners stay resident under block swap).
+PLACEMENTS = {"offload": ["--enable_model_cpu_offload"], "block_swap": ["--blocks_to_swap", "1"],
+              "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only"]}
+
+
+@pytest.fixture(autouse=True)
+def in_process_runs(base, fresh_accelerate_state):
+    """Every test here runs the trainer in-process on the tiny repos."""
+
+
+def raw(dataset):
+    return ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv")]
+
+
+def train(dataset, output, *extra):
+    return main(ZImagePipeline, [*raw(dataset), *COMMON, *LORA, "--output_path", str(output), *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory, tiny_root):
+    """One-stage plain LoRA training: what the other ways of training must reproduce."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        output = tmp_path_factory.mktemp("reference") / "out"
+        result = train(dataset, output)
+    reset_accelerate_state()
+    return output, result
+
+
+def test_a_lora_trains(reference):
+    output, result = reference
+    assert result["global_step"] == 6 and all(torch.isfinite(torch.tensor(result["losses"])))
+    weights = lora(output, "epoch-0")
+    # 7 targets in each of the 2 main blocks and the 2 refiners, two factors each.
+    assert len(weights) == 7 * 4 * 2 and all(key.startswith("diffusion_model.") for key in weights)
+    assert any(key.startswith("diffusion_model.layers.1.attention.to_q.") for key in weights)
+    assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
+
+
+def test_full_training_changes_the_transformer(dataset, tmp_path, tiny_root):
+    result = main(ZImagePipeline, [*raw(dataset), *COMMON, "--trainable_models", "dit", "--output_path",
+                                   str(tmp_path / "full")])
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    trained = result["module"].pipe.dit.state_dict()
+    original = load_model(ModelConfig(model_id=Z_IMAGE_TURBO_MODEL_ID, origin_file_pattern=Z_IMAGE_PATTERNS["dit"]),
+                          torch.float32).state_dict()
+    assert max((trained[key] - original[key]).abs().max().item() for key in original) > 1e-4
+    saved = lora(tmp_path / "full", "epoch-0")
+    assert "layers.0.attention.to_q.weight" in saved and len(saved) == len(original)
+
+
+def test_two_stage_training_gives_the_one_stage_lora(reference, dataset, tmp_path):
+    cache = tmp_path / "cache"
+    stage_one = main(ZImagePipeline, [*raw(dataset), *COMMON, *LORA, "--output_path", str(cache), "--task",
+                                      "sft:data_process", "--offload_models", PATTERN["dit"]])
+    assert stage_one["cached"] == 3
+    main(ZImagePipeline, ["--dataset_base_path", str(cache), *COMMON, *LORA, "--output_path", str(tmp_path / "out"),
+                          "--task", "sft:train", "--offload_models", f"{PATTERN['text_encoder']},{PATTERN['vae']}"])
+    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_placement_modes_give_the_plain_lora(reference, dataset, tmp_path, placement):
+    train(dataset, tmp_path / "out", *PLACEMENTS[placement])
+    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
+
+
+def test_a_batch_of_padded_prompts_trains_what_accumulation_trains(tmp_path, caplog):
+    # One aspect ratio, captions of different lengths: each batch pads its prompts with a mask.
+    data = write_same_ratio_dataset(tmp_path / "data", sizes=((48, 32), (96, 64), (144, 96), (192, 128)))
+    flags = ["--aspect_ratio_buckets", "--max_pixels", "1536"]
+    accumulated = train(data, tmp_path / "accumulated", *flags, "--gradient_accumulation_steps", "2")
+    with caplog.at_level("INFO", logger="diffsynth.training.objective.batches"):
+        batched = train(data, tmp_path / "batched", *flags, "--batch_size", "2")
+    assert "8 samples in 1 bucket, batch size 2, 4 batches per epoch" in caplog.text
+    assert batched["losses"] == pytest.approx(accumulated["losses"], abs=2e-5)
+    assert max_difference(lora(tmp_path / "batched", "epoch-0"), lora(tmp_path / "accumulated", "epoch-0")) < 2e-5
+
+
+def test_samples_are_rendered_while_training(dataset, tmp_path):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"prompt": "a red cube", "height": 32, "width": 32}]))
+    train(dataset, tmp_path / "out", "--validation_prompts", str(prompts), "--validation_num_inference_steps", "2",
+          "--validation_epochs", "1")
+    samples = sorted((tmp_path / "out" / "samples").rglob("*.png"))
+    assert samples, "no sample was rendered"
+
+
+def test_fp8_storage_trains_a_lora(dataset, tmp_path):
+    from diffsynth.core.fp8 import Fp8Linear
+
+    result = train(dataset, tmp_path / "out", "--fp8_models", PATTERN["dit"])
+    dit = result["module"].pipe.dit
+    assert isinstance(dit.layers[0].attention.to_q.base_layer, Fp8Linear)
+    # The timestep embedder casts its input to its weight dtype, so it keeps its dtype.
+    assert type(dit.t_embedder.mlp[0]) is torch.nn.Linear
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    assert max(v.abs().max().item() for k, v in lora(tmp_path / "out", "epoch-0").items() if "lora_B" in k) > 1e-4
+
+
+@needs_bitsandbytes
+def test_nf4_quantization_trains_a_lora(dataset, tmp_path):
+    import bitsandbytes as bnb
+
+    result = train(dataset, tmp_path / "out", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4")
+    assert isinstance(result["module"].pipe.dit.layers[0].attention.to_q.base_layer, bnb.nn.Linear4bit)
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    assert max(v.abs().max().item() for k, v in lora(tmp_path / "out", "epoch-0").items() if "lora_B" in k) > 1e-4
