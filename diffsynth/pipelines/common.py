@@ -39,6 +39,26 @@ def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(frame) for frame in array]
 
 
+def image_list(images: Image.Image | Any) -> tuple[list[Image.Image], bool]:
+    """``edit_image`` (one PIL image or a list of them) as a list, and whether it came as a list.
+
+    Raises:
+        ValueError: A path instead of an image (the dataset column was not loaded), an empty list, or not images.
+    """
+    several = isinstance(images, (list, tuple))
+    found = list(images) if several else [images]
+    if not found:
+        raise ValueError("edit_image is an empty list; give one image, or a list of them")
+    for image in found:
+        if isinstance(image, (str, Path)):
+            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; open it with PIL "
+                             "(Image.open), or when training add edit_image to --data_file_keys (e.g. "
+                             "--data_file_keys image,edit_image) so the dataset loads it")
+        if not isinstance(image, Image.Image):
+            raise ValueError(f"edit_image holds a {type(image).__name__}; pass PIL images (one, or a list)")
+    return found, several
+
+
 def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, rand_device: Any) -> torch.Tensor:
     """Gaussian noise of ``shape`` in the pipeline's dtype, drawn on ``rand_device`` (CPU noise is the same on every
     machine) from ``seed`` or torch's global generator, then moved to the compute device."""

@@ -36,7 +36,15 @@ from PIL import Image
 from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, resolve_files
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import ImageNoiseUnit, LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, image_to_tensor, tensor_to_images
+from .common import (
+    ImageNoiseUnit,
+    LatentsUnit,
+    ShapeCheckUnit,
+    TextToLatentPipeline,
+    image_list,
+    image_to_tensor,
+    tensor_to_images,
+)
 
 __all__ = ["Flux2KleinPipeline", "flux2_empirical_mu"]
 
@@ -116,15 +124,8 @@ def edit_image_list(edit_image: Image.Image | Sequence[Image.Image]) -> list[Ima
         ValueError: A path instead of an image, an empty list, an image with a side under 64 pixels, or an aspect
             ratio beyond 8:1.
     """
-    images = list(edit_image) if isinstance(edit_image, (list, tuple)) else [edit_image]
-    if not images:
-        raise ValueError("edit_image is an empty list; give one reference image, or a list of them")
+    images, _ = image_list(edit_image)
     for image in images:
-        if isinstance(image, (str, Path)):
-            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; open it with PIL, or when "
-                             "training add edit_image to --data_file_keys (e.g. --data_file_keys image,edit_image)")
-        if not isinstance(image, Image.Image):
-            raise ValueError(f"edit_image holds a {type(image).__name__}; pass PIL images (one, or a list)")
         width, height = image.size
         if min(width, height) < EDIT_IMAGE_MIN_SIDE:
             raise ValueError(f"edit_image of {width}x{height} pixels is too small: FLUX.2 needs both sides of at least "

@@ -35,7 +35,7 @@ from PIL import Image
 
 from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_to_tensor, preprocessor_folder
+from .common import image_list, image_to_tensor, preprocessor_folder
 
 if TYPE_CHECKING:
     from .qwen_image import QwenImagePipeline
@@ -76,23 +76,9 @@ def resize_edit_image(image: Image.Image, pixels: int) -> Image.Image:
 
 
 def edit_image_list(edit_image: Image.Image | Sequence[Image.Image]) -> tuple[list[Image.Image], bool]:
-    """The edit images as a list, and whether they came as a list (the Edit-2509 / 2511 behaviour).
-
-    Raises:
-        ValueError: A path instead of an image (the dataset column was not loaded), an empty list, or not images.
-    """
-    several = isinstance(edit_image, (list, tuple))
-    images = list(edit_image) if several else [edit_image]
-    if not images:
-        raise ValueError("edit_image is an empty list; give one edit image, or a list of them")
-    for image in images:
-        if isinstance(image, (str, Path)):
-            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; open it with PIL "
-                             "(Image.open), or when training add edit_image to --data_file_keys (e.g. "
-                             "--data_file_keys image,edit_image) so the dataset loads it")
-        if not isinstance(image, Image.Image):
-            raise ValueError(f"edit_image holds a {type(image).__name__}; pass PIL images (one, or a list)")
-    return images, several
+    """The edit images as a list, and whether they came as a list (the Edit-2509 / 2511 behaviour); see
+    ``common.image_list`` for what is refused."""
+    return image_list(edit_image)
 
 
 def output_size(pipe: QwenImagePipeline, edit_image: Image.Image | Sequence[Image.Image]) -> tuple[int, int]:

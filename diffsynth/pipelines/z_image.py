@@ -11,6 +11,9 @@ shift of the release's ``scheduler/scheduler_config.json`` (3 when that file is 
 CFG: ``cfg_scale`` follows the reference trainer (``negative + cfg_scale * (positive - negative)``, 1 is off), which is
 diffusers' ``guidance_scale + 1``; ``cfg_normalization`` and ``cfg_truncation`` are diffusers' options of the same
 names. Training draws timesteps from the reference's grid (shift 3) whatever the release's inference shift.
+
+Z-Image-Omni-Base (a transformer with ``siglip_feat_dim``) adds a ``siglip`` model (``Siglip2VisionModel``) and
+condition images, ``edit_image``; it follows diffusers' ``ZImageOmniPipeline`` (see ``z_image_omni.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ from .common import (
     round_size,
     tensor_to_images,
 )
+from .z_image_omni import (
+    OmniConditionEmbedderUnit,
+    default_siglip_processor_config,
+    encode_omni_prompt,
+    is_omni,
+    load_siglip_processor,
+    omni_model_fn,
+    output_size,
+    siglip_processor_if_present,
+)
 
 __all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
 
@@ -54,6 +67,7 @@ MODEL_ROLES = {
     "AutoencoderKL": "vae",
     "Qwen3Model": "text_encoder",
     "Qwen3ForCausalLM": "text_encoder",
+    "Siglip2VisionModel": "siglip",
 }
 
 
@@ -121,18 +135,27 @@ class PromptEmbedderUnit(PipelineUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3 through its chat template.
 
     Outputs the second-to-last hidden states of the first ``max_sequence_length`` tokens and a mask that is ``None``
-    (one prompt has no padding; batches pad through ``padded_inputs``).
+    (one prompt has no padding; batches pad through ``padded_inputs``). For an Omni transformer the prompt is cut
+    into segments around the condition images instead (``z_image_omni.encode_omni_prompt``), and
+    ``prompt_emb_lengths`` holds their token counts (None otherwise).
     """
 
     def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length", "edit_image"),
                          input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb", "prompt_emb_mask"), onload_model_names=("text_encoder",))
+                         output_params=("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths"),
+                         onload_model_names=("text_encoder",))
 
-    def process(self, pipe: ZImagePipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+    def process(self, pipe: ZImagePipeline, prompt: str | None, max_sequence_length: int | None,
+                edit_image: Image.Image | Sequence[Image.Image] | None = None) -> dict:
         if pipe.text_encoder is None or pipe.tokenizer is None:
             raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
                              "'Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors' to the model configs")
+        if is_omni(pipe.dit):
+            count = 0 if edit_image is None else len(edit_image) if isinstance(edit_image, (list, tuple)) else 1
+            emb, lengths = encode_omni_prompt(pipe, prompt or "", count, max_sequence_length or TOKENIZER_MAX_LENGTH,
+                                              CAPTION_HIDDEN_LAYER)
+            return {"prompt_emb": emb, "prompt_emb_mask": None, "prompt_emb_lengths": lengths}
         text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": prompt or ""}], tokenize=False,
                                                   add_generation_prompt=True, enable_thinking=True)
         # Without padding: the encoder is causal, so padding to max_length (as diffusers does) changes no real token.
@@ -140,7 +163,7 @@ class PromptEmbedderUnit(PipelineUnit):
                                 return_tensors="pt").to(pipe.device)
         hidden = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask.bool(),
                                    output_hidden_states=True).hidden_states[CAPTION_HIDDEN_LAYER]
-        return {"prompt_emb": hidden.to(pipe.torch_dtype), "prompt_emb_mask": None}
+        return {"prompt_emb": hidden.to(pipe.torch_dtype), "prompt_emb_mask": None, "prompt_emb_lengths": None}
 
 
 class ZImagePipeline(TextToLatentPipeline):
@@ -153,9 +176,11 @@ class ZImagePipeline(TextToLatentPipeline):
     denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Tongyi-MAI/Z-Image-Turbo", origin_file_pattern="tokenizer/")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths", "edit_latents", "edit_siglip")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")
+    #: Z-Image-Omni-Base's condition images.
+    image_inputs = ("edit_image",)
     #: A batch pads prompt embeddings to its longest prompt; ``model_fn`` cuts each back to its real tokens.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "z_image"
@@ -166,7 +191,11 @@ class ZImagePipeline(TextToLatentPipeline):
         super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
                          manage_model_devices=manage_model_devices)
         self.scheduler = ZImageScheduler()
-        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), LatentsUnit(), PromptEmbedderUnit()]
+        #: Z-Image-Omni-Base's SigLIP2 vision model and image processor (loaded on first use if unset).
+        self.siglip: torch.nn.Module | None = None
+        self.siglip_processor: Any = None
+        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), OmniConditionEmbedderUnit(),
+                      LatentsUnit(), PromptEmbedderUnit()]
 
     @classmethod
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
@@ -174,14 +203,34 @@ class ZImagePipeline(TextToLatentPipeline):
                         offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
                         shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None) -> ZImagePipeline:
         """Loads the models as ``BasePipeline.from_pretrained`` does; the sampling schedule takes the shift of the
-        transformer's release (``scheduler/scheduler_config.json`` beside ``transformer/``, when on disk)."""
+        transformer's release (``scheduler/scheduler_config.json`` beside ``transformer/``, when on disk). With a
+        SigLIP model, its ``siglip_processor/`` folder is loaded too when on disk (else downloaded on first use)."""
         pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
                                        tokenizer_config=tokenizer_config, offload_device=offload_device,
                                        skeleton_configs=skeleton_configs, shared_weights=shared_weights)
         shift = release_shift(pipe.model_configs.get("dit"))
         if shift is not None:
             pipe.scheduler = ZImageScheduler(inference_shift=shift)
+        pipe.siglip_processor = siglip_processor_if_present(default_siglip_processor_config(
+            pipe.model_configs.get("siglip")))
         return pipe
+
+    @classmethod
+    def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
+        """The tokenizer as in ``BasePipeline``, plus the SigLIP2 image processor beside a SigLIP model."""
+        companions = super()._companions(roles, tokenizer_config)
+        processor = default_siglip_processor_config(roles.get("siglip"))
+        if processor is not None:
+            companions["siglip_processor"] = processor
+        return companions
+
+    def omni_siglip_processor(self) -> Any:
+        """The SigLIP2 image processor, loaded (and downloaded if missing) beside the SigLIP model on first use."""
+        if self.siglip_processor is None:
+            config = default_siglip_processor_config(self.model_configs.get("siglip")) or ModelConfig(
+                model_id="Tongyi-MAI/Z-Image-Omni-Base", origin_file_pattern="siglip_processor/")
+            self.siglip_processor = load_siglip_processor(config)
+        return self.siglip_processor
 
     def normalise_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """VAE latents to the transformer's scale: ``(latents - shift_factor) * scaling_factor``."""
@@ -203,14 +252,21 @@ class ZImagePipeline(TextToLatentPipeline):
         return inputs_shared, {"prompt": sample["prompt"]}, {}
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
-                 prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 prompt_emb_mask: torch.Tensor | None = None, prompt_emb_lengths: torch.Tensor | None = None,
+                 edit_latents: Sequence[torch.Tensor] | None = None, edit_siglip: Sequence[torch.Tensor] | None = None,
+                 **_: Any) -> torch.Tensor:
         """The velocity ``noise - x0`` for ``(B, 16, h, w)`` ``latents`` at ``timestep`` (scale 0 to 1000).
 
         The transformer reads one latent ``(16, 1, h, w)`` and one caption of its real tokens per sample and the
-        timestep as ``(1000 - t) / 1000``; it predicts the negated velocity. Extra state keys are ignored.
+        timestep as ``(1000 - t) / 1000``; it predicts the negated velocity. An Omni transformer runs in omni mode,
+        with the condition images' latents and SigLIP grids (``z_image_omni.omni_model_fn``). Extra state keys are
+        ignored.
         """
         batch = latents.shape[0]
         timestep = torch.as_tensor(timestep, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)
+        if is_omni(self.dit):
+            return omni_model_fn(self, latents, timestep, prompt_emb, prompt_emb_mask, prompt_emb_lengths,
+                                 edit_latents, edit_siglip)
         if prompt_emb_mask is None:
             captions = list(prompt_emb.expand(batch, -1, -1).unbind(0))
         else:
@@ -243,7 +299,10 @@ class ZImagePipeline(TextToLatentPipeline):
         return guided
 
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
-        """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``."""
+        """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``; the latents themselves when
+        ``output_type`` is ``"latent"``."""
+        if inputs_shared.get("output_type") == "latent":
+            return inputs_shared["latents"]
         self.load_models_to_device(["vae"])
         latents = inputs_shared["latents"].to(self.vae.dtype)
         latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
@@ -251,10 +310,10 @@ class ZImagePipeline(TextToLatentPipeline):
         return (images / 2 + 0.5).clamp(0, 1)
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
-        """Z-Image renders from a prompt; edit images are Z-Image-Omni-Base's, which this package does not run."""
+        """Z-Image renders from a prompt; condition images (``edit_image``) need Z-Image-Omni-Base's transformer."""
         problems = []
-        if "edit_image" in inputs:
-            problems.append('"edit_image" is for Z-Image-Omni-Base, which diffsynth does not support; drop it')
+        if "edit_image" in inputs and not is_omni(self.dit):
+            problems.append('"edit_image" is for Z-Image-Omni-Base; this transformer reads no condition images')
         if "input_image" in inputs:
             problems.append('"input_image" is for Wan image-to-video; Z-Image renders from the prompt alone')
         return problems
@@ -267,7 +326,8 @@ class ZImagePipeline(TextToLatentPipeline):
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,
                  cfg_normalization: float = 0.0, cfg_truncation: float = 1.0, input_image: Image.Image | None = None,
-                 denoising_strength: float = 1.0, height: int | None = None, width: int | None = None,
+                 edit_image: Image.Image | Sequence[Image.Image] | None = None, denoising_strength: float = 1.0,
+                 height: int | None = None, width: int | None = None,
                  seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 8,
                  max_sequence_length: int = TOKENIZER_MAX_LENGTH, output_type: str = "pil",
                  progress_bar: bool = True) -> Image.Image | torch.Tensor:
@@ -283,32 +343,38 @@ class ZImagePipeline(TextToLatentPipeline):
             cfg_truncation: CFG only while the step's progress ``(1000 - t) / 1000`` is at most this; 1 keeps it on
                 every step (diffusers' ``cfg_truncation``).
             input_image: Start from this image instead of pure noise (image-to-image).
+            edit_image: Z-Image-Omni-Base's condition image, or a list of them (diffusers' ``image``).
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
-            height: Output height in pixels, rounded to a multiple of 16; default 1024.
-            width: Output width in pixels, rounded to a multiple of 16; default 1024.
+            height: Output height in pixels, rounded to a multiple of 16; default 1024, or with ``edit_image`` the
+                last condition image's (cropped to multiples of 16), as diffusers does.
+            width: Output width in pixels, rounded to a multiple of 16; default as ``height``.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
             num_inference_steps: Denoising steps (Turbo: 8; Z-Image: 28 to 50).
             max_sequence_length: Prompt tokens kept, template included (at most 512).
-            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
+            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``, ``"latent"``
+                for the final ``(1, 16, H / 8, W / 8)`` latents (not decoded, as diffusers' ``output_type="latent"``).
             progress_bar: Show a progress bar over the steps.
         """
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
-        if output_type not in ("pil", "pt"):
-            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
+        if output_type not in ("pil", "pt", "latent"):
+            raise ValueError(f"output_type={output_type!r} must be 'pil', 'pt' or 'latent'")
         if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
             raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
         if cfg_normalization < 0:
             raise ValueError(f"cfg_normalization={cfg_normalization} must be 0 (off) or positive, e.g. 1.0")
-        height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
+        default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else output_size(edit_image)
+        height, width = height or default_height, width or default_width
         latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         inputs_shared = {
             "cfg_scale": cfg_scale, "cfg_normalization": cfg_normalization, "cfg_truncation": cfg_truncation,
-            "input_image": input_image, "denoising_strength": denoising_strength, "height": height, "width": width,
+            "input_image": input_image, "edit_image": edit_image, "denoising_strength": denoising_strength,
+            "height": height, "width": width,
             "seed": seed, "rand_device": rand_device, "max_sequence_length": max_sequence_length,
+            "output_type": output_type,
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
-        return images if output_type == "pt" else tensor_to_images(images)[0]
+        return tensor_to_images(images)[0] if output_type == "pil" else images

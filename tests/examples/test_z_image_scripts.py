@@ -10,6 +10,7 @@ build of half a minute; their commands train here in-process, as one process.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -82,6 +83,41 @@ def test_full_scripts_train_the_transformer(workdir, script, release):
     assert weights.is_file()
 
 
+def omni_commands(relative: str) -> list[list[str]]:
+    """The text-to-image command of an Omni-Base script and its commented image(s)-to-image one, made small."""
+    text = (Z_IMAGE / relative).read_text()
+    plain, _, edit = text.partition("# Image(s) to image training\n")
+    found = []
+    for section in (plain, re.sub(r"^# ?", "", edit, flags=re.MULTILINE)):
+        [words] = launch_commands(section)
+        train_py, argv = trainer_argv(words)
+        assert train_py == Z_IMAGE / "train.py"
+        found.append(small(argv))
+    return found
+
+
+def draw_condition_dataset(argv: list[str]) -> None:
+    """Two samples with two condition images each, at the path an image(s)-to-image command names."""
+    from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+
+    base = argv[argv.index("--dataset_base_path") + 1]
+    if not Path(base).is_dir():
+        build_example_edit_dataset(base, num_samples=2, num_edit_images=2)
+
+
+@pytest.mark.parametrize("script", ["lora/Z-Image-Omni-Base.sh", "full/Z-Image-Omni-Base.sh"])
+def test_omni_base_scripts_train_from_text_and_from_condition_images(workdir, script):
+    text_to_image, images_to_image = omni_commands(script)
+    draw_condition_dataset(images_to_image)
+    for argv in (text_to_image, images_to_image):
+        result = run_in_process(argv)
+        pipe = result["module"].pipe
+        assert pipe.model_configs["dit"].model_id == "Tongyi-MAI/Z-Image-Omni-Base" and pipe.siglip is not None
+        assert result["global_step"] >= 1 and all(torch.isfinite(torch.tensor(result["losses"])))
+        output = workdir / argv[argv.index("--output_path") + 1] / "epoch-0.safetensors"
+        assert (lora_update(output) if script.startswith("lora") else output.stat().st_size) > 0
+
+
 @pytest.mark.parametrize(("name", "stage"), [("accelerate_config.yaml", 2), ("accelerate_config_zero3.yaml", 3)])
 def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage):
     from accelerate.commands.config.config_args import ClusterConfig
@@ -138,11 +174,6 @@ REFUSED = {
         [*DATA, "--data_file_keys", "image,controlnet_image", "--model_id_with_origin_paths",
          "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1:Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors," + TURBO,
          *LORA, "--extra_inputs", "controlnet_image"], "Fun ControlNets are not supported"),
-    "Z-Image-Omni-Base": (
-        [*DATA, "--model_id_with_origin_paths", "Tongyi-MAI/Z-Image-Omni-Base:transformer/*.safetensors,"
-         "Tongyi-MAI/Z-Image-Omni-Base:siglip/model.safetensors,Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors,"
-         "Tongyi-MAI/Z-Image-Turbo:vae/diffusion_pytorch_model.safetensors", *LORA, "--find_unused_parameters"],
-        "Z-Image-Omni-Base"),
     "ZImage-i2L-v2": (
         [*DATA, "--model_id_with_origin_paths", TURBO, "--enable_lora_hot_loading", "--template_model_id_or_path",
          "DiffSynth-Studio/ZImage-i2L-v2:", "--extra_inputs", "template_inputs", "--trainable_models",

@@ -4,7 +4,12 @@ CFG with its normalisation and truncation options), the schedule, the model func
 import pytest
 import torch
 
-from diffsynth.core.loader.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.core.loader.tiny_z_image import (
+    Z_IMAGE_MODEL_ID,
+    Z_IMAGE_OMNI_MODEL_ID,
+    Z_IMAGE_PATTERNS,
+    Z_IMAGE_TURBO_MODEL_ID,
+)
 from diffsynth.pipelines.z_image import ModelConfig, ZImagePipeline, ZImageScheduler
 
 PROMPT, NEGATIVE = "a red cube on a blue table", "blurry, low quality"
@@ -117,7 +122,7 @@ def test_bad_input_is_named(pipes):
     ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
     with pytest.raises(TypeError, match="prompt must be one string"):
         ours(["a", "b"])
-    with pytest.raises(ValueError, match="output_type='np'"):
+    with pytest.raises(ValueError, match="output_type='np' must be 'pil', 'pt' or 'latent'"):
         ours(PROMPT, output_type="np")
     with pytest.raises(ValueError, match=r"max_sequence_length=600 must lie in \[1, 512\]"):
         ours(PROMPT, max_sequence_length=600)
@@ -166,3 +171,117 @@ def test_image_to_image_noises_the_input_to_the_first_timestep(pipes):
     expected = (1 - sigma) * shared["input_latents"] + sigma * shared["noise"]
     assert 0.5 < sigma < 1 and torch.allclose(shared["latents"], expected, atol=1e-6)
     assert shared["input_latents"].shape == (1, 16, 4, 4)
+
+
+# Z-Image-Omni-Base: text-to-image and condition images through diffusers' ZImageOmniPipeline.
+OMNI_CONFIGS = ("dit", "siglip", "text_encoder", "vae")
+
+
+def load_omni(tiny_root, vae_dtype):
+    """Our pipeline and diffusers' on the tiny Omni-Base repo, float32 except the VAEs (``vae_dtype``): diffusers
+    casts condition images to bfloat16 for its VAE, so its image path needs a bfloat16 VAE."""
+    from diffusers import ZImageOmniPipeline
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        ours = ZImagePipeline.from_pretrained(torch.float32, "cpu", configs(Z_IMAGE_OMNI_MODEL_ID, *OMNI_CONFIGS))
+    theirs = ZImageOmniPipeline.from_pretrained(str(tiny_root / Z_IMAGE_OMNI_MODEL_ID), dtype=torch.float32)
+    theirs.set_progress_bar_config(disable=True)
+    ours.vae.to(vae_dtype)
+    theirs.vae.to(vae_dtype)
+    return ours, theirs
+
+
+@pytest.fixture(scope="module")
+def omni_pipes(tiny_root):
+    return load_omni(tiny_root, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def omni_edit_pipes(tiny_root):
+    return load_omni(tiny_root, torch.bfloat16)
+
+
+def condition(size, color):
+    """A condition image with some structure (a gradient and a square), so that the encoders see more than a flat
+    color."""
+    from PIL import Image, ImageDraw
+
+    image = Image.linear_gradient("L").resize(size).convert("RGB")
+    ImageDraw.Draw(image).rectangle((8, 8, size[0] // 2, size[1] // 2), fill=color)
+    return image
+
+
+@pytest.mark.parametrize("guidance", [0.0, 3.0])
+def test_omni_text_to_image_matches_diffusers(omni_pipes, guidance):
+    ours, theirs = omni_pipes
+    assert ours.siglip is not None and type(ours.siglip).__name__ == "Siglip2VisionModel"
+    image = render_ours(ours, cfg_scale=guidance + 1, num_inference_steps=3)
+    # ZImageOmniPipeline's first argument is the image list, so the prompt goes by name.
+    reference = theirs(prompt=PROMPT, negative_prompt=NEGATIVE, generator=torch.Generator().manual_seed(7),
+                       output_type="pt", guidance_scale=guidance, num_inference_steps=3, **SIZE).images
+    assert image.shape == reference.shape == (1, 3, 48, 80)
+    assert (image - reference).abs().max() < 1e-4
+    other = render_ours(ours, seed=8, cfg_scale=guidance + 1, num_inference_steps=3)
+    assert (other - reference).abs().max() > 1e-2
+    assert ours.scheduler.shift == theirs.scheduler.config.shift == 6.0
+
+
+# Condition images: one of a size that is no multiple of 16 (the VAE reads it cropped, SigLIP whole), and two.
+EDIT_CASES = [([(72, 88)], 0.0), ([(72, 88)], 3.0), ([(64, 96), (80, 64)], 3.0)]
+
+
+@pytest.mark.parametrize(("sizes", "guidance"), EDIT_CASES)
+def test_omni_condition_images_match_diffusers(omni_edit_pipes, sizes, guidance):
+    ours, theirs = omni_edit_pipes
+    images = [condition(size, (200, 40 * index, 90)) for index, size in enumerate(sizes)]
+    edit = images if len(images) > 1 else images[0]
+    # Latents are compared: the bfloat16 VAE's decode would round away what the comparison measures.
+    kwargs = dict(negative_prompt=NEGATIVE, output_type="latent", num_inference_steps=2)
+    image = ours(PROMPT, edit_image=edit, cfg_scale=guidance + 1, seed=7, progress_bar=False, **kwargs)
+    reference = theirs(image=edit, prompt=PROMPT, guidance_scale=guidance, generator=torch.Generator().manual_seed(7),
+                       **kwargs).images
+    # Without height and width both take the last condition image's size, cropped to multiples of 16.
+    expected = (1, 16, sizes[-1][1] // 16 * 2, sizes[-1][0] // 16 * 2)
+    assert image.shape == reference.shape == expected
+    assert (image - reference).abs().max() < 1e-4
+    # Teeth: another seed, and another condition image, move the output far beyond the tolerance.
+    other_seed = ours(PROMPT, edit_image=edit, cfg_scale=guidance + 1, seed=8, progress_bar=False, **kwargs)
+    changed = [condition(size, (20, 220, 40 * index)) for index, size in enumerate(sizes)]
+    other_image = ours(PROMPT, edit_image=changed if len(changed) > 1 else changed[0], cfg_scale=guidance + 1,
+                       seed=7, progress_bar=False, **kwargs)
+    assert (other_seed - reference).abs().max() > 1e-2
+    assert (other_image - reference).abs().max() > 1e-2
+
+
+def test_omni_prompt_segments_frame_the_condition_images(omni_pipes):
+    from diffsynth.pipelines.z_image_omni import prompt_segments
+
+    assert prompt_segments("a cat", 0) == ["<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n"]
+    two = prompt_segments("a cat", 2)
+    assert len(two) == 4 and two[1] == "<|vision_end|><|vision_start|>" and "a cat" in two[2]
+    ours, _ = omni_pipes
+    shared, posi, _ = ours.run_units({"height": 32, "width": 32, "seed": 0, "max_sequence_length": 512,
+                                      "edit_image": [condition((64, 64), (1, 2, 3))] * 2}, {"prompt": PROMPT}, {})
+    assert posi["prompt_emb_lengths"].shape == (1, 4)
+    assert int(posi["prompt_emb_lengths"].sum()) == posi["prompt_emb"].shape[1]
+    assert len(shared["edit_latents"]) == len(shared["edit_siglip"]) == 2
+    assert shared["edit_latents"][0].shape == (1, 16, 8, 8) and shared["edit_siglip"][0].shape[-1] == 24
+
+
+def test_condition_images_need_the_omni_transformer(pipes):
+    ours, _ = pipes[Z_IMAGE_TURBO_MODEL_ID]
+    with pytest.raises(ValueError, match="Z-Image-Omni-Base"):
+        ours(PROMPT, edit_image=condition((64, 64), (1, 2, 3)), height=32, width=32, num_inference_steps=1,
+             progress_bar=False)
+
+
+def test_omni_units_do_what_they_declare(omni_pipes):
+    from tests.pipelines.declarations import check_declarations
+
+    ours, _ = omni_pipes
+    ours.scheduler.set_timesteps(2, 0.5)
+    shared = {"cfg_scale": 2.0, "height": 32, "width": 32, "seed": 0, "rand_device": "cpu",
+              "edit_image": condition((64, 64), (1, 2, 3)), "input_image": condition((32, 32), (9, 9, 9)),
+              "denoising_strength": 0.5, "max_sequence_length": 64}
+    assert check_declarations(ours, shared, {"prompt": PROMPT}, {"negative_prompt": NEGATIVE}) == {}

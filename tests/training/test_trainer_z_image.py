@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffsynth.core.loader import ModelConfig, load_model
-from diffsynth.core.loader.tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.core.loader.tiny_z_image import Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
 from diffsynth.pipelines.z_image import ZImagePipeline
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
@@ -133,3 +133,48 @@ def test_nf4_quantization_trains_a_lora(dataset, tmp_path):
     assert isinstance(result["module"].pipe.dit.layers[0].attention.to_q.base_layer, bnb.nn.Linear4bit)
     assert all(torch.isfinite(torch.tensor(result["losses"])))
     assert max(v.abs().max().item() for k, v in lora(tmp_path / "out", "epoch-0").items() if "lora_B" in k) > 1e-4
+
+
+OMNI = [f"{Z_IMAGE_OMNI_MODEL_ID}:{Z_IMAGE_PATTERNS[name]}" for name in ("dit", "siglip")]
+OMNI_MODELS = ",".join([*OMNI, PATTERN["text_encoder"], PATTERN["vae"]])
+
+
+def omni_argv(data, metadata, output, *extra):
+    """The reference's Omni-Base command (its models, Turbo's text encoder and VAE), made tiny."""
+    models_at = COMMON.index("--model_id_with_origin_paths") + 1
+    common = [*COMMON[:models_at], OMNI_MODELS, *COMMON[models_at + 1:]]
+    return ["--dataset_base_path", str(data), "--dataset_metadata_path", str(metadata), *common, *LORA,
+            "--find_unused_parameters", "--output_path", str(output), *extra]
+
+
+def test_omni_base_trains_a_lora_from_text_alone_that_every_tool_loads(dataset, tmp_path, tiny_root):
+    from diffusers import ZImageOmniPipeline
+
+    from diffsynth.lora import inspect_lora
+    from tests.conftest import load_lora_into_diffusers
+
+    result = main(ZImagePipeline, omni_argv(dataset, dataset / "metadata.csv", tmp_path / "omni"))
+    assert result["module"].pipe.siglip is not None
+    assert result["global_step"] == 6 and all(torch.isfinite(torch.tensor(result["losses"])))
+    weights = lora(tmp_path / "omni", "epoch-0")
+    assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
+    file = tmp_path / "omni" / "epoch-0.safetensors"
+    inspection = inspect_lora(file)
+    assert not inspection.failing(), inspection.format()  # diffsynth, diffusers, ComfyUI, DiffSynth-Studio
+    pipe = ZImageOmniPipeline.from_pretrained(str(tiny_root / Z_IMAGE_OMNI_MODEL_ID), dtype=torch.float32)
+    assert load_lora_into_diffusers(pipe, file, "omni") == []
+    assert len([m for m in pipe.transformer.modules() if hasattr(m, "scaling")]) == len(weights) // 2
+
+
+def test_omni_base_trains_on_condition_images_and_they_change_the_loss(tmp_path):
+    from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+
+    metadata = build_example_edit_dataset(tmp_path / "edit", num_samples=2, num_edit_images=2)
+    extra = ["--data_file_keys", "image,edit_image", "--max_train_steps", "2"]
+    with_images = main(ZImagePipeline, omni_argv(metadata.parent, metadata, tmp_path / "with", *extra,
+                                                 "--extra_inputs", "edit_image"))
+    reset_accelerate_state()
+    without = main(ZImagePipeline, omni_argv(metadata.parent, metadata, tmp_path / "without", *extra))
+    assert with_images["global_step"] == 2 and all(torch.isfinite(torch.tensor(with_images["losses"])))
+    # The same samples, timesteps and noise: only the condition images differ between the two runs.
+    assert abs(with_images["losses"][0] - without["losses"][0]) > 1e-6

@@ -1,5 +1,5 @@
-"""Tiny random-weight Z-Image repos (``Tongyi-MAI/Z-Image`` and ``Tongyi-MAI/Z-Image-Turbo``) in the released
-diffusers layout.
+"""Tiny random-weight Z-Image repos (``Tongyi-MAI/Z-Image``, ``Tongyi-MAI/Z-Image-Turbo`` and
+``Tongyi-MAI/Z-Image-Omni-Base``) in the released diffusers layout.
 
 Both repos hold the same text encoder (``Qwen3Model``), tokenizer and VAE (``AutoencoderKL`` with 16 latent channels
 and the FLUX.1 VAE's scaling and shift factors), as the released ones do: the reference's commands load Turbo's text
@@ -12,6 +12,13 @@ File names follow the released repositories: ``transformer/diffusion_pytorch_mod
 ``text_encoder/model-0000i-of-0000n.safetensors`` (both with an index), ``vae/diffusion_pytorch_model.safetensors``,
 ``tokenizer/`` with Qwen3's chat template (``enable_thinking`` as diffusers' ``ZImagePipeline`` passes it), and a
 root ``model_index.json`` naming ``ZImagePipeline``.
+
+Z-Image-Omni-Base adds what diffusers' ``ZImageOmniPipeline`` loads: a transformer with ``siglip_feat_dim`` (its
+SigLIP embedder and refiner), ``siglip/`` (a transformers ``Siglip2VisionModel`` in one ``model.safetensors``, the file
+the reference's commands name) and ``siglip_processor/`` (the ``Siglip2ImageProcessor``'s
+``preprocessor_config.json``, written directly so that nothing is downloaded); its ``model_index.json`` names
+``ZImageOmniPipeline``. The scheduler is the base model's (static shift 6): the pipeline's resolution-dependent ``mu``
+only acts under dynamic shifting, which the tiny repo leaves off as the other Z-Image releases do.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, seeded, 
 
 Z_IMAGE_MODEL_ID = "Tongyi-MAI/Z-Image"
 Z_IMAGE_TURBO_MODEL_ID = "Tongyi-MAI/Z-Image-Turbo"
+Z_IMAGE_OMNI_MODEL_ID = "Tongyi-MAI/Z-Image-Omni-Base"
 
 # Patterns that select each component, as the reference's commands give them to --model_id_with_origin_paths.
 Z_IMAGE_PATTERNS = {
@@ -32,6 +40,7 @@ Z_IMAGE_PATTERNS = {
     "text_encoder": "text_encoder/*.safetensors",
     "vae": "vae/diffusion_pytorch_model.safetensors",
     "tokenizer": "tokenizer/",
+    "siglip": "siglip/model.safetensors",
 }
 
 # scheduler/scheduler_config.json of each release: flow-match Euler with a static shift, no dynamic shifting.
@@ -40,6 +49,8 @@ Z_IMAGE_SCHEDULER_CONFIGS = {
                              "shift": 3.0, "use_dynamic_shifting": False},
     Z_IMAGE_MODEL_ID: {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
                        "shift": 6.0, "use_dynamic_shifting": False},
+    Z_IMAGE_OMNI_MODEL_ID: {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
+                            "shift": 6.0, "use_dynamic_shifting": False},
 }
 
 # Qwen3's chat template, reduced to what a single-turn text prompt needs: a generation prompt, and the empty thinking
@@ -67,7 +78,21 @@ TRANSFORMER_CONFIG = {
     "axes_lens": [1024, 64, 64],
 }  # fmt: skip
 # Transformer seed offset per release (the text encoder takes ``seed``, the VAE ``seed + 2``).
-TRANSFORMER_SEEDS = {Z_IMAGE_MODEL_ID: 1, Z_IMAGE_TURBO_MODEL_ID: 3}
+TRANSFORMER_SEEDS = {Z_IMAGE_MODEL_ID: 1, Z_IMAGE_TURBO_MODEL_ID: 3, Z_IMAGE_OMNI_MODEL_ID: 4}
+# The Omni transformer's SigLIP width is the vision model's hidden size; the SigLIP model takes seed + 5.
+SIGLIP_HIDDEN_SIZE = 24
+SIGLIP_SEED = 5
+SIGLIP_CONFIG = {
+    "hidden_size": SIGLIP_HIDDEN_SIZE, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_channels": 3, "patch_size": 8, "num_patches": 16,
+}  # fmt: skip
+# Siglip2ImageProcessor's options as a release writes them; patch_size must be the vision model's. A small
+# max_num_patches keeps the tiny model's sequence short (the processor resizes each image to at most that many).
+SIGLIP_PROCESSOR_CONFIG = {
+    "image_processor_type": "Siglip2ImageProcessor", "do_resize": True, "resample": 2, "do_rescale": True,
+    "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "do_convert_rgb": None, "patch_size": 8, "max_num_patches": 64,
+}  # fmt: skip
 
 _COMPONENTS = {
     "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
@@ -75,6 +100,10 @@ _COMPONENTS = {
     "tokenizer": ("transformers", "Qwen2Tokenizer"),
     "transformer": ("diffusers", "ZImageTransformer2DModel"),
     "vae": ("diffusers", "AutoencoderKL"),
+}
+_OMNI_COMPONENTS = {
+    **_COMPONENTS, "siglip": ("transformers", "Siglip2VisionModel"),
+    "siglip_processor": ("transformers", "Siglip2ImageProcessor"),
 }
 _SHARED_FOLDERS = ("text_encoder", "tokenizer", "vae")
 _SHARED_CACHE = ".z_image_shared"
@@ -143,14 +172,26 @@ def _link_tree(source: Path, target: Path) -> None:
                 shutil.copy2(path, destination)
 
 
+def _write_siglip(repo: Path, seed: int) -> None:
+    """Writes ``siglip/`` (a ``Siglip2VisionModel``, one ``model.safetensors``) and ``siglip_processor/``."""
+    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+    with seeded(seed):
+        siglip = Siglip2VisionModel(Siglip2VisionConfig(**SIGLIP_CONFIG))
+    # A shard limit above the model's size keeps it in the single file the reference's pattern names.
+    siglip.save_pretrained(repo / "siglip", max_shard_size="1GB")
+    write_json(repo / "siglip_processor" / "preprocessor_config.json", SIGLIP_PROCESSOR_CONFIG)
+
+
 def build_tiny_z_image(root: Path, model_id: str = Z_IMAGE_TURBO_MODEL_ID, seed: int = 0) -> Path:
-    """Writes a tiny Z-Image repo (``Tongyi-MAI/Z-Image`` or ``Tongyi-MAI/Z-Image-Turbo``) at ``root/<model_id>``.
+    """Writes a tiny Z-Image repo (``Tongyi-MAI/Z-Image``, ``-Turbo`` or ``-Omni-Base``) at ``root/<model_id>``.
 
     Layout: ``transformer/`` (ZImageTransformer2DModel, sharded), ``text_encoder/`` (Qwen3Model, sharded),
-    ``tokenizer/``, ``vae/`` (AutoencoderKL, one file), ``scheduler/`` and ``model_index.json``. Weights are float32.
+    ``tokenizer/``, ``vae/`` (AutoencoderKL, one file), ``scheduler/`` and ``model_index.json``; Omni-Base adds
+    ``siglip/`` and ``siglip_processor/``. Weights are float32.
 
     Raises:
-        ValueError: ``model_id`` is not one of the two releases.
+        ValueError: ``model_id`` is not one of the three releases.
     """
     from diffusers import ZImageTransformer2DModel
 
@@ -160,15 +201,22 @@ def build_tiny_z_image(root: Path, model_id: str = Z_IMAGE_TURBO_MODEL_ID, seed:
     shared = _shared_parts(root, seed)
     for name in _SHARED_FOLDERS:
         _link_tree(shared / name, repo / name)
+    omni = model_id == Z_IMAGE_OMNI_MODEL_ID
+    config = {**TRANSFORMER_CONFIG, "siglip_feat_dim": SIGLIP_HIDDEN_SIZE} if omni else TRANSFORMER_CONFIG
     with seeded(seed + TRANSFORMER_SEEDS[model_id]):
-        transformer = ZImageTransformer2DModel(**TRANSFORMER_CONFIG)
+        transformer = ZImageTransformer2DModel(**config)
     transformer.save_pretrained(repo / "transformer", max_shard_size=SHARD_SIZE)
     write_json(repo / "scheduler" / "scheduler_config.json", Z_IMAGE_SCHEDULER_CONFIGS[model_id])
-    write_json(repo / "model_index.json", model_index("ZImagePipeline", _COMPONENTS))
+    if omni:
+        _write_siglip(repo, seed + SIGLIP_SEED)
+        write_json(repo / "model_index.json", model_index("ZImageOmniPipeline", _OMNI_COMPONENTS))
+    else:
+        write_json(repo / "model_index.json", model_index("ZImagePipeline", _COMPONENTS))
     return repo
 
 
 Z_IMAGE_BUILDERS = {
     "z_image": functools.partial(build_tiny_z_image, model_id=Z_IMAGE_MODEL_ID),
     "z_image_turbo": functools.partial(build_tiny_z_image, model_id=Z_IMAGE_TURBO_MODEL_ID),
+    "z_image_omni_base": functools.partial(build_tiny_z_image, model_id=Z_IMAGE_OMNI_MODEL_ID),
 }

@@ -111,8 +111,6 @@ def unsupported_flag_problems(flags: Mapping[str, Any]) -> list[str]:
 # one reason before anything else is checked, downloaded or loaded.
 UNSUPPORTED_MODELS: dict[str, str] = {
     "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
-    "Tongyi-MAI/Z-Image-Omni-Base": "Z-Image-Omni-Base (SigLIP image conditioning, edit images) is not supported "
-                                    "here; train Tongyi-MAI/Z-Image or Tongyi-MAI/Z-Image-Turbo",
     "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
     "black-forest-labs/FLUX.2-dev": "FLUX.2 [dev] (its Mistral-3 text encoder and 32B transformer) is not supported "
                                     "here; train black-forest-labs/FLUX.2-klein-4B, -9B or their -base models",
