@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from PIL import Image
 
 from ..core.data.cells import integer, positive_integer, real, text
 from ..core.device import resolve_device
+from ..core.files import atomic_write
 from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
 from ..diffusion.flow_match import FlowMatchScheduler
@@ -101,6 +103,22 @@ class ImageNoiseUnit(PipelineUnit):
                                     rand_device)}
 
 
+class InputImageEmbedderUnit(PipelineUnit):
+    """Encodes ``input_image``, resized to ``height x width`` if it differs, with the pipeline's ``encode_image``:
+    the training target, or an image-to-image start."""
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
+                         onload_model_names=("vae",))
+
+    def process(self, pipe: TextToLatentPipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
+        if input_image is None:
+            return {}
+        if input_image.size != (width, height):
+            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
+        return {"input_latents": pipe.encode_image(input_image)}
+
+
 class LatentsUnit(PipelineUnit):
     """The latents the denoising loop starts from: the noise, or the input noised to the first timestep."""
 
@@ -140,6 +158,16 @@ class TextToLatentPipeline(BasePipeline):
         self.tokenizer: Any = None
         self.scheduler = FlowMatchScheduler.from_preset(self.scheduler_preset)
 
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An image as the state's normalised latents, from the VAE's distribution mode rather than a sample, so a
+        cached latent equals the one a single-stage run computes. Image pipelines implement it."""
+        raise NotImplementedError(f"{type(self).__name__} encodes no single image")
+
+    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
+        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines, which override this)."""
+        path = stem.with_suffix(".png")
+        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
+
     def size_multiple(self) -> int:
         """Pixels per latent token side (VAE compression times the 2x2 patch); heights and widths are rounded to it."""
         return SIZE_MULTIPLE
@@ -150,6 +178,20 @@ class TextToLatentPipeline(BasePipeline):
         mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
         inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
         return mean, inverse_std
+
+
+def load_if_on_disk(config: ModelConfig | None, load: Callable[[ModelConfig], Any]) -> Any:
+    """``load(config)`` when ``config``'s files are on disk already, else None: nothing is downloaded."""
+    if config is None:
+        return None
+    if config.model_id is not None:
+        config = ModelConfig(model_id=config.model_id, origin_file_pattern=config.origin_file_pattern,
+                             skip_download=True)
+    try:
+        resolve_files(config)
+    except FileNotFoundError:
+        return None
+    return load(config)
 
 
 def preprocessor_folder(config: ModelConfig, fix: str) -> Path:

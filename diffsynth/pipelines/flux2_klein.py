@@ -27,17 +27,16 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
-from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, resolve_files
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (
     ImageNoiseUnit,
+    InputImageEmbedderUnit,
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
@@ -150,33 +149,7 @@ def prepare_edit_image(image: Image.Image) -> Image.Image:
     return image.crop((left, top, left + cropped_width, top + cropped_height))
 
 
-def encode_image(pipe: Flux2KleinPipeline, image: Image.Image) -> torch.Tensor:
-    """An RGB image (sides multiples of 16) as normalised patchified latents ``(1, 128, H/16, W/16)``.
 
-    The VAE's distribution mode is used rather than a sample, as diffusers does for reference images, so a cached
-    latent equals the one a single-stage run computes.
-    """
-    pixels = image_to_tensor(image).to(pipe.device, pipe.vae.dtype)
-    latents = patchify(pipe.vae.encode(pixels).latent_dist.mode())
-    mean, inverse_std = pipe.latent_statistics(latents)
-    return ((latents - mean) * inverse_std).to(pipe.torch_dtype)
-
-
-
-class InputImageEmbedderUnit(PipelineUnit):
-    """Encodes ``input_image`` (resized to ``height x width`` if it differs) into normalised latents: the training
-    target, or an image-to-image start."""
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
-                         onload_model_names=("vae",))
-
-    def process(self, pipe: Flux2KleinPipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
-        if input_image is None:
-            return {}
-        if input_image.size != (width, height):
-            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
-        return {"input_latents": encode_image(pipe, input_image.convert("RGB"))}
 
 
 class EditImageEmbedderUnit(PipelineUnit):
@@ -192,7 +165,7 @@ class EditImageEmbedderUnit(PipelineUnit):
         if edit_image is None:
             return {"edit_latents": None}
         images = edit_image_list(edit_image)
-        return {"edit_latents": [encode_image(pipe, prepare_edit_image(image)) for image in images]}
+        return {"edit_latents": [pipe.encode_image(prepare_edit_image(image)) for image in images]}
 
 
 class PromptEmbedderUnit(PipelineUnit):
@@ -337,6 +310,14 @@ class Flux2KleinPipeline(TextToLatentPipeline):
                               return_dict=False)[0]
         return prediction[:, :height * width].transpose(1, 2).reshape(batch, channels, height, width)
 
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An RGB image (sides multiples of 16) as normalised patchified latents ``(1, 128, H/16, W/16)``, from the
+        VAE's distribution mode as diffusers encodes reference images."""
+        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
+        latents = patchify(self.vae.encode(pixels).latent_dist.mode())
+        mean, inverse_std = self.latent_statistics(latents)
+        return ((latents - mean) * inverse_std).to(self.torch_dtype)
+
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
         """The final latents de-normalised, unpatchified and decoded by the VAE, as ``(B, 3, H, W)`` in ``[0, 1]``."""
         self.load_models_to_device(["vae"])
@@ -349,11 +330,6 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         """FLUX.2 [klein] renders from a prompt and optional reference images (``edit_image``)."""
         return ['"input_image" is for Wan image-to-video; FLUX.2 [klein] takes reference images as "edit_image"'] \
             if "input_image" in inputs else []
-
-    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
-        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
-        path = stem.with_suffix(".png")
-        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float | None = None,

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
-from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, model_class_name
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (
     ImageNoiseUnit,
+    InputImageEmbedderUnit,
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
@@ -84,27 +83,6 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     return patches.reshape(batch, channels, height, width)
 
 
-
-class InputImageEmbedderUnit(PipelineUnit):
-    """Encodes ``input_image`` with the VAE into normalised latents (training targets, image-to-image start).
-
-    The image is resized to ``height x width`` if it differs. The VAE's distribution mode is used rather than a
-    sample, so a cached latent equals the one a single-stage run computes.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
-                         onload_model_names=("vae",))
-
-    def process(self, pipe: QwenImagePipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
-        if input_image is None:
-            return {}
-        if input_image.size != (width, height):
-            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
-        pixels = image_to_tensor(input_image).to(pipe.device, pipe.vae.dtype).unsqueeze(2)
-        latents = pipe.vae.encode(pixels).latent_dist.mode()[:, :, 0]
-        mean, inverse_std = pipe.latent_statistics(latents)
-        return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
 
 
 class PromptEmbedderUnit(PipelineUnit):
@@ -253,6 +231,13 @@ class QwenImagePipeline(TextToLatentPipeline):
         }  # fmt: skip
         return inputs_shared, {"prompt": sample["prompt"]}, {}
 
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An image as normalised latents ``(1, 16, H/8, W/8)``: one frame through the 3D VAE (distribution mode)."""
+        pixels = image_to_tensor(image).to(self.device, self.vae.dtype).unsqueeze(2)
+        latents = self.vae.encode(pixels).latent_dist.mode()[:, :, 0]
+        mean, inverse_std = self.latent_statistics(latents)
+        return ((latents - mean) * inverse_std).to(self.torch_dtype)
+
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
                                 latent_shape: tuple[int, ...]) -> None:
         """Qwen-Image's shift grows with the token count, ``(latent height / 2) * (latent width / 2)``."""
@@ -299,11 +284,6 @@ class QwenImagePipeline(TextToLatentPipeline):
         """Qwen-Image renders from a prompt and, for editing, ``edit_image``; a first frame is for Wan."""
         return ['"input_image" is for Wan image-to-video; Qwen-Image-Edit takes "edit_image"'] \
             if "input_image" in inputs else []
-
-    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
-        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
-        path = stem.with_suffix(".png")
-        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..core.loader import ModelConfig, ModelLoadError
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_list, image_to_tensor, preprocessor_folder
+from .common import image_list, image_to_tensor, load_if_on_disk, preprocessor_folder
 
 if TYPE_CHECKING:
     from .qwen_image import QwenImagePipeline
@@ -159,14 +159,7 @@ def default_processor_config(dit_config: ModelConfig | None) -> ModelConfig:
 
 def processor_if_present(config: ModelConfig) -> Any:
     """The processor ``config`` names when its files are already on disk, else ``None`` (nothing is downloaded)."""
-    if config.model_id is not None:
-        config = ModelConfig(model_id=config.model_id, origin_file_pattern=config.origin_file_pattern,
-                             skip_download=True)
-    try:
-        resolve_files(config)
-    except FileNotFoundError:
-        return None
-    return load_processor(config)
+    return load_if_on_disk(config, load_processor)
 
 
 def load_processor(config: ModelConfig) -> Any:

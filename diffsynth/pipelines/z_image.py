@@ -21,19 +21,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
 from ..core.data.cells import real
-from ..core.files import atomic_write
 from ..core.loader import ModelConfig, SharedLoad, resolve_files
 from ..diffusion.base_pipeline import PipelineUnit
 from ..diffusion.flow_match import PRESETS, FlowMatchScheduler
 from .common import (
     ImageNoiseUnit,
+    InputImageEmbedderUnit,
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
@@ -109,26 +108,6 @@ def release_shift(dit_config: ModelConfig | None) -> float | None:
     return float(config.get("shift", PRESETS["z_image"]["shift"]))
 
 
-
-class InputImageEmbedderUnit(PipelineUnit):
-    """Encodes ``input_image`` with the VAE into normalised latents (training targets, image-to-image start).
-
-    The image is resized to ``height x width`` if it differs; the distribution's mode is used, so a cached latent
-    equals the one a single-stage run computes.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(input_params=("input_image", "height", "width"), output_params=("input_latents",),
-                         onload_model_names=("vae",))
-
-    def process(self, pipe: ZImagePipeline, input_image: Image.Image | None, height: int, width: int) -> dict:
-        if input_image is None:
-            return {}
-        if input_image.size != (width, height):
-            input_image = input_image.resize((width, height), Image.Resampling.LANCZOS)
-        pixels = image_to_tensor(input_image).to(pipe.device, pipe.vae.dtype)
-        latents = pipe.vae.encode(pixels).latent_dist.mode()
-        return {"input_latents": pipe.normalise_latents(latents).to(pipe.torch_dtype)}
 
 
 class PromptEmbedderUnit(PipelineUnit):
@@ -232,6 +211,11 @@ class ZImagePipeline(TextToLatentPipeline):
             self.siglip_processor = load_siglip_processor(config)
         return self.siglip_processor
 
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An image as normalised latents ``(1, 16, H/8, W/8)`` (the VAE's distribution mode)."""
+        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
+        return self.normalise_latents(self.vae.encode(pixels).latent_dist.mode()).to(self.torch_dtype)
+
     def normalise_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """VAE latents to the transformer's scale: ``(latents - shift_factor) * scaling_factor``."""
         return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
@@ -317,11 +301,6 @@ class ZImagePipeline(TextToLatentPipeline):
         if "input_image" in inputs:
             problems.append('"input_image" is for Wan image-to-video; Z-Image renders from the prompt alone')
         return problems
-
-    def save_output(self, output: Image.Image, stem: Path, fps: int = 16) -> Path:
-        """Writes an image as ``<stem>.png``, atomically (``fps`` is for video pipelines)."""
-        path = stem.with_suffix(".png")
-        return atomic_write(path, lambda temporary: output.save(temporary, format="PNG"))
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,

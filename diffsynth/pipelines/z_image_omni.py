@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..core.loader import ModelConfig, ModelLoadError
 from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_list, preprocessor_folder
+from .common import image_list, load_if_on_disk, preprocessor_folder
 
 if TYPE_CHECKING:
     from .z_image import ZImagePipeline
@@ -203,16 +203,7 @@ def default_siglip_processor_config(siglip_config: ModelConfig | None) -> ModelC
 
 def siglip_processor_if_present(config: ModelConfig | None) -> Any:
     """The processor ``config`` names when its files are on disk already, else None (nothing is downloaded)."""
-    if config is None:
-        return None
-    if config.model_id is not None:
-        config = ModelConfig(model_id=config.model_id, origin_file_pattern=config.origin_file_pattern,
-                             skip_download=True)
-    try:
-        resolve_files(config)
-    except FileNotFoundError:
-        return None
-    return load_siglip_processor(config)
+    return load_if_on_disk(config, load_siglip_processor)
 
 
 def load_siglip_processor(config: ModelConfig) -> Any:
