@@ -38,6 +38,7 @@ from .training.placement.planner import (
 PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
              "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True),
              "z-image": ("diffsynth.pipelines.z_image", "ZImagePipeline", False),
+             "flux": ("diffsynth.pipelines.flux", "FluxPipeline", False),
              "flux2-klein": ("diffsynth.pipelines.flux2_klein", "Flux2KleinPipeline", False)}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from diffsynth.core.planning.plans import NoPlanFits, format_table
 from diffsynth.core.planning.profiles import GIB, PROFILES
+from diffsynth.pipelines.flux import FluxPipeline
 from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
@@ -37,6 +38,9 @@ SQUARE = ["--height", "1024", "--width", "1024"]
 FLUX2_FLAGS = ["--lora_target_modules", ",".join([
     "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
     *(f"single_transformer_blocks.{index}.attn.to_out" for index in range(20))]), *SQUARE]
+# The reference's FLUX.1 targets, in its own module names (mapped to diffusers' by FluxPipeline.lora_target_aliases).
+FLUX_FLAGS = ["--lora_target_modules", "a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,"
+              "norm.linear,norm1_a.linear,norm1_b.linear,to_qkv_mlp", *SQUARE]
 RUNS = {
     "Qwen-Image (20B) LoRA, 1024x1024": ("qwen-image", QwenImagePipeline, False, False, QWEN_IMAGE_FLAGS),
     "Qwen-Image (20B) LoRA, 1024x1024, frozen weights in fp8 (--fp8_models)": (
@@ -45,6 +49,7 @@ RUNS = {
         "--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--height", "480", "--width", "832", "--num_frames", "81"]),
     "Z-Image (6B) LoRA, 1024x1024": ("z-image", ZImagePipeline, False, False, [
         "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", *SQUARE]),
+    "FLUX.1 [dev] (12B) LoRA, 1024x1024": ("flux.1-dev", FluxPipeline, False, False, FLUX_FLAGS),
     "FLUX.2 [klein] 4B LoRA, 1024x1024": ("flux.2-klein-4b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
     "FLUX.2 [klein] 9B LoRA, 1024x1024": ("flux.2-klein-9b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
 }

@@ -59,8 +59,9 @@ class BasePipeline(torch.nn.Module):
     model_roles: dict[str, str] = {}
     #: Where the tokenizer comes from when a text encoder is loaded and no config names a tokenizer.
     default_tokenizer_config: ModelConfig | None = None
-    #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names.
-    lora_target_aliases: dict[str, str] = {}
+    #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names: a
+    #: suffix, or a tuple of patterns over whole module names (``training_module.TargetAliases``).
+    lora_target_aliases: dict[str, str | tuple[str, ...]] = {}
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).

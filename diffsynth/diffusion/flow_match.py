@@ -13,6 +13,9 @@ sigma grid is bent ("shifted") towards high noise:
   WanPipeline wrap that scheduler in :class:`DiffusersScheduler`, which offers the same inference interface.
 * ``"z_image"``: plain shift 3, the reference trainer's Z-Image schedule and Z-Image-Turbo's
   ``scheduler_config.json``; ``pipelines.z_image.ZImageScheduler`` samples with a release's own shift.
+* ``"flux"``: FLUX.1's resolution-dependent exponential shift (``mu`` from the token count on the line of the
+  released ``scheduler_config.json``) on ``linspace(1, 1/N, N)``, as diffusers' FluxPipeline samples; training draws
+  from the grid bent by the static shift 3, the reference trainer's FLUX.1 schedule (``training_shift``).
 * ``"flux2"``: exponential shift with FLUX.2's empirical ``mu`` (a function of the token count and the number of
   steps, which the pipeline computes and passes as ``mu``) on ``linspace(1, 1/N, N)``, as diffusers'
   Flux2KleinPipeline samples.
@@ -36,6 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "wan": dict(shift=5.0),
     "z_image": dict(shift=3.0),
+    "flux": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096,
+                 training_shift=3.0),
     # FLUX.2: the released scheduler config's line; inference passes its own (empirical) mu and training bends the
     # grid at training_mu 0.8, as the reference trainer does.
     "flux2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096),
@@ -54,16 +59,18 @@ class FlowMatchScheduler:
         max_image_seq_len: See ``max_shift``.
         shift_terminal: If set, the shifted schedule is stretched so its last sigma equals this value.
         training_mu: ``mu`` for the training grid when ``dynamic_shift`` (0.8, DiffSynth-Studio's choice).
+        training_shift: A static shift for the training grid instead (of ``shift`` or ``training_mu``): FLUX.1
+            samples with the resolution shift but the reference trains it on shift 3.
         num_train_timesteps: Timestep scale and size of the training grid.
     """
 
     def __init__(
         self, shift: float = 1.0, *, dynamic_shift: bool = False, base_shift: float = 0.5, max_shift: float = 0.9,
         base_image_seq_len: int = 256, max_image_seq_len: int = 8192, shift_terminal: float | None = None,
-        training_mu: float = 0.8, num_train_timesteps: int = 1000,
+        training_mu: float = 0.8, training_shift: float | None = None, num_train_timesteps: int = 1000,
     ) -> None:
-        if shift <= 0:
-            raise ValueError(f"shift={shift} must be positive; use 1.0 for no shift")
+        if shift <= 0 or (training_shift is not None and training_shift <= 0):
+            raise ValueError(f"shift={shift}, training_shift={training_shift} must be positive; use 1.0 for no shift")
         if shift_terminal is not None and not 0 <= shift_terminal < 1:
             raise ValueError(f"shift_terminal={shift_terminal} must lie in [0, 1); use None to keep the schedule's end")
         if max_image_seq_len <= base_image_seq_len:
@@ -79,7 +86,10 @@ class FlowMatchScheduler:
         self.sigmas = torch.empty(0)
         self.timesteps = torch.empty(0)
         grid = torch.linspace(1.0, 0.0, num_train_timesteps + 1, dtype=torch.float64)[:-1]
-        _, self.training_timesteps = self._bend(grid, training_mu if dynamic_shift else None)
+        if training_shift is not None:
+            _, self.training_timesteps = self._bend(grid, None, shift=training_shift)
+        else:
+            _, self.training_timesteps = self._bend(grid, training_mu if dynamic_shift else None)
         # Normalising on the grid itself makes the expected weight of a uniformly drawn grid index exactly 1.
         self._weight_norm = self._gaussian(self.training_timesteps).mean()
 
@@ -121,12 +131,15 @@ class FlowMatchScheduler:
         slope = (self.max_shift - self.base_shift) / (self.max_image_seq_len - self.base_image_seq_len)
         return self.base_shift + slope * (image_seq_len - self.base_image_seq_len)
 
-    def _bend(self, sigmas: torch.Tensor, mu: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shifts float64 ``sigmas`` (no zeros) and returns float32 ``(sigmas, timesteps)``."""
+    def _bend(self, sigmas: torch.Tensor, mu: float | None, shift: float | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shifts float64 ``sigmas`` (no zeros) by ``mu``, else by the static ``shift`` (default ``self.shift``), and
+        returns float32 ``(sigmas, timesteps)``."""
         if mu is not None:
             sigmas = math.exp(mu) / (math.exp(mu) + (1.0 / sigmas - 1.0))
         else:
-            sigmas = self.shift * sigmas / (1.0 + (self.shift - 1.0) * sigmas)
+            shift = self.shift if shift is None else shift
+            sigmas = shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
         # A schedule that is just [1.0] has nothing to stretch (and would divide by zero).
         if self.shift_terminal is not None and sigmas[-1] < 1.0:
             one_minus = 1.0 - sigmas

@@ -18,7 +18,16 @@ peft       ``<native>.lora_A.default.weight``                 folded (the refere
 musubi-tuner run that code. The trainer writes ``universal``, the one layout that diffusers, ComfyUI, DiffSynth-Studio
 and musubi-tuner all load fully at strength 1.0 (checked by ``python -m diffsynth.lora inspect``). FLUX.2's universal
 keys have no ``diffusion_model.`` prefix (``ModuleNaming.universal_prefix``): ComfyUI reads its names bare; diffusers
-then gets a diffusers-layout twin file (``training.outputs.logger``).
+then gets a diffusers-layout twin file (``training.outputs.logger``). FLUX.1's are diffusers' names under
+``transformer.``, which diffusers, ComfyUI and DiffSynth-Studio all take (DiffSynth-Studio the block layers only: its
+FLUX.1 loader maps no embedder and no final layer in any layout).
+
+FLUX.1's kohya files name BFL's fused layers (``lora_unet_double_blocks_0_img_attn_qkv``, ``ModuleNaming.fused``), as
+kohya's sd-scripts and the reference's ``--align_to_opensource_format`` do. The per-projection LoRAs of one fused layer
+become one LoRA of their summed rank, exactly (:func:`fuse_layers`): the downs stacked, the ups block-diagonal, zeros
+for a projection not trained. Their scale is folded and no ``alpha`` is written, since DiffSynth-Studio's FLUX.1 loader
+applies the first alpha it finds to every layer (and again on a second pass). Reading splits such a layer back
+(:func:`split_fused`), also one whose parts share one down (a LoRA trained on the fused layer).
 
 Reading (:mod:`.reading`) accepts all four, plus this project's earlier files (diffusers layout with a plain
 ``lora_alpha`` entry), any of the prefixes in :data:`STRIPPED_PREFIXES`, and diffusers' or native names. A scale
@@ -40,7 +49,7 @@ import torch
 
 from ..core.files import atomic_save_safetensors
 from ..core.finite import require_finite
-from .naming import DIFFUSERS_NAMING, ModuleNaming
+from .naming import DIFFUSERS_NAMING, FusedLayer, FusedNaming, ModuleNaming
 
 LAYOUTS = ("universal", "diffusers", "kohya", "peft")
 FORMAT_VERSION = 2
@@ -170,7 +179,8 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     Args:
         weights: The LoRA, layers keyed by diffusers module name.
         layout: One of :data:`LAYOUTS`.
-        naming: The model's native naming (universal, kohya and peft name layers natively).
+        naming: The model's native naming (universal, kohya and peft name layers natively; kohya files name the
+            fused layers of ``naming.fused`` where it has them, FLUX.1's).
         dtype: Storage dtype of the factors; None keeps theirs. Folding happens in float32 first.
 
     Raises:
@@ -179,35 +189,33 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     if layout not in LAYOUTS:
         raise ValueError(f"unknown LoRA layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     uniform = len(weights.ranks) == 1 and len(weights.scales) == 1
-    fold = layout in ("universal", "peft") or (layout == "diffusers" and not uniform)
+    fused = layout == "kohya" and naming.fused is not None
+    fold = layout in ("universal", "peft") or (layout == "diffusers" and not uniform) or fused
     tensors, metadata, folded = {}, {}, {}
 
     def store(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
 
-    for name, layer in sorted(weights.layers.items()):
-        native = naming.to_native(name)
-        if native is None and layout != "diffusers":
-            raise ValueError(f"LoRA layer {name!r} has no name in the {naming.name} code, so a {layout} file cannot "
-                             "name it; leave it out of --lora_target_modules, or write the diffusers layout")
+    for file_name, layer in _file_layers(weights, layout, naming):
         up, down = layer.up, layer.down
         if fold:
             up = layer.up.float() * layer.scale
-            folded[native if layout != "diffusers" else name] = layer.scale
+            folded[file_name] = layer.scale
         if layout == "universal":
-            tensors[f"{naming.universal_prefix}{native}.lora_A.weight"] = store(down)
-            tensors[f"{naming.universal_prefix}{native}.lora_B.weight"] = store(up)
+            tensors[f"{naming.universal_prefix}{file_name}.lora_A.weight"] = store(down)
+            tensors[f"{naming.universal_prefix}{file_name}.lora_B.weight"] = store(up)
         elif layout == "peft":
-            tensors[f"{native}.lora_A.default.weight"] = store(down)
-            tensors[f"{native}.lora_B.default.weight"] = store(up)
+            tensors[f"{file_name}.lora_A.default.weight"] = store(down)
+            tensors[f"{file_name}.lora_B.default.weight"] = store(up)
         elif layout == "kohya":
-            stem = "lora_unet_" + native.replace(".", "_")
+            stem = "lora_unet_" + file_name.replace(".", "_")
             tensors[f"{stem}.lora_down.weight"] = store(down)
             tensors[f"{stem}.lora_up.weight"] = store(up)
-            tensors[f"{stem}.alpha"] = torch.tensor(float(layer.scale * layer.rank))
+            if not fold:
+                tensors[f"{stem}.alpha"] = torch.tensor(float(layer.scale * layer.rank))
         else:
-            tensors[f"{DIFFUSERS_COMPONENT}.{name}.lora_A.weight"] = store(down)
-            tensors[f"{DIFFUSERS_COMPONENT}.{name}.lora_B.weight"] = store(up)
+            tensors[f"{DIFFUSERS_COMPONENT}.{file_name}.lora_A.weight"] = store(down)
+            tensors[f"{DIFFUSERS_COMPONENT}.{file_name}.lora_B.weight"] = store(up)
     if layout == "diffusers" and uniform:
         rank, scale = next(iter(weights.ranks)), next(iter(weights.scales))
         config = {"r": rank, "lora_alpha": _plain_number(scale * rank), "target_modules": sorted(weights.layers)}
@@ -220,6 +228,101 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     metadata[LAYOUT_KEY] = layout
     metadata[_META + "format_version"] = str(FORMAT_VERSION)
     return tensors, metadata
+
+
+def _file_layers(weights: LoRAWeights, layout: str, naming: ModuleNaming) -> list[tuple[str, LoRALayer]]:
+    """The layers under the names ``layout`` gives them: diffusers' (diffusers layout), the fused layers of
+    ``naming.fused`` (kohya, FLUX.1), or the native names."""
+    if layout == "diffusers":
+        return sorted(weights.layers.items())
+    if layout == "kohya" and naming.fused is not None:
+        return sorted(fuse_layers(weights.layers, naming.fused).items())
+    named = []
+    for name, layer in sorted(weights.layers.items()):
+        native = naming.to_native(name)
+        if native is None:
+            raise ValueError(f"LoRA layer {name!r} has no name in the {naming.name} code, so a {layout} file cannot "
+                             "name it; leave it out of --lora_target_modules, or write the diffusers layout")
+        named.append((native, layer))
+    return named
+
+
+def fuse_layers(layers: Mapping[str, LoRALayer], fused: FusedNaming) -> dict[str, LoRALayer]:
+    """The LoRAs of diffusers layers as LoRAs of the original release's fused layers, with the same updates.
+
+    The parts of one fused layer (``to_q``, ``to_k``, ``to_v`` of ``img_attn.qkv``) become one LoRA of their summed
+    rank: their downs stacked, their ups placed block-diagonally, so each part's rows get exactly its own update. A
+    part not trained gets a zero block of the others' rank, which keeps the blocks equal (diffusers' kohya converter
+    then splits them back per part too) and which :func:`split_fused` leaves out again.
+
+    Args:
+        layers: ``{diffusers layer name: LoRALayer}``.
+        fused: The original release's naming.
+
+    Returns:
+        ``{native layer name: LoRALayer}``, each at the scale of its first part (the others' folded into their ups).
+
+    Raises:
+        ValueError: A layer the original code has no name for.
+    """
+    groups: dict[str, dict[int, LoRALayer]] = {}
+    for name, layer in layers.items():
+        located = fused.locate(name)
+        if located is None:
+            raise ValueError(f"LoRA layer {name!r} has no name in the {fused.name} code, so a kohya file cannot name "
+                             "it; leave it out of --lora_target_modules, or write the universal layout")
+        native, index = located
+        groups.setdefault(native, {})[index] = layer
+    return {native: _fuse(fused.parts(native)[0], parts) for native, parts in groups.items()}
+
+
+def _fuse(spec: FusedLayer, parts: Mapping[int, LoRALayer]) -> LoRALayer:
+    present = [parts[index] for index in sorted(parts)]
+    first = present[0]
+    if len(spec.parts) == 1:
+        return LoRALayer(first.down, spec.join_rows([first.up]), first.scale)
+    rank = max(layer.rank for layer in present)
+    in_features = first.down.shape[1]
+    ranks = [parts[index].rank if index in parts else rank for index in range(len(spec.parts))]
+    downs, ups, column = [], [], 0
+    for index, rows in enumerate(spec.row_counts(in_features)):
+        layer = parts.get(index)
+        up = first.up.new_zeros(rows, sum(ranks))
+        if layer is None:
+            downs.append(first.down.new_zeros(rank, in_features))
+        else:
+            downs.append(layer.down)
+            up[:, column:column + layer.rank] = layer.up * (layer.scale / first.scale)
+        ups.append(up)
+        column += ranks[index]
+    return LoRALayer(torch.cat(downs), spec.join_rows(ups), first.scale)
+
+
+def split_fused(layer: LoRALayer, spec: FusedLayer) -> list[LoRALayer | None]:
+    """The LoRAs of a fused layer's diffusers parts, each giving exactly its rows of the fused update.
+
+    A block-diagonal LoRA (:func:`fuse_layers`, kohya's sd-scripts: the rank divides into one equal block per part,
+    each part's up rows zero outside its block) gives each part its block of the down and the up; any other (one down
+    shared by all parts, as a LoRA trained on the fused layer has) gives each part the whole down and its up rows.
+
+    Returns:
+        One LoRA per part of ``spec``, None for a part whose block is all zeros (a projection not trained).
+
+    Raises:
+        ValueError: The up factor has not the rows of the fused layer.
+    """
+    ups = spec.split_rows(layer.up, layer.down.shape[1])
+    count = len(ups)
+    if count > 1 and layer.rank % count == 0:
+        size = layer.rank // count
+        blocks = [(index * size, (index + 1) * size) for index in range(count)]
+        if all(not up[:, :start].any() and not up[:, stop:].any() for up, (start, stop) in zip(ups, blocks)):
+            parts = []
+            for up, (start, stop) in zip(ups, blocks):
+                down, block = layer.down[start:stop], up[:, start:stop]
+                parts.append(LoRALayer(down, block, layer.scale) if down.any() or block.any() else None)
+            return parts
+    return [LoRALayer(layer.down, up, layer.scale) for up in ups]
 
 
 def describe_metadata(weights: LoRAWeights, naming: ModuleNaming) -> dict[str, str]:

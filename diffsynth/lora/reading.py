@@ -2,9 +2,10 @@
 
 A file's factors are grouped by the layer part of their keys (:data:`.formats.FACTOR_KEY`); each layer's name is
 resolved to the diffusers module it names (the prefixes of :data:`.formats.STRIPPED_PREFIXES` stripped, native names
-converted, kohya's underscores undone); its scale comes from the first of: a per-layer ``alpha`` tensor, the folded
-scale the metadata records (divided out of ``lora_B`` again), peft's ``LoraConfig`` or plain ``lora_alpha`` entries.
-With :mod:`.formats`, this is the only module that spells LoRA keys.
+converted, kohya's underscores undone), or to a fused layer of the original release (FLUX.1's ``img_attn.qkv``), which
+is then split into the diffusers layers it holds (:func:`.formats.split_fused`); its scale comes from the first of: a
+per-layer ``alpha`` tensor, the folded scale the metadata records (divided out of ``lora_B`` again), peft's
+``LoraConfig`` or plain ``lora_alpha`` entries. With :mod:`.formats`, this is the only module that spells LoRA keys.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from .formats import (
     UNDERSCORE_PREFIXES,
     LoRALayer,
     LoRAWeights,
+    split_fused,
 )
-from .naming import ModuleNaming, naming_for
+from .naming import FusedLayer, ModuleNaming, naming_for
 
 _ALPHA_KEY = re.compile(r"^(?P<layer>.+)\.alpha$")
 
@@ -116,8 +118,22 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
     folded = _folded_scales(file_metadata, where)
     weights = {}
     for name, pending in layers.items():
-        native = naming.to_native(name) or name
-        weights[name] = pending.layer(name, native, settings, folded, where)
+        fused = resolver.fused_parts(name)
+        if fused is None:
+            weights[name] = pending.layer(name, naming.to_native(name) or name, settings, folded, where)
+            continue
+        spec, part_names = fused
+        try:
+            parts = split_fused(pending.layer(name, name, settings, folded, where), spec)
+        except ValueError as error:
+            raise ValueError(f"LoRA layer {pending.key_prefix!r} in {where} does not fit {naming.fused.name}'s "
+                             f"{name!r}: {error}; load the LoRA into the model it was trained on") from None
+        for part_name, part in zip(part_names, parts):
+            if part_name in layers or part_name in weights:
+                raise ValueError(f"{where} holds two LoRAs for module {part_name!r} (one in {name!r}); keep one "
+                                 "layout per file")
+            if part is not None:
+                weights[part_name] = part
     layout = _layout_name(prefixes, kinds, bool(alphas), file_metadata, native_hits)
     return LoRAWeights(weights, layout, file_metadata, where, unmatched)
 
@@ -181,8 +197,20 @@ class _NameResolver:
             return []
         return [self.naming.to_native(name) or name for name in sorted(self.modules)[:6]]
 
+    def fused_parts(self, name: str) -> tuple[FusedLayer, list[str]] | None:
+        """The fused layer of the original release that ``name`` denotes and its diffusers layers, when the naming
+        has one by that name whose layers the model all has; None for any other name."""
+        if self.naming.fused is None or (self.modules is not None and name in self.modules):
+            return None
+        fused = self.naming.fused.parts(name)
+        if fused is None or (self.modules is not None and not set(fused[1]) <= self.modules):
+            return None
+        return fused
+
     def _lookup(self, name: str) -> tuple[str, bool] | None:
-        """``(diffusers name, whether the file used the native name)`` of a prefix-free name."""
+        """``(diffusers name or fused layer, whether the file used the native name)`` of a prefix-free name."""
+        if self.fused_parts(name) is not None:
+            return name, True
         if self.modules is None:
             converted = self.naming.to_diffusers(name)
             return (name, False) if converted is None or converted == name else (converted, True)
@@ -196,7 +224,11 @@ class _NameResolver:
     def resolve(self, key_prefix: str) -> tuple[str, str, bool] | None:
         for prefix in UNDERSCORE_PREFIXES:
             if key_prefix.startswith(prefix):
-                name = self.underscored.get(key_prefix[len(prefix):])
+                stem = key_prefix[len(prefix):]
+                name = self.underscored.get(stem)
+                if name is None and self.naming.fused is not None:
+                    name = self.naming.fused.from_underscored(stem)
+                    name = name if name is not None and self.fused_parts(name) is not None else None
                 return None if name is None else (name, prefix, True)
         name, stripped = key_prefix, ""
         while True:

@@ -3,29 +3,37 @@
 Each function below follows one tool's own loading code, as read in its repository (December 2026), on the file's
 keys and the model's layer names; none needs the tool installed except diffusers, whose real key conversion runs:
 
-* diffusers: ``QwenImageLoraLoaderMixin`` / ``WanLoraLoaderMixin`` / ``ZImageLoraLoaderMixin.lora_state_dict``
-  (real code), then ``load_lora_adapter``: keys under ``transformer.`` only, scale from ``lora_adapter_metadata`` or
-  alpha = rank.
-* ComfyUI (``comfy/lora.py``): for FLUX.2 its Flux key map (diffusers names bare or under ``transformer.``, see
-  ``_COMFY_FLUX_LAYERS``); otherwise ``diffusion_model.<native>`` and ``lora_unet_<native with _>`` (plus, for
-  Qwen-Image and Z-Image, ``<native>`` and ``transformer.<native>``; Z-Image's diffusers names land on NextDiT's fused
-  ``attention.qkv`` as slices, and its ``lora_unet_`` keys follow NextDiT's names); factors ``lora_up/down``,
-  ``lora_B/A`` (also ``.default``); scale ``<key>.alpha`` / rank, else 1.
+* diffusers: ``QwenImageLoraLoaderMixin`` / ``WanLoraLoaderMixin`` / ``ZImageLoraLoaderMixin`` /
+  ``Flux2LoraLoaderMixin`` / ``FluxLoraLoaderMixin.lora_state_dict`` (real code), then ``load_lora_adapter``: keys
+  under ``transformer.`` only, scale from ``lora_adapter_metadata`` or alpha = rank. (Its FLUX.1 kohya converter
+  names the embedders and the final layer without ``transformer.``, so they are dropped, and splits
+  ``single_blocks.N.linear1`` at the released widths, failing on any other.)
+* ComfyUI (``comfy/lora.py``): for FLUX.1 and FLUX.2 its Flux key map (diffusers names bare or under
+  ``transformer.``, see ``_COMFY_FLUX_LAYERS``), and for FLUX.1 also its own BFL names, ``diffusion_model.<bfl>`` and
+  ``lora_unet_<bfl with _>``, each patching a whole fused layer; otherwise ``diffusion_model.<native>`` and
+  ``lora_unet_<native with _>`` (plus, for Qwen-Image and Z-Image, ``<native>`` and ``transformer.<native>``; Z-Image's
+  diffusers names land on NextDiT's fused ``attention.qkv`` as slices, and its ``lora_unet_`` keys follow NextDiT's
+  names); factors ``lora_up/down``, ``lora_B/A`` (also ``.default``); scale ``<key>.alpha`` / rank, else 1.
 * DiffSynth-Studio (``GeneralLoRALoader``): every ``lora_B``/``lora_up`` key, adapter name and one leading
-  ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1.
-* musubi-tuner (its Wan and Qwen-Image generate scripts and network merge): only ``lora_unet_<native with _>`` keys
-  with ``lora_down``/``lora_up`` and ``.alpha`` are read; any other file must first go through its
-  ``convert_lora.py --target default`` (or ``python -m diffsynth.lora convert ... --to kohya``).
+  ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1. For
+  FLUX.1 its ``FluxLoRALoader`` instead (``_diffsynth_studio_flux``).
+* musubi-tuner (its Wan, Qwen-Image and FLUX.1 Kontext generate scripts and network merge): only
+  ``lora_unet_<native with _>`` keys with ``lora_down``/``lora_up`` and ``.alpha`` are read (for FLUX.1, BFL's fused
+  layers inside its double and single blocks); any other file must first go through its ``convert_lora.py --target
+  default`` (or ``python -m diffsynth.lora convert ... --to kohya``).
 
 These emulations were checked once against the tools' real code on tiny models (ComfyUI a125cd84, DiffSynth-Studio
-fed7b18f, musubi-tuner 30c658c4; see the session notes of December 2026). The strength a tool applies is measured,
-not assumed: each layer's delta as the tool builds it is compared with the
-delta this project reads, on a random probe vector.
+fed7b18f, musubi-tuner 30c658c4; see the session notes of December 2026; for FLUX.1, ComfyUI's key map and
+``load_lora`` with ``scripts/check_comfyui_flux_lora.py``, and DiffSynth-Studio's ``FluxLoRALoader`` as its
+``load_lora`` runs it, converting twice). The strength a tool applies is measured, not assumed: each
+layer's delta as the tool builds it is compared with the delta this project reads, on a random probe vector. A tool
+patching a fused layer is measured on each diffusers layer it holds (the rows of the patch that land on it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .formats import LoRALayer, LoRAWeights
-from .naming import ModuleNaming
+from .naming import FusedLayer, ModuleNaming
 from .reading import read_lora
 
 TOOLS = ("diffsynth", "diffusers", "ComfyUI", "DiffSynth-Studio", "musubi-tuner")
@@ -71,6 +79,8 @@ class ToolResult:
 
 
 Applied = dict[str, LoRALayer]
+# What a tool's key patches: one diffusers layer, or a fused layer of the original code and the diffusers layers in it.
+Target = str | tuple[FusedLayer, list[str]]
 Emulation = Callable[[Mapping[str, torch.Tensor], Mapping[str, str], "_Model"], tuple[Applied, list[str]]]
 
 
@@ -87,6 +97,16 @@ class _Model:
             native = self.naming.to_native(name)
             if native is not None:
                 table[native] = name
+        return table
+
+    def fused_layers(self) -> dict[str, tuple[FusedLayer, list[str]]]:
+        """fused layer name -> (its layout, the diffusers layers in it), for the original code's layers the model has
+        (``naming.fused``, FLUX.1's BFL layers)."""
+        fused, table = self.naming.fused, {}
+        for name in self.weights:
+            located = fused.locate(name)
+            if located is not None:
+                table[located[0]] = fused.parts(located[0])
         return table
 
 
@@ -133,6 +153,21 @@ def _measure(tool: str, emulation: Emulation, tensors: Mapping[str, torch.Tensor
     return result
 
 
+def _land(applied: Applied, target: Target, layer: LoRALayer) -> bool:
+    """Records a tool's patch of ``target`` as the diffusers layers see it: a fused layer's patch gives each layer in
+    it its rows. False where the patch does not fit the fused layer (the tools then skip it)."""
+    if isinstance(target, str):
+        applied[target] = layer
+        return True
+    spec, names = target
+    try:
+        rows = spec.split_rows(layer.up, layer.down.shape[1])
+    except ValueError:
+        return False
+    applied.update({name: LoRALayer(layer.down, part, layer.scale) for name, part in zip(names, rows)})
+    return True
+
+
 def _apply(layer: LoRALayer, probe: torch.Tensor) -> torch.Tensor:
     return layer.scale * (layer.up.float().flatten(1) @ (layer.down.float().flatten(1) @ probe))
 
@@ -153,13 +188,15 @@ def _diffsynth(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
 def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
     from diffusers.loaders.lora_pipeline import (
         Flux2LoraLoaderMixin,
+        FluxLoraLoaderMixin,
         QwenImageLoraLoaderMixin,
         WanLoraLoaderMixin,
         ZImageLoraLoaderMixin,
     )
 
     mixins = {"QwenImageTransformer2DModel": QwenImageLoraLoaderMixin, "WanTransformer3DModel": WanLoraLoaderMixin,
-              "ZImageTransformer2DModel": ZImageLoraLoaderMixin, "Flux2Transformer2DModel": Flux2LoraLoaderMixin}
+              "ZImageTransformer2DModel": ZImageLoraLoaderMixin, "Flux2Transformer2DModel": Flux2LoraLoaderMixin,
+              "FluxTransformer2DModel": FluxLoraLoaderMixin}
     mixin = mixins.get(model.class_name)
     if mixin is None:
         raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
@@ -213,14 +250,19 @@ _COMFY_FLUX_LAYERS = re.compile(
     r"|x_embedder|context_embedder|proj_out|norm_out\.linear|time_text_embed\..+)$")
 
 
-def _comfy_flux_key_map(model: _Model) -> dict[str, str]:
-    """ComfyUI's Flux branch: diffusers names bare (DiffSynth-Studio's files), under ``transformer.``, and its
-    underscore forms; BFL-named ``diffusion_model.`` keys would need BFL's fused layers, which no file here names."""
-    key_map = {}
+def _comfy_flux_key_map(model: _Model) -> dict[str, Target]:
+    """ComfyUI's Flux branch: diffusers names bare (DiffSynth-Studio's files; ComfyUI a125cd84 lacks these), under
+    ``transformer.``, and its underscore forms; for FLUX.1 also the generic keys of its own module names (BFL's),
+    ``diffusion_model.<bfl>`` and ``lora_unet_<bfl with _>``, each patching a whole fused layer. (Its
+    ``diffusion_model.single_blocks.N.linear1_qkv``, the q/k/v rows of ``linear1``, no file here names.)"""
+    key_map: dict[str, Target] = {}
     for name in model.weights:
         if _COMFY_FLUX_LAYERS.match(name):
             key_map[name] = key_map[f"transformer.{name}"] = name
             key_map["lycoris_" + name.replace(".", "_")] = key_map["lora_transformer_" + name.replace(".", "_")] = name
+    if model.naming.fused is not None:
+        for native, target in model.fused_layers().items():
+            key_map[f"diffusion_model.{native}"] = key_map["lora_unet_" + native.replace(".", "_")] = target
     return key_map
 
 
@@ -246,22 +288,24 @@ def _comfy_native_key_map(model: _Model) -> dict[str, str]:
 
 
 def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    flux = model.class_name == "Flux2Transformer2DModel"
-    key_map = _comfy_flux_key_map(model) if flux else _comfy_native_key_map(model)
+    flux = model.class_name in ("FluxTransformer2DModel", "Flux2Transformer2DModel")
+    key_map: Mapping[str, Target] = _comfy_flux_key_map(model) if flux else _comfy_native_key_map(model)
     applied, used = {}, set()
-    for prefix, name in key_map.items():
+    for prefix, target in key_map.items():
         for up_suffix, down_suffix in _COMFY_FACTORS:
             if prefix + up_suffix in tensors:
                 up, down = tensors[prefix + up_suffix], tensors[prefix + down_suffix]
                 alpha = tensors.get(prefix + ".alpha")
                 scale = 1.0 if alpha is None else float(alpha) / down.shape[0]
-                applied[name] = LoRALayer(down, up, scale)
-                used.update({prefix + up_suffix, prefix + down_suffix, prefix + ".alpha"})
+                if _land(applied, target, LoRALayer(down, up, scale)):
+                    used.update({prefix + up_suffix, prefix + down_suffix, prefix + ".alpha"})
                 break
     return applied, sorted(key for key in tensors if key not in used)
 
 
 def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    if model.class_name == "FluxTransformer2DModel":
+        return _diffsynth_studio_flux(tensors, model)
     natives = model.native_names()
     applied, used = {}, set()
     for key in tensors:
@@ -288,13 +332,102 @@ def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[s
 
 
 def _musubi(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
+    targets: dict[str, Target]
+    if model.naming.fused is not None:
+        # FLUX.1 Kontext (networks/lora_flux.py): LoRA modules only inside BFL's DoubleStreamBlock, SingleStreamBlock.
+        targets = {native: target for native, target in model.fused_layers().items()
+                   if native.startswith(("double_blocks.", "single_blocks."))}
+    else:
+        targets = {native: name for native, name in model.native_names().items()}
     applied, used = {}, set()
-    for native, name in model.native_names().items():
+    for native, target in targets.items():
         stem = "lora_unet_" + native.replace(".", "_")
         if f"{stem}.lora_down.weight" in tensors and f"{stem}.lora_up.weight" in tensors:
             down, up = tensors[f"{stem}.lora_down.weight"], tensors[f"{stem}.lora_up.weight"]
             alpha = tensors.get(f"{stem}.alpha")
             scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
-            applied[name] = LoRALayer(down, up, scale)
-            used.update({f"{stem}.lora_down.weight", f"{stem}.lora_up.weight", f"{stem}.alpha"})
+            if _land(applied, target, LoRALayer(down, up, scale)):
+                used.update({f"{stem}.lora_down.weight", f"{stem}.lora_up.weight", f"{stem}.alpha"})
+    return applied, sorted(key for key in tensors if key not in used)
+
+
+# DiffSynth-Studio's FluxLoRALoader (diffsynth/utils/lora/flux.py): the keys its diffusers_rename_dict renames
+# (diffusers names under transformer.) and those of its civitai_rename_dict (BFL's, lora_unet_ with lora_down/up). Its
+# FluxDiT names the embedders and the final layer otherwise, and neither dict maps them: they stay unused.
+_DSS_FLUX_DIFFUSERS = re.compile(
+    r"^transformer\.(?P<layer>transformer_blocks\.\d+\.(?:attn\.(?:to_[qkv]|add_[qkv]_proj|to_out\.0|to_add_out)"
+    r"|(?:ff|ff_context)\.net\.(?:0\.proj|2)|norm1(?:_context)?\.linear)"
+    r"|single_transformer_blocks\.\d+\.(?:attn\.to_[qkv]|proj_mlp|proj_out|norm\.linear))"
+    r"\.lora_(?P<part>[AB])\.weight$")
+_DSS_FLUX_BFL = re.compile(
+    r"^lora_unet_(?P<stem>double_blocks_\d+_(?:img|txt)_(?:mod_lin|attn_qkv|attn_proj|mlp_0|mlp_2)"
+    r"|single_blocks_\d+_(?:modulation_lin|linear1|linear2))\.lora_(?P<part>up|down)\.weight$")
+# The q/k/v projections it stacks into one of FluxDiT's fused layers (a_to_qkv, b_to_qkv, to_qkv_mlp).
+_DSS_FLUX_FUSED = re.compile(r"^(?P<block>(?:single_)?transformer_blocks\.\d+\.attn\.)(?P<kind>to_|add_)[qkv]")
+
+
+def _dss_first_alpha(tensors: Mapping[str, torch.Tensor], present: set[str]) -> float | None:
+    """Its ``guess_alpha``: alpha / rank of the first ``.alpha`` entry whose layer's down is among ``present``."""
+    for key, value in tensors.items():
+        if ".alpha" in key:
+            for suffix in (".lora_down.weight", ".lora_A.weight"):
+                down = key.replace(".alpha", suffix)
+                if down in present:
+                    return float(value) / tensors[down].shape[0]
+    return None
+
+
+def _dss_flux_scale(tensors: Mapping[str, torch.Tensor], renamed: set[str]) -> float:
+    """The one scale its loader gives every layer. ``guess_alpha`` multiplies every tensor (alphas too) by the square
+    root of the first alpha / rank; ``fuse_lora_to_base_model`` converts the result once more, where the alphas of
+    layers it did not rename still find their down and scale everything again."""
+    first = _dss_first_alpha(tensors, set(tensors))
+    first = 1.0 if first is None else first
+    kept = _dss_first_alpha(tensors, set(tensors) - renamed)
+    return first * (1.0 if kept is None else kept * math.sqrt(first))
+
+
+def _diffsynth_studio_flux(tensors: Mapping[str, torch.Tensor], model: _Model) -> tuple[Applied, list[str]]:
+    """DiffSynth-Studio's FLUX.1 loader: the first key holding ``lora_unet_`` or starting with ``transformer.`` decides
+    which of its two renamings applies to the whole file; a file with neither is taken under FluxDiT's own names,
+    which no layout here writes."""
+    resource = next(("civitai" if "lora_unet_" in key else "diffusers" for key in tensors
+                     if "lora_unet_" in key or key.startswith("transformer.")), None)
+    pattern = {"civitai": _DSS_FLUX_BFL, "diffusers": _DSS_FLUX_DIFFUSERS}.get(resource)
+    renamed = {key for key in tensors if pattern is not None and pattern.match(key)}
+    scale = _dss_flux_scale(tensors, renamed)
+    applied: Applied = {}
+    used: set[str] = set()
+    if resource == "civitai":
+        fused = model.naming.fused
+        for key in sorted(renamed):
+            if key.endswith(".lora_up.weight"):
+                down_key = key.replace(".lora_up.", ".lora_down.")  # its loader fails on a missing down too
+                target = fused.parts(fused.from_underscored(_DSS_FLUX_BFL.match(key)["stem"]))
+                if _land(applied, target, LoRALayer(tensors[down_key], tensors[key], scale)):
+                    used.update({key, down_key, key.replace(".lora_up.weight", ".alpha")})
+    elif resource == "diffusers":
+        factors: dict[str, dict[str, torch.Tensor]] = {}
+        for key in renamed:
+            match = _DSS_FLUX_DIFFUSERS.match(key)
+            factors.setdefault(match["layer"], {})[match["part"]] = tensors[key]
+        for name, parts in factors.items():
+            if set(parts) != {"A", "B"}:
+                raise KeyError(f"{name}: its loader needs both lora_A and lora_B")
+            fused = _DSS_FLUX_FUSED.match(name)
+            if fused is not None:
+                # q/k/v (add_q/k/v) become one layer when q is there, which then needs k and v of the same rank;
+                # without q they keep names FluxDiT lacks. A single block's proj_mlp joins (zeros where absent).
+                suffix = "_proj" if fused["kind"] == "add_" else ""
+                group = [f"{fused['block']}{fused['kind']}{axis}{suffix}" for axis in "qkv"]
+                if group[0] not in factors:
+                    continue
+                if any(member not in factors for member in group):
+                    raise KeyError(f"its loader fuses {group} and lacks one of them")
+                if len({factors[member]["A"].shape[0] for member in group}) != 1:
+                    raise RuntimeError(f"its loader fuses {group} as blocks of one rank")
+            elif name.endswith(".proj_mlp") and name.replace(".proj_mlp", ".attn.to_q") not in factors:
+                continue
+            applied[name] = LoRALayer(parts["A"], parts["B"], scale)
+            used.update(f"transformer.{name}.lora_{part}.weight" for part in "AB")
     return applied, sorted(key for key in tensors if key not in used)

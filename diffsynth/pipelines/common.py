@@ -41,8 +41,9 @@ def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(frame) for frame in array]
 
 
-def image_list(images: Image.Image | Any) -> tuple[list[Image.Image], bool]:
-    """``edit_image`` (one PIL image or a list of them) as a list, and whether it came as a list.
+def image_list(images: Image.Image | Any, name: str = "edit_image") -> tuple[list[Image.Image], bool]:
+    """Condition images (one PIL image or a list of them) as a list, and whether they came as a list; ``name`` is
+    the input they were given as, for messages.
 
     Raises:
         ValueError: A path instead of an image (the dataset column was not loaded), an empty list, or not images.
@@ -50,15 +51,33 @@ def image_list(images: Image.Image | Any) -> tuple[list[Image.Image], bool]:
     several = isinstance(images, (list, tuple))
     found = list(images) if several else [images]
     if not found:
-        raise ValueError("edit_image is an empty list; give one image, or a list of them")
+        raise ValueError(f"{name} is an empty list; give one image, or a list of them")
     for image in found:
         if isinstance(image, (str, Path)):
-            raise ValueError(f"edit_image holds the path {str(image)!r}, not an image; open it with PIL "
-                             "(Image.open), or when training add edit_image to --data_file_keys (e.g. "
-                             "--data_file_keys image,edit_image) so the dataset loads it")
+            raise ValueError(f"{name} holds the path {str(image)!r}, not an image; open it with PIL "
+                             f"(Image.open), or when training add {name} to --data_file_keys (e.g. "
+                             f"--data_file_keys image,{name}) so the dataset loads it")
         if not isinstance(image, Image.Image):
-            raise ValueError(f"edit_image holds a {type(image).__name__}; pass PIL images (one, or a list)")
+            raise ValueError(f"{name} holds a {type(image).__name__}; pass PIL images (one, or a list)")
     return found, several
+
+
+def check_call_inputs(prompt: Any, output_type: str, max_sequence_length: int | None = None,
+                      max_length: int = 0, output_types: tuple[str, ...] = ("pil", "pt")) -> None:
+    """The checks every pipeline's ``__call__`` makes first: one prompt string, a known ``output_type``, and (when
+    given) ``max_sequence_length`` in ``[1, max_length]``.
+
+    Raises:
+        TypeError: ``prompt`` is not one string.
+        ValueError: Another ``output_type``, or a sequence length out of range.
+    """
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
+    if output_type not in output_types:
+        shown = ", ".join(repr(name) for name in output_types[:-1]) + f" or {output_types[-1]!r}"
+        raise ValueError(f"output_type={output_type!r} must be {shown}")
+    if max_sequence_length is not None and not 1 <= max_sequence_length <= max_length:
+        raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {max_length}]")
 
 
 def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, rand_device: Any) -> torch.Tensor:

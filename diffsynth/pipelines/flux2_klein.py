@@ -40,6 +40,7 @@ from .common import (
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
+    check_call_inputs,
     image_list,
     image_to_tensor,
     tensor_to_images,
@@ -358,12 +359,7 @@ class Flux2KleinPipeline(TextToLatentPipeline):
             output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
-        if output_type not in ("pil", "pt"):
-            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
-        if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
-            raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH)
         cfg_scale = self._effective_cfg_scale(cfg_scale)
         num_inference_steps = num_inference_steps or (4 if self.is_distilled else 50)
         if edit_image is not None and (height is None or width is None):

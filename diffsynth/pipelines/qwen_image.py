@@ -28,6 +28,7 @@ from .common import (
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
+    check_call_inputs,
     image_to_tensor,
     round_size,
     tensor_to_images,
@@ -312,12 +313,7 @@ class QwenImagePipeline(TextToLatentPipeline):
             output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
-        if output_type not in ("pil", "pt"):
-            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
-        if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
-            raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH)
         default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else \
             output_size(self, edit_image)
         height, width = height or default_height, width or default_width

@@ -38,7 +38,7 @@ from PIL import Image
 from ..core.data.cells import positive_integer
 from ..core.loader import ModelConfig, SharedLoad
 from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
-from .common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, round_size, tensor_to_images
+from .common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, check_call_inputs, round_size, tensor_to_images
 from .wan_image import (
     ImageConditionUnit,
     ImageEmbedderUnit,
@@ -391,10 +391,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             output_type: ``"pil"`` for a list of frames, ``"pt"`` for a ``(1, frames, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
-        if output_type not in ("pil", "pt"):
-            raise ValueError(f"output_type={output_type!r} must be 'pil' or 'pt'")
+        check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
             raise ValueError(f"boundary_ratio={boundary_ratio!r} must lie between 0 and 1, e.g. 0.875")
         multiple = self.size_multiple()

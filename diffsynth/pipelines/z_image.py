@@ -36,6 +36,7 @@ from .common import (
     LatentsUnit,
     ShapeCheckUnit,
     TextToLatentPipeline,
+    check_call_inputs,
     image_to_tensor,
     round_size,
     tensor_to_images,
@@ -335,12 +336,8 @@ class ZImagePipeline(TextToLatentPipeline):
                 for the final ``(1, 16, H / 8, W / 8)`` latents (not decoded, as diffusers' ``output_type="latent"``).
             progress_bar: Show a progress bar over the steps.
         """
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be one string, got {type(prompt).__name__}; call once per prompt")
-        if output_type not in ("pil", "pt", "latent"):
-            raise ValueError(f"output_type={output_type!r} must be 'pil', 'pt' or 'latent'")
-        if not 1 <= max_sequence_length <= TOKENIZER_MAX_LENGTH:
-            raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {TOKENIZER_MAX_LENGTH}]")
+        check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH,
+                          output_types=("pil", "pt", "latent"))
         if cfg_normalization < 0:
             raise ValueError(f"cfg_normalization={cfg_normalization} must be 0 (off) or positive, e.g. 1.0")
         default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else output_size(edit_image)

@@ -41,3 +41,43 @@ def test_peft_wrappers_are_seen_through_and_a_naming_must_be_one_to_one():
     assert lora_layer_names(model) == ["0", "2"]
     with pytest.raises(ValueError, match="maps two diffusers layers to one native name"):
         ModuleNaming("broken", top_layers={"a": "x", "b": "x"})
+
+
+def test_every_bfl_flux1_name_is_the_one_diffusers_kohya_converter_reads():
+    from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin
+
+    from diffsynth.lora.naming import FLUX1_BFL_NAMING
+
+    model_names = lora_layer_names_of_flux1()
+    assert {FLUX1_BFL_NAMING.locate(name) is not None for name in model_names} == {True}
+    generator = torch.Generator().manual_seed(0)
+    state, ups = {}, {}
+    for native in {FLUX1_BFL_NAMING.locate(name)[0] for name in model_names}:
+        # diffusers splits linear1 at the released widths (3072 wide, MLP 12288); the other layers any size.
+        width = 3072 if native.endswith("linear1") else 8
+        rows = {"linear1": 7 * width, "qkv": 3 * width}.get(native.rsplit(".", 1)[-1], 6 * width)
+        stem = "lora_unet_" + native.replace(".", "_")
+        state[f"{stem}.lora_down.weight"] = torch.randn(1, width, generator=generator)
+        state[f"{stem}.lora_up.weight"] = ups[native] = torch.randn(rows, 1, generator=generator)
+    converted = FluxLoraLoaderMixin.lora_state_dict(state)
+    found = {key.removeprefix("transformer.").removesuffix(".lora_B.weight"): value
+             for key, value in converted.items() if key.endswith(".lora_B.weight")}
+    # Its converter names the embedders and the final layer without "transformer." (load_lora_weights then drops
+    # them); the names themselves are diffusers'.
+    assert found.keys() == set(model_names)
+    for native, up in ups.items():
+        spec, names = FLUX1_BFL_NAMING.parts(native)
+        width = state["lora_unet_" + native.replace(".", "_") + ".lora_down.weight"].shape[1]
+        for name, rows in zip(names, spec.split_rows(up, width)):
+            torch.testing.assert_close(found[name], rows)  # same rows, final modulation halves swapped back
+
+
+def lora_layer_names_of_flux1():
+    from accelerate import init_empty_weights
+    from diffusers import FluxTransformer2DModel
+
+    with init_empty_weights():
+        model = FluxTransformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                                       joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+                                       axes_dims_rope=(4, 6, 6))
+    return lora_layer_names(model)

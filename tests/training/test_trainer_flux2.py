@@ -71,7 +71,10 @@ def test_a_lora_run_trains_every_target(reference):
                                   ["--blocks_to_swap", "6", "--block_swap_h2d_only"]], ids=" ".join)
 def test_offload_and_block_swap_give_the_plain_lora(reference, dataset, tmp_path, mode):
     one_stage(dataset, tmp_path / "out", *mode)
-    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
+    # Offload's forward is bit-identical here; in backward, the gradients that FLUX.2's shared modulation layers gather
+    # from every block may add up in another order, which on some CPUs moves the LoRA after three Adam steps by up to
+    # 2e-6 (an error in the offload would move it by orders of magnitude more).
+    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-5
 
 
 def test_more_blocks_to_swap_than_both_lists_hold_is_refused_before_loading(dataset, tmp_path):

@@ -55,7 +55,7 @@ def draw_edit_example(rng: random.Random, num_edit_images: int) -> tuple[Image.I
 
 
 def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, num_edit_images: int = 1,
-                               seed: int = 0) -> Path:
+                               seed: int = 0, column: str = "edit_image") -> Path:
     """Writes ``num_samples`` edits (PNG files) with ``metadata.csv`` and ``metadata.json`` into ``folder``.
 
     Args:
@@ -63,9 +63,10 @@ def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, 
         num_samples: How many edits to draw.
         num_edit_images: Edit images per sample: 1 (Qwen-Image-Edit) or 2 (Edit-2509 / 2511).
         seed: The same seed writes the same files.
+        column: The name of the edit images' column: ``edit_image``, or ``kontext_images`` for FLUX.1 Kontext.
 
     Returns:
-        ``metadata.json`` (columns ``image``, ``edit_image``, ``prompt``); ``metadata.csv`` beside it holds the same
+        ``metadata.json`` (columns ``image``, ``column``, ``prompt``); ``metadata.csv`` beside it holds the same
         rows.
 
     Raises:
@@ -83,13 +84,13 @@ def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, 
         names = [f"edit_{index:03d}_{number}.png" for number in range(1, num_edit_images + 1)]
         for name, image in zip([f"target_{index:03d}.png", *names], [target, *edit_images]):
             atomic_write(folder / name, lambda temporary, image=image: image.save(temporary, format="PNG"))
-        rows.append({"image": f"target_{index:03d}.png", "edit_image": names if num_edit_images > 1 else names[0],
+        rows.append({"image": f"target_{index:03d}.png", column: names if num_edit_images > 1 else names[0],
                      "prompt": prompt})
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(("image", "edit_image", "prompt"))
+    writer.writerow(("image", column, "prompt"))
     for row in rows:
-        edit_image = row["edit_image"]
+        edit_image = row[column]
         writer.writerow((row["image"], ",".join(edit_image) if isinstance(edit_image, list) else edit_image,
                          row["prompt"]))
     atomic_write_text(folder / CSV_METADATA_FILE, text.getvalue())
@@ -97,19 +98,22 @@ def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--output DIR [--num_samples N] [--num_edit_images 1|2] [--seed S]``; prints the flags."""
+    """Command line: ``--output DIR [--num_samples N] [--num_edit_images 1|2] [--seed S] [--column NAME]``; prints
+    the flags."""
     parser = argparse.ArgumentParser(description="Write a small procedurally drawn image-editing dataset.")
     parser.add_argument("--output", required=True, help="folder to write the images and metadata files into")
     parser.add_argument("--num_samples", type=int, default=4, help="how many edits to draw (default 4)")
     parser.add_argument("--num_edit_images", type=int, default=1, choices=EDIT_IMAGE_COUNTS,
                         help="edit images per sample: 1 for Qwen-Image-Edit, 2 for Edit-2509 / 2511 (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
+    parser.add_argument("--column", default="edit_image",
+                        help="name of the edit images' column (default edit_image; kontext_images for FLUX.1 Kontext)")
     args = parser.parse_args(argv)
     metadata = build_example_edit_dataset(args.output, num_samples=args.num_samples,
-                                          num_edit_images=args.num_edit_images, seed=args.seed)
+                                          num_edit_images=args.num_edit_images, seed=args.seed, column=args.column)
     print(f"wrote {args.num_samples} edits, {CSV_METADATA_FILE} and {JSON_METADATA_FILE} to {metadata.parent}")
     print(f"train on it with: --dataset_base_path {metadata.parent} --dataset_metadata_path {metadata} "
-          "--data_file_keys image,edit_image --extra_inputs edit_image")
+          f"--data_file_keys image,{args.column} --extra_inputs {args.column}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Builds the diffusers / transformers class a folder's ``config.json`` names and loads its safetensors shards.
 
-The original Wan release layouts (a ``WanModel`` config, ``.pth`` encoders and VAEs) load into the same classes:
-``original_wan.identify`` says which class and config they make and where each tensor comes from.
+The original release layouts load into the same classes: Wan's (a ``WanModel`` config, ``.pth`` encoders and VAEs)
+and FLUX.1's single files (``flux1-dev.safetensors``, ``ae.safetensors``). ``original_wan.identify`` and
+``original_flux.identify`` say which class and config they make and where each tensor comes from.
 
 The model is built with its parameters on the meta device (``accelerate.init_empty_weights``), so building costs no
 memory, then every shard is assigned into it in the requested dtype and on the requested device: the weights are
@@ -22,9 +23,10 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
+from . import original_flux, original_wan
 from .config import ModelConfig
 from .errors import ModelLoadError
-from .original_wan import OriginalWanModel, identify
+from .original_wan import OriginalModel
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
 from .shared_loading import SharedLoad, load_shared
@@ -160,10 +162,16 @@ def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dt
         torch.set_default_dtype(previous)
 
 
-def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, OriginalWanModel | None]:
-    """``(library, class, folder, original)`` for a model's weight files: an original Wan layout (``original`` set)
-    or the class the folder's ``config.json`` names."""
-    original = identify(shards)
+def identify_original(shards: list[Path]) -> OriginalModel | None:
+    """The original release layout ``shards`` hold (Wan's, then FLUX.1's single files), or None for the diffusers and
+    transformers layouts."""
+    return original_wan.identify(shards) or original_flux.identify(shards)
+
+
+def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, OriginalModel | None]:
+    """``(library, class, folder, original)`` for a model's weight files: an original layout (``original`` set) or
+    the class the folder's ``config.json`` names."""
+    original = identify_original(shards)
     if original is not None:
         return original.library, library_class(original.library, original.class_name, original.source), \
             original.source, original
@@ -172,7 +180,7 @@ def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, Or
     return library, cls, folder, None
 
 
-def _empty_model(shards: list[Path], dtype: torch.dtype) -> tuple[str, torch.nn.Module, Path, OriginalWanModel | None]:
+def _empty_model(shards: list[Path], dtype: torch.dtype) -> tuple[str, torch.nn.Module, Path, OriginalModel | None]:
     library, cls, folder, original = _blueprint(shards)
     model = build_empty_model(library, cls, folder, dtype, config=original.config if original else None)
     return library, model, folder, original
@@ -240,7 +248,8 @@ def load_model_from_files(
             "each model its own entry"
         )
     folder = folders[0]
-    reason = incomplete_reason(shards)
+    # a missing config.json is reported by _blueprint, which knows whether the files need one (single files do not)
+    reason = incomplete_reason(shards, need_config=False)
     if reason is not None:
         raise ModelLoadError(f"cannot load {folder}: {reason}; download or copy the missing files")
     library, model, folder, original = _empty_model(shards, dtype)

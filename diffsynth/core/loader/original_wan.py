@@ -65,7 +65,7 @@ _DIT_BLOCK = {
 
 
 @dataclass(frozen=True)
-class OriginalWanModel:
+class OriginalModel:
     """One original-layout checkpoint, described as the diffusers / transformers model it loads into.
 
     Attributes:
@@ -85,7 +85,7 @@ class OriginalWanModel:
     source: Path
 
 
-def identify(files: list[Path]) -> OriginalWanModel | None:
+def identify(files: list[Path]) -> OriginalModel | None:
     """The original Wan model ``files`` hold, or None when they are not an original layout (a diffusers or
     transformers folder, a tokenizer).
 
@@ -109,7 +109,7 @@ def identify(files: list[Path]) -> OriginalWanModel | None:
         return None
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
-    return OriginalWanModel(
+    return OriginalModel(
         kind="dit", library="diffusers", class_name="WanTransformer3DModel",
         config=dit_config(config, shapes, folder / "config.json"),
         entries=_renamed(entries, dit_model_keys(list(entries))), source=folder,
@@ -125,7 +125,7 @@ def _original_dit_config(folder: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) and config.get("_class_name") == ORIGINAL_DIT_CLASS else None
 
 
-def _identify_pth(file: Path) -> OriginalWanModel:
+def _identify_pth(file: Path) -> OriginalModel:
     entries = read_headers([file])
     shapes = {key: entry.shape for key, entry in entries.items()}
     if is_umt5(shapes):
@@ -143,15 +143,15 @@ def _identify_pth(file: Path) -> OriginalWanModel:
         raise ModelLoadError(f"{file} is not an original Wan release file this loader knows ({_KNOWN_PTH}); its "
                              f"first tensors are {shown}. Other checkpoints are read only as safetensors: point "
                              "the pattern at the right file, or convert this one to a diffusers folder")
-    return OriginalWanModel(kind=kind, library=library, class_name=name, config=config,
-                            entries=_converted(entries, sources), source=file)
+    return OriginalModel(kind=kind, library=library, class_name=name, config=config,
+                            entries=converted_entries(entries, sources), source=file)
 
 
 def _renamed(entries: dict[str, CheckpointEntry], keys: dict[str, str]) -> dict[str, CheckpointEntry]:
-    return _converted(entries, {model_key: (key, None) for model_key, key in keys.items()})
+    return converted_entries(entries, {model_key: (key, None) for model_key, key in keys.items()})
 
 
-def _converted(entries: dict[str, CheckpointEntry], sources: dict[str, tuple[str, Any]]) -> dict[str, CheckpointEntry]:
+def converted_entries(entries: dict[str, CheckpointEntry], sources: dict[str, tuple[str, Any]]) -> dict[str, CheckpointEntry]:
     """Entries under the model's names, each with the shape it has after its conversion (worked out on meta)."""
     import torch
 

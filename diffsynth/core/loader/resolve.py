@@ -95,12 +95,15 @@ def incomplete_reason(files: list[Path], need_config: bool = True) -> str | None
     """Why a set of matched files cannot be loaded as it stands, or None when it looks complete.
 
     A safetensors match needs every shard its folder's index lists (an interrupted download leaves some out, and so
-    does a pattern or a list of paths that names only some), and, with ``need_config``, its folder's ``config.json``.
+    does a pattern or a list of paths that names only some), and, with ``need_config``, its folder's ``config.json``,
+    unless it is one of the single files a release ships without one (FLUX.1's ``flux1-dev.safetensors``,
+    ``ae.safetensors``).
     """
     if not files:
         return "the pattern matches no file"
     for folder in sorted({f.parent for f in files if f.name.endswith(".safetensors")}):
-        if need_config and not (folder / "config.json").is_file():
+        if need_config and not (folder / "config.json").is_file() and not _is_single_file_release(
+                [f for f in files if f.parent == folder]):
             return f"{folder / 'config.json'} is missing"
         matched = {f.name for f in files if f.parent == folder}
         for index_file in sorted(folder.glob("*.safetensors.index.json")):
@@ -113,6 +116,19 @@ def incomplete_reason(files: list[Path], need_config: bool = True) -> str | None
                 if missing:
                     return f"shard(s) {missing} listed in {index_file.name} are missing (or left out by the pattern)"
     return None
+
+
+def _is_single_file_release(files: list[Path]) -> bool:
+    """Whether ``files`` are one safetensors file in a release's single-file layout, which carries no config."""
+    from .errors import ModelLoadError
+    from .original_flux import identify
+
+    if len(files) != 1 or not files[0].is_file():
+        return False
+    try:
+        return identify(files) is not None
+    except (ModelLoadError, OSError, ValueError):
+        return False  # loading names the problem; here the file only counts as not a complete release file
 
 
 def _allow_patterns(pattern: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -69,3 +70,11 @@ def save_sharded_safetensors(state_dict: dict[str, torch.Tensor], folder: Path, 
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
         write_json(folder / f"{prefix}.safetensors.index.json", index)
+
+
+def link_or_copy(source: str, destination: str) -> None:
+    """Hard-links a file (the shared parts stay one copy on disk), copying where the file system refuses links."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)

@@ -21,11 +21,10 @@ fast.
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 from pathlib import Path
 
-from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, seeded, write_json
+from .tiny_common import SHARD_SIZE, link_or_copy, model_index, padded, prepare_repo, seeded, write_json
 
 FLUX2_KLEIN_4B_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 FLUX2_KLEIN_9B_MODEL_ID = "black-forest-labs/FLUX.2-klein-9B"
@@ -125,14 +124,6 @@ def _shared_parts(root: Path, size: str, seed: int) -> Path:
     return folder
 
 
-def _link_or_copy(source: str, destination: str) -> None:
-    """Hard-links a file (the shared parts stay one copy on disk), copying where the file system refuses links."""
-    try:
-        os.link(source, destination)
-    except OSError:
-        shutil.copy2(source, destination)
-
-
 def build_tiny_flux2_klein(root: Path, model_id: str = FLUX2_KLEIN_4B_MODEL_ID, seed: int = 0) -> Path:
     """Writes a tiny FLUX.2 [klein] repo at ``root/<model_id>`` and returns its folder (float32 weights).
 
@@ -152,7 +143,7 @@ def build_tiny_flux2_klein(root: Path, model_id: str = FLUX2_KLEIN_4B_MODEL_ID, 
     repo = prepare_repo(root, model_id)
     shared = _shared_parts(root, size, seed)
     for name in ("tokenizer", "text_encoder", "vae"):
-        shutil.copytree(shared / name, repo / name, copy_function=_link_or_copy)
+        shutil.copytree(shared / name, repo / name, copy_function=link_or_copy)
     hidden, double_blocks, single_blocks = _SIZES[size]
     with seeded(seed + transformer_seed):
         transformer = Flux2Transformer2DModel(

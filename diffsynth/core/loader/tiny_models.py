@@ -25,6 +25,16 @@ import functools
 from pathlib import Path
 
 from .tiny_common import SHARD_SIZE, TINY_MARKER, model_index, padded, prepare_repo, seeded, write_json
+from .tiny_flux import (
+    FLUX1_BUILDERS,
+    FLUX1_DEV_MODEL_ID,
+    FLUX1_KONTEXT_MODEL_ID,
+    FLUX1_KONTEXT_PATTERNS,
+    FLUX1_KREA_MODEL_ID,
+    FLUX1_KREA_PATTERNS,
+    FLUX1_PATTERNS,
+    build_tiny_flux1,
+)
 from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_wan import (
     WAN22_A14B_PATTERNS,
@@ -49,16 +59,17 @@ from .tiny_wan import (
 )
 from .tiny_z_image import Z_IMAGE_BUILDERS
 
-# The Wan names are re-exported: tests and scripts import every tiny repo's id and patterns from this module.
+# The Wan and FLUX.1 names are re-exported: tests and scripts import every tiny repo's id and patterns from here.
 __all__ = [
-    "BUILDERS", "QWEN_IMAGE_EDIT_2509_MODEL_ID", "QWEN_IMAGE_EDIT_2511_MODEL_ID", "QWEN_IMAGE_EDIT_MODEL_ID",
-    "QWEN_IMAGE_EDIT_PATTERNS", "QWEN_IMAGE_MODEL_ID", "QWEN_IMAGE_PATTERNS", "QWEN_IMAGE_SCHEDULER_CONFIG",
-    "QWEN_VL_PREPROCESSOR_CONFIG", "TINY_MARKER",
+    "BUILDERS", "FLUX1_DEV_MODEL_ID", "FLUX1_KONTEXT_MODEL_ID", "FLUX1_KONTEXT_PATTERNS", "FLUX1_KREA_MODEL_ID",
+    "FLUX1_KREA_PATTERNS", "FLUX1_PATTERNS", "QWEN_IMAGE_EDIT_2509_MODEL_ID", "QWEN_IMAGE_EDIT_2511_MODEL_ID",
+    "QWEN_IMAGE_EDIT_MODEL_ID", "QWEN_IMAGE_EDIT_PATTERNS", "QWEN_IMAGE_MODEL_ID", "QWEN_IMAGE_PATTERNS",
+    "QWEN_IMAGE_SCHEDULER_CONFIG", "QWEN_VL_PREPROCESSOR_CONFIG", "TINY_MARKER",
     "WAN22_A14B_PATTERNS", "WAN22_I2V_MODEL_ID", "WAN22_T2V_MODEL_ID", "WAN22_TI2V_MODEL_ID", "WAN22_TI2V_PATTERNS",
     "WAN_I2V_IMAGE_PROCESSOR_CONFIG", "WAN_I2V_MODEL_ID", "WAN_I2V_ORIGINAL_MODEL_ID", "WAN_I2V_ORIGINAL_PATTERNS",
     "WAN_I2V_PATTERNS", "WAN_MODEL_ID", "WAN_ORIGINAL_MODEL_ID", "WAN_ORIGINAL_PATTERNS", "WAN_PATTERNS",
-    "WAN_SCHEDULER_CONFIG", "build_qwen_tokenizer", "build_t5_tokenizer", "build_tiny_models", "build_tiny_qwen_image",
-    "build_tiny_qwen_image_edit", "build_tiny_wan", "build_tiny_wan_i2v", "main",
+    "WAN_SCHEDULER_CONFIG", "build_qwen_tokenizer", "build_t5_tokenizer", "build_tiny_flux1", "build_tiny_models",
+    "build_tiny_qwen_image", "build_tiny_qwen_image_edit", "build_tiny_wan", "build_tiny_wan_i2v", "main",
 ]
 
 QWEN_IMAGE_MODEL_ID = "Qwen/Qwen-Image"
@@ -254,6 +265,7 @@ BUILDERS = {
     "qwen_image_edit_2509": functools.partial(build_tiny_qwen_image_edit, model_id=QWEN_IMAGE_EDIT_2509_MODEL_ID),
     "qwen_image_edit_2511": functools.partial(build_tiny_qwen_image_edit, model_id=QWEN_IMAGE_EDIT_2511_MODEL_ID),
     **WAN_BUILDERS,
+    **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
     **Z_IMAGE_BUILDERS,
 }

@@ -9,6 +9,9 @@ subtree (fewer, larger transfers); larger modules are split into their children.
 their own (``ModuleList``) are never units, and modules with both ``encode`` and ``decode`` (VAEs, whose ``forward``
 is usually not what runs) are always split.
 
+A module whose ``forward`` reads a child's tensor outside the child's own call (``WHOLE_UNIT_CLASSES``) is always one
+unit with its whole subtree, since the child's tensors are only on the device while a unit runs.
+
 Tensors whose nearest callable owner does not exist (held directly by a root that is never called) cannot be
 bracketed by hooks; they are reported as ``resident`` and stay on the device.
 """
@@ -20,6 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .memory_buffer import tensor_nbytes
+
+WHOLE_UNIT_CLASSES = frozenset({
+    "CLIPTextEmbeddings",  # checks the prompt's length against position_embedding.weight before embedding it
+})
 
 
 @dataclass
@@ -84,8 +91,8 @@ def plan_units(model: torch.nn.Module, split_threshold_bytes: int | None = None)
         if callable_module:
             owner = (name, module)
         children = list(module.named_children())
-        keep_whole = (split_threshold_bytes is not None and callable_module
-                      and 0 < subtree_nbytes(module) <= split_threshold_bytes)
+        keep_whole = callable_module and (type(module).__name__ in WHOLE_UNIT_CLASSES or (
+            split_threshold_bytes is not None and 0 < subtree_nbytes(module) <= split_threshold_bytes))
         if keep_whole:
             spec = owner_spec(name, module)
             for submodule in module.modules():

@@ -20,6 +20,7 @@ class LoraSection(Section):
     lora_checkpoint: str | None = None
     preset_lora_path: str | None = None
     preset_lora_model: str | None = None
+    align_to_opensource_format: bool = False
 
     LOWER_BOUNDS = (
         ("lora_rank", 1, True, "--lora_rank 32"),
@@ -49,6 +50,11 @@ class LoraSection(Section):
                                 "merged (or both LoRAs loaded).")
         group.add_argument("--preset_lora_model", type=str, default=None,
                            help="Pipeline model the --preset_lora_path LoRA is merged into (e.g. dit).")
+        group.add_argument("--align_to_opensource_format", action="store_true",
+                           help="Write the LoRA files in the kohya layout (lora_unet_<original layer name>, "
+                                "lora_down / lora_up), for FLUX.1 with BFL's fused layer names "
+                                "(lora_unet_double_blocks_0_img_attn_qkv), as the reference does. The default "
+                                "layout loads in the same tools.")
 
     @property
     def targets(self) -> list[str]:

@@ -18,6 +18,8 @@ class ModelSection(Section):
     model_paths: str | None = None
     model_id_with_origin_paths: str | None = None
     tokenizer_path: str | None = None
+    tokenizer_1_path: str | None = None
+    tokenizer_2_path: str | None = None
     processor_path: str | None = None
     zero_cond_t: bool = False
     extra_inputs: str | None = None
@@ -41,6 +43,12 @@ class ModelSection(Section):
                            help="Tokenizer folder, or a model_id:pattern entry such as "
                                 "black-forest-labs/FLUX.2-klein-4B:tokenizer/; unset takes it from the model "
                                 "repository.")
+        group.add_argument("--tokenizer_1_path", type=str, default=None,
+                           help="FLUX.1: CLIP's tokenizer folder (or model_id:pattern), the reference's name for "
+                                "--tokenizer_path; unset takes black-forest-labs/FLUX.1-dev:tokenizer/.")
+        group.add_argument("--tokenizer_2_path", type=str, default=None,
+                           help="FLUX.1: T5's tokenizer folder (or model_id:pattern); unset takes the tokenizer_2/ "
+                                "folder of T5's repository (black-forest-labs/FLUX.1-dev:tokenizer_2/).")
         group.add_argument("--processor_path", type=str, default=None,
                            help="Qwen-Image-Edit: Qwen2.5-VL processor folder that reads the edit images; unset takes "
                                 "the processor/ folder of the transformer's repository.")

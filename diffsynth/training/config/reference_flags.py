@@ -41,6 +41,7 @@ REFERENCE_FLAGS: dict[str, str] = {
     **dict.fromkeys(["--audio_processor_path", "--min_timestep_boundary", "--max_timestep_boundary",
                      "--framewise_decoding"], "wanvideo train.py"),
     "--enable_npu_patch": "z_image train.py",
+    **dict.fromkeys(["--tokenizer_1_path", "--tokenizer_2_path", "--align_to_opensource_format"], "flux train.py"),
 }
 
 _DMD2 = "DMD2 distillation (the reference's DMD2 trainer) is not supported here; --task direct_distill distills"
@@ -117,6 +118,25 @@ UNSUPPORTED_MODELS: dict[str, str] = {
     "DiffSynth-Studio/Template-KleinBase4B": "the FLUX.2 [klein] template models (Template-KleinBase4B-*) are not "
                                              "supported here",
     "DiffSynth-Studio/KleinBase4B-i2L": "FLUX.2 [klein] image-to-LoRA (i2L) template models are not supported here",
+    "black-forest-labs/FLUX.1-Fill-dev": "FLUX.1 Fill (inpainting and outpainting; also Insert-Anything, which builds "
+                                         "on it) is not supported here; train FLUX.1-dev, -Krea-dev or -Kontext-dev",
+    "black-forest-labs/FLUX.1-Redux-dev": "FLUX.1 Redux (image-prompt adapter) is not supported here",
+    "ostris/Flex.2-preview": "Flex.2 (ostris' FLUX.1 derivative with inpainting and control inputs) is not "
+                            "supported here",
+    "InstantX/FLUX.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
+    "alimama-creative/FLUX.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
+    "jasperai/Flux.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
+    "InstantX/FLUX.1-dev-IP-Adapter": "the FLUX.1 IP-Adapter is not supported here",
+    "ByteDance/InfiniteYou": "InfiniteYou (FLUX.1 identity ControlNet) is not supported here",
+    "DiffSynth-Studio/AttriCtrl-FLUX.1-Dev": "AttriCtrl (FLUX.1 attribute value control) is not supported here",
+    "DiffSynth-Studio/LoRA-Encoder-FLUX.1-Dev": "the FLUX.1 LoRA-Encoder is not supported here",
+    "DiffSynth-Studio/Nexus-Gen": "Nexus-Gen (Qwen2.5-VL with a FLUX.1 decoder) is not supported here",
+    "stepfun-ai/Step1X-Edit": "Step1X-Edit (Qwen2.5-VL with a FLUX.1-style editing DiT) is not supported here",
+}
+# Reference features named only by the --extra_inputs they feed (their models are FLUX.1-dev's own).
+UNSUPPORTED_INPUTS: dict[str, str] = {
+    "eligen_entity_masks": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
+    "eligen_entity_prompts": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
 }
 UNSUPPORTED_TASKS: dict[str, str] = {
     "trajectory_imitation": "trajectory imitation (the reference's experimental Z-Image-Turbo distillation) is not "
@@ -125,7 +145,9 @@ UNSUPPORTED_TASKS: dict[str, str] = {
 
 
 def unsupported_feature_problems(flags: Mapping[str, Any]) -> list[str]:
-    """One problem per unsupported reference model or task the command names (``flags``: flag name -> value)."""
+    """The unsupported reference feature the command names first (by a model it loads, an ``--extra_inputs`` name
+    only that feature feeds, or its ``--task``), as a one-item list; empty when there is none (``flags``: flag
+    name -> value)."""
     problems = []
     for flag in ("model_id_with_origin_paths", "template_model_id_or_path"):
         for entry in str(flags.get(flag) or "").split(","):
@@ -133,7 +155,11 @@ def unsupported_feature_problems(flags: Mapping[str, Any]) -> list[str]:
             reason = next((why for prefix, why in UNSUPPORTED_MODELS.items() if model_id.startswith(prefix)), None)
             if model_id and reason is not None:
                 problems.append(f"--{flag} loads {model_id}: {reason}")
+    for name in str(flags.get("extra_inputs") or "").split(","):
+        if name.strip() in UNSUPPORTED_INPUTS:
+            problems.append(f"--extra_inputs {name.strip()}: {UNSUPPORTED_INPUTS[name.strip()]}")
     task = flags.get("task")
     if task in UNSUPPORTED_TASKS:
         problems.append(f"--task {task}: {UNSUPPORTED_TASKS[task]}")
-    return list(dict.fromkeys(problems))
+    # One reason is enough: a feature that loads several unsupported models (Insert-Anything) says it once.
+    return list(dict.fromkeys(problems))[:1]

@@ -53,25 +53,53 @@ def move_to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: Mapping[str, str],
+TargetAliases = Mapping[str, "str | tuple[str, ...]"]
+"""A pipeline's ``--lora_target_modules`` names from its model's original code: a string is the diffusers module
+suffix the name means (Wan's ``q`` -> ``to_q``); a tuple holds regular expressions over whole diffusers module names,
+for an original module diffusers splits in several (FLUX.1's fused ``a_to_qkv``) or whose suffix would also select
+other layers."""
+
+
+def aliased_targets(target_modules: Sequence[str], aliases: TargetAliases) -> list[str]:
+    """``--lora_target_modules`` with each aliased name replaced by what it stands for (a suffix or patterns), without
+    the model: the form a checkpoint records to compare runs."""
+    names = []
+    for target in target_modules:
+        alias = aliases.get(target, target)
+        names.extend((alias,) if isinstance(alias, str) else alias)
+    return list(dict.fromkeys(names))
+
+
+def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: TargetAliases,
                          model_name: str) -> list[str]:
     """``--lora_target_modules`` in diffusers' module names (``aliases`` map a model's original names).
 
-    Works on a model built without weights too, so the trainer checks the targets before loading anything.
+    A name aliased to patterns becomes the whole names of the modules they match. Works on a model built without
+    weights too, so the trainer checks the targets before loading anything.
 
     Raises:
         ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does), or
             matches a layer the model's original code has no name for (the LoRA file could not name it for ComfyUI
             and DiffSynth-Studio).
     """
+    import re
+
     from ...lora import lora_layer_names, naming_for
 
-    renamed = {target: aliases[target] for target in target_modules if target in aliases}
+    names = [name for name, _ in model.named_modules()]
+    renamed, matched = {}, {}
+    for target in target_modules:
+        alias = aliases.get(target, target)
+        if isinstance(alias, str):
+            matched.setdefault(alias, [n for n in names if n == alias or n.endswith(f".{alias}")])
+            if alias != target:
+                renamed[target] = alias
+            continue
+        hits = [n for n in names if any(re.fullmatch(pattern, n) for pattern in alias)]
+        renamed[target] = f"{len(hits)} modules"
+        matched[target] = hits
     if renamed:
         logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
-    targets = list(dict.fromkeys(aliases.get(target, target) for target in target_modules))
-    names = [name for name, _ in model.named_modules()]
-    matched = {t: [n for n in names if n == t or n.endswith(f".{t}")] for t in targets}
     unmatched = [t for t, hits in matched.items() if not hits]
     if unmatched:
         raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {model_name} "
@@ -83,7 +111,10 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
         raise ValueError(f"--lora_target_modules entries {unnamed} select layers of {model_name} that the "
                          f"{naming.name} code has no name for, so ComfyUI and DiffSynth-Studio could not load their "
                          "LoRA; leave them out")
-    return targets
+    targets = []
+    for target, hits in matched.items():
+        targets.extend((target,) if target not in aliases or isinstance(aliases[target], str) else hits)
+    return list(dict.fromkeys(targets))
 
 
 class DiffusionTrainingModule(torch.nn.Module):

@@ -31,6 +31,7 @@ import torch
 from ...core.data.cache_codec import decode_tree, encode_tree
 from ...core.files import atomic_save_safetensors, atomic_write_json
 from ...core.finite import require_finite
+from ..objective.training_module import TargetAliases, aliased_targets
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -198,17 +199,18 @@ def load_training_state(folder: str | os.PathLike) -> tuple[dict[str, torch.Tens
     return trainable, state["optimizer"], state["lr_scheduler"], progress
 
 
-def training_flags(run: RunConfig, target_aliases: Mapping[str, str], num_processes: int = 1) -> dict[str, Any]:
+def training_flags(run: RunConfig, target_aliases: TargetAliases, num_processes: int = 1) -> dict[str, Any]:
     """The flags that fix the shape and meaning of the trainable weights and of the optimizer state, and the order of
     the data (batch size, buckets, accumulation and the process count: a resume skips the batches its epoch
     consumed, counted in micro-batches of all processes), as a checkpoint records them.
 
-    Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``) and as a set; an unset alpha is
+    Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``, FLUX.1's ``a_to_qkv`` -> its
+    patterns) and as a set; an unset alpha is
     the rank.
     """
     lora = run.lora.lora_base_model is not None
     batch_size = run.dataset.batch_size
-    targets = sorted({target_aliases.get(name, name) for name in run.lora.targets})
+    targets = sorted(aliased_targets(run.lora.targets, target_aliases))
     return {
         "lora_base_model": run.lora.lora_base_model,
         "lora_target_modules": targets if lora else None,

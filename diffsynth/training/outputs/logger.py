@@ -6,7 +6,9 @@ LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.forma
 (musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
 model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
-diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. After every save the loss
+diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. ``--align_to_opensource_format``
+writes the ``kohya`` layout instead (for FLUX.1 BFL's fused names, as the reference writes them), checked the same
+way. After every save the loss
 curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically,
 and only by the main process.
 """
@@ -101,6 +103,8 @@ class ModelLogger:
             was stopped past its checkpoint) are dropped, and TensorBoard discards its events after that step, so
             every step appears once, when the first row is written (so a run that fails before its first step
             changes nothing of the earlier run's log). None keeps what is there.
+        lora_layout: ``universal`` (default) or ``kohya`` (``--align_to_opensource_format``), the layout of the LoRA
+            files.
 
     Raises:
         ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
@@ -112,7 +116,8 @@ class ModelLogger:
                  lora_metadata: Mapping[str, Any] | None = None, enable_csv_log: bool = False,
                  enable_tensorboard_log: bool = False, enable_wandb_log: bool = False,
                  wandb_project: str = "diffsynth", is_main_process: bool = True, *, save_steps: int | None = None,
-                 save_dtype: torch.dtype | str | None = None, resume_step: int | None = None):
+                 save_dtype: torch.dtype | str | None = None, resume_step: int | None = None,
+                 lora_layout: str = "universal"):
         self.output_path = Path(output_path)
         self.remove_prefix_in_ckpt = remove_prefix_in_ckpt or ""
         self.lora_metadata = dict(lora_metadata or {})
@@ -120,6 +125,9 @@ class ModelLogger:
         self.save_steps = save_steps
         self.save_dtype = None if save_dtype is None else resolve_dtype(save_dtype, "save_dtype")
         self._diffusers_twin: bool | None = None  # decided by the first LoRA save
+        if lora_layout not in ("universal", "kohya"):
+            raise ValueError(f"lora_layout={lora_layout!r} must be 'universal' or 'kohya'")
+        self.lora_layout = lora_layout
         if save_steps is not None and save_steps < 1:
             raise ValueError(f"--save_steps {save_steps} must be at least 1; pass e.g. --save_steps 500 or drop it")
         rank, alpha = self.lora_metadata.get("lora_rank"), self.lora_metadata.get("lora_alpha")
@@ -167,7 +175,8 @@ class ModelLogger:
         return cls(output.output_path, output.remove_prefix_in_ckpt, lora_metadata,
                    enable_csv_log=output.enable_csv_log, enable_tensorboard_log=output.enable_tensorboard_log,
                    enable_wandb_log=output.enable_wandb_log, wandb_project=output.wandb_project,
-                   is_main_process=is_main_process, save_steps=output.save_steps, resume_step=resume_step)
+                   is_main_process=is_main_process, save_steps=output.save_steps, resume_step=resume_step,
+                   lora_layout="kohya" if lora.align_to_opensource_format else "universal")
 
     def _strip_prefix(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = self.remove_prefix_in_ckpt
@@ -204,7 +213,7 @@ class ModelLogger:
 
     def save_lora(self, state_dict: Mapping[str, torch.Tensor], name: str,
                   metadata: Mapping[str, Any] | None = None) -> Path | None:
-        """Writes ``<output_path>/<name>.safetensors`` in the universal layout (see the module docstring).
+        """Writes ``<output_path>/<name>.safetensors`` in the run's layout (see the module docstring).
 
         The first call checks the file against every tool on the base model's skeleton and decides whether a
         diffusers-layout twin is needed; later calls write the same set of files.
@@ -233,7 +242,7 @@ class ModelLogger:
             return None
         entries = self._base_metadata({**self._lora_entries(), **(metadata or {})})
         naming = naming_for(self.lora_metadata.get("base_model_class") or "")
-        write_lora(path, weights, "universal", naming, entries, self.save_dtype)
+        write_lora(path, weights, self.lora_layout, naming, entries, self.save_dtype)
         first = self._diffusers_twin is None
         if first:
             self._diffusers_twin = self._needs_diffusers_twin(path)

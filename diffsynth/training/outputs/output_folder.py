@@ -38,6 +38,7 @@ from .loss_chart import LOSS_CHART_FILE
 
 if TYPE_CHECKING:
     from ..config import RunConfig
+    from ..objective.training_module import TargetAliases
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def _writable_problems(folder: Path) -> list[str]:
             "another --output_path" for sub in blocked]
 
 
-def _claim(run: RunConfig, target_aliases: Mapping[str, str], num_processes: int) -> OutputClaim:
+def _claim(run: RunConfig, target_aliases: TargetAliases, num_processes: int) -> OutputClaim:
     """The main process's half of :func:`claim_output_folder`: checks, lock, ownership. Raises ``FlagError``."""
     folder = Path(run.output.output_path)
     stage = run.training.stage
@@ -223,7 +224,7 @@ def _claim(run: RunConfig, target_aliases: Mapping[str, str], num_processes: int
     return claim
 
 
-def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Mapping[str, str]
+def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: TargetAliases
                         ) -> OutputClaim:
     """Claims ``--output_path`` for this run on the main process and shares the verdict with every process.
 

@@ -44,7 +44,7 @@ from ...core.planning.plans import (
 )
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
 from ..errors import FlagError
-from ..objective.training_module import resolve_lora_targets
+from ..objective.training_module import TargetAliases, resolve_lora_targets
 from .config import PlacementConfig
 
 if TYPE_CHECKING:
@@ -53,9 +53,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TEXT_TOKENS = {"QwenImageTransformer2DModel": 256, "WanTransformer3DModel": 512, "ZImageTransformer2DModel": 256,
-               "Flux2Transformer2DModel": 512}
-"""Prompt tokens per sample: Qwen-Image and Z-Image keep a prompt's own tokens (256 is a long caption); Wan and
-FLUX.2 pad to 512."""
+               "Flux2Transformer2DModel": 512, "FluxTransformer2DModel": 512}
+"""Prompt tokens per sample: Qwen-Image and Z-Image keep a prompt's own tokens (256 is a long caption); Wan, FLUX.1
+(T5) and FLUX.2 pad to 512."""
 
 ARCHITECTURES = {
     "qwen-image": ("QwenImageTransformer2DModel", dict(
@@ -71,6 +71,8 @@ ARCHITECTURES = {
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
     # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer.
     "z-image": ("ZImageTransformer2DModel", dict()),
+    # diffusers' defaults are FLUX.1's transformer but for the guidance embedding of the distilled releases.
+    "flux.1-dev": ("FluxTransformer2DModel", dict(guidance_embeds=True)),
     "flux.2-klein-4b": ("Flux2Transformer2DModel", dict(
         guidance_embeds=False, joint_attention_dim=7680, num_attention_heads=24, num_layers=5, num_single_layers=20)),
     "flux.2-klein-9b": ("Flux2Transformer2DModel", dict(
@@ -142,11 +144,21 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
                                                       device=meta),
                     timestep=torch.empty(batch, device=meta), img_ids=torch.zeros(batch, tokens, 4, device=meta),
                     txt_ids=torch.zeros(batch, text, 4, device=meta), return_dict=False)
+    if name == "FluxTransformer2DModel":
+        tokens = (height // 16) * (width // 16)
+        guidance = torch.empty(batch, device=meta) if config.guidance_embeds else None
+        return dict(hidden_states=torch.empty(batch, tokens, config.in_channels, dtype=dtype, device=meta),
+                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
+                                                      device=meta),
+                    pooled_projections=torch.empty(batch, config.pooled_projection_dim, dtype=dtype, device=meta),
+                    timestep=torch.empty(batch, device=meta), guidance=guidance,
+                    img_ids=torch.zeros(tokens, 3, device=meta), txt_ids=torch.zeros(text, 3, device=meta),
+                    return_dict=False)
     raise ValueError(f"the memory planner has no inputs for {name}; it plans {', '.join(sorted(TEXT_TOKENS))}")
 
 
 def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence[int] = (),
-                   aliases: dict[str, str] | None = None, description: str = "", fp8: bool = False,
+                   aliases: TargetAliases | None = None, description: str = "", fp8: bool = False,
                    local_processes: int = 1) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
     in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step

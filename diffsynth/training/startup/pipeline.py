@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from ..config.model import ModelSection
 
 # Flags that only some pipelines take, by the ``from_pretrained`` option (``BasePipeline.load_options``) they fill.
-PIPELINE_OPTION_FLAGS = {"processor_config": "--processor_path", "zero_cond_t": "--zero_cond_t"}
+PIPELINE_OPTION_FLAGS = {"processor_config": "--processor_path", "zero_cond_t": "--zero_cond_t",
+                         "tokenizer_2_config": "--tokenizer_2_path"}
 
 
 def tokenizer_config(value: str) -> ModelConfig:
@@ -47,6 +48,10 @@ def pipeline_load_options(model: ModelSection, pipeline_class: type[BasePipeline
         options["processor_config"] = ModelConfig(path=model.processor_path)
     if model.zero_cond_t:
         options["zero_cond_t"] = True
+    if model.tokenizer_2_path:
+        options["tokenizer_2_config"] = tokenizer_config(model.tokenizer_2_path)
+    if model.tokenizer_path and model.tokenizer_1_path:
+        problems.append("--tokenizer_path and --tokenizer_1_path both name the (first) tokenizer; give one")
     problems += [f"{PIPELINE_OPTION_FLAGS[name]} does not apply to {pipeline_class.__name__}; drop it"
                  for name in options if name not in pipeline_class.load_options]
     if problems:
@@ -71,7 +76,8 @@ def load_pipeline(config: RunConfig, pipeline_class: type[BasePipeline], acceler
     if unmatched:
         raise FlagError([f"--offload_models entries {unmatched} are not among the models loaded; copy them exactly "
                          "from --model_id_with_origin_paths"])
-    tokenizer = tokenizer_config(model.tokenizer_path) if model.tokenizer_path else None
+    first_tokenizer = model.tokenizer_path or model.tokenizer_1_path
+    tokenizer = tokenizer_config(first_tokenizer) if first_tokenizer else None
     with accelerator.local_main_process_first():
         for entry in [*configs, *([tokenizer] if tokenizer else [])]:
             resolve_files(entry)

@@ -55,6 +55,16 @@ def test_present_files_resolve_without_any_download(base, fakes):
     assert fakes.modelscope.calls == [] and fakes.huggingface.calls == []
 
 
+@pytest.mark.parametrize("pattern", ["flux1-dev.safetensors", "ae.safetensors"])
+def test_a_released_single_file_needs_no_config_json(base, fakes, pattern):
+    from diffsynth.core.loader.tiny_flux import FLUX1_DEV_MODEL_ID
+
+    # BFL ships these at the repository root, beside model_index.json only: on disk they are complete.
+    [file] = resolve_files(ModelConfig(model_id=FLUX1_DEV_MODEL_ID, origin_file_pattern=pattern))
+    assert file == base / FLUX1_DEV_MODEL_ID / pattern and not (file.parent / "config.json").exists()
+    assert fakes.modelscope.calls == [] and fakes.huggingface.calls == []
+
+
 def test_missing_files_download_once_then_resolve_locally(scratch_base, fakes):
     config = ModelConfig(model_id=QWEN, origin_file_pattern=DIT)
     files = resolve_files(config)

@@ -82,3 +82,24 @@ def test_a_module_registered_twice_is_planned_once():
     model = nn.Sequential(shared, nn.ReLU(), shared)
     placement = plan_units(model)
     assert [u.name for u in placement.units] == ["0"]
+
+
+def test_clip_text_embeddings_are_one_unit_so_their_forward_can_read_the_position_table():
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from diffsynth.core.offload_training import OffloadTrainingManager
+
+    torch.manual_seed(0)
+    model = CLIPTextModel(CLIPTextConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, max_position_embeddings=8, bos_token_id=0,
+                                         eos_token_id=1)).eval()
+    units = {u.name: u for u in plan_units(model).units}
+    assert len(units["embeddings"].params) == len(list(model.embeddings.parameters())) == 2
+    assert "embeddings.position_embedding" not in units
+    tokens = torch.randint(0, 50, (1, 8))
+    expected = model(tokens).pooler_output
+    manager = OffloadTrainingManager(model, target_device="cpu")
+    # CLIPTextEmbeddings checks the prompt length against position_embedding.weight before embedding: with the table
+    # a unit of its own it would read the offloaded placeholder and refuse every prompt.
+    assert torch.equal(model(tokens).pooler_output, expected)
+    manager.remove()

@@ -1,7 +1,7 @@
 """Launched by ``accelerate launch`` in test_shared_host_weights.py: trains once per flag set (``--then`` separates
 them) in the same processes, and after each run writes what this rank holds to ``<output_path>/rank<N>.json``.
 
-    shared_weights_run.py qwen|wan <flags> [--then <flags> ...]
+    shared_weights_run.py qwen|wan|flux <flags> [--then <flags> ...]
 """
 
 import gc
@@ -23,6 +23,10 @@ def train(family: str, argv: list[str]) -> dict:
         from diffsynth.pipelines.wan_video import WanVideoPipeline
 
         return main(WanVideoPipeline, argv, video=True)
+    if family == "flux":
+        from diffsynth.pipelines.flux import FluxPipeline
+
+        return main(FluxPipeline, argv)
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
     return main(QwenImagePipeline, argv)

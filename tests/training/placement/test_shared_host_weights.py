@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.core.loader.tiny_models import (
+    FLUX1_DEV_MODEL_ID,
+    QWEN_IMAGE_MODEL_ID,
+    QWEN_IMAGE_PATTERNS,
+    WAN_MODEL_ID,
+    WAN_PATTERNS,
+)
 from diffsynth.core.shared_weights import SEGMENT_PREFIX, memory_files_supported
 from tests.training.conftest import lora, max_difference
 
@@ -37,6 +43,11 @@ QWEN = [*models(QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS), "--lora_base_model", 
 WAN = [*models(WAN_MODEL_ID, WAN_PATTERNS), "--lora_base_model", "dit", "--lora_target_modules", "q,k,v,ffn.0",
        "--lora_rank", "4", "--learning_rate", "1e-3", "--torch_dtype", "float32", "--seed", "5", "--max_pixels",
        "4096", "--num_frames", "5", "--num_epochs", "1", "--dataset_repeat", "2"]
+FLUX = ["--model_id_with_origin_paths", ",".join(f"{FLUX1_DEV_MODEL_ID}:{pattern}" for pattern in (
+    "flux1-dev.safetensors", "text_encoder/model.safetensors", "text_encoder_2/*.safetensors", "ae.safetensors")),
+        "--lora_base_model", "dit", "--lora_target_modules", "a_to_qkv,to_qkv_mlp", "--lora_rank", "4",
+        "--learning_rate", "1e-3", "--torch_dtype", "float32", "--seed", "3", "--max_pixels", "4096",
+        "--use_gradient_checkpointing", "--num_epochs", "1", "--dataset_repeat", "2"]
 QWEN_MODES = {"offload": ["--enable_model_cpu_offload"],
               "offload_fp8": ["--enable_model_cpu_offload", "--fp8_models",
                               f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}"],
@@ -58,7 +69,7 @@ def launch(family, runs, tiny_root, **popen):
 def train_each_mode_shared_and_not(family, modes, data, tiny_root, folder):
     """Every mode twice in one launch, with and without the shared copy; returns ``{(mode, sharing): output}``."""
     outputs = {(mode, sharing): folder / f"{mode}-{sharing}" for mode in modes for sharing in ("auto", "off")}
-    runs = [[*data, *(QWEN if family == "qwen" else WAN), *modes[mode], "--shared_host_weights", sharing,
+    runs = [[*data, *{"qwen": QWEN, "wan": WAN, "flux": FLUX}[family], *modes[mode], "--shared_host_weights", sharing,
              "--output_path", str(output)] for (mode, sharing), output in outputs.items()]
     command, env = launch(family, runs, tiny_root)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -77,6 +88,14 @@ def qwen_runs(dataset, tiny_root, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def flux_runs(dataset, tiny_root, tmp_path_factory):
+    # The single-file transformer: the fused qkv / linear1 tensors are split while they load into the shared copy.
+    data = ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv")]
+    return train_each_mode_shared_and_not("flux", {"offload": ["--enable_model_cpu_offload"]}, data, tiny_root,
+                                          tmp_path_factory.mktemp("flux"))
+
+
+@pytest.fixture(scope="module")
 def wan_runs(tiny_root, tmp_path_factory):
     videos = tmp_path_factory.mktemp("videos")
     build_example_video_dataset(videos, num_videos=2, num_frames=6)
@@ -92,14 +111,16 @@ def assert_one_copy(ranks):
     assert nbytes <= total <= nbytes * 1.02 + 3 * PAGE
 
 
-@pytest.mark.parametrize("family, mode", [("qwen", "offload"), ("qwen", "offload_fp8"), ("wan", "offload")])
+@pytest.mark.parametrize("family, mode", [("qwen", "offload"), ("qwen", "offload_fp8"), ("wan", "offload"),
+                                          ("flux", "offload")])
 def test_offloaded_models_share_one_copy_and_train_the_per_process_lora(request, family, mode):
     outputs, log = request.getfixturevalue(f"{family}_runs")
     shared, own = held(outputs[(mode, "auto")]), held(outputs[(mode, "off")])
     assert max_difference(lora(outputs[(mode, "auto")], "epoch-0"), lora(outputs[(mode, "off")], "epoch-0")) == 0
     # Every frozen weight of every model (the stage-1 text encoder and VAE too) is in the one shared copy.
+    models = {"dit", "text_encoder", "vae"} | ({"text_encoder_2"} if family == "flux" else set())
     assert shared[0]["shared"] == shared[0]["frozen"] and {name.split(".")[0] for name in shared[0]["frozen"]} \
-        == {"dit", "text_encoder", "vae"}
+        == models
     assert_one_copy(shared)
     assert own[0]["shared"] == [] and own[0]["segment_pss"] == own[1]["segment_pss"] == 0
     assert "once for the 2 processes on this machine" in log

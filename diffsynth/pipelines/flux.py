@@ -1,0 +1,377 @@
+"""FLUX.1 [dev], FLUX.1-Krea-dev and FLUX.1-Kontext-dev text-to-image and Kontext editing as declared units over the
+diffusers / transformers models.
+
+Models, by pipeline name: ``dit`` (``FluxTransformer2DModel``), ``vae`` (``AutoencoderKL``, 16 latent channels),
+``text_encoder`` (``CLIPTextModel``), ``text_encoder_2`` (``T5EncoderModel``), ``tokenizer`` (CLIP) and
+``tokenizer_2`` (T5). The released single files (``flux1-dev.safetensors``, ``ae.safetensors``) load into the same
+classes (``core.loader.original_flux``). The computation follows diffusers' ``FluxPipeline`` and
+``FluxKontextPipeline`` step for step:
+
+- the prompt goes through CLIP (77 tokens, padded; its pooled output conditions the modulation) and T5 (padded to
+  ``max_sequence_length``, 512; its hidden states are the text tokens), neither with an attention mask;
+- latents are normalised with the VAE's ``shift_factor`` and ``scaling_factor`` and packed 2x2 into 64-channel tokens
+  in ``model_fn``; the state keeps them unpacked, ``(batch, 16, height / 8, width / 8)``;
+- token positions are ``(0, row, column)`` for the image, zeros for the text, ``(1, row, column)`` for Kontext's
+  reference images (appended after the image's tokens; their predictions are dropped);
+- the guidance-distilled transformers take the guidance scale as an input (``embedded_guidance``, diffusers'
+  ``guidance_scale``, 3.5 by default); true CFG with a negative prompt runs when ``cfg_scale`` is above 1
+  (diffusers' ``true_cfg_scale``);
+- the schedule is ``linspace(1, 1/N, N)`` bent by the exponential shift whose ``mu`` grows with the token count, on
+  the line of the released ``scheduler_config.json``.
+
+Training follows the reference trainer: ``embedded_guidance`` 1, no CFG, timesteps from the 1000-step grid under
+the static shift 3, and Kontext's reference images (``kontext_images``) at the size the dataset gives them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..core.data.cells import real
+from ..core.loader import ModelConfig, SharedLoad, load_tokenizer, model_class_name
+from ..diffusion.base_pipeline import PipelineUnit
+from .common import (
+    SIZE_MULTIPLE,
+    ImageNoiseUnit,
+    InputImageEmbedderUnit,
+    LatentsUnit,
+    ShapeCheckUnit,
+    TextToLatentPipeline,
+    check_call_inputs,
+    image_list,
+    image_to_tensor,
+    round_size,
+    tensor_to_images,
+)
+from .qwen_image import pack_latents, unpack_latents
+
+__all__ = ["FluxPipeline", "kontext_size"]
+
+logger = logging.getLogger(__name__)
+
+VAE_SCALE = 8
+DEFAULT_SIZE = 1024
+T5_MAX_LENGTH = 512
+DEFAULT_GUIDANCE = 3.5
+TRAINING_GUIDANCE = 1.0
+# Kontext was trained at these sizes (width, height); diffusers fits a reference image to the one of the nearest
+# aspect ratio before encoding it.
+KONTEXT_RESOLUTIONS = (
+    (672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184), (944, 1104),
+    (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752), (1456, 720), (1504, 688),
+    (1568, 672),
+)
+
+MODEL_ROLES = {
+    "FluxTransformer2DModel": "dit",
+    "AutoencoderKL": "vae",
+    "CLIPTextModel": "text_encoder",
+    "T5EncoderModel": "text_encoder_2",
+}
+
+# The reference trainer's module names (DiffSynth-Studio's FluxDiT) -> the diffusers modules each covers, as
+# patterns of whole module names: its fused projections (a_to_qkv, to_qkv_mlp) are several modules here, and its
+# block-local names (proj_out, norm.linear) must not also select the diffusers model's top-level layers.
+_DOUBLE = r"transformer_blocks\.\d+\."
+_SINGLE = r"single_transformer_blocks\.\d+\."
+REFERENCE_TARGETS: dict[str, tuple[str, ...]] = {
+    "a_to_qkv": (_DOUBLE + r"attn\.to_[qkv]",),
+    "b_to_qkv": (_DOUBLE + r"attn\.add_[qkv]_proj",),
+    "a_to_out": (_DOUBLE + r"attn\.to_out\.0",),
+    "b_to_out": (_DOUBLE + r"attn\.to_add_out",),
+    "norm1_a.linear": (_DOUBLE + r"norm1\.linear",),
+    "norm1_b.linear": (_DOUBLE + r"norm1_context\.linear",),
+    "ff_a.0": (_DOUBLE + r"ff\.net\.0\.proj",),
+    "ff_a.2": (_DOUBLE + r"ff\.net\.2",),
+    "ff_b.0": (_DOUBLE + r"ff_context\.net\.0\.proj",),
+    "ff_b.2": (_DOUBLE + r"ff_context\.net\.2",),
+    "to_qkv_mlp": (_SINGLE + r"(attn\.to_[qkv]|proj_mlp)",),
+    "proj_out": (_SINGLE + r"proj_out",),
+    "norm.linear": (_SINGLE + r"norm\.linear",),
+    "final_proj_out": (r"proj_out",),
+    "final_norm_out.linear": (r"norm_out\.linear",),
+}
+
+
+def kontext_size(image: Image.Image, auto_resize: bool) -> tuple[int, int]:
+    """``(width, height)`` a Kontext reference image is encoded at: with ``auto_resize``, the trained resolution of
+    the nearest aspect ratio (diffusers' default), else its own size; either cut down to multiples of 16."""
+    width, height = image.size
+    if auto_resize:
+        aspect = width / height
+        _, width, height = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
+    return width // SIZE_MULTIPLE * SIZE_MULTIPLE, height // SIZE_MULTIPLE * SIZE_MULTIPLE
+
+
+def grid_ids(height: int, width: int, first: int, device: torch.device) -> torch.Tensor:
+    """The ``(height * width, 3)`` positions ``(first, row, column)`` of a token grid, row by row."""
+    rows, columns = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    ids = torch.stack([torch.full_like(rows, first), rows, columns], dim=-1).reshape(-1, 3)
+    return ids.to(device=device, dtype=torch.float32)
+
+
+class KontextImageEmbedderUnit(PipelineUnit):
+    """Encodes each Kontext reference image (``kontext_images``, one or a list) into normalised latents.
+
+    Outputs ``kontext_latents``, a list of ``(1, 16, h, w)`` tensors, or ``None`` without images. Each image is
+    resized (Lanczos) to ``kontext_size``: a trained resolution when ``kontext_auto_resize`` is set (inference, as
+    diffusers), else its own size cut to multiples of 16 (training, as the reference).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_params=("kontext_images", "kontext_auto_resize"), output_params=("kontext_latents",),
+                         onload_model_names=("vae",))
+
+    def process(self, pipe: FluxPipeline, kontext_images: Image.Image | Sequence[Image.Image] | None,
+                kontext_auto_resize: bool | None) -> dict:
+        if kontext_images is None:
+            return {"kontext_latents": None}
+        latents = []
+        for image in image_list(kontext_images, "kontext_images")[0]:
+            size = kontext_size(image, bool(kontext_auto_resize))
+            image = image.convert("RGB")
+            if image.size != size:
+                image = image.resize(size, Image.Resampling.LANCZOS)
+            latents.append(pipe.encode_image(image))
+        return {"kontext_latents": latents}
+
+
+class PromptEmbedderUnit(PipelineUnit):
+    """Encodes the prompt (and, with CFG, the negative prompt) with CLIP and T5.
+
+    Outputs ``prompt_emb`` ``(1, max_sequence_length, T5 width)``, T5's hidden states of the padded prompt, and
+    ``pooled_prompt_emb`` ``(1, CLIP width)``, CLIP's pooled output of the prompt padded to 77 tokens.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
+                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
+                         output_params=("prompt_emb", "pooled_prompt_emb"),
+                         onload_model_names=("text_encoder", "text_encoder_2"))
+
+    def process(self, pipe: FluxPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+        missing = [name for name in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
+                   if getattr(pipe, name) is None]
+        if missing:
+            raise ValueError(f"encoding a prompt needs CLIP and T5 with their tokenizers; {missing} are not loaded: "
+                             "add 'black-forest-labs/FLUX.1-dev:text_encoder/model.safetensors' and "
+                             "'black-forest-labs/FLUX.1-dev:text_encoder_2/*.safetensors' to the model configs")
+        prompt = prompt or ""
+        clip_tokens = pipe.tokenizer(prompt, padding="max_length", max_length=pipe.tokenizer.model_max_length,
+                                     truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+        pooled = pipe.text_encoder(clip_tokens, output_hidden_states=False).pooler_output
+        t5_tokens = pipe.tokenizer_2(prompt, padding="max_length", max_length=max_sequence_length or T5_MAX_LENGTH,
+                                     truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+        hidden = pipe.text_encoder_2(t5_tokens, output_hidden_states=False)[0]
+        return {"prompt_emb": hidden.to(pipe.torch_dtype), "pooled_prompt_emb": pooled.to(pipe.torch_dtype)}
+
+
+class FluxPipeline(TextToLatentPipeline):
+    """FLUX.1 [dev] / Krea / Kontext generation and the computation its training shares.
+
+    Build it with ``from_pretrained``; call it with a prompt (and, for Kontext, ``kontext_images``) to get an image.
+    ``model_fn`` is also what training calls, on the state the units produce.
+    """
+
+    denoising_model_names = ("dit",)
+    model_roles = MODEL_ROLES
+    default_tokenizer_config = ModelConfig(model_id="black-forest-labs/FLUX.1-dev", origin_file_pattern="tokenizer/")
+    default_tokenizer_2_config = ModelConfig(model_id="black-forest-labs/FLUX.1-dev",
+                                             origin_file_pattern="tokenizer_2/")
+    lora_target_aliases = REFERENCE_TARGETS
+    load_options = ("tokenizer_2_config",)
+    model_fn_params = ("prompt_emb", "pooled_prompt_emb", "embedded_guidance", "kontext_latents")
+    #: Dataset columns a training sample needs; ``image`` is a file column.
+    training_columns = ("image", "prompt")
+    #: Kontext's reference images.
+    image_inputs = ("kontext_images",)
+    #: Every prompt embedding is ``max_sequence_length`` tokens long (padding included), so batches need no padding.
+    padded_inputs: dict[str, str] = {}
+    scheduler_preset = "flux"
+    input_types = {**TextToLatentPipeline.input_types, "embedded_guidance": real}
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
+                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
+        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
+                         manage_model_devices=manage_model_devices)
+        self.text_encoder_2: torch.nn.Module | None = None
+        self.tokenizer_2: Any = None
+        # The VAE encodes the reference images next to the training image, so it is onloaded once for both.
+        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), KontextImageEmbedderUnit(),
+                      LatentsUnit(), PromptEmbedderUnit()]
+
+    @classmethod
+    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
+                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
+                        tokenizer_2_config: ModelConfig | None = None) -> FluxPipeline:
+        """Loads the models as ``BasePipeline.from_pretrained`` does, and T5's tokenizer beside T5.
+
+        Args:
+            torch_dtype: Weight and activation dtype.
+            device: The compute device.
+            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``,
+                ``text_encoder_2``).
+            tokenizer_config: CLIP's tokenizer folder (the reference's ``--tokenizer_1_path``); default: the
+                ``tokenizer/`` folder of CLIP's repository, else ``black-forest-labs/FLUX.1-dev:tokenizer/``.
+            offload_device: Where models wait while not in use.
+            skeleton_configs: Entries of ``model_configs`` to build without weights.
+            shared_weights: How each model loads into host memory shared by the machine's processes.
+            tokenizer_2_config: T5's tokenizer folder (``--tokenizer_2_path``); default: ``tokenizer_2/`` of T5's
+                repository, else ``black-forest-labs/FLUX.1-dev:tokenizer_2/``.
+        """
+        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
+                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
+                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
+        config = cls._t5_tokenizer(pipe.model_configs, tokenizer_2_config)
+        if config is not None:
+            pipe.tokenizer_2 = load_tokenizer(config)
+            pipe.model_configs["tokenizer_2"] = config
+        return pipe
+
+    @classmethod
+    def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
+                          inputs: Sequence[str] = (), **options: Any) -> list[ModelConfig]:
+        """CLIP's tokenizer as in ``BasePipeline``, plus T5's (``tokenizer_2_config`` among ``options``)."""
+        companions = super().companion_configs(model_configs, tokenizer_config, inputs)
+        roles = {cls.model_roles.get(model_class_name(config) or ""): config for config in model_configs}
+        t5 = cls._t5_tokenizer(roles, options.get("tokenizer_2_config"))
+        return companions + ([t5] if t5 is not None else [])
+
+    @classmethod
+    def _t5_tokenizer(cls, roles: dict[str | None, ModelConfig], tokenizer_2_config: ModelConfig | None
+                      ) -> ModelConfig | None:
+        """T5's tokenizer when T5 is loaded: the given folder, else ``tokenizer_2/`` of T5's repository, else the
+        FLUX.1-dev default."""
+        text_encoder_2 = roles.get("text_encoder_2")
+        if text_encoder_2 is None:
+            return None
+        if tokenizer_2_config is not None:
+            return tokenizer_2_config
+        if text_encoder_2.model_id is not None:
+            return ModelConfig(model_id=text_encoder_2.model_id, origin_file_pattern="tokenizer_2/")
+        return cls.default_tokenizer_2_config
+
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An image as normalised latents ``(1, 16, H/8, W/8)``, from the VAE's distribution mode."""
+        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
+        latents = self.vae.encode(pixels).latent_dist.mode()
+        return ((latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor).to(self.torch_dtype)
+
+    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
+        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns such as
+        ``kontext_images``). As the reference trains: no CFG, ``embedded_guidance`` 1 (a column may set it), the
+        image's own size (a multiple of 16), Kontext images at their own size."""
+        image = sample["image"]
+        if isinstance(image, list):
+            image = image[0]
+        inputs_shared = {
+            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
+            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": T5_MAX_LENGTH,
+            "embedded_guidance": TRAINING_GUIDANCE, "kontext_auto_resize": False,
+            **{name: sample[name] for name in extra_inputs},
+        }  # fmt: skip
+        return inputs_shared, {"prompt": sample["prompt"]}, {}
+
+    def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
+                                latent_shape: tuple[int, ...]) -> None:
+        """FLUX.1's shift grows with the token count, ``(latent height / 2) * (latent width / 2)``."""
+        image_seq_len = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
+
+    def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
+                 pooled_prompt_emb: torch.Tensor, embedded_guidance: float | None = None,
+                 kontext_latents: Sequence[torch.Tensor] | None = None, **_: Any) -> torch.Tensor:
+        """The transformer's velocity prediction for unpacked ``(B, 16, h, w)`` latents at ``timestep`` (0 to 1000).
+
+        Kontext's reference latents follow the latents' tokens with their own positions; the prediction keeps only
+        the latents' tokens. A guidance-distilled transformer gets ``embedded_guidance`` (default 3.5); one without
+        a guidance embedding ignores it. Extra state keys are accepted and ignored, since the loop passes the whole
+        state.
+        """
+        batch, _, height, width = latents.shape
+        device = latents.device
+        timestep = torch.as_tensor(timestep, device=device).to(latents.dtype).reshape(-1).expand(batch)
+        tokens, ids = [pack_latents(latents)], [grid_ids(height // 2, width // 2, 0, device)]
+        for reference in kontext_latents or ():
+            tokens.append(pack_latents(reference.to(latents.dtype)).expand(batch, -1, -1))
+            ids.append(grid_ids(reference.shape[-2] // 2, reference.shape[-1] // 2, 1, device))
+        guidance = None
+        if self.dit.config.guidance_embeds:
+            scale = DEFAULT_GUIDANCE if embedded_guidance is None else float(embedded_guidance)
+            guidance = torch.full((batch,), scale, device=device, dtype=torch.float32)
+        prompt_emb = prompt_emb.to(latents.dtype)
+        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000, guidance=guidance,
+                              pooled_projections=pooled_prompt_emb.to(latents.dtype), encoder_hidden_states=prompt_emb,
+                              txt_ids=torch.zeros(prompt_emb.shape[1], 3, device=device), img_ids=torch.cat(ids),
+                              return_dict=False)[0]
+        return unpack_latents(prediction[:, :tokens[0].shape[1]], height, width)
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
+        """The final latents de-normalised and decoded by the VAE, as ``(B, 3, H, W)`` in ``[0, 1]``."""
+        self.load_models_to_device(["vae"])
+        latents = inputs_shared["latents"].to(self.vae.dtype)
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        images = self.vae.decode(latents, return_dict=False)[0]
+        return (images / 2 + 0.5).clamp(0, 1)
+
+    def sample_input_problems(self, inputs: set[str]) -> list[str]:
+        """FLUX.1 renders from a prompt and, for Kontext, reference images (``kontext_images``)."""
+        problems = []
+        if "input_image" in inputs:
+            problems.append('"input_image" is for Wan image-to-video; FLUX.1 Kontext takes reference images as '
+                            '"kontext_images"')
+        if "edit_image" in inputs:
+            problems.append('FLUX.1 Kontext takes its reference images as "kontext_images", not "edit_image"')
+        return problems
+
+    @torch.no_grad()
+    def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,
+                 embedded_guidance: float = DEFAULT_GUIDANCE, input_image: Image.Image | None = None,
+                 denoising_strength: float = 1.0, kontext_images: Image.Image | Sequence[Image.Image] | None = None,
+                 kontext_auto_resize: bool = True, height: int | None = None, width: int | None = None,
+                 seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30,
+                 max_sequence_length: int = T5_MAX_LENGTH, output_type: str = "pil",
+                 progress_bar: bool = True) -> Image.Image | torch.Tensor:
+        """Generates one image.
+
+        Args:
+            prompt: What to draw, or (Kontext, with ``kontext_images``) how to change the reference image.
+            negative_prompt: What to steer away from; used when ``cfg_scale`` is above 1.
+            cfg_scale: True classifier-free guidance (diffusers' ``true_cfg_scale``); 1 turns it off and halves the
+                work per step. The distilled models are usually run without it, guided by ``embedded_guidance``.
+            embedded_guidance: The guidance scale the distilled transformer takes as an input (diffusers'
+                ``guidance_scale``); ignored by a transformer without a guidance embedding.
+            input_image: Start from this image instead of pure noise (image-to-image).
+            denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
+            kontext_images: Kontext's reference image (diffusers' ``image``), or a list of them.
+            kontext_auto_resize: Fit each reference image to Kontext's trained resolution of the nearest aspect ratio
+                first, as diffusers does (its ``_auto_resize``); else encode it at its own size (multiples of 16).
+            height: Output height in pixels, rounded to a multiple of 16 (default 1024).
+            width: Output width in pixels, rounded to a multiple of 16 (default 1024).
+            seed: Noise seed; ``None`` draws from torch's global generator.
+            rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
+            num_inference_steps: Denoising steps.
+            max_sequence_length: T5 tokens the prompt is padded or cut to (at most 512).
+            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
+            progress_bar: Show a progress bar over the steps.
+        """
+        check_call_inputs(prompt, output_type, max_sequence_length, T5_MAX_LENGTH)
+        height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
+        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
+        inputs_shared = {
+            "cfg_scale": cfg_scale, "embedded_guidance": embedded_guidance, "input_image": input_image,
+            "denoising_strength": denoising_strength, "kontext_images": kontext_images,
+            "kontext_auto_resize": kontext_auto_resize, "height": height, "width": width, "seed": seed,
+            "rand_device": rand_device, "max_sequence_length": max_sequence_length,
+        }  # fmt: skip
+        images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
+                              progress_bar=progress_bar)
+        return images if output_type == "pt" else tensor_to_images(images)[0]

@@ -1,0 +1,203 @@
+"""Manual check, not part of the tests: ComfyUI's real LoRA code on this project's FLUX.1 LoRA files.
+
+Exports the Python files of a ComfyUI snapshot (a bare git mirror) to a temporary folder, imports its ``comfy``
+package on the CPU (packages it imports that are not installed, such as torchvision, replaced by empty stand-ins), and
+runs its own ``comfy.lora.model_lora_keys_unet`` (the Flux key map) and ``comfy.lora.load_lora`` on the universal and
+the BFL kohya file of a tiny random FLUX.1 LoRA (alpha / rank 0.5, every LoRA-able layer). The patches are applied to
+a tiny BFL state dict, built from a tiny ``FluxTransformer2DModel`` with ComfyUI's ``comfy.utils.flux_to_diffusers``,
+by ``comfy.lora.calculate_weight``, grouped as its ``ModelPatcher.add_patches`` groups them. For each file it prints
+how many BFL weights ComfyUI changed against those this project's ``load_lora`` changes, the ratio of the two changes
+(1.0: the trained strength), the largest difference, the file's keys ComfyUI left unused, and the emulation's verdict
+(``python -m diffsynth.lora inspect``).
+
+Usage::
+
+    python scripts/check_comfyui_flux_lora.py [--mirror /work/.mirror/Comfy-Org+ComfyUI/repo] [--rev HEAD]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.lora import inspect_lora, load_lora, naming_for
+from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
+from diffsynth.lora.naming import lora_layer_names
+
+DEPTH, SINGLE_DEPTH, HEADS, HEAD_DIM = 2, 2, 2, 32
+HIDDEN = HEADS * HEAD_DIM
+
+
+def export(mirror: Path, rev: str, folder: Path) -> str:
+    """Writes the snapshot's Python files into ``folder`` (the mirror may lack large data files); returns the commit."""
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "--git-dir", str(mirror), *args], check=True, capture_output=True).stdout
+
+    commit = git("rev-parse", rev).decode().strip()
+    for path in git("ls-tree", "-r", "--name-only", commit).decode().splitlines():
+        if path.endswith(".py") and (path.startswith(("comfy/", "comfy_api/", "comfy_config/", "comfy_execution/"))
+                                     or "/" not in path):
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(git("show", f"{commit}:{path}"))
+    return commit
+
+
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty modules for the packages ComfyUI imports at start-up that are not installed (its video and audio
+    models' dependencies); the LoRA code never calls them."""
+
+    NAMES = ("torchvision", "torchaudio", "av", "torchsde", "spandrel", "kornia", "einops", "scipy")
+
+    def find_spec(self, name, path, target=None):
+        top = name.split(".")[0]
+        if top not in self.NAMES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            installed = importlib.util.find_spec(top) is not None
+        finally:
+            sys.meta_path.insert(0, self)
+        return None if installed else importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        from unittest import mock
+
+        module = mock.MagicMock(name=spec.name)
+        module.__path__, module.__spec__, module.__name__ = [], spec, spec.name
+        return module
+
+    def exec_module(self, module) -> None:
+        """Nothing to run: the stand-in is empty."""
+
+
+def import_comfy(folder: Path) -> types.SimpleNamespace:
+    sys.path.insert(0, str(folder))
+    sys.meta_path.insert(0, _StandIns())
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True  # read when comfy.model_management is first imported
+    import comfy.lora
+    import comfy.model_base
+    import comfy.utils
+
+    return types.SimpleNamespace(lora=comfy.lora, model_base=comfy.model_base, utils=comfy.utils)
+
+
+def tiny_flux() -> torch.nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=DEPTH, num_single_layers=SINGLE_DEPTH,
+                                  attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=32,
+                                  pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 14, 14)).eval()
+
+
+def random_lora(model: torch.nn.Module, rank: int = 4, scale: float = 0.5) -> LoRAWeights:
+    generator = torch.Generator().manual_seed(1)
+    layers = {}
+    for name in lora_layer_names(model):
+        weight = model.get_submodule(name).weight
+        layers[name] = LoRALayer(torch.randn(rank, weight.shape[1], generator=generator) * 0.1,
+                                 torch.randn(weight.shape[0], rank, generator=generator) * 0.1, scale)
+    return LoRAWeights(layers)
+
+
+def to_bfl(state_dict: dict[str, torch.Tensor], key_map: dict) -> dict[str, torch.Tensor]:
+    """A FluxTransformer2DModel state dict in BFL's layout, by ComfyUI's own map (slices stacked, functions applied:
+    its swap of the final modulation's halves is its own inverse)."""
+    whole, slices = {}, {}
+    for key, target in key_map.items():
+        if key not in state_dict:
+            continue
+        if isinstance(target, str):
+            whole[target] = state_dict[key]
+        elif target[1] is None:
+            whole[target[0]] = target[2](state_dict[key])
+        else:
+            slices.setdefault(target[0], []).append((target[1][1], state_dict[key]))
+    whole.update({key: torch.cat([tensor for _, tensor in sorted(parts, key=lambda part: part[0])])
+                  for key, parts in slices.items()})
+    return whole
+
+
+def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list]:
+    """The BFL weights after ComfyUI loads ``lora_file`` at strength 1.0, and the keys it reported unused."""
+    unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}
+
+    class TinyFlux(comfy.model_base.Flux):
+        """Only what model_lora_keys_unet reads: isinstance(model, Flux), model_config and state_dict()."""
+
+        def state_dict(self, *args, **kwargs):
+            return bfl
+
+    model = object.__new__(TinyFlux)  # no BaseModel.__init__: that would build the real network
+    object.__setattr__(model, "model_config", types.SimpleNamespace(unet_config=unet_config))
+    key_map = comfy.lora.model_lora_keys_unet(model, {})
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger().addHandler(handler)
+    try:
+        patches = comfy.lora.load_lora(load_file(str(lora_file)), key_map)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    grouped = {}
+    for target, adapter in patches.items():  # as ModelPatcher.add_patches: (key, offset, function) targets
+        key, offset, function = (target, None, None) if isinstance(target, str) else (*target, None)[:3]
+        if key in bfl:
+            grouped.setdefault(key, []).append((1.0, adapter, 1.0, offset, function))
+    patched = {key: comfy.lora.calculate_weight(items, bfl[key].clone(), key) for key, items in grouped.items()}
+    return patched, [message for message in messages if "not loaded" in message]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror/Comfy-Org+ComfyUI/repo"),
+                        help="A bare git mirror of Comfy-Org/ComfyUI.")
+    parser.add_argument("--rev", default="HEAD", help="The ComfyUI commit to check against.")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        model = tiny_flux()
+        weights = random_lora(model)
+        files = {}
+        for layout in ("universal", "kohya"):  # before ComfyUI's stand-ins, which would confuse diffusers' imports
+            path = write_lora(Path(folder) / f"{layout}.safetensors", weights, layout, naming_for(model))
+            merged = copy.deepcopy(model)
+            load_lora(merged, path)
+            files[layout] = (path, merged.state_dict(), inspect_lora(path, model).result("ComfyUI"))
+        commit = export(args.mirror, args.rev, Path(folder) / "comfyui")
+        comfy = import_comfy(Path(folder) / "comfyui")
+        map_to_bfl = comfy.utils.flux_to_diffusers({"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH,
+                                                    "hidden_size": HIDDEN}, output_prefix="diffusion_model.")
+        base = to_bfl(model.state_dict(), map_to_bfl)
+        print(f"ComfyUI {commit[:10]}; tiny FLUX.1, {len(weights.layers)} LoRA layers, alpha / rank 0.5")
+        for layout, (path, merged, emulated) in files.items():
+            ours = {key: value - base[key] for key, value in to_bfl(merged, map_to_bfl).items()
+                    if not torch.equal(value, base[key])}
+            patched, unused = comfyui_weights(comfy, path, base)
+            theirs = {key: value - base[key] for key, value in patched.items()}
+            both = [key for key in ours if key in theirs]
+            ratios = [float((theirs[key] * ours[key]).sum() / (ours[key] * ours[key]).sum()) for key in both]
+            largest = max((float((theirs[key] - ours[key]).abs().max()) for key in both), default=0.0)
+            print(f"{layout:<10} BFL weights changed {len(both)}/{len(ours)} (others: {len(set(theirs) - set(ours))}), "
+                  f"change ratio {min(ratios, default=0):.6f}..{max(ratios, default=0):.6f}, largest difference "
+                  f"{largest:.1e}, keys unused {len(unused)}; emulation: {emulated.mapped}/{emulated.total} layers "
+                  f"at {emulated.strength:.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The trainer end to end on the tiny FLUX.1 repos, loaded from the released single files as the reference's scripts
+name them: LoRA on the reference's module names and full runs, Kontext training, the two-stage split, offloaded and
+block-swapped training giving the plain LoRA, fp8 and NF4, the fused BFL layout of ``--align_to_opensource_format``,
+and the LoRA in diffusers' own ``load_lora_weights``."""
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.core.loader.tiny_flux import FLUX1_DEV_MODEL_ID as DEV
+from diffsynth.core.loader.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
+from diffsynth.pipelines.flux import FluxPipeline
+from diffsynth.training.entry import main
+from diffsynth.training.errors import FlagError
+from tests.conftest import reset_accelerate_state
+from tests.core.test_quant import needs_bitsandbytes
+from tests.training.conftest import lora, max_difference
+
+PATTERN = {"dit": f"{DEV}:flux1-dev.safetensors", "text_encoder": f"{DEV}:text_encoder/model.safetensors",
+           "text_encoder_2": f"{DEV}:text_encoder_2/*.safetensors", "vae": f"{DEV}:ae.safetensors"}
+# The reference's own module names, as its FLUX.1 scripts give them.
+TARGETS = "a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,norm1_a.linear," \
+          "norm1_b.linear,to_qkv_mlp"
+COMMON = [
+    "--lora_base_model", "dit", "--lora_target_modules", TARGETS, "--lora_rank", "4", "--learning_rate", "1e-3",
+    "--torch_dtype", "float32", "--seed", "3", "--max_pixels", "1024", "--use_gradient_checkpointing",
+    "--remove_prefix_in_ckpt", "pipe.dit.",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def in_process_runs(base, fresh_accelerate_state):
+    """Every test here runs the trainer in-process on the tiny repos."""
+
+
+def raw(dataset, models=",".join(PATTERN.values())):
+    return ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv"),
+            "--model_id_with_origin_paths", models]
+
+
+def one_stage(dataset, output, *extra):
+    return main(FluxPipeline, [*raw(dataset), *COMMON, "--output_path", str(output), "--num_epochs", "1", *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory, tiny_root):
+    """One-stage plain LoRA training: what the other ways of training must reproduce."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        output = tmp_path_factory.mktemp("flux_reference") / "out"
+        result = one_stage(dataset, output)
+    reset_accelerate_state()
+    return output, result
+
+
+def block_counts(result):
+    dit = result["module"].pipe.dit
+    return len(dit.transformer_blocks), len(dit.single_transformer_blocks)
+
+
+def test_a_lora_run_trains_every_target_of_the_reference_names(reference):
+    output, result = reference
+    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
+    weights = lora(output, "epoch-0")
+    double, single = block_counts(result)
+    # 14 layers per double block and 6 per single block (its fused to_qkv_mlp is to_q, to_k, to_v and proj_mlp).
+    assert len(weights) == 2 * (14 * double + 6 * single)
+    assert max(value.abs().max().item() for key, value in weights.items() if "lora_B" in key) > 1e-4
+
+
+@pytest.mark.parametrize("mode", [["--enable_model_cpu_offload"], ["--blocks_to_swap", "3"],
+                                  ["--blocks_to_swap", "2", "--block_swap_h2d_only"]], ids=" ".join)
+def test_offload_and_block_swap_give_the_plain_lora(reference, dataset, tmp_path, mode):
+    one_stage(dataset, tmp_path / "out", *mode)
+    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
+
+
+def test_two_stage_training_gives_the_one_stage_lora(reference, dataset, tmp_path):
+    cache = tmp_path / "cache"
+    encoders = ",".join(PATTERN[name] for name in ("text_encoder", "text_encoder_2", "vae"))
+    stage_one = main(FluxPipeline, [*raw(dataset, encoders), *COMMON, "--output_path", str(cache), "--task",
+                                    "sft:data_process"])
+    assert stage_one["cached"] == 3
+    main(FluxPipeline, ["--dataset_base_path", str(cache), "--model_id_with_origin_paths", PATTERN["dit"], *COMMON,
+                        "--output_path", str(tmp_path / "out"), "--task", "sft:train", "--num_epochs", "1"])
+    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
+
+
+def test_the_lora_loads_fully_into_diffusers_and_equals_the_merged_weights(reference, tiny_root):
+    from diffusers import FluxPipeline as DiffusersFluxPipeline
+
+    from diffsynth.lora import load_lora
+
+    def render(pipe):
+        return pipe(prompt="a shape", height=32, width=32, num_inference_steps=2,
+                    generator=torch.Generator().manual_seed(0), output_type="pt").images
+
+    pipe = DiffusersFluxPipeline.from_pretrained(str(tiny_root / DEV), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    before = render(pipe)
+    file = reference[0] / "epoch-0.safetensors"
+    pipe.load_lora_weights(str(file))
+    loaded = {name for name, _ in pipe.transformer.named_parameters() if "lora_A" in name}
+    assert len(loaded) == len([key for key in load_file(str(file)) if "lora_A" in key or "lora_down" in key])
+    with_lora = render(pipe)
+    pipe.unload_lora_weights()
+    load_lora(pipe.transformer, file)  # merged into the weights at strength 1.0
+    assert (with_lora - before).abs().max() > 1e-4
+    assert (render(pipe) - with_lora).abs().max() < 1e-4
+
+
+def test_full_training_updates_the_transformer(dataset, tmp_path):
+    result = main(FluxPipeline, [*raw(dataset), "--trainable_models", "dit", "--learning_rate", "1e-3",
+                                 "--torch_dtype", "float32", "--max_pixels", "1024", "--output_path",
+                                 str(tmp_path / "out"), "--num_epochs", "1", "--remove_prefix_in_ckpt", "pipe.dit."])
+    weights = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
+    _, single = block_counts(result)
+    assert result["global_step"] == 3 and f"single_transformer_blocks.{single - 1}.proj_out.weight" in weights
+
+
+def test_kontext_training_reads_the_reference_images(tmp_path):
+    metadata = build_example_edit_dataset(tmp_path / "kontext", num_samples=2, column="kontext_images")
+    models = ",".join([f"{KONTEXT}:flux1-kontext-dev.safetensors", *(PATTERN[name] for name in
+                                                                       ("text_encoder", "text_encoder_2", "vae"))])
+    argv = ["--dataset_base_path", str(metadata.parent), "--dataset_metadata_path",
+            str(metadata.with_suffix(".csv")), "--model_id_with_origin_paths", models, *COMMON, "--data_file_keys",
+            "image,kontext_images", "--extra_inputs", "kontext_images", "--height", "32", "--width", "48",
+            "--output_path", str(tmp_path / "out"), "--num_epochs", "1"]
+    result = main(FluxPipeline, argv)
+    assert result["global_step"] == 2
+    pipe = result["module"].pipe
+    sample = {"image": Image.new("RGB", (48, 32)), "prompt": "p", "kontext_images": Image.new("RGB", (40, 24))}
+    state = pipe.run_units(*pipe.training_inputs(sample, ["kontext_images"]))
+    # Kontext images keep their own size in training (the reference's rule), cut to multiples of 16.
+    assert [tuple(latents.shape) for latents in state[0]["kontext_latents"]] == [(1, 16, 2, 4)]
+
+
+def test_unknown_reference_names_are_refused_before_loading(dataset, tmp_path):
+    with pytest.raises(FlagError, match="a_to_kqv"):
+        main(FluxPipeline, [*raw(dataset), *COMMON, "--lora_target_modules", "a_to_qkv,a_to_kqv", "--output_path",
+                            str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("quant", [["--fp8_models", PATTERN["dit"]],
+                                   pytest.param(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4"],
+                                                marks=needs_bitsandbytes)],
+                         ids=["fp8", "nf4"])
+def test_fp8_and_nf4_train(dataset, tmp_path, quant):
+    result = one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant)
+    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
+
+
+def test_samples_while_training(dataset, tmp_path):
+    (tmp_path / "prompts.txt").write_text("a red square\n")
+    result = one_stage(dataset, tmp_path / "out", "--batch_size", "3", "--height", "32", "--width", "32",
+                       "--validation_prompts", str(tmp_path / "prompts.txt"), "--validation_steps", "1",
+                       "--validation_num_inference_steps", "1")
+    assert result["global_step"] == 1
+    assert list((tmp_path / "out").rglob("*.png"))
+
+
+def test_the_opensource_format_is_the_same_lora_in_bfl_fused_names(reference, dataset, tmp_path):
+    from diffsynth.lora import lora_layer_names, naming_for, read_lora
+    from diffsynth.lora.inspect import inspect_lora
+
+    result = one_stage(dataset, tmp_path / "out", "--align_to_opensource_format")
+    file = tmp_path / "out" / "epoch-0.safetensors"
+    keys = set(load_file(str(file)))
+    assert all(key.startswith("lora_unet_") for key in keys)
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in keys
+    assert "lora_unet_single_blocks_0_linear1.lora_up.weight" in keys
+    dit = result["module"].pipe.dit
+    names, naming = lora_layer_names(dit), naming_for(dit)
+    fused, plain = read_lora(file, names, naming), read_lora(reference[0] / "epoch-0.safetensors", names, naming)
+    # Split back from the fused layers, every trained layer's update is the one of the default layout's file.
+    assert fused.layers.keys() == plain.layers.keys()
+    assert max((fused.layers[name].delta() - plain.layers[name].delta()).abs().max().item()
+               for name in plain.layers) < 1e-6
+    inspection = inspect_lora(file, dit)
+    assert inspection.result("ComfyUI").ok and inspection.result("DiffSynth-Studio").ok
