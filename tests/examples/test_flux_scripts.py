@@ -91,6 +91,15 @@ def test_script_trains_on_the_tiny_repos(workdir, kind, release):
         assert all(key.startswith("lora_unet_") for key in load_file(str(output)))
 
 
+@pytest.mark.parametrize("release", ["FLUX.1-dev", "FLUX.1-Kontext-dev"])
+def test_npu_scripts_are_the_full_commands_with_the_offload_config(workdir, release):
+    [(config, argv)] = commands(f"special/npu_training/{release}-NPU.sh")
+    assert config == FLUX / "full/accelerate_config_zero2offload.yaml"
+    assert argv == commands(f"full/{release}.sh")[0][1]
+    result = run_in_process(argv)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+
+
 @pytest.mark.parametrize(("name", "stage", "offload"), [("accelerate_config.yaml", 2, "none"),
                                                         ("accelerate_config_zero2offload.yaml", 2, "cpu"),
                                                         ("accelerate_config_zero3.yaml", 3, "none")])

@@ -6,8 +6,6 @@
 #  python -m diffsynth.core.data.example_edit_dataset --output data/example_kontext_dataset --column kontext_images
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing:
 # FLUX.1-Kontext-dev's single-file transformer and FLUX.1-dev's CLIP, T5 and ae.safetensors, as BFL released them.
-# The reference's module names in --lora_target_modules (a_to_qkv, to_qkv_mlp, ...) are mapped to diffusers'
-# modules (docs/en/FLUX.md).
 set -e
 
 accelerate launch --config_file examples/flux/model_training/full/accelerate_config.yaml examples/flux/model_training/train.py \

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The full fine-tune of FLUX.1-Kontext-dev on Ascend NPUs (the reference's command): the full/ command with the NPU allocator settings,
+# launched with full/accelerate_config_zero2offload.yaml (optimizer state on the CPU). It runs on GPUs and CPUs too.
+#
+# The dataset is a folder of images plus metadata.csv (columns image,kontext_images,prompt: the target, the
+# reference image and the instruction); to draw a small one:
+#  python -m diffsynth.core.data.example_edit_dataset --output data/example_kontext_dataset --column kontext_images
+# The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing:
+# FLUX.1-Kontext-dev's single-file transformer and FLUX.1-dev's CLIP, T5 and ae.safetensors, as BFL released them.
+set -e
+
+export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
+export CPU_AFFINITY_CONF=1
+
+accelerate launch --config_file examples/flux/model_training/full/accelerate_config_zero2offload.yaml examples/flux/model_training/train.py \
+  --dataset_base_path data/example_kontext_dataset \
+  --dataset_metadata_path data/example_kontext_dataset/metadata.csv \
+  --data_file_keys "image,kontext_images" \
+  --max_pixels 1048576 \
+  --dataset_repeat 400 \
+  --model_id_with_origin_paths "black-forest-labs/FLUX.1-Kontext-dev:flux1-kontext-dev.safetensors,black-forest-labs/FLUX.1-dev:text_encoder/model.safetensors,black-forest-labs/FLUX.1-dev:text_encoder_2/*.safetensors,black-forest-labs/FLUX.1-dev:ae.safetensors" \
+  --learning_rate 1e-5 \
+  --num_epochs 1 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/FLUX.1-Kontext-dev_full" \
+  --trainable_models "dit" \
+  --extra_inputs "kontext_images" \
+  --use_gradient_checkpointing
