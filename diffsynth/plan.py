@@ -6,10 +6,12 @@
     python -m diffsynth.plan --pipeline flux2-klein --architecture flux.2-klein-9b --trainable_models dit \\
         --height 1024 --width 1024 --device_profile rtx4090-24gb
 
-Takes the trainer's flags (the model files' configs are read, no weight is loaded; ``--architecture`` plans a released
-model without its files), predicts every placement on the profile and prints the table, the plan the trainer would
-choose within ``--vram_budget`` (default: the profile's memory) and ``--ram_budget`` (default: unbounded), and the
-flags that select it. Exits 1 when no plan fits, saying what would.
+Takes the trainer's flags (the model files' configs are read, no weight is loaded, nothing is downloaded;
+``--architecture`` plans a released model without its files, and so does a command whose files are not on disk when
+its model ids name a release: ``RELEASED_MODEL_IDS``), predicts every placement on the profile and prints the table,
+the plan the trainer would choose within ``--vram_budget`` (default: the profile's memory) and ``--ram_budget``
+(default: unbounded), and the flags that select it. Exits 1 when no plan fits, saying what would; 2 with one message
+for flags or model files to fix (``--debug`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from .core.loader import ModelConfigError, ModelFilesNotFoundError, parse_model_id_with_origin_paths
+from .core.loader.resolve import local_repo_dir
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
 from .training.config import RunConfig, build_parser
+from .training.config.console import quiet_library_notices
 from .training.config.parsers import parse_namespace
 from .training.errors import FlagError
+from .training.exit_codes import BAD_INPUT, debug_requested
 from .training.placement.planner import (
     ARCHITECTURES,
     DEVICE_MARGIN_BYTES,
@@ -32,8 +39,13 @@ from .training.placement.planner import (
     build_workload,
     denoiser_skeleton,
     plan_workload,
+    released_architecture,
+    repo_files_missing,
     sample_shape,
 )
+
+if TYPE_CHECKING:
+    from torch import nn
 
 PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
              "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True),
@@ -60,37 +72,39 @@ def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Prints the plan table; returns 0, or 1 when no plan fits the budgets."""
+    """Prints the plan table; returns 0, 1 when no plan fits the budgets, or 2 after one line on stderr for flags or
+    model files to fix."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_library_notices(debug_requested(argv))
+    try:
+        return _plan(argv)
+    except (FlagError, ModelConfigError, ModelFilesNotFoundError) as error:
+        if debug_requested(argv):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return BAD_INPUT
+
+
+def _plan(argv: list[str]) -> int:
     pipeline = _pipeline_of(argv)
     parser = build_plan_parser(pipeline)
-    try:
-        args = parse_namespace(parser, argv)  # a --config file is read as the trainer reads it
-        run = RunConfig.from_namespace(args, runnable=False)  # a run to plan: no dataset or model files needed
-    except FlagError as error:
-        parser.error("\n  " + "\n  ".join(error.problems))
-    placement = run.placement
+    args = parse_namespace(parser, argv)  # a --config file is read as the trainer reads it
+    run = RunConfig.from_namespace(args, runnable=False)  # a run to plan: no dataset or model files needed
+    if args.processes_per_machine < 1:
+        raise FlagError([f"--processes_per_machine {args.processes_per_machine} must be at least 1"])
     module, class_name, _ = PIPELINES[pipeline]
     pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
-    if args.architecture is not None and ARCHITECTURES[args.architecture][0] not in pipeline_class.model_roles:
-        fitting = sorted(name for name, (cls, _) in ARCHITECTURES.items() if cls in pipeline_class.model_roles)
-        parser.error(f"--architecture {args.architecture} is not a {pipeline} model; for --pipeline {pipeline} choose "
-                     f"one of {fitting}, or pass the --pipeline of {args.architecture}")
-    if args.architecture is not None:  # then any --fp8_models entry means the denoiser
-        model, others, fp8 = build_architecture(args.architecture, run.model.torch_dtype), [], bool(run.model.fp8_models)
-    else:
-        model, others, fp8 = denoiser_skeleton(run, pipeline_class)
+    run = run.with_pipeline_defaults(pipeline_class)
+    model, others, fp8, name = _denoiser(args.architecture, run, pipeline, pipeline_class)
     height, width, frames = sample_shape(run)
-    if args.processes_per_machine < 1:
-        parser.error(f"--processes_per_machine {args.processes_per_machine} must be at least 1")
     batch_size = run.dataset.batch_size
     workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
-                              f"{args.architecture or type(model).__name__}{' fp8' if fp8 else ''} at "
-                              f"{width}x{height}x{frames}"
+                              f"{name}{' fp8' if fp8 else ''} at {width}x{height}x{frames}"
                               f"{f', batch {batch_size}' if batch_size > 1 else ''}", fp8=fp8,
                               local_processes=args.processes_per_machine)
     profile = profile_named(args.device_profile)
+    placement = run.placement
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)
     ram = budget_bytes(placement.ram_budget, "ram_budget", None)
     try:
@@ -105,6 +119,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'flags given' if report.explicit else 'chosen'}: {chosen.plan.describe()}, checkpointing "
           f"{chosen.plan.checkpointing}: {' '.join(chosen.plan.flags()) or '(no placement flags)'}")
     return 0
+
+
+def _denoiser(architecture: str | None, run: RunConfig, pipeline: str,
+              pipeline_class: type) -> tuple[nn.Module, list[int], bool, str]:
+    """The denoiser to plan, the sizes of the other models a step runs, whether it is in fp8, and its name: from the
+    model files on disk, else from the released architecture that ``--architecture`` or the model ids name."""
+    named_by, note, choices = f"--architecture {architecture}", None, ", ".join(_architectures_of(pipeline_class))
+    if architecture is None:
+        missing = repo_files_missing(run)
+        if not missing:
+            model, others, fp8 = denoiser_skeleton(run, pipeline_class, download=False)
+            return model, others, fp8, type(model).__name__
+        ids = ", ".join(dict.fromkeys(config.model_id for config in missing))
+        folders = ", ".join(dict.fromkeys(str(local_repo_dir(config)) for config in missing))
+        architecture = released_architecture(
+            config.model_id for config in parse_model_id_with_origin_paths(run.model.model_id_with_origin_paths))
+        if architecture is None:
+            unknown = (f"--model_id_with_origin_paths: the files of {ids} are not on disk (under {folders}), the "
+                       "planner downloads nothing, and these ids name no release it knows; pass --architecture with "
+                       f"one of {choices} to plan a released denoiser, or put the files under {folders}")
+            raise FlagError([unknown])
+        named_by = f"--model_id_with_origin_paths names the release {architecture}, which"
+        note = (f"the files of {ids} are not on disk (under {folders}): planned from the released {architecture} "
+                "config, the denoiser alone (as when training from a stage-1 cache)")
+    if ARCHITECTURES[architecture][0] not in pipeline_class.model_roles:
+        other = (f"{named_by} is not a {pipeline} model; for --pipeline {pipeline} choose one of {choices}, or pass "
+                 f"the --pipeline of {architecture}")
+        raise FlagError([other])
+    if note:  # before the table: its figures are the release's, not those of the user's files
+        print(note)
+    # Any --fp8_models entry then means the denoiser.
+    return build_architecture(architecture, run.model.torch_dtype), [], bool(run.model.fp8_models), architecture
+
+
+def _architectures_of(pipeline_class: type) -> list[str]:
+    return sorted(name for name, (cls, _) in ARCHITECTURES.items() if cls in pipeline_class.model_roles)
 
 
 def _pipeline_of(argv: Sequence[str]) -> str:

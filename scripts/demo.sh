@@ -13,7 +13,10 @@ ENCODERS="Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/di
 LORA=(--lora_base_model dit --lora_target_modules "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1"
       --lora_rank 16 --learning_rate 1e-3 --remove_prefix_in_ckpt pipe.dit. --torch_dtype float32 --seed 0
       --max_pixels 65536 --use_gradient_checkpointing --enable_model_cpu_offload)
-LAUNCH=("$PYTHON" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --mixed_precision no
+# The README's launcher, diffsynth-launch, as a module (a venv installed before the script existed runs it too): a failed
+# stage ends with the trainer's message and exit code. One process on any machine; the other options are given so
+# that accelerate has no defaults to report.
+LAUNCH=("$PYTHON" -m diffsynth.training.launch --num_processes 1 --num_machines 1 --mixed_precision no
         --dynamo_backend no)
 
 echo "== 1/5 tiny Qwen-Image repo -> $DIFFSYNTH_MODEL_BASE_PATH"

@@ -1,22 +1,24 @@
-"""Writes the memory planner's tables for the released Qwen-Image, Wan2.1-14B, Z-Image and FLUX.2 [klein] denoisers
-into docs Low_VRAM.
+"""Writes the memory planner's tables for the released Qwen-Image, Wan2.1, Z-Image, FLUX.1 and FLUX.2 [klein]
+denoisers into the docs: per model every placement in Low_VRAM, and the placement chosen for each GPU size in
+Multi_GPU, from the same predictions, so that the pages cannot disagree with the planner or with each other.
 
-    python scripts/planner_tables.py            # rewrites the tables in docs/en/Low_VRAM.md and docs/zh/Low_VRAM.md
+    python scripts/planner_tables.py            # rewrites the tables in docs/{en,zh}/Low_VRAM.md and Multi_GPU.md
     python scripts/planner_tables.py --print    # prints them instead
 
 The runs planned are LoRA rank 32 on the example scripts' layers, bf16 weights (and Qwen-Image once more with fp8
-storage), one sample per step: Qwen-Image and Z-Image at 1024x1024 with 256 prompt tokens, FLUX.2 [klein] at 1024x1024
-with 512, Wan2.1-T2V-14B at 832x480 with 81 frames; device budgets are each profile's memory less 0.5 GiB, the host
-budget 128 GiB. Everything is predicted on the meta device (no weights, no GPU).
+storage), one sample per step: Qwen-Image and Z-Image at 1024x1024 with 256 prompt tokens, FLUX.1 and FLUX.2 [klein]
+at 1024x1024 with 512, Wan2.1-T2V at 832x480 with 81 frames; device budgets are each profile's memory less 0.5 GiB,
+the host budget 128 GiB. Everything is predicted on the meta device (no weights, no GPU); it takes minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
-from diffsynth.core.planning.plans import NoPlanFits, format_table
+from diffsynth.core.planning.plans import NoPlanFits, Workload, format_table
 from diffsynth.core.planning.profiles import GIB, PROFILES
 from diffsynth.pipelines.flux import FluxPipeline
 from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
@@ -26,14 +28,23 @@ from diffsynth.pipelines.z_image import ZImagePipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.placement.config import PlacementConfig
-from diffsynth.training.placement.planner import DEVICE_MARGIN_BYTES, build_architecture, build_workload, plan_workload
+from diffsynth.training.placement.planner import (
+    DEVICE_MARGIN_BYTES,
+    PlanReport,
+    build_architecture,
+    build_workload,
+    plan_workload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE_NAMES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "h100-80gb")
+LOW_VRAM_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "h100-80gb")
+GPU_SIZE_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "l40s-48gb", "h100-80gb")
+DETAIL_PROFILE = "rtx4090-24gb"
 HOST_BUDGET = 128 * GIB
 QWEN_IMAGE_FLAGS = ["--lora_target_modules", "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,"
                     "img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1", "--height", "1024", "--width", "1024"]
 SQUARE = ["--height", "1024", "--width", "1024"]
+WAN_FLAGS = ["--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--height", "480", "--width", "832", "--num_frames", "81"]
 # The reference's FLUX.2 [klein] targets: its scripts name single_transformer_blocks.0-19.attn.to_out one by one.
 FLUX2_FLAGS = ["--lora_target_modules", ",".join([
     "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
@@ -41,77 +52,182 @@ FLUX2_FLAGS = ["--lora_target_modules", ",".join([
 # The reference's FLUX.1 targets, in its own module names (mapped to diffusers' by FluxPipeline.lora_target_aliases).
 FLUX_FLAGS = ["--lora_target_modules", "a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,"
               "norm.linear,norm1_a.linear,norm1_b.linear,to_qkv_mlp", *SQUARE]
-RUNS = {
-    "Qwen-Image (20B) LoRA, 1024x1024": ("qwen-image", QwenImagePipeline, False, False, QWEN_IMAGE_FLAGS),
-    "Qwen-Image (20B) LoRA, 1024x1024, frozen weights in fp8 (--fp8_models)": (
-        "qwen-image", QwenImagePipeline, False, True, QWEN_IMAGE_FLAGS),
-    "Wan2.1-T2V-14B LoRA, 832x480, 81 frames": ("wan2.1-t2v-14b", WanVideoPipeline, True, False, [
-        "--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--height", "480", "--width", "832", "--num_frames", "81"]),
-    "Z-Image (6B) LoRA, 1024x1024": ("z-image", ZImagePipeline, False, False, [
-        "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", *SQUARE]),
-    "FLUX.1 [dev] (12B) LoRA, 1024x1024": ("flux.1-dev", FluxPipeline, False, False, FLUX_FLAGS),
-    "FLUX.2 [klein] 4B LoRA, 1024x1024": ("flux.2-klein-4b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
-    "FLUX.2 [klein] 9B LoRA, 1024x1024": ("flux.2-klein-9b", Flux2KleinPipeline, False, False, FLUX2_FLAGS),
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One planned training run: its titles (English, Chinese), the released denoiser and the trainer flags."""
+
+    title: str
+    title_zh: str
+    architecture: str
+    pipeline: type
+    flags: tuple[str, ...]
+    video: bool = False
+    fp8: bool = False
+
+
+RUNS = (
+    Run("Qwen-Image (20B) LoRA, 1024x1024", "Qwen-Image（20B）LoRA，1024x1024", "qwen-image", QwenImagePipeline,
+        tuple(QWEN_IMAGE_FLAGS)),
+    Run("Qwen-Image (20B) LoRA, 1024x1024, frozen weights in fp8 (--fp8_models)",
+        "Qwen-Image（20B）LoRA，1024x1024，冻结权重 fp8（--fp8_models）", "qwen-image", QwenImagePipeline,
+        tuple(QWEN_IMAGE_FLAGS), fp8=True),
+    Run("Wan2.1-T2V-14B LoRA, 832x480, 81 frames", "Wan2.1-T2V-14B LoRA，832x480，81 帧", "wan2.1-t2v-14b",
+        WanVideoPipeline, tuple(WAN_FLAGS), video=True),
+    Run("Wan2.1-T2V-1.3B LoRA, 832x480, 81 frames", "Wan2.1-T2V-1.3B LoRA，832x480，81 帧", "wan2.1-t2v-1.3b",
+        WanVideoPipeline, tuple(WAN_FLAGS), video=True),
+    Run("Z-Image (6B) LoRA, 1024x1024", "Z-Image（6B）LoRA，1024x1024", "z-image", ZImagePipeline,
+        ("--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", *SQUARE)),
+    Run("FLUX.1 [dev] (12B) LoRA, 1024x1024", "FLUX.1 [dev]（12B）LoRA，1024x1024", "flux.1-dev", FluxPipeline,
+        tuple(FLUX_FLAGS)),
+    Run("FLUX.2 [klein] 4B LoRA, 1024x1024", "FLUX.2 [klein] 4B LoRA，1024x1024", "flux.2-klein-4b",
+        Flux2KleinPipeline, tuple(FLUX2_FLAGS)),
+    Run("FLUX.2 [klein] 9B LoRA, 1024x1024", "FLUX.2 [klein] 9B LoRA，1024x1024", "flux.2-klein-9b",
+        Flux2KleinPipeline, tuple(FLUX2_FLAGS)),
+)
+Outcome = PlanReport | NoPlanFits
+"""What the planner answers for one run on one profile: the report, or why nothing fits."""
+Planned = list[tuple[Run, Workload, dict[str, Outcome]]]
+"""Each run with its workload and its outcome per profile name."""
+
+LOW_VRAM_MARKERS = ("<!-- planner-tables:start -->", "<!-- planner-tables:end -->")
+GPU_SIZE_MARKERS = ("<!-- planner-gpu-sizes:start -->", "<!-- planner-gpu-sizes:end -->")
+WORDS = {
+    "en": {"model": "model", "gpu": "{size} GB ({profile})",
+           "cell": "{plan}, checkpointing {mode}: {device} / {host} GiB",
+           "none": "none fits (the least any plan needs: {least})",
+           "intro": "The placement the memory planner chooses for one GPU of each size, with its predicted peak GPU / "
+                    "host memory in GiB (generated by `python scripts/planner_tables.py` from the runs of the tables "
+                    "in [Low_VRAM](Low_VRAM.md): LoRA rank 32, AdamW in float32, one sample per step, training from a "
+                    "stage-1 cache so that only the transformer is on the GPU, host budget {host} GiB):"},
+    "zh": {"model": "模型", "gpu": "{size} GB（{profile}）", "cell": "{plan}，梯度检查点 {mode}：{device} / {host} GiB",
+           "none": "都放不下（任何方案最少需要 {least}）",
+           "intro": "显存规划器为每种显存大小的单张 GPU 选择的放置方式，以及预测的 GPU / 内存峰值（GiB；由 "
+                    "`python scripts/planner_tables.py` 生成，与 [Low_VRAM](Low_VRAM.md) 中的表格是同一组训练：LoRA "
+                    "秩 32，AdamW 为 float32，每步一个样本，从第一阶段缓存训练，GPU 上只有 transformer，内存预算 "
+                    "{host} GiB）："},
 }
-START, END = "<!-- planner-tables:start -->", "<!-- planner-tables:end -->"
 
 
-def tables() -> str:
-    """The Markdown: per run, the chosen plan on each profile, and every placement on the 24 GB profile."""
-    sections = []
-    for title, (architecture, pipeline, video, fp8, flags) in RUNS.items():
-        namespace = build_parser(video=video).parse_args(["--lora_base_model", "dit", "--lora_rank", "32", *flags])
+def plan_runs(runs: tuple[Run, ...] = RUNS) -> Planned:
+    """Each run's workload and the planner's outcome on every profile of the tables (the slow part: dry runs)."""
+    planned = []
+    for run in runs:
+        namespace = build_parser(video=run.video).parse_args(["--lora_base_model", "dit", "--lora_rank", "32",
+                                                              *run.flags])
         config = RunConfig.from_namespace(namespace, runnable=False)  # planned, not run: no model files or dataset
-        model = build_architecture(architecture, "bfloat16")
-        workload = build_workload(model, config, (), pipeline.lora_target_aliases, fp8=fp8)
-        lines = [f"#### {title}", "", f"{workload.model_bytes / GIB:.1f} GiB of weights, "
+        model = build_architecture(run.architecture, "bfloat16")
+        workload = build_workload(model, config, (), run.pipeline.lora_target_aliases, fp8=run.fp8)
+        outcomes = {name: _outcome(workload, name) for name in dict.fromkeys(LOW_VRAM_PROFILES + GPU_SIZE_PROFILES)}
+        planned.append((run, workload, outcomes))
+    return planned
+
+
+def _outcome(workload: Workload, profile_name: str) -> Outcome:
+    profile = PROFILES[profile_name]
+    try:
+        return plan_workload(workload, PlacementConfig(), profile, profile.memory_bytes - DEVICE_MARGIN_BYTES,
+                             HOST_BUDGET)
+    except NoPlanFits as error:
+        return error
+
+
+def least_device_memory(error: NoPlanFits) -> str:
+    """The least device memory any plan needs, as the planner's message words it (``52.3 GiB``)."""
+    return str(error).split("The least device memory within the host budget: ")[-1].split(" with")[0]
+
+
+def low_vram_tables(planned: Planned) -> str:
+    """The Markdown of Low_VRAM: per run, the chosen plan on each profile, and every placement on the 24 GB one."""
+    sections = []
+    for run, workload, outcomes in planned:
+        lines = [f"#### {run.title}", "", f"{workload.model_bytes / GIB:.1f} GiB of weights, "
                  f"{workload.trainable_bytes / GIB:.2f} GiB of LoRA (float32).", "",
                  "| device | chosen placement | checkpointing | GPU GiB | host GiB | step s |",
                  "| --- | --- | --- | ---: | ---: | ---: |"]
-        detail = None
-        for name in PROFILE_NAMES:
-            profile = PROFILES[name]
-            vram = profile.memory_bytes - DEVICE_MARGIN_BYTES
-            try:
-                report = plan_workload(workload, PlacementConfig(), profile, vram, HOST_BUDGET)
-            except NoPlanFits as error:
-                least = str(error).split("The least device memory within the host budget: ")[-1].split(" with")[0]
-                lines.append(f"| {name} | none fits (the least any plan needs: {least}) | | | | |")
+        for name in LOW_VRAM_PROFILES:
+            outcome = outcomes[name]
+            if isinstance(outcome, NoPlanFits):
+                lines.append(f"| {name} | none fits (the least any plan needs: {least_device_memory(outcome)}) "
+                             "| | | | |")
                 continue
-            chosen = report.chosen
+            chosen = outcome.chosen
             lines.append(f"| {name} | {chosen.plan.describe()} | {chosen.plan.checkpointing} | "
                          f"{chosen.device_bytes / GIB:.1f} | {chosen.host_bytes / GIB:.1f} | "
                          f"{chosen.step_seconds:.1f} |")
-            if name == "rtx4090-24gb":
-                detail = report
-        if detail is not None:
-            lines += ["", f"Every placement on rtx4090-24gb (the best of each kind; device budget "
+        detail = outcomes[DETAIL_PROFILE]
+        if isinstance(detail, PlanReport):
+            lines += ["", f"Every placement on {DETAIL_PROFILE} (the best of each kind; device budget "
                           f"{detail.vram_bytes / GIB:.1f} GiB, host {HOST_BUDGET / GIB:.0f} GiB):", "",
                       format_table(detail.rows, detail.vram_bytes, detail.ram_bytes, detail.chosen)]
         sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 
 
-def write(text: str) -> None:
+def gpu_size_cell(outcome: Outcome, language: str) -> str:
+    """One cell of the GPU-size table: the chosen plan with its GPU and host memory, or the least any plan needs."""
+    words = WORDS[language]
+    if isinstance(outcome, NoPlanFits):
+        return words["none"].format(least=least_device_memory(outcome))
+    chosen = outcome.chosen
+    return words["cell"].format(plan=chosen.plan.describe(), mode=chosen.plan.checkpointing,
+                                device=f"{chosen.device_bytes / GIB:.1f}", host=f"{chosen.host_bytes / GIB:.1f}")
+
+
+def gpu_size_row(run: Run, outcomes: dict[str, Outcome], language: str) -> str:
+    """The GPU-size table's row of one run."""
+    title = run.title_zh if language == "zh" else run.title
+    return "| " + " | ".join([title, *(gpu_size_cell(outcomes[name], language) for name in GPU_SIZE_PROFILES)]) + " |"
+
+
+def gpu_size_table(planned: Planned, language: str) -> str:
+    """The Markdown of Multi_GPU in ``language`` (``en``, ``zh``): per run, the plan chosen on each GPU size."""
+    words = WORDS[language]
+    sizes = [words["gpu"].format(size=PROFILES[name].memory_bytes // GIB, profile=name) for name in GPU_SIZE_PROFILES]
+    lines = [words["intro"].format(host=f"{HOST_BUDGET / GIB:.0f}"), "",
+             "| " + " | ".join([words["model"], *sizes]) + " |",
+             "| " + " | ".join(["---"] * (len(sizes) + 1)) + " |"]
+    lines += [gpu_size_row(run, outcomes, language) for run, _, outcomes in planned]
+    return "\n".join(lines) + "\n"
+
+
+def replace_between(page: str, markers: tuple[str, str], text: str, where: str) -> str:
+    """``page`` with what lies between ``markers`` replaced by ``text``.
+
+    Raises:
+        SystemExit: ``page`` (``where``) lacks the start marker.
+    """
+    start, end = markers
+    if start not in page:
+        raise SystemExit(f"{where} has no {start} marker to write the tables after; add {start} and {end} where "
+                         "they belong")
+    return re.sub(f"{re.escape(start)}.*{re.escape(end)}", lambda _: f"{start}\n{text}{end}", page, flags=re.DOTALL)
+
+
+def pages(planned: Planned) -> dict[Path, tuple[tuple[str, str], str]]:
+    """Each page to write, with its markers and the text that goes between them."""
+    low_vram = low_vram_tables(planned)
+    written = {}
     for language in ("en", "zh"):
-        path = ROOT / "docs" / language / "Low_VRAM.md"
-        page = path.read_text(encoding="utf-8")
-        if START not in page:
-            raise SystemExit(f"{path} has no {START} marker to write the tables after")
-        page = re.sub(f"{re.escape(START)}.*{re.escape(END)}", lambda _: f"{START}\n{text}{END}", page, flags=re.S)
-        path.write_text(page, encoding="utf-8")
-        print(f"{path.relative_to(ROOT)}: updated")
+        folder = ROOT / "docs" / language
+        written[folder / "Low_VRAM.md"] = (LOW_VRAM_MARKERS, low_vram)
+        written[folder / "Multi_GPU.md"] = (GPU_SIZE_MARKERS, gpu_size_table(planned, language))
+    return written
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print", action="store_true", help="print the tables instead of writing the docs")
     args = parser.parse_args()
-    text = tables()
-    if args.print:
-        print(text)
-    else:
-        write(text)
+    for path, (markers, text) in pages(plan_runs()).items():
+        where = path.relative_to(ROOT)
+        if args.print:
+            print(f"{where}:\n{text}")
+            continue
+        path.write_text(replace_between(path.read_text(encoding="utf-8"), markers, text, str(where)),
+                        encoding="utf-8")
+        print(f"{where}: updated")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class BasePipeline(torch.nn.Module):
     #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names: a
     #: suffix, or a tuple of patterns over whole module names (``training_module.TargetAliases``).
     lora_target_aliases: dict[str, str | tuple[str, ...]] = {}
+    #: The layers an unset ``--lora_target_modules`` trains: those the reference's LoRA scripts for the model name.
+    #: Empty: the flag is required.
+    default_lora_target_modules: str = ""
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).

@@ -184,6 +184,8 @@ class FluxPipeline(TextToLatentPipeline):
     default_tokenizer_2_config = ModelConfig(model_id="black-forest-labs/FLUX.1-dev",
                                              origin_file_pattern="tokenizer_2/")
     lora_target_aliases = REFERENCE_TARGETS
+    default_lora_target_modules = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,"
+                                   "norm1_a.linear,norm1_b.linear,to_qkv_mlp")
     load_options = ("tokenizer_2_config",)
     model_fn_params = ("prompt_emb", "pooled_prompt_emb", "embedded_guidance", "kontext_latents")
     #: Dataset columns a training sample needs; ``image`` is a file column.

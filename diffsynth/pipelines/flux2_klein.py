@@ -210,6 +210,10 @@ class Flux2KleinPipeline(TextToLatentPipeline):
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="black-forest-labs/FLUX.2-klein-4B",
                                            origin_file_pattern="tokenizer/")
+    # The 4B scripts' list (single blocks 0-19), which fits both sizes; the 9B scripts also name blocks 20-23.
+    default_lora_target_modules = ",".join([
+        "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
+        *(f"single_transformer_blocks.{index}.attn.to_out" for index in range(20))])
     model_fn_params = ("prompt_emb", "edit_latents")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")

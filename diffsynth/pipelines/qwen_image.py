@@ -134,6 +134,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
+    default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
+                                   "img_mod.1,txt_mlp.net.2,txt_mod.1")
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")

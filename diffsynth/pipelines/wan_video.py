@@ -123,6 +123,7 @@ class WanVideoPipeline(TextToLatentPipeline):
     # The reference's Wan commands name layers as in the original Wan code; suffixes match self- and cross-attention.
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
+    default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
 

@@ -156,6 +156,7 @@ class ZImagePipeline(TextToLatentPipeline):
     denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Tongyi-MAI/Z-Image-Turbo", origin_file_pattern="tokenizer/")
+    default_lora_target_modules = "to_q,to_k,to_v,to_out.0,w1,w2,w3"
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths", "edit_latents", "edit_siglip")
     #: Dataset columns a training sample needs; ``image`` is a file column.
     training_columns = ("image", "prompt")

@@ -17,6 +17,7 @@ from ..core.data import UnifiedDataset
 from ..core.shared_weights import LocalGroup
 from ..diffusion.base_pipeline import BasePipeline
 from .config import RunConfig, parse_args
+from .config.console import quiet_library_notices
 from .config.files import save_run_config
 from .errors import FlagError
 from .exit_codes import debug_requested, run_with_exit_code
@@ -46,8 +47,9 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
         ``DiffusionTrainingModule``); for stage 1: ``{"cached": samples computed here}``.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_library_notices(debug_requested(argv))  # before the libraries load, which is when most of them log
     # Flags and environment: everything cheap is checked before the models load.
-    config = parse_args(argv, video=video)
+    config = parse_args(argv, video=video).with_pipeline_defaults(pipeline_class)
     check_inputs_used(config, pipeline_class)
     missing = quant_package_problems(config.model.quant_options)
     if missing:

@@ -1,6 +1,9 @@
 """``accelerate launch`` that ends with the training process's message and exit code, not a launcher traceback.
 
-    python -m diffsynth.training.launch [accelerate launch options] examples/<model>/model_training/train.py [flags]
+    diffsynth-launch [accelerate launch options] examples/<model>/model_training/train.py [flags]
+    python -m diffsynth.training.launch [the same]
+
+``diffsynth-launch`` is the console script of :func:`main` (``pyproject.toml``), the command the README gives.
 
 When a training process fails, ``accelerate launch`` fails too and prints a traceback of its own below the process's
 message: a ``CalledProcessError`` for one process (and DeepSpeed's multi-node launcher), torch elastic's
@@ -10,8 +13,9 @@ accelerate's ``--quiet`` keeps out the first kind only (and still exits with 1);
 This entry takes exactly ``accelerate launch``'s arguments and runs accelerate's own launcher with them. When a
 training process fails, it prints one line naming the script and the process's exit code, and exits with that code
 (:mod:`diffsynth.training.exit_codes`: 2 for input to fix, 3 for non-finite values, 75 for a preempted run that a
-rerun resumes), so a scheduler can tell them apart. ``--debug`` among the trainer's flags, or ``DIFFSYNTH_DEBUG=1``,
-shows the launcher's traceback as well.
+rerun resumes), so a scheduler can tell them apart. accelerate's notice of the defaults it used for the options left
+out is kept out of the console too (``config.console.LIBRARY_NOTICES``). ``--debug`` among the trainer's flags, or
+``DIFFSYNTH_DEBUG=1``, shows the launcher's traceback and that notice as well.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from .config.console import quiet_library_notices
 from .exit_codes import FAILED, SUCCESS, debug_requested
 
 
@@ -47,11 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     args = launch_command_parser().parse_args(argv)
+    debug = debug_requested(args.training_script_args)
+    quiet_library_notices(debug)
     try:
         launch_command(args)
     except Exception as error:  # noqa: BLE001 - only a failed training process is reported here; others re-raise
         code = failed_process_code(error)
-        if code is None or debug_requested(args.training_script_args):
+        if code is None or debug:
             raise
         reason = f" ({signal.Signals(code - 128).name})" if code > 128 and code - 128 in signal.valid_signals() else ""
         print(f"launch: {args.training_script} exited with code {code}{reason}; its message is above",

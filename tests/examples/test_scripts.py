@@ -23,12 +23,13 @@ SCRIPTS = sorted((REPO / "examples").rglob("*.sh"))
 
 
 def launch_commands(text: str) -> list[list[str]]:
-    """The words of each ``accelerate launch`` command in a shell script, continuations joined, comments dropped."""
+    """The words of each ``accelerate launch`` or ``diffsynth-launch`` (the README's) command in a shell script,
+    continuations joined, comments dropped."""
     joined = re.sub(r"\\\r?\n", " ", text)
     commands = []
     for line in joined.splitlines():
         words = shlex.split(line, comments=True)
-        if words[:2] == ["accelerate", "launch"]:
+        if words[:2] == ["accelerate", "launch"] or words[:1] == ["diffsynth-launch"]:
             commands.append(words)
     return commands
 

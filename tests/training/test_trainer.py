@@ -4,6 +4,7 @@ Runs go through ``trainer.main`` with a real argv (the entry every ``train.py`` 
 ``train.py`` itself with ``accelerate launch`` on two processes.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -283,6 +284,9 @@ def write_dataset(folder, metadata, images=("a.png",)):
     ("image,caption\na.png,red\n", ["a.png"], ["prompt", "caption"]),
     ("image,prompt\nmissing.png,red\n", [], ["missing.png"]),
     ("image,prompt\n", [], ["metadata.csv", "no rows"]),
+    # Renaming the column would not make an image model train on videos: the message names the video trainer.
+    ("video,prompt\nclip.mp4,red\n", [], ["lists videos", "QwenImagePipeline) trains on images",
+                                          "examples/wanvideo/model_training/train.py"]),
 ])  # fmt: skip
 def test_bad_datasets_fail_before_any_model_loads(tmp_path, monkeypatch, metadata, images, fragments):
     from diffsynth.core.loader import loading
@@ -383,6 +387,23 @@ def test_fp8_weights_combine_with_block_swap(dataset, tmp_path, swap):
     one_stage(dataset, tmp_path / "fp8", *fp8)
     one_stage(dataset, tmp_path / "fp8_swap", *fp8, *swap)
     assert max_difference(lora(tmp_path / "fp8", "epoch-0"), lora(tmp_path / "fp8_swap", "epoch-0")) < 1e-6
+
+
+def test_a_run_without_lora_target_modules_trains_the_models_own_layers_and_resumes(dataset, tmp_path):
+    # The reference's parser default, Wan's q,k,v,o,ffn.0,ffn.2, names no Qwen-Image layer.
+    at = COMMON.index("--lora_target_modules")
+    output = tmp_path / "out"
+    argv = [*raw(dataset), *COMMON[:at], *COMMON[at + 2:], "--output_path", str(output), "--num_epochs", "1"]
+    main(QwenImagePipeline, [*argv, "--max_train_steps", "2"])
+    defaults = QwenImagePipeline.default_lora_target_modules
+    # What trains is recorded as the layers it stood for, so a resume without the flag compares equal.
+    assert json.loads((output / "training_args.json").read_text())["lora_target_modules"] == defaults
+    recorded = json.loads((output / "checkpoints" / "step-2" / "progress.json").read_text())["flags"]
+    assert recorded["lora_target_modules"] == sorted(defaults.split(","))
+    reset_accelerate_state()
+    assert main(QwenImagePipeline, [*argv, "--resume_from_checkpoint", "latest"])["global_step"] == 3
+    layers = {key.split(".lora")[0] for key in lora(output, "epoch-0")}
+    assert all(any(layer.endswith(f".{target}") for layer in layers) for target in defaults.split(",")), layers
 
 
 def test_lora_targets_that_match_nothing_fail_before_the_weights_load(dataset, tmp_path, monkeypatch):

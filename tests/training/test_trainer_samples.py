@@ -19,6 +19,7 @@ from diffsynth.pipelines.wan_video import WanVideoPipeline
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
+from diffsynth.training.loop.validation_prompts import ValidationConfig
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer import COMMON, PATTERN, cache, raw  # noqa: F401 - cache is a fixture
 
@@ -164,6 +165,14 @@ def test_bad_prompt_files_and_flags_fail_before_any_model_loads(tmp_path, capsys
         parse_args([*COMMON, "--dataset_metadata_path", "m.csv", "--validation_prompts", str(path), *flags])
     error = capsys.readouterr().err
     assert all(fragment in error for fragment in fragments), error
+
+
+def test_a_prompt_given_as_the_flags_value_is_the_one_sample():
+    config = parse_args([*COMMON, "--dataset_metadata_path", "m.csv", "--validation_prompts", "a red circle",
+                         "--validation_steps", "2"])
+    validation = ValidationConfig.from_sections(config.validation, config.dataset)
+    assert [prompt.prompt for prompt in validation.prompts] == ["a red circle"]
+    assert validation.size(validation.prompts[0], 16) == (64, 64)  # the square bucket of --max_pixels 4096
 
 
 def test_sampling_flags_need_prompts_and_a_training_stage(tmp_path, capsys, prompts):

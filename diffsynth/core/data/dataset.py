@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 
 from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sample
 from .cells import CellType, convert_cells
-from .errors import DataFileNotFoundError, DatasetError
+from .errors import DataFileNotFoundError, DatasetError, MissingColumnsError
 from .fingerprint import FileIdentity, SampleFingerprint
 from .operators import (
     DECODE_RULES_VERSION,
@@ -201,9 +201,9 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         rows = [_split_file_lists(row, data_file_keys) for row in rows]
     missing = [column for column in required_columns if column not in columns]
     if missing:
-        raise DatasetError(
+        raise MissingColumnsError(
             f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
-            f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it"
+            f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it", missing, list(columns)
         )
     for number, row in enumerate(rows, start=1):
         for column in required_columns:

@@ -12,6 +12,15 @@ class DatasetError(ValueError):
     """A dataset flag (``--height``, ``--max_pixels``, ...) or the metadata / data files it names are unusable."""
 
 
+class MissingColumnsError(DatasetError):
+    """The metadata lacks columns every row needs; ``missing`` and ``found`` name them, so a caller that knows what
+    the columns are for (the trainer: images or videos) can say more than "rename"."""
+
+    def __init__(self, message: str, missing: list[str], found: list[str]) -> None:
+        super().__init__(message)
+        self.missing, self.found = missing, found
+
+
 class DataFileNotFoundError(FileNotFoundError):
     """The metadata file, or a data file one of its rows names, is not on disk."""
 

@@ -11,10 +11,11 @@ from ..section import Section
 
 @dataclasses.dataclass(frozen=True)
 class LoraSection(Section):
-    """The LoRA flags; ``lora_base_model`` unset trains no LoRA."""
+    """The LoRA flags; ``lora_base_model`` unset trains no LoRA, ``lora_target_modules`` unset takes the model's
+    defaults (:meth:`with_default_targets`)."""
 
     lora_base_model: str | None = None
-    lora_target_modules: str = "q,k,v,o,ffn.0,ffn.2"
+    lora_target_modules: str | None = None
     lora_rank: int = 32
     lora_alpha: float | None = None
     lora_checkpoint: str | None = None
@@ -33,10 +34,11 @@ class LoraSection(Section):
         group = parser.add_argument_group("LoRA")
         group.add_argument("--lora_base_model", type=str, default=None,
                            help="Pipeline model that gets the LoRA (e.g. dit); unset trains no LoRA.")
-        group.add_argument("--lora_target_modules", type=str, default="q,k,v,o,ffn.0,ffn.2",
-                           help="Comma list of layer names (suffixes) in --lora_base_model that get adapters. The "
-                                "default is the reference's; diffusers models name their layers e.g. "
-                                "to_q,to_k,to_v,to_out.0.")
+        group.add_argument("--lora_target_modules", type=str, default=None,
+                           help="Comma list of layer names (suffixes) in --lora_base_model that get adapters, e.g. "
+                                "to_q,to_k,to_v,to_out.0. Unset: the model's own, the layers the reference's LoRA "
+                                "scripts for it name (Qwen-Image: its attention, img_mlp / txt_mlp outputs and "
+                                "modulations; Wan: q,k,v,o,ffn.0,ffn.2).")
         group.add_argument("--lora_rank", type=int, default=32,
                            help="LoRA rank; higher learns more, with more trainable weights and optimizer memory.")
         group.add_argument("--lora_alpha", type=float, default=None,
@@ -58,8 +60,23 @@ class LoraSection(Section):
 
     @property
     def targets(self) -> list[str]:
-        """The layer names (suffixes) that get adapters (``--lora_target_modules``)."""
+        """The layer names (suffixes) that get adapters (``--lora_target_modules``).
+
+        Raises:
+            ValueError: The flag is unset and the model's defaults were not filled in (:meth:`with_default_targets`).
+        """
+        if self.lora_target_modules is None:
+            # Only the pipeline knows its layers; a run that read this unfilled would train or plan the wrong ones.
+            raise ValueError("--lora_target_modules is unset and the model's defaults were not filled in; build the "
+                             "run config with RunConfig.with_pipeline_defaults(pipeline_class)")
         return split_csv(self.lora_target_modules)
+
+    def with_default_targets(self, default: str) -> LoraSection:
+        """This section with an unset ``--lora_target_modules`` set to ``default``, the model's
+        (``BasePipeline.default_lora_target_modules``); a given value is kept."""
+        if self.lora_target_modules is not None:
+            return self
+        return dataclasses.replace(self, lora_target_modules=default)
 
     @property
     def preset(self) -> tuple[str | None, str] | None:

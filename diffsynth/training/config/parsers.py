@@ -12,24 +12,103 @@ model files exist, and whether a LoRA target matches a module, is the loader's a
 they know the files and the model (``startup``). The docs' flag tables are rendered from this parser by
 ``flag_docs``. ``--config FILE`` reads flag values from a YAML or TOML file (``files``); the command line overrides
 them.
+
+A flag error prints each problem on a line, the closest flag names for an unknown flag, and a pointer to ``--help``
+instead of argparse's usage, which for the trainer is some 95 lines above the line that matters (``FlagParser``).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import shlex
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..errors import FlagError
 from .files import add_config_file_argument, read_config_file
 from .reference_flags import add_unsupported_config
 from .run_config import SECTIONS, RunConfig
 
+HELP_HINT = "run with --help for all flags"
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are short: one line per problem, then :data:`HELP_HINT`; exit status 2.
+
+    An unknown flag is named with the value given after it and the closest flag names, so that a typo such as
+    ``--lora_rnak 4`` reads ``did you mean --lora_rank?``.
+    """
+
+    def parse_args(self, args: Sequence[str] | None = None,
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As ``ArgumentParser.parse_args``, with a problem per unknown flag instead of "unrecognized arguments"."""
+        namespace, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error("\n".join(self.unknown_flag_problems(unknown)))
+        return namespace
+
+    def error(self, message: str) -> NoReturn:
+        """Prints each line of ``message`` as an error of this command, then :data:`HELP_HINT`, and exits with 2."""
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        self.exit(2, "".join(f"{self.prog}: error: {line}\n" for line in lines) + f"{self.prog}: {HELP_HINT}\n")
+
+    def unknown_flag_problems(self, words: Sequence[str]) -> list[str]:
+        """One problem per unknown flag among ``words`` (what ``parse_known_args`` left over), with the values that
+        follow it, and one for values that follow no flag.
+
+        Args:
+            words: The words no flag took, in command-line order.
+
+        Returns:
+            Messages such as ``--lora_rnak 4: unknown flag; did you mean --lora_rank?``.
+        """
+        groups: list[list[str]] = []
+        for word in words:
+            # A word that starts a flag opens a group; a value (a negative number too) joins the flag before it.
+            if not groups or (word.startswith("-") and not _is_number(word)):
+                groups.append([word])
+            else:
+                groups[-1].append(word)
+        flags = [option for action in self._actions for option in action.option_strings if action.dest != "help"]
+        problems = []
+        for group in groups:
+            given, name = shlex.join(group), group[0].split("=", 1)[0]
+            if not name.startswith("-") or _is_number(name):
+                problems.append(f"{given}: a value that follows no flag taking it; drop it, or quote it together "
+                                "with the value before it if both are one value")
+                continue
+            matches = closest_flags(name, flags)
+            hint = f"did you mean {' or '.join(matches)}?" if matches else "no flag is close to it"
+            problems.append(f"{given}: unknown flag; {hint}")
+        return problems
+
+
+def closest_flags(name: str, flags: Sequence[str], count: int = 3) -> list[str]:
+    """The flags of ``flags`` closest to ``name``, best first: at most ``count``, each about as close as the best.
+
+    ``difflib``'s similarity, at least 0.6 (its default), and within 0.1 of the best match: a clear typo such as
+    ``--lora_rnak`` gets ``--lora_rank`` alone, not also ``--lora_alpha``.
+    """
+    matches = difflib.get_close_matches(name, flags, n=count)
+    similarity = {flag: difflib.SequenceMatcher(None, name, flag).ratio() for flag in matches}
+    return [flag for flag in matches if similarity[flag] >= similarity[matches[0]] - 0.1]
+
+
+def _is_number(word: str) -> bool:
+    """Whether ``word`` is a number (``-1``, ``-0.5``), which argparse takes as a value, not as a flag."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
 
 def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model.",
-                 video: bool = False) -> argparse.ArgumentParser:
+                 video: bool = False) -> FlagParser:
     """Builds the full trainer parser; ``video`` swaps the image size group for the video one (adds --num_frames)
     and turns gradient checkpointing on."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = FlagParser(description=description)
     add_config_file_argument(parser)
     for section in SECTIONS.values():
         section.add_arguments(parser, video=video)
@@ -40,7 +119,7 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
 def parse_args(argv: Sequence[str] | None = None, video: bool = False,
                parser: argparse.ArgumentParser | None = None) -> RunConfig:
     """Parses and checks the trainer flags (over a ``--config`` file's values, :func:`parse_namespace`); on a problem
-    prints usage and every problem, then exits (status 2).
+    prints every problem, one a line, then exits (status 2; :class:`FlagParser`).
 
     Args:
         argv: The arguments without the program name; None reads ``sys.argv``.
@@ -54,7 +133,7 @@ def parse_args(argv: Sequence[str] | None = None, video: bool = False,
     try:
         return RunConfig.from_namespace(parse_namespace(parser, argv))
     except FlagError as error:
-        parser.error("\n  " + "\n  ".join(error.problems))
+        parser.error("\n".join(error.problems))
 
 
 def parse_namespace(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:

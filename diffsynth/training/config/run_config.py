@@ -4,15 +4,17 @@ Each section checks its own flags when it is built; ``RunConfig`` then checks th
 (a stage that reads a cache needs no metadata file, 4-bit weights cannot be offloaded, ...). Every problem of every
 section is reported at once, in one ``FlagError``; a check across sections runs when the sections it reads are
 sound, so a wrong value is named once. After construction nothing changes it: a run that draws its seed or lets the
-planner choose its placement makes a new config (:meth:`RunConfig.with_seed`, :meth:`RunConfig.with_placement`).
+planner choose its placement makes a new config (:meth:`RunConfig.with_seed`, :meth:`RunConfig.with_placement`), and
+so does filling in the defaults that depend on the model (:meth:`RunConfig.with_pipeline_defaults`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FlagError
 from ..loop.validation_prompts import ValidationConfig, ValidationError
@@ -27,6 +29,11 @@ from .output import OutputSection
 from .reference_flags import unsupported_feature_problems, unsupported_flag_problems
 from .training import TrainingSection
 from .validation import ValidationSection
+
+if TYPE_CHECKING:
+    from ...diffusion.base_pipeline import BasePipeline
+
+logger = logging.getLogger(__name__)
 
 #: The sections of a run, in the order their flag groups appear in ``--help`` and the docs.
 SECTIONS: dict[str, type[Section]] = {
@@ -45,8 +52,9 @@ def _runnable_problems(training: TrainingSection, lora: LoraSection, dataset: Da
         problems.append("no model given: pass --model_id_with_origin_paths (e.g. "
                         "'Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors') or --model_paths")
     if training.trains and not training.trainable_models and not lora.lora_base_model:
+        targets = "" if lora.lora_target_modules is None else f" {lora.lora_target_modules!r}"
         problems.append(f"--task {task} has nothing to train: neither --trainable_models nor --lora_base_model is "
-                        f"set (--lora_target_modules {lora.lora_target_modules!r} picks layers, not a model); add "
+                        f"set (--lora_target_modules{targets} picks layers, not a model); add "
                         "--lora_base_model dit for a LoRA, or --trainable_models dit for a full fine-tune")
     if stage == "train" and not dataset.dataset_base_path:
         problems.append(f"--task {task} reads the stage-1 cache, but --dataset_base_path is empty; pass the "
@@ -222,3 +230,19 @@ class RunConfig:
     def with_placement(self, placement: PlacementConfig) -> RunConfig:
         """This config with the placement the memory planner chose."""
         return dataclasses.replace(self, placement=placement)
+
+    def with_pipeline_defaults(self, pipeline_class: type[BasePipeline]) -> RunConfig:
+        """This config with the flags whose default is the model's filled in from ``pipeline_class``: an unset
+        ``--lora_target_modules`` becomes its ``default_lora_target_modules``.
+
+        Every run and plan calls this once it knows its pipeline, before anything reads the targets, so the run's
+        records (``training_args.json``, ``config.yaml``, a checkpoint's flags) hold the layers that trained and a
+        resume compares those.
+        """
+        lora = self.lora.with_default_targets(pipeline_class.default_lora_target_modules)
+        if lora is self.lora:
+            return self
+        if self.lora.lora_base_model is not None:
+            logger.info("--lora_target_modules unset: %s's defaults %s", pipeline_class.__name__,
+                        lora.lora_target_modules)
+        return dataclasses.replace(self, lora=lora)

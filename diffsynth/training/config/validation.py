@@ -11,8 +11,8 @@ from ..section import Section
 
 @dataclasses.dataclass(frozen=True)
 class ValidationSection(Section):
-    """The ``--validation_*`` flags; the prompt file is read and checked against the sizes training computes by
-    ``RunConfig`` (``loop.validation_prompts.ValidationConfig``)."""
+    """The ``--validation_*`` flags; the prompts (a prompt, or a prompt file) are read and checked against the sizes
+    training computes by ``RunConfig`` (``loop.validation_prompts.ValidationConfig``)."""
 
     validation_prompts: str | None = None
     validation_steps: int | None = None
@@ -27,9 +27,12 @@ class ValidationSection(Section):
         group = parser.add_argument_group("Samples while training")
         group.add_argument("--validation_prompts", type=str, default=None,
                            help="Prompts rendered with the LoRA as it trains, by the main process, into "
-                                "output_path/samples/step-N/: a .txt file (one prompt per line) or a .json list of "
-                                "prompts or objects with prompt, negative_prompt, height, width, num_frames, fps, "
-                                "seed, edit_image, input_image. Checked before the models load.")
+                                "output_path/samples/step-N/: one prompt in quotes ('a dog on a beach'), a .txt "
+                                "file (one prompt per line) or a .json list of prompts or objects with prompt, "
+                                "negative_prompt, height, width, num_frames, fps, seed, edit_image, input_image. A "
+                                "value that names no file is the prompt, unless it looks like a path (a "
+                                ".txt / .json / .csv suffix, or one word with a /): then it is an error. Checked "
+                                "before the models load.")
         group.add_argument("--validation_steps", type=int, default=None,
                            help="Render the prompts every N optimizer steps.")
         group.add_argument("--validation_epochs", type=int, default=None,
@@ -48,6 +51,6 @@ class ValidationSection(Section):
                                           ("--validation_epochs", self.validation_epochs),
                                           ("--validation_cfg_scale", cfg_scale)) if value is not None]
         if self.validation_prompts is None and (cfg_scale is None or math.isfinite(cfg_scale)):
-            problems += [f"{flag} has no effect without --validation_prompts; add the prompt file, or drop {flag}"
-                         for flag in given]
+            problems += [f"{flag} has no effect without --validation_prompts; add the prompts (a prompt in quotes, or "
+                         f"a prompt file), or drop {flag}" for flag in given]
         return problems

@@ -1,7 +1,8 @@
 """What to render while training: the ``--validation_*`` flags and the prompt file, read and checked at start.
 
-``--validation_prompts`` names a text file with one prompt per line (blank lines and lines starting with ``#`` are
-skipped) or a JSON list whose entries are prompts or objects::
+``--validation_prompts`` is one prompt (a value that names no file and does not look like a path, as kohya and
+ai-toolkit users pass it), or names a text file with one prompt per line (blank lines and lines starting with ``#``
+are skipped) or a JSON list whose entries are prompts or objects::
 
     [
       "a dog on a beach",
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
                "input_image")
 DEFAULT_FPS = 16  # Wan's frame rate
+#: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
+#: must not be rendered as a prompt).
+PROMPT_FILE_SUFFIXES = (".txt", ".json", ".csv")
 
 
 class ValidationError(FlagError):
@@ -66,16 +70,35 @@ class ValidationPrompt:
         return [*edits, *([self.input_image] if self.input_image is not None else [])]
 
 
-def read_validation_prompts(path: str | Path) -> list[ValidationPrompt]:
-    """The entries of a prompt file (see the module docstring).
+def looks_like_a_path(value: str) -> bool:
+    """Whether a ``--validation_prompts`` value that names no file was meant to: it ends in a prompt file's suffix
+    (``prompts.txt``), or is one word with a folder in it (``prompts/val``). Any other value is a prompt."""
+    if Path(value.strip()).suffix.lower() in PROMPT_FILE_SUFFIXES:
+        return True
+    return not any(character.isspace() for character in value) and ("/" in value or "\\" in value)
+
+
+def read_validation_prompts(value: str | Path) -> list[ValidationPrompt]:
+    """The entries of ``--validation_prompts``: a prompt file's (see the module docstring), or the value itself as the
+    one prompt when it names no file and does not look like a path (:func:`looks_like_a_path`).
 
     Raises:
-        ValidationError: Every problem of the file at once, naming the entry, the key and the fix.
+        ValidationError: Every problem of the file (or of the prompt) at once, naming the entry, the key and the fix.
     """
-    path = Path(path)
-    flag = f"--validation_prompts {path}"
-    if not path.is_file():
-        raise ValidationError([f"{flag} does not exist; pass a .txt file (one prompt per line) or a .json list"])
+    given, path = str(value), Path(value)
+    flag = f"--validation_prompts {given}"
+    try:
+        is_file = path.is_file()
+    except OSError:  # a long prompt is too long to be a file name
+        is_file = False
+    if not is_file and not looks_like_a_path(given):
+        if not given.strip():
+            raise ValidationError([f"--validation_prompts {given!r} is empty; pass a prompt in quotes, or a prompt file"])
+        return [ValidationPrompt(prompt=given.strip())]
+    if not is_file:
+        fix = ("fix the path to the .txt file (one prompt per line) or the .json list, or pass the prompt itself in "
+               "quotes (e.g. --validation_prompts 'a dog on a beach')")
+        raise ValidationError([f"{flag} does not exist; {fix}"])
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as error:

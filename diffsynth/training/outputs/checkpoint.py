@@ -205,15 +205,14 @@ def training_flags(run: RunConfig, target_aliases: TargetAliases, num_processes:
     consumed, counted in micro-batches of all processes), as a checkpoint records them.
 
     Target modules are compared after the pipeline's aliases (``q`` -> ``to_q``, FLUX.1's ``a_to_qkv`` -> its
-    patterns) and as a set; an unset alpha is
-    the rank.
+    patterns) and as a set, with an unset ``--lora_target_modules`` already the model's defaults
+    (``RunConfig.with_pipeline_defaults``); an unset alpha is the rank.
     """
     lora = run.lora.lora_base_model is not None
     batch_size = run.dataset.batch_size
-    targets = sorted(aliased_targets(run.lora.targets, target_aliases))
     return {
         "lora_base_model": run.lora.lora_base_model,
-        "lora_target_modules": targets if lora else None,
+        "lora_target_modules": sorted(aliased_targets(run.lora.targets, target_aliases)) if lora else None,
         "lora_rank": run.lora.lora_rank if lora else None,
         "lora_alpha": float(run.lora.lora_alpha or run.lora.lora_rank) if lora else None,
         "trainable_models": sorted(run.training.trainable),

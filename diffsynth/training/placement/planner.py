@@ -14,9 +14,10 @@ prompts of ``TEXT_TOKENS`` tokens.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +26,15 @@ from torch import nn
 from ...core.device import available_host_memory
 from ...core.fp8 import enable_fp8_storage
 from ...core.gradient import gradient_checkpoint_forward
-from ...core.loader import ModelLoadError, load_skeleton, parse_model_configs, parse_model_id_with_origin_paths
+from ...core.loader import (
+    ModelConfig,
+    ModelFilesNotFoundError,
+    ModelLoadError,
+    load_skeleton,
+    parse_model_configs,
+    parse_model_id_with_origin_paths,
+    resolve_files,
+)
 from ...core.loader.loading import resolve_dtype
 from ...core.offload_training.block_swap import find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
@@ -80,10 +89,54 @@ ARCHITECTURES = {
 }
 """Denoisers of the released models (their diffusers configs), to plan without their files."""
 
+RELEASED_MODEL_IDS = {
+    "Qwen/Qwen-Image*": "qwen-image",
+    "Wan-AI/Wan2.1-T2V-14B*": "wan2.1-t2v-14b",
+    "Wan-AI/Wan2.1-T2V-1.3B*": "wan2.1-t2v-1.3b",
+    "Tongyi-MAI/Z-Image": "z-image",
+    "Tongyi-MAI/Z-Image-Turbo": "z-image",
+    "black-forest-labs/FLUX.2-klein-4B": "flux.2-klein-4b",
+    "black-forest-labs/FLUX.2-klein-base-4B": "flux.2-klein-4b",
+    "black-forest-labs/FLUX.2-klein-9B": "flux.2-klein-9b",
+    "black-forest-labs/FLUX.2-klein-base-9B": "flux.2-klein-9b",
+    "black-forest-labs/FLUX.1-dev": "flux.1-dev",
+    "black-forest-labs/FLUX.1-Krea-dev": "flux.1-dev",
+    "black-forest-labs/FLUX.1-Kontext-dev": "flux.1-dev",
+}
+"""Repository ids of released models (shell patterns, matched ignoring case) and the ``ARCHITECTURES`` entry of their
+denoiser, to plan a command whose model files are not downloaded. Z-Image-Omni-Base is not among them: its transformer
+takes SigLIP features, which no released entry has."""
+
 HOST_MARGIN_BYTES = 2 * GIB
 """Host memory left to the system and other processes by ``--ram_budget auto``."""
 DEVICE_MARGIN_BYTES = GIB // 2
 """Device memory left free by ``--vram_budget auto``."""
+
+
+def released_architecture(model_ids: Iterable[str]) -> str | None:
+    """The ``ARCHITECTURES`` entry that the repository ids name together (``RELEASED_MODEL_IDS``); None when one of
+    them is no known release or they name different denoisers (a Wan2.2 transformer beside Wan2.1's VAE)."""
+    names = set()
+    for model_id in model_ids:
+        named = {name for pattern, name in RELEASED_MODEL_IDS.items()
+                 if fnmatch.fnmatchcase(model_id.lower(), pattern.lower())}
+        if not named:
+            return None
+        names |= named
+    return names.pop() if len(names) == 1 else None
+
+
+def repo_files_missing(run: RunConfig) -> list[ModelConfig]:
+    """The entries of ``--model_id_with_origin_paths`` whose files are not on disk, found without downloading."""
+    if not run.model.model_id_with_origin_paths:
+        return []
+    missing = []
+    for config in parse_model_id_with_origin_paths(run.model.model_id_with_origin_paths):
+        try:
+            resolve_files(dataclasses.replace(config, skip_download=True))
+        except ModelFilesNotFoundError:
+            missing.append(config)
+    return missing
 
 
 def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
@@ -317,12 +370,19 @@ def plan_workload(workload: Workload, placement: PlacementConfig, profile: Devic
     return PlanReport(chosen, rows, vram_bytes, ram_bytes, profile, explicit is not None)
 
 
-def denoiser_skeleton(run: RunConfig, pipeline_class: Any) -> tuple[nn.Module, list[int], bool]:
+def denoiser_skeleton(run: RunConfig, pipeline_class: Any,
+                      download: bool = True) -> tuple[nn.Module, list[int], bool]:
     """The denoiser on the meta device from the model files' configs, the tensor sizes of the other models the stage
     runs each step (none when training from a stage-1 cache), and whether ``--fp8_models`` names the denoiser.
 
+    Args:
+        run: The run's flags.
+        pipeline_class: Its pipeline, which names the denoiser's class.
+        download: Download missing model files (the trainer, which loads them next); ``False`` only reads the disk.
+
     Raises:
         FlagError: No denoiser among the models.
+        ModelFilesNotFoundError: A model's files are missing (and not downloaded).
     """
     configs = parse_model_configs(run.model.model_paths, run.model.model_id_with_origin_paths)
     weightless = parse_model_id_with_origin_paths(run.model.offload_models) if run.model.offload_models else []
@@ -330,7 +390,8 @@ def denoiser_skeleton(run: RunConfig, pipeline_class: Any) -> tuple[nn.Module, l
     denoiser, others, denoiser_fp8 = None, [], False
     for config in configs:
         try:
-            skeleton = load_skeleton(config, torch_dtype=run.model.torch_dtype)
+            skeleton = load_skeleton(config if download else dataclasses.replace(config, skip_download=True),
+                                     torch_dtype=run.model.torch_dtype)
         except ModelLoadError:
             continue  # a tokenizer folder
         role = pipeline_class.model_roles.get(type(skeleton).__name__)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ...core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
+from ...core.data.errors import DatasetError, MissingColumnsError
 from ...diffusion.base_pipeline import BasePipeline
 from ..errors import FlagError
 from .input_checks import warn_about_unread_columns
@@ -38,6 +39,8 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
 
     Raises:
         FlagError: An extra input the pipeline reads as images (``edit_image``) is missing from ``--data_file_keys``.
+        DatasetError: A file or row is unusable; a video dataset given to an image model's trainer says which
+            trainer takes videos.
     """
     flags, extra_inputs = config.dataset, config.model.extra_input_names
     unloaded = [name for name in extra_inputs if name in pipeline_class.image_inputs and name not in flags.file_keys]
@@ -51,16 +54,25 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, config.training.task)
         repeat = 1
-    dataset = UnifiedDataset(
-        flags.dataset_base_path, flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
-        height=flags.height, width=flags.width, max_pixels=flags.max_pixels,
-        required_columns=pipeline_class.required_columns(extra_inputs),
-        num_frames=DEFAULT_NUM_FRAMES if flags.num_frames is None else flags.num_frames,
-        allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
-        keep_row_indices=caching, buckets=flags.bucketed,
-        column_types={name: pipeline_class.input_types[name] for name in extra_inputs
-                      if name in pipeline_class.input_types},
-    )  # fmt: skip
+    try:
+        dataset = UnifiedDataset(
+            flags.dataset_base_path, flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
+            height=flags.height, width=flags.width, max_pixels=flags.max_pixels,
+            required_columns=pipeline_class.required_columns(extra_inputs),
+            num_frames=DEFAULT_NUM_FRAMES if flags.num_frames is None else flags.num_frames,
+            allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
+            keep_row_indices=caching, buckets=flags.bucketed,
+            column_types={name: pipeline_class.input_types[name] for name in extra_inputs
+                          if name in pipeline_class.input_types},
+        )  # fmt: skip
+    except MissingColumnsError as error:
+        # Renaming the video column would not help: this model trains on images, and videos need the video trainer.
+        if "image" in error.missing and "video" in error.found:
+            raise DatasetError(f"metadata {flags.dataset_metadata_path} lists videos (column 'video'), but this "
+                               f"trainer ({pipeline_class.__name__}) trains on images (column 'image'); train on "
+                               "videos with the Wan trainer, examples/wanvideo/model_training/train.py, or give this "
+                               "one a dataset of images") from None
+        raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
     return dataset
 

@@ -9,6 +9,7 @@ from PIL import Image
 
 from diffsynth.core.data import (FILE_OPERATORS, DataFileNotFoundError, DatasetError, FileOperator, UnifiedDataset,
                                  check_dataset, read_metadata)
+from diffsynth.core.data.errors import MissingColumnsError
 
 ROWS = [
     {"image": "a.png", "prompt": "a red square", "style": "flat"},
@@ -212,6 +213,10 @@ def test_unsupported_metadata_extension(folder, name):
 def test_missing_required_column_names_it_and_the_columns_found(folder):
     write_metadata(folder / "metadata.csv", [{"image": "a.png", "text": "a cat"}])
     expect_error(folder, DatasetError, ["'prompt'", "'image'", "'text'", "metadata.csv"])
+    # The trainer tells a video dataset given to an image model from a misnamed column by these.
+    with pytest.raises(MissingColumnsError) as error:
+        build(folder)
+    assert (error.value.missing, error.value.found) == (["prompt"], ["image", "text"])
 
 
 def test_required_columns_are_configurable(folder):

@@ -116,11 +116,12 @@ def test_files_that_are_not_config_files_are_refused(tmp_path, name, text, expec
     assert len(found) == 1 and found[0].startswith(f"--config {tmp_path / name}") and expected in found[0]
 
 
-def test_a_bad_config_file_exits_with_usage(tmp_path, capsys):
+def test_a_bad_config_file_exits_with_its_problem_alone(tmp_path, capsys):
     (tmp_path / "run.yaml").write_text("learing_rate: 1e-4\n", encoding="utf-8")
     with pytest.raises(SystemExit) as caught:
         parse_args([*FLAGS, "--config", str(tmp_path / "run.yaml")])
-    assert caught.value.code == 2 and "did you mean learning_rate?" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert caught.value.code == 2 and "did you mean learning_rate?" in error and "usage:" not in error
 
 
 def test_the_run_config_reruns_from_the_start_with_what_the_run_resolved(tmp_path):
@@ -138,9 +139,10 @@ def test_the_run_config_reruns_from_the_start_with_what_the_run_resolved(tmp_pat
 
 
 def first_command(path: Path) -> str:
-    """The first ``accelerate launch`` command of a script, or of a Markdown page's ``bash`` blocks."""
+    """The first training command of a script, or of a Markdown page's ``bash`` blocks."""
     text = path.read_text(encoding="utf-8")
-    return re.search(r"```bash\n(accelerate launch .*?)```", text, re.DOTALL)[1] if path.suffix == ".md" else text
+    return re.search(r"```bash\n((?:accelerate launch|diffsynth-launch) .*?)```", text, re.DOTALL)[1] \
+        if path.suffix == ".md" else text
 
 
 @pytest.mark.parametrize(("config", "source", "video"), [

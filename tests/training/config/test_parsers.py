@@ -5,11 +5,12 @@ import logging
 
 import pytest
 
-from diffsynth.training.config.flag_docs import flag_table
-from diffsynth.training.config.reference_flags import SWITCHES, UNSUPPORTED
 from diffsynth.training.config import RunConfig, build_parser, parse_args
-from diffsynth.training.loop import stage_one
+from diffsynth.training.config.flag_docs import flag_table
+from diffsynth.training.config.parsers import closest_flags
+from diffsynth.training.config.reference_flags import SWITCHES, UNSUPPORTED
 from diffsynth.training.errors import TASKS, FlagError, split_csv, task_stage
+from diffsynth.training.loop import stage_one
 
 # The reference trainer's flags and defaults; a reference command must mean the same here.
 REFERENCE_DEFAULTS = {
@@ -24,7 +25,7 @@ REFERENCE_DEFAULTS = {
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
     "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1, "customized_optimizer": None,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
-    "lora_base_model": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2", "lora_rank": 32, "lora_checkpoint": None,
+    "lora_base_model": None, "lora_rank": 32, "lora_checkpoint": None,
     "preset_lora_path": None, "preset_lora_model": None,
     "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False,
     "enable_model_cpu_offload": False, "enable_optimizer_cpu_offload": False, "cpu_offload_split_threshold": None,
@@ -44,8 +45,10 @@ EXTRA_DEFAULTS = {
     "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
     "shared_host_weights": "auto",
 }  # fmt: skip
-# Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH).
-DEPARTURES = {"output_path": "./output"}
+# Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH);
+# its --lora_target_modules default q,k,v,o,ffn.0,ffn.2 names Wan's layers whatever the model, so unset here stands for
+# the model's own (BasePipeline.default_lora_target_modules, the layers its LoRA scripts name; Wan's are those).
+DEPARTURES = {"output_path": "./output", "lora_target_modules": None}
 # Safety nets on by default: they change no healthy run's weights, only what a failing or interrupted run leaves.
 SAFETY_DEFAULTS = {"checkpoint_every_minutes": 30.0, "max_nonfinite_steps": 3}
 # What the run prints: nothing that changes the training.
@@ -160,6 +163,22 @@ def test_nothing_to_train_and_no_model():
     model = ["--model_paths", '["dit.safetensors"]', "--dataset_metadata_path", "m.csv"]
     assert parse_args(model + ["--trainable_models", "dit"]).lora.lora_base_model is None
     assert parse_args(model + ["--task", "sft:data_process"]).training.task == "sft:data_process"
+
+
+def test_unset_lora_target_modules_become_the_models_defaults_and_given_ones_stay():
+    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.wan_video import WanVideoPipeline
+
+    unset = parse_args(VALID)
+    assert unset.lora.lora_target_modules is None
+    with pytest.raises(ValueError, match="--lora_target_modules is unset .* RunConfig.with_pipeline_defaults"):
+        unset.lora.targets  # noqa: B018 - reading it is the test
+    qwen = unset.with_pipeline_defaults(QwenImagePipeline)
+    assert qwen.lora.targets == split_csv(QwenImagePipeline.default_lora_target_modules)
+    assert qwen.to_flags()["lora_target_modules"] == QwenImagePipeline.default_lora_target_modules
+    assert unset.with_pipeline_defaults(WanVideoPipeline).lora.targets == ["q", "k", "v", "o", "ffn.0", "ffn.2"]
+    given = parse_args([*VALID, "--lora_target_modules", "to_q,to_k"])
+    assert given.with_pipeline_defaults(QwenImagePipeline) is given and given.lora.targets == ["to_q", "to_k"]
 
 
 def test_dataset_flags_must_fit_the_stage():
@@ -337,3 +356,68 @@ class _NoCacheModule:
 
     def stage_one_identity(self) -> dict:
         return {}
+
+
+def errors_of(argv, capsys, parse=parse_args):
+    """The stderr lines of ``parse(argv)``, which must exit with 2, with the command's name taken off each."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    prog = build_parser().prog
+    lines = capsys.readouterr().err.splitlines()
+    assert all(line.startswith(f"{prog}: ") for line in lines), lines
+    return [line[len(prog) + 2:] for line in lines]
+
+
+HINT = "run with --help for all flags"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lora_rank", "0"], "--lora_rank 0 must be at least 1; pass e.g. --lora_rank 32"),
+    (["--num_epochs", "-1"], "--num_epochs -1 must be at least 1; pass e.g. --num_epochs 1"),
+    (["--lora_rnak", "4"], "--lora_rnak 4: unknown flag; did you mean --lora_rank?"),
+])  # fmt: skip
+def test_a_bad_flag_is_one_line_and_the_help_hint_not_the_usage(extra, message, capsys):
+    # The usage of every flag was some 95 lines above the one that matters.
+    assert errors_of(VALID + extra, capsys) == [f"error: {message}", HINT]
+
+
+def test_each_problem_is_a_line_of_its_own(capsys):
+    assert errors_of(VALID + ["--num_epochs", "0", "--lora_rank", "0"], capsys) == [
+        "error: --num_epochs 0 must be at least 1; pass e.g. --num_epochs 1",
+        "error: --lora_rank 0 must be at least 1; pass e.g. --lora_rank 32", HINT]
+
+
+def test_unknown_flags_name_their_values_and_the_closest_flags(capsys):
+    extra = ["--lerning_rate", "-1e-4", "--validaton_prompts=a cat", "--lora-rank", "8", "--zzz_qqq"]
+    assert errors_of(VALID + extra, capsys) == [
+        "error: --lerning_rate -1e-4: unknown flag; did you mean --learning_rate?",  # a negative number is a value
+        "error: '--validaton_prompts=a cat': unknown flag; did you mean --validation_prompts?",
+        "error: --lora-rank 8: unknown flag; did you mean --lora_rank?",
+        "error: --zzz_qqq: unknown flag; no flag is close to it", HINT]
+
+
+def test_a_value_no_flag_takes_is_named(capsys):
+    # A space-separated list: --lora_target_modules takes one value, "to_k" is left over.
+    assert errors_of(VALID + ["--lora_target_modules", "to_q", "to_k"], capsys) == [
+        ("error: to_k: a value that follows no flag taking it; drop it, or quote it together with the value before "
+         "it if both are one value"), HINT]
+
+
+def test_argparse_errors_are_short_too(capsys):
+    assert errors_of(VALID + ["--lora_rank", "x"], capsys) == ["error: argument --lora_rank: invalid int value: 'x'",
+                                                               HINT]
+
+
+def test_closest_flags_are_about_as_close_as_the_best():
+    flags = [option for action in build_parser()._actions for option in action.option_strings]
+    assert closest_flags("--lora_rnak", flags) == ["--lora_rank"]  # not --lora_alpha as well
+    assert closest_flags("--rank", flags) == ["--lora_rank", "--task"]
+    assert closest_flags("--nothing_like_it", flags) == []
+
+
+def test_the_planner_shares_the_short_errors(capsys):
+    from diffsynth.plan import main as plan_main
+
+    assert errors_of(["--lora_rnak", "4", "--device_profile", "rtx4090-24gb"], capsys, parse=plan_main) == [
+        "error: --lora_rnak 4: unknown flag; did you mean --lora_rank?", HINT]

@@ -120,6 +120,21 @@ def test_durations():
     assert [format_duration(s) for s in (0, 59.6, 3600 + 61, float("inf"))] == ["0:00:00", "0:01:00", "1:01:01", "?"]
 
 
+def test_each_line_of_a_batched_run_shows_the_mean_loss_of_its_steps(dataset, tmp_path, base, fresh_accelerate_state,
+                                                                     capsys):
+    # Issue 32 saw the 100% line of a --batch_size 2 run repeat the 75% line's loss; each line must average the steps
+    # since the line before, the last one ending with the last step.
+    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.training.entry import main
+
+    result = main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"),
+                                      "--dataset_repeat", "3", "--batch_size", "2", "--progress_interval_seconds", "0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("training: ")]
+    assert lines[-1].startswith(f"training: 100% {len(result['losses'])}/{len(result['losses'])} steps")
+    for line, loss in zip(lines, result["losses"], strict=True):
+        assert f"loss {loss:.4f}," in line, (line, loss)
+
+
 def test_a_run_logging_to_files_writes_short_lines_and_a_line_per_interval(dataset, tmp_path, tiny_root):
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, str(TRAIN_PY), *raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"),

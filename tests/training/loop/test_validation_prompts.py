@@ -44,3 +44,32 @@ def test_a_mode_without_a_faithful_conversion_is_refused_naming_the_entry(tmp_pa
     with pytest.raises(ValidationError) as raised:
         read_validation_prompts(prompt_file(tmp_path, edit_image="odd.png"))
     assert "entry 1" in str(raised.value) and "odd.png" in str(raised.value) and "'RGB'" in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["a dog on a beach", "sks", "  photo of sks dog, 1girl  ", "a long prompt " * 40],
+                         ids=["words", "one word", "spaces around", "too long for a file name"])
+def test_a_value_that_names_no_file_and_no_path_is_the_one_prompt(tmp_path, monkeypatch, value):
+    # kohya and ai-toolkit users pass the prompt itself.
+    monkeypatch.chdir(tmp_path)
+    assert [prompt.prompt for prompt in read_validation_prompts(value)] == [value.strip()]
+
+
+def test_an_existing_file_is_read_whatever_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sks").write_text("a red circle\na blue square\n")
+    assert [prompt.prompt for prompt in read_validation_prompts("sks")] == ["a red circle", "a blue square"]
+
+
+@pytest.mark.parametrize("value", ["prompts.txt", "my prompts.json", "val.CSV", "samples/prompts", r"C:\prompts"])
+def test_a_missing_file_that_looks_like_a_path_is_an_error_naming_it(tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError) as raised:
+        read_validation_prompts(value)
+    fix = ("fix the path to the .txt file (one prompt per line) or the .json list, or pass the prompt itself in quotes "
+           "(e.g. --validation_prompts 'a dog on a beach')")
+    assert raised.value.problems == [f"--validation_prompts {value} does not exist; {fix}"]
+
+
+def test_an_empty_value_is_refused():
+    with pytest.raises(ValidationError, match="--validation_prompts ' ' is empty; pass a prompt in quotes"):
+        read_validation_prompts(" ")

@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from diffsynth import __version__
 from diffsynth.lora import from_peft_state_dict, load_lora
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.outputs.logger import METRICS_FILE, ModelLogger
 from tests.conftest import load_lora_into_diffusers
@@ -194,10 +195,12 @@ def test_save_points_and_only_the_main_process_writes(trained, tmp_path):
 
 def test_training_args_json(tmp_path):
     config = parse_args(["--model_paths", '["dit.safetensors"]', "--lora_base_model", "dit", "--dataset_metadata_path", "m.csv", "--lora_rank", "8",
-                         "--output_path", str(tmp_path)])
+                         "--output_path", str(tmp_path)]).with_pipeline_defaults(QwenImagePipeline)
     flags = {**config.to_flags(), "torch_dtype": torch.bfloat16, "folders": {tmp_path / "a"}, "shape": (1, 2)}
     logger = ModelLogger.from_config(config)
-    assert logger.lora_metadata == {"lora_rank": 8, "lora_alpha": None, "lora_target_modules": "q,k,v,o,ffn.0,ffn.2",
+    # An unset --lora_target_modules is recorded as the model's defaults it stood for.
+    assert logger.lora_metadata == {"lora_rank": 8, "lora_alpha": None,
+                                    "lora_target_modules": QwenImagePipeline.default_lora_target_modules,
                                     "lora_base_model": "dit"}
     path = logger.save_training_args(flags)
     saved = json.loads(path.read_text())

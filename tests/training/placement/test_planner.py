@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from diffsynth.core.loader import resolve
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.core.planning.plans import NoPlanFits, Plan, predict
 from diffsynth.core.planning.profiles import GIB, DeviceProfile
@@ -22,7 +23,10 @@ from diffsynth.training.placement.planner import (
     denoiser_skeleton,
     explicit_plan,
     plan_workload,
+    released_architecture,
+    repo_files_missing,
 )
+from tests.docs.test_readme import README, training_commands
 
 QWEN = f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}"
 TEXT_ENCODER = f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['text_encoder']}"
@@ -111,8 +115,105 @@ def test_the_released_architectures_have_their_published_sizes():
 def test_plan_cli_prints_the_table_and_the_chosen_flags(base, capsys):
     assert plan_main(COMMAND + ["--device_profile", "rtx4090-24gb"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("QwenImageTransformer2DModel at 64x64x1")  # the files on disk, not a release
     assert "| checkpointing | placement |" in out and "rtx4090-24gb" in out
     assert "chosen: all on the GPU, checkpointing off" in out
+
+
+@pytest.fixture
+def no_models(tmp_path, monkeypatch):
+    """An empty model folder, and a planner that fails the test if it tries to download."""
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path / "models"))
+    for downloader in ("download_from_modelscope", "download_from_huggingface"):
+        monkeypatch.setattr(resolve, downloader, lambda *a, **k: pytest.fail("the planner downloaded"))
+    monkeypatch.setattr(resolve, "unreachable_reason", lambda *a: pytest.fail("the planner reached for a hub"))
+    return tmp_path / "models"
+
+
+@pytest.mark.slow  # a dry run of the 20B denoiser's every placement at 1024x1024
+def test_plan_cli_plans_the_readme_command_without_its_files(no_models, capsys):
+    # The README's planner line, "python -m diffsynth.plan <before> <the same flags> <after>", with the flags of its
+    # budget command.
+    line = re.search(r"`python -m diffsynth\.plan (.*) <the same flags> (.*?)`", README.read_text()).groups()
+    flags = training_commands()[1][-1]
+    assert flags[-2:] == ["--vram_budget", "auto"]
+    assert plan_main([*line[0].split(), *flags, *line[1].split()]) == 0
+    first, second, *rest = capsys.readouterr().out.splitlines()
+    assert first == (f"the files of Qwen/Qwen-Image are not on disk (under {no_models / 'Qwen/Qwen-Image'}): planned "
+                     "from the released qwen-image config, the denoiser alone (as when training from a stage-1 cache)")
+    assert second.startswith("qwen-image at 1024x1024x1, ")
+    assert "| checkpointing | placement |" in rest[1] and rest[-1].startswith("chosen: ")
+    assert not no_models.exists()
+
+
+def test_plan_cli_reads_model_files_on_disk_without_downloading_what_they_lack(base, no_models, capsys):
+    import shutil
+
+    # The transformer's weights without its config.json: the trainer would download the config, the planner does not.
+    folder = no_models / QWEN_IMAGE_MODEL_ID / "transformer"
+    folder.mkdir(parents=True)
+    for weights in (base / QWEN_IMAGE_MODEL_ID / "transformer").glob("*.safetensors"):
+        shutil.copy(weights, folder)
+    assert plan_main(COMMAND + ["--device_profile", "rtx4090-24gb"]) == 2
+    assert capsys.readouterr().err.startswith("error: the memory planner found no denoiser")
+
+
+WAN_SMALL = ["--pipeline", "wan", "--lora_base_model", "dit", "--lora_target_modules", "q,k", "--height", "32",
+             "--width", "32", "--num_frames", "5", "--device_profile", "rtx4080-16gb"]
+
+
+def test_plan_cli_plans_the_release_its_model_ids_name_when_the_files_are_not_on_disk(no_models, capsys):
+    ids = "Wan-AI/Wan2.1-T2V-1.3B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B:Wan2.1_VAE.pth"
+    assert plan_main(["--model_id_with_origin_paths", ids, *WAN_SMALL]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "planned from the released wan2.1-t2v-1.3b config" in out[0]
+    assert out[1].startswith("wan2.1-t2v-1.3b at 32x32x5") and out[-1].startswith("chosen: ")
+    assert not no_models.exists()
+
+
+def test_plan_cli_refuses_unknown_model_ids_without_files_in_one_line(no_models, capsys):
+    ids = "Wan-AI/Wan2.2-TI2V-5B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B:Wan2.1_VAE.pth"
+    assert plan_main(["--model_id_with_origin_paths", ids, *WAN_SMALL]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("error: --model_id_with_origin_paths: the files of Wan-AI/Wan2.2-TI2V-5B, "
+                                   "Wan-AI/Wan2.1-T2V-1.3B are not on disk")
+    assert "pass --architecture with one of wan2.1-t2v-1.3b, wan2.1-t2v-14b" in captured.err
+
+
+def test_plan_cli_refuses_a_release_of_another_family_named_by_the_model_ids(no_models, capsys):
+    ids = "Wan-AI/Wan2.1-T2V-1.3B:diffusion_pytorch_model*.safetensors"
+    assert plan_main(["--model_id_with_origin_paths", ids, "--lora_base_model", "dit", "--lora_target_modules", "q",
+                      "--device_profile", "rtx4080-16gb"]) == 2  # for --pipeline qwen-image, the default
+    assert capsys.readouterr().err == ("error: --model_id_with_origin_paths names the release wan2.1-t2v-1.3b, which "
+                                       "is not a qwen-image model; for --pipeline qwen-image choose one of qwen-image, "
+                                       "or pass the --pipeline of wan2.1-t2v-1.3b\n")
+
+
+@pytest.mark.parametrize("ids, architecture", [
+    (["Qwen/Qwen-Image-2512", "Qwen/Qwen-Image"], "qwen-image"),
+    (["Qwen/Qwen-Image-Edit-2509"], "qwen-image"),
+    (["Wan-AI/Wan2.1-T2V-14B"], "wan2.1-t2v-14b"),
+    (["wan-ai/wan2.1-t2v-1.3b"], "wan2.1-t2v-1.3b"),  # ids are matched ignoring case
+    (["Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo"], "z-image"),
+    (["black-forest-labs/FLUX.2-klein-base-9B", "black-forest-labs/FLUX.2-klein-9B"], "flux.2-klein-9b"),
+    (["black-forest-labs/FLUX.2-klein-4B"], "flux.2-klein-4b"),
+    (["black-forest-labs/FLUX.1-Kontext-dev", "black-forest-labs/FLUX.1-dev"], "flux.1-dev"),
+    (["black-forest-labs/FLUX.1-Krea-dev"], "flux.1-dev"),
+    (["Tongyi-MAI/Z-Image-Omni-Base"], None),  # its transformer takes SigLIP features: no released entry
+    (["Wan-AI/Wan2.2-TI2V-5B", "Wan-AI/Wan2.1-T2V-1.3B"], None),  # one id unknown
+    (["Qwen/Qwen-Image", "Wan-AI/Wan2.1-T2V-14B"], None),  # two denoisers
+])
+def test_model_ids_name_their_released_architecture(ids, architecture):
+    assert released_architecture(ids) == architecture
+
+
+def test_missing_repo_files_are_found_without_downloading(base, no_models):
+    args = parse_args(COMMAND[:1] + [f"{QWEN},{TEXT_ENCODER}"] + COMMAND[2:])
+    assert [config.model_id for config in repo_files_missing(args)] == [QWEN_IMAGE_MODEL_ID] * 2
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(resolve.BASE_PATH_ENV, str(base))  # the tiny repos
+        assert repo_files_missing(args) == []
 
 
 def test_plan_cli_for_wan_video_and_a_budget_nothing_fits(base, capsys):
@@ -137,16 +238,19 @@ def test_plan_cli_plans_the_released_z_image_and_flux2_denoisers(capsys, pipelin
 
 
 def test_plan_cli_refuses_an_architecture_of_another_family(capsys):
-    with pytest.raises(SystemExit):
-        plan_main(["--pipeline", "qwen-image", "--architecture", "flux.2-klein-4b", "--trainable_models", "dit",
-                   "--device_profile", "h100-80gb"])
-    assert "--architecture flux.2-klein-4b is not a qwen-image model" in capsys.readouterr().err
+    assert plan_main(["--pipeline", "qwen-image", "--architecture", "flux.2-klein-4b", "--trainable_models", "dit",
+                      "--device_profile", "h100-80gb"]) == 2
+    assert capsys.readouterr().err == ("error: --architecture flux.2-klein-4b is not a qwen-image model; for "
+                                       "--pipeline qwen-image choose one of qwen-image, or pass the --pipeline of "
+                                       "flux.2-klein-4b\n")
 
 
 def test_plan_cli_refuses_bad_flags_by_name(capsys):
-    with pytest.raises(SystemExit):
-        plan_main(COMMAND + ["--device_profile", "rtx4090-24gb", "--vram_budget", "lots"])
-    assert "--vram_budget lots must be a positive size in GB" in capsys.readouterr().err
+    assert plan_main(COMMAND + ["--device_profile", "rtx4090-24gb", "--vram_budget", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --vram_budget lots must be a positive size in GB") and len(err.splitlines()) == 1
+    with pytest.raises(FlagError, match="--vram_budget lots"):  # --debug: the exception, for its traceback
+        plan_main(COMMAND + ["--device_profile", "rtx4090-24gb", "--vram_budget", "lots", "--debug"])
 
 
 # ---- the trainer -----------------------------------------------------------------------------------------------------
@@ -301,6 +405,5 @@ def test_plan_cli_plans_the_host_memory_of_every_process_on_the_machine(base, ca
         ["--processes_per_machine", "8", "--shared_host_weights", "off"])
     # The tiny model's weights vanish in the table's rounding; the copy shared or not is checked in bytes above.
     assert apart == pytest.approx(8 * one, abs=0.1) and one < shared <= apart
-    with pytest.raises(SystemExit):
-        plan_main(flags + ["--processes_per_machine", "0"])
+    assert plan_main(flags + ["--processes_per_machine", "0"]) == 2
     assert "--processes_per_machine 0 must be at least 1" in capsys.readouterr().err
