@@ -70,8 +70,8 @@ class ProgressReport:
         initial: Units already done before this run (a resumed run's optimizer step).
         unit: The unit's singular name (``"step"``, ``"sample"``).
         num_epochs: The run's epochs, shown with the current epoch; None leaves the epoch out.
-        samples_per_unit: Samples one unit consumes (accumulation times processes), for ``samples/s``; None leaves
-            the rate in samples out.
+        samples_per_unit: Samples one unit consumes (batch size times accumulation times processes), for
+            ``samples/s``; None leaves the rate in samples out.
         device: The compute device; its peak memory is shown when it keeps statistics (CUDA).
         stream: Where to write; None is ``sys.stderr``, read when the report starts.
         clock: Seconds from a monotonic clock (tests pass their own).

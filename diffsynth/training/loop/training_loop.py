@@ -139,7 +139,9 @@ class TrainingLoop:
             self.total_steps, "training", interval_seconds=config.console.progress_interval_seconds,
             enabled=accelerator.is_local_main_process, initial=self.progress["global_step"],
             num_epochs=self.training.num_epochs, device=accelerator.device,
-            samples_per_unit=self.training.gradient_accumulation_steps * accelerator.num_processes)
+            # a bucket's last micro-batch may hold fewer samples: the rate is the one of full batches
+            samples_per_unit=(self.training.gradient_accumulation_steps * accelerator.num_processes
+                              * config.dataset.batch_size))
         self.losses: list[float] = []
         self.micro_losses: list[torch.Tensor] = []
         self.window: list[int] = []  # dataset indices of this process's micro-batches in the current step

@@ -133,6 +133,10 @@ def test_each_line_of_a_batched_run_shows_the_mean_loss_of_its_steps(dataset, tm
     assert lines[-1].startswith(f"training: 100% {len(result['losses'])}/{len(result['losses'])} steps")
     for line, loss in zip(lines, result["losses"], strict=True):
         assert f"loss {loss:.4f}," in line, (line, loss)
+        # A step takes a batch of two samples: the rate counts both (it counted one).
+        seconds, rate = (float(value) for value in re.search(r"([0-9.]+) s/step, ([0-9.]+) samples/s", line).groups())
+        # (both are rounded to two decimals: s/step by at most 0.005)
+        assert 2 / (seconds + 0.005) - 0.01 <= rate <= 2 / max(seconds - 0.005, 1e-9) + 0.01, line
 
 
 def test_a_run_logging_to_files_writes_short_lines_and_a_line_per_interval(dataset, tmp_path, tiny_root):
