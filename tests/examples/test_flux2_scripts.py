@@ -21,7 +21,7 @@ from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.core.loader import resolve
 from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
 from diffsynth.training import entry as trainer
-from diffsynth.training.config.parsers import build_parser
+from diffsynth.training.config.parsers import HELP_HINT, build_parser
 from tests.conftest import reset_accelerate_state
 
 from .test_qwen_reference_scripts import small
@@ -131,6 +131,8 @@ def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, 
     with pytest.raises(SystemExit) as stopped:
         trainer.main(Flux2KleinPipeline, ["--output_path", "out", *argv])
     assert stopped.value.code == 2
-    problems = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    # one line naming the reason, then only the parser's hint to --help
+    *problems, hint = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    assert hint.endswith(HELP_HINT), hint
     assert len(problems) == 1 and reason in problems[0], problems
     assert not (workdir / "out").exists()

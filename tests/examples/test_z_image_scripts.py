@@ -22,6 +22,7 @@ from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
 from diffsynth.lora.naming import naming_for
 from diffsynth.pipelines.z_image import ZImagePipeline
 from diffsynth.training import entry as trainer
+from diffsynth.training.config.parsers import HELP_HINT
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
 
@@ -194,6 +195,8 @@ def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, 
     with pytest.raises(SystemExit) as stopped:
         trainer.main(ZImagePipeline, ["--output_path", "out", *argv])
     assert stopped.value.code == 2
-    problems = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    # one line naming the reason, then only the parser's hint to --help
+    *problems, hint = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    assert hint.endswith(HELP_HINT), hint
     assert len(problems) == 1 and reason in problems[0], problems
     assert not (workdir / "out").exists()  # nothing ran, nothing was written or downloaded (no_network)
