@@ -156,13 +156,19 @@ class BasePipeline(torch.nn.Module):
         passes to ``from_pretrained``; a pipeline whose companions depend on them (Qwen-Image-Edit's processor) reads
         them, the others ignore them.
         """
+        return list(cls._companions(cls.config_roles(model_configs), tokenizer_config).values())
+
+    @classmethod
+    def config_roles(cls, model_configs: Sequence[ModelConfig]) -> dict[str, ModelConfig]:
+        """The slot each config fills (``tokenizer`` for a folder without weights), from the class its files name;
+        configs of classes the pipeline has no slot for are left out."""
         roles = {}
         for config in model_configs:
             name = model_class_name(config)
             role = "tokenizer" if name is None else cls.model_roles.get(name)
             if role is not None:
                 roles[role] = config
-        return list(cls._companions(roles, tokenizer_config).values())
+        return roles
 
     @classmethod
     def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:

@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from ..core.data.cells import real
-from ..core.loader import ModelConfig, SharedLoad, load_tokenizer, model_class_name
+from ..core.loader import ModelConfig, SharedLoad, load_tokenizer
 from ..diffusion.base_pipeline import PipelineUnit
 from .common import (
     SIZE_MULTIPLE,
@@ -241,13 +241,12 @@ class FluxPipeline(TextToLatentPipeline):
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
                           inputs: Sequence[str] = (), **options: Any) -> list[ModelConfig]:
         """CLIP's tokenizer as in ``BasePipeline``, plus T5's (``tokenizer_2_config`` among ``options``)."""
-        companions = super().companion_configs(model_configs, tokenizer_config, inputs)
-        roles = {cls.model_roles.get(model_class_name(config) or ""): config for config in model_configs}
+        roles = cls.config_roles(model_configs)
         t5 = cls._t5_tokenizer(roles, options.get("tokenizer_2_config"))
-        return companions + ([t5] if t5 is not None else [])
+        return [*cls._companions(roles, tokenizer_config).values(), *([t5] if t5 is not None else [])]
 
     @classmethod
-    def _t5_tokenizer(cls, roles: dict[str | None, ModelConfig], tokenizer_2_config: ModelConfig | None
+    def _t5_tokenizer(cls, roles: dict[str, ModelConfig], tokenizer_2_config: ModelConfig | None
                       ) -> ModelConfig | None:
         """T5's tokenizer when T5 is loaded: the given folder, else ``tokenizer_2/`` of T5's repository, else the
         FLUX.1-dev default."""

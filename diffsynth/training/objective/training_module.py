@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,6 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
             matches a layer the model's original code has no name for (the LoRA file could not name it for ComfyUI
             and DiffSynth-Studio).
     """
-    import re
-
     from ...lora import lora_layer_names, naming_for
 
     names = [name for name, _ in model.named_modules()]

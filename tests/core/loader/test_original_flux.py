@@ -62,6 +62,7 @@ def save(state_dict: dict, path):
 
 
 def public_config(model) -> dict:
+    """The config without bookkeeping (``_class_name``, versions); tuples as lists, as a config.json holds them."""
     return {key: list(value) if isinstance(value, tuple) else value for key, value in dict(model.config).items()
             if not key.startswith("_")}
 

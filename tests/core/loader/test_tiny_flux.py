@@ -24,6 +24,8 @@ from diffsynth.core.loader.tiny_flux import (
 )
 from diffsynth.core.loader.tiny_models import BUILDERS, main
 
+from .test_original_flux import assert_same_model
+
 PATTERNS = {FLUX1_DEV_MODEL_ID: FLUX1_PATTERNS, FLUX1_KONTEXT_MODEL_ID: FLUX1_KONTEXT_PATTERNS,
             FLUX1_KREA_MODEL_ID: FLUX1_KREA_PATTERNS}  # fmt: skip
 RELEASES = tuple(PATTERNS)
@@ -31,21 +33,6 @@ RELEASES = tuple(PATTERNS)
 
 def load(model_id: str, pattern: str):
     return load_model(ModelConfig(model_id=model_id, origin_file_pattern=pattern), torch.float32)
-
-
-def public_config(model) -> dict:
-    """The config without bookkeeping (``_class_name``, versions); tuples as lists, as a config.json holds them."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in dict(model.config).items()
-            if not key.startswith("_")}
-
-
-def assert_same_model(actual, expected):
-    assert type(actual) is type(expected)
-    assert public_config(actual) == public_config(expected)
-    actual_state, expected_state = actual.state_dict(), expected.state_dict()
-    assert actual_state.keys() == expected_state.keys()
-    for key, tensor in expected_state.items():
-        assert torch.equal(actual_state[key], tensor), key
 
 
 def test_the_builders_are_registered_and_the_cli_builds_them(tmp_path, capsys):
