@@ -5,13 +5,17 @@
         --height 480 --width 832 --num_frames 81 --device_profile rtx4090-24gb
     python -m diffsynth.plan --pipeline flux2-klein --architecture flux.2-klein-9b --trainable_models dit \\
         --height 1024 --width 1024 --device_profile rtx4090-24gb
+    python -m diffsynth.plan --pipeline qwen-image --architecture qwen-image --trainable_models dit \\
+        --customized_optimizer bitsandbytes.optim.AdamW8bit --fused_optimizer_step --height 1024 --width 1024 \\
+        --device_profile rtx4090-24gb --ram_budget 128
 
 Takes the trainer's flags (the model files' configs are read, no weight is loaded, nothing is downloaded;
 ``--architecture`` plans a released model without its files, and so does a command whose files are not on disk when
 its model ids name a release: ``RELEASED_MODEL_IDS``), predicts every placement on the profile and prints the table,
 the plan the trainer would choose within ``--vram_budget`` (default: the profile's memory) and ``--ram_budget``
-(default: unbounded), and the flags that select it. Exits 1 when no plan fits, saying what would; 2 with one message
-for flags or model files to fix (``--debug`` adds the traceback).
+(default: unbounded), and the flags that select it; a full fine-tune is planned with its optimizer's state
+(``--customized_optimizer``), ``--ema_decay`` and ``--fused_optimizer_step``. Exits 1 when no plan fits, saying what
+would; 2 with one message for flags or model files to fix (``--debug`` adds the traceback).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from diffusers import DiffusionPipeline
 
 from diffsynth.core.loader import resolve
 from diffsynth.core.loader.tiny_models import build_tiny_models
-from diffsynth.training import entry
+from diffsynth.training import command_line, entry
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own set-up of its temporary folder
@@ -37,7 +37,7 @@ def pytest_configure(config):
 
 
 # What the ``slow`` rule of ``pytest_collection_modifyitems`` looks for in a test's code.
-TRAINER_RUNS = (entry.main, entry.cli)
+TRAINER_RUNS = (entry.main, command_line.cli)
 CHILD_PROCESSES = (
     subprocess.run, subprocess.Popen, subprocess.call, subprocess.check_call, subprocess.check_output,
     multiprocessing.Process, multiprocessing.Pool, multiprocessing.Manager, mp.spawn, mp.start_processes,
@@ -129,7 +129,7 @@ def pytest_collection_modifyitems(config, items):
 
     Slow by rule, so that no test has to be decorated to leave the fast loop:
 
-    - a whole trainer run in-process: the test reaches ``entry.main`` or ``entry.cli``;
+    - a whole trainer run in-process: the test reaches ``entry.main`` or ``command_line.cli``;
     - a whole pipeline run of diffusers' own (the reference of an inference parity test): the test reaches a
       ``diffusers.DiffusionPipeline`` class;
     - a child process: the test reaches ``subprocess`` (``run``, ``Popen``, ``call``, ``check_call``,

@@ -34,7 +34,9 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
         name: The argument's name, used in the error message.
 
     Returns:
-        The device, with the current CUDA index filled in for a bare ``"cuda"``.
+        The device, with the current CUDA index filled in for a bare ``"cuda"`` and any CPU index dropped: CPU
+        tensors report a bare ``cpu``, which never equals ``cpu:0`` (what accelerate gives each of several CPU
+        processes), so a CPU device that kept its index would fail every ``tensor.device == device`` check.
 
     Raises:
         ValueError: The string is not a device, or names an accelerator that this machine does not have.
@@ -50,7 +52,9 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
             resolved = torch.device("cuda", torch.cuda.current_device())
         if resolved.index >= torch.cuda.device_count():
             raise ValueError(f"{name}={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
-    elif resolved.type not in ("cpu", "meta"):
+    elif resolved.type == "cpu":
+        resolved = torch.device("cpu")
+    elif resolved.type != "meta":
         raise ValueError(f"{name}={device!r}: only 'cpu' and 'cuda' devices are supported")
     return resolved
 

@@ -2,18 +2,23 @@
 
 The lock is ``<folder>/.diffsynth.lock``, a JSON record of the holder: ``run_id``, ``pid``, ``host``, ``pid_start``
 (the process's start time in clock ticks since boot, read from ``/proc`` on Linux, else null), ``started`` (UTC,
-ISO 8601), ``purpose`` (e.g. ``--task sft:train``) and ``command`` (the command line). It is written to a temporary
+ISO 8601), ``purpose`` (e.g. ``--task sft:train``), ``command`` (the command line) and ``namespace`` (which processes
+the holder shares pids with: the kernel's boot id and the pid namespace on Linux, see :func:`process_namespace`). It is written to a temporary
 file and hard-linked into place, which fails when a lock already exists, so a lock is never seen half written and two
 processes never both create it (``link`` is atomic on local file systems and NFS alike).
 
 While held, a daemon thread refreshes the file's modification time every :data:`HEARTBEAT_SECONDS`. A lock is stale,
 and is taken over with a warning, when
 
-- its host is this host, and its process is gone, or its pid now belongs to another process (``pid_start`` differs);
-- its host is another one, and its heartbeat is older than :data:`STALE_AFTER_SECONDS` (the process there cannot be
-  asked, so a lock whose holder stopped refreshing it for that long is presumed dead).
+- it was written in this process namespace (same host name, boot and pid namespace), and its process is gone, or
+  its pid now belongs to another process (``pid_start`` differs);
+- it was written anywhere else, and its heartbeat is older than :data:`STALE_AFTER_SECONDS` (the process there
+  cannot be asked, so a lock whose holder stopped refreshing it for that long is presumed dead).
 
-A process killed with SIGKILL therefore leaves a lock that its own host's next run takes over at once.
+The host name alone does not make a lock's process one that can be asked: two containers often share a host name
+(and an output folder mounted into both) but not their pids, so a pid that is free in one may be a live run in the
+other. A lock that records no namespace (written by an older version) is therefore judged by its heartbeat too.
+A process killed with SIGKILL leaves a lock that the next run in its own namespace takes over at once.
 """
 
 from __future__ import annotations
@@ -49,13 +54,14 @@ class LockHolder:
     started: str
     purpose: str = ""
     command: str = ""
+    namespace: str | None = None
 
     @classmethod
     def this_process(cls, run_id: str, purpose: str) -> LockHolder:
         """The record for the calling process."""
         return cls(run_id=run_id, pid=os.getpid(), host=socket.gethostname(), pid_start=process_start(os.getpid()),
                    started=datetime.now(timezone.utc).isoformat(timespec="seconds"), purpose=purpose,
-                   command=" ".join(sys.argv)[:500])
+                   command=" ".join(sys.argv)[:500], namespace=process_namespace())
 
     def describe(self) -> str:
         """One line for people: run, purpose, process, host and start time."""
@@ -84,6 +90,22 @@ def process_start(pid: int) -> int | None:
         return None
     # The command name (field 2) is in parentheses and may hold spaces; the start time is field 22.
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def process_namespace() -> str | None:
+    """Which processes this one shares pids with: ``<boot id>/<pid namespace>`` on Linux, the platform's name where
+    there are no pid namespaces, or None where ``/proc`` cannot tell (then no lock's process is asked).
+
+    The boot id tells machines (and boots) apart, the pid namespace containers on one machine; a pid means the same
+    process only to processes with the same value.
+    """
+    if not sys.platform.startswith("linux"):
+        return sys.platform
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
 
 
 def process_alive(pid: int) -> bool:
@@ -116,7 +138,8 @@ def stale_reason(holder: LockHolder | None, heartbeat_age: float) -> str | None:
         # Locks appear complete (written, then linked); an unreadable one is damage, trusted only while it is fresh.
         return f"its content is unreadable and {heartbeat_age:.0f} s old" if heartbeat_age > STALE_AFTER_SECONDS \
             else None
-    if holder.host == socket.gethostname():
+    namespace = process_namespace()
+    if holder.host == socket.gethostname() and namespace is not None and holder.namespace == namespace:
         if not process_alive(holder.pid):
             return f"process {holder.pid} is no longer running"
         start = process_start(holder.pid)
@@ -124,7 +147,8 @@ def stale_reason(holder: LockHolder | None, heartbeat_age: float) -> str | None:
             return f"process {holder.pid} is no longer running (its pid now belongs to another process)"
         return None
     if heartbeat_age > STALE_AFTER_SECONDS:
-        return f"its holder on host {holder.host} has not refreshed it for {heartbeat_age / 60:.0f} min"
+        where = "" if holder.host != socket.gethostname() else " (another container or boot: its pid cannot be asked)"
+        return f"its holder on host {holder.host}{where} has not refreshed it for {heartbeat_age / 60:.0f} min"
     return None
 
 

@@ -6,7 +6,16 @@ run writes and reads back), ``startup/`` (what is checked and built before the f
 ``exit_codes`` are how a run is started and how it ends.
 """
 
-from .entry import cli, main
-from .errors import FlagError
+from typing import TYPE_CHECKING
+
+from ..core.lazy_exports import lazy_exports
+
+# Lazy, so that the flag parser below (diffsynth.training.config) answers a flag error before torch is imported.
+__getattr__, __dir__ = lazy_exports(__name__, {".command_line": ("cli",), ".entry": ("main",), ".errors": ("FlagError",)})
+
+if TYPE_CHECKING:
+    from .command_line import cli
+    from .entry import main
+    from .errors import FlagError
 
 __all__ = ["FlagError", "cli", "main"]

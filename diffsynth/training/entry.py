@@ -1,7 +1,7 @@
 """The generic trainer entry: flags -> dataset -> pipeline -> training module -> task stage.
 
-Each model's ``examples/<model>/model_training/train.py`` calls ``cli`` with its pipeline class; ``cli`` runs ``main``
-and exits with the code of its outcome (``exit_codes``). Everything that can be checked cheaply (flags, dataset
+Each model's ``examples/<model>/model_training/train.py`` calls ``command_line.cli`` with its pipeline, which runs
+``main`` and exits with the code of its outcome (``exit_codes``). Everything that can be checked cheaply (flags, dataset
 files, cache presence, the flags that name models, on weightless builds) is checked before any weight is loaded.
 """
 
@@ -11,7 +11,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from ..core.data import UnifiedDataset
 from ..core.shared_weights import LocalGroup
@@ -20,7 +20,7 @@ from .config import RunConfig, parse_args
 from .config.console import quiet_library_notices
 from .config.files import save_run_config
 from .errors import FlagError
-from .exit_codes import debug_requested, run_with_exit_code
+from .exit_codes import debug_requested
 from .loop import launch_data_process_task, launch_training_task
 from .objective.training_module import DiffusionTrainingModule
 from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_training_state
@@ -148,12 +148,3 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
         result["skipped_samples"] += len(dataset.excluded)  # those left out at start-up
     return {**result, "module": module}
 
-
-def cli(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> NoReturn:
-    """The command-line entry of every ``train.py``: runs :func:`main` and exits with the code of how it ended.
-
-    See :mod:`diffsynth.training.exit_codes`: 0 done, 1 error, 2 bad flags or input, 3 non-finite values (diverged),
-    75 preempted (resumable), 130 aborted by a second Ctrl-C. Errors of codes 2 and 3 print their message without a
-    traceback unless ``--debug`` or ``DIFFSYNTH_DEBUG=1`` asks for it.
-    """
-    sys.exit(run_with_exit_code(main, pipeline_class, argv, video=video, debug=debug_requested(argv)))

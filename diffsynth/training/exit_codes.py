@@ -6,9 +6,14 @@ Code    Meaning
 0       The stage finished.
 1       Any other error (a bug, out of memory, a lost process): read the traceback.
 2       The flags or the input (dataset, stage-1 cache, model files, a checkpoint to resume from, the output folder)
-        need fixing; argparse's convention.
+        need fixing; argparse's convention. A checkpoint of another launch (process count, batch size,
+        accumulation) or at the end of its run (a resume would train nothing) is refused with it too.
 3       Non-finite values stopped the run: training diverged (``--max_nonfinite_steps`` bad steps in a row), or a
         weight file with NaN / inf values was refused. Every file the run wrote holds finite values.
+74      The disk ran out of space while writing a file (a checkpoint, a LoRA, a stage-1 cache sample): the message
+        names the file, the space it needs and the space free; the files written before it are intact and no
+        partial file is left. Free space, then rerun (with ``--resume_from_checkpoint latest`` to continue).
+        ``EX_IOERR`` of ``sysexits.h``.
 75      Preempted (SIGTERM / SIGINT): the stage saved what a rerun needs and stopped; rerun the same command with
         ``--resume_from_checkpoint latest`` (stage 1: rerun it as it was). ``EX_TEMPFAIL`` of ``sysexits.h``, the
         code retry policies know as "temporary failure"; 143 (128 + SIGTERM) would be indistinguishable from a
@@ -16,8 +21,8 @@ Code    Meaning
 130     A second Ctrl-C aborted at once, without saving (128 + SIGINT, the shell's convention).
 ======  ==========================================================================================================
 
-Errors of codes 2 and 3 are the user's to fix, and their messages say what, where and the fix; the entry prints such
-a message alone, without a traceback, which would only bury it (a chained download error used to print seven).
+Errors of codes 2, 3 and 74 are the user's to fix, and their messages say what, where and the fix; the entry prints
+such a message alone, without a traceback, which would only bury it (a chained download error used to print seven).
 ``--debug`` or ``DIFFSYNTH_DEBUG=1`` prints the traceback too. Any other error prints its traceback, as an uncaught
 one would. Under a launch of several processes, process 0 prints the message and every other failing process its
 first line, marked with its rank.
@@ -39,8 +44,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.data.errors import CacheError, DataFileNotFoundError, DatasetError
+from ..core.disk_full import DiskFullError
 from ..core.finite import NonFiniteTensorError
-from ..core.loader.errors import ModelConfigError, ModelFilesNotFoundError
+from ..core.loader.errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
 from .errors import FlagError
 from .loop.nonfinite_guard import TrainingDivergedError
 from .loop.preemption import RunPreempted
@@ -52,14 +58,16 @@ SUCCESS = 0
 FAILED = 1
 BAD_INPUT = 2
 NON_FINITE = 3
+DISK_FULL = 74
 PREEMPTED = 75
 INTERRUPTED = 130
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "DIFFSYNTH_DEBUG"
 
+# ModelLoadError: the files are there but make no model (a truncated shard, a .pth the restricted loader refuses).
 _BAD_INPUT_ERRORS = (FlagError, DatasetError, DataFileNotFoundError, CacheError, ModelConfigError,
-                     ModelFilesNotFoundError, CheckpointError)
+                     ModelFilesNotFoundError, ModelLoadError, CheckpointError)
 _NON_FINITE_ERRORS = (TrainingDivergedError, NonFiniteTensorError)
 
 
@@ -69,6 +77,8 @@ def exit_code_for(error: BaseException) -> int:
         return PREEMPTED
     if isinstance(error, _NON_FINITE_ERRORS):
         return NON_FINITE
+    if isinstance(error, DiskFullError):
+        return DISK_FULL
     if isinstance(error, _BAD_INPUT_ERRORS):
         return BAD_INPUT
     if isinstance(error, KeyboardInterrupt):
@@ -84,8 +94,8 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
 
 
 def is_users_to_fix(error: BaseException) -> bool:
-    """Whether ``error`` is one the message itself lets the user fix (exit codes 2 and 3)."""
-    return isinstance(error, (*_BAD_INPUT_ERRORS, *_NON_FINITE_ERRORS))
+    """Whether ``error`` is one the message itself lets the user fix (exit codes 2, 3 and 74)."""
+    return isinstance(error, (*_BAD_INPUT_ERRORS, *_NON_FINITE_ERRORS, DiskFullError))
 
 
 def report_error(error: BaseException, debug: bool = False) -> None:

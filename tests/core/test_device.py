@@ -11,6 +11,11 @@ def test_resolve_device_accepts_cpu_and_names_the_argument_on_error():
         resolve_device("npu0", "target_device")
 
 
+def test_resolve_device_drops_a_cpu_index():
+    """accelerate gives each of several CPU processes ``cpu:0``; CPU tensors report a bare ``cpu``."""
+    assert resolve_device("cpu:0") == resolve_device(torch.device("cpu", 0)) == torch.empty(1).device
+
+
 def test_copy_to_device_always_copies():
     source = torch.arange(4.0)
     copy = copy_to_device(source, torch.device("cpu"))

@@ -65,6 +65,40 @@ def test_a_reused_pid_does_not_keep_a_lock(tmp_path):
         assert read_lock(tmp_path)[0] == lock.holder
 
 
+@pytest.mark.parametrize("pid", ["ended", "ours"])
+def test_a_lock_of_another_container_with_our_host_name_holds_while_its_heartbeat_is_fresh(tmp_path, pid):
+    # Two containers, one host name, one shared folder: a pid that is free (or is this process) here may be the
+    # other container's live run, so only the heartbeat can tell.
+    pid = finished_pid() if pid == "ended" else os.getpid()
+    elsewhere = replace(LockHolder.this_process("other-container", "--task sft:train"), pid=pid,
+                        namespace="another-boot/pid:[4026532999]")
+    assert elsewhere.host == socket.gethostname()
+    write_lock(tmp_path, elsewhere, age=STALE_AFTER_SECONDS - 60)
+    with pytest.raises(FolderLockedError) as refused:
+        FolderLock(tmp_path).acquire()
+    assert refused.value.holder == elsewhere
+    write_lock(tmp_path, elsewhere, age=STALE_AFTER_SECONDS + 60)
+    with FolderLock(tmp_path, run_id="new") as lock:
+        assert read_lock(tmp_path)[0] == lock.holder
+
+
+def test_a_lock_that_records_no_namespace_is_judged_by_its_heartbeat(tmp_path):
+    # As an older version wrote it: our host name, a pid that has ended here, a fresh heartbeat.
+    record = asdict(replace(LockHolder.this_process("old-version", ""), pid=finished_pid()))
+    record.pop("namespace", None)
+    (tmp_path / LOCK_FILE).write_text(json.dumps(record))
+    with pytest.raises(FolderLockedError):
+        FolderLock(tmp_path).acquire()
+
+
+def test_this_process_records_its_namespace(tmp_path):
+    namespace = folder_lock.process_namespace()
+    if sys.platform.startswith("linux"):
+        assert namespace is not None and namespace.endswith(os.readlink("/proc/self/ns/pid"))
+    with FolderLock(tmp_path, run_id="mine"):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["namespace"] == namespace
+
+
 def test_another_hosts_lock_holds_while_its_heartbeat_is_fresh(tmp_path):
     remote = replace(LockHolder.this_process("remote", "--task sft:train"), host="other-machine", pid=1)
     write_lock(tmp_path, remote, age=STALE_AFTER_SECONDS - 60)

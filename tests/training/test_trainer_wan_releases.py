@@ -107,3 +107,20 @@ def test_broken_release_files_stop_the_run_before_training(tmp_path, tiny_root, 
         main(WanVideoPipeline, [*dataset(videos), *COMMON, "--model_id_with_origin_paths", ",".join(models.values()),
                                 "--output_path", str(output)], video=True)
     assert not list(output.glob("*.safetensors"))
+
+
+def test_a_pth_the_restricted_loader_refuses_ends_with_exit_code_2_and_no_traceback(tmp_path, tiny_root, videos,
+                                                                                   monkeypatch, capsys):
+    from diffsynth.training import cli
+
+    text_encoder = "models_t5_umt5-xxl-enc-bf16.pth"
+    # A whole module pickled instead of its state dict: weights_only=True refuses its classes.
+    broken_repo(tmp_path, tiny_root, monkeypatch, lambda repo: torch.save(
+        {"token_embedding.weight": torch.ones(2, 2), "module": torch.nn.Linear(1, 1)}, repo / text_encoder))
+    monkeypatch.delenv("DIFFSYNTH_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(WanVideoPipeline, [*dataset(videos), *COMMON, "--model_id_with_origin_paths", ",".join(T2V.values()),
+                               "--output_path", str(tmp_path / "output")], video=True)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err, err[-3000:]
+    assert f"{text_encoder} holds objects beyond tensors" in err and "weights_only=True" in err

@@ -14,31 +14,51 @@ example-dataset builder lives in ``diffsynth.core.data.example_dataset`` (import
 it without a warning).
 """
 
-from .bad_samples import ON_BAD_SAMPLE_CHOICES, BadSample, BadSampleError
-from .cache import (
-                    CACHE_FORMAT_VERSION,
-                    CACHE_INFO_FILE,
-                    CACHE_MANIFEST_FILE,
-                    CacheDataset,
-                    cache_file_path,
-                    cache_inventory,
-                    list_cache_files,
-                    load_cache_sample,
-                    make_cache_info,
-                    read_cache_fingerprint,
-                    read_cache_info,
-                    read_cache_manifest,
-                    save_cache_sample,
-                    write_cache_info,
-                    write_cache_manifest,
-)
-from .cache_codec import STATE_KEYS, decode_state, encode_state
-from .cache_sync import CacheSync, sync_stage_one_cache
-from .dataset import CheckedDataset, UnifiedDataset, check_dataset, check_repeat, read_metadata
-from .errors import CacheError, DataFileNotFoundError, DatasetError
-from .fingerprint import FileIdentity, SampleFingerprint
-from .operators import FILE_OPERATORS, FileOperator, ResizeConfig, operator_for, resize_and_crop
-from .video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, LoadVideo, check_num_frames, probe_video
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".bad_samples": ("ON_BAD_SAMPLE_CHOICES", "BadSample", "BadSampleError"),
+    ".cache": ("CACHE_FORMAT_VERSION", "CACHE_INFO_FILE", "CACHE_MANIFEST_FILE", "CacheDataset", "cache_file_path",
+               "cache_inventory", "list_cache_files", "load_cache_sample", "make_cache_info", "read_cache_fingerprint",
+               "read_cache_info", "read_cache_manifest", "save_cache_sample", "write_cache_info",
+               "write_cache_manifest"),
+    ".cache_codec": ("STATE_KEYS", "decode_state", "encode_state"),
+    ".cache_sync": ("CacheSync", "sync_stage_one_cache"),
+    ".dataset": ("CheckedDataset", "UnifiedDataset", "check_dataset", "check_repeat", "read_metadata"),
+    ".errors": ("CacheError", "DataFileNotFoundError", "DatasetError"),
+    ".fingerprint": ("FileIdentity", "SampleFingerprint"),
+    ".operators": ("FILE_OPERATORS", "FileOperator", "ResizeConfig", "operator_for", "resize_and_crop"),
+    ".video": ("DEFAULT_NUM_FRAMES", "VIDEO_EXTENSIONS", "LoadVideo", "check_num_frames", "probe_video"),
+})
+
+if TYPE_CHECKING:
+    from .bad_samples import ON_BAD_SAMPLE_CHOICES, BadSample, BadSampleError
+    from .cache import (
+                        CACHE_FORMAT_VERSION,
+                        CACHE_INFO_FILE,
+                        CACHE_MANIFEST_FILE,
+                        CacheDataset,
+                        cache_file_path,
+                        cache_inventory,
+                        list_cache_files,
+                        load_cache_sample,
+                        make_cache_info,
+                        read_cache_fingerprint,
+                        read_cache_info,
+                        read_cache_manifest,
+                        save_cache_sample,
+                        write_cache_info,
+                        write_cache_manifest,
+    )
+    from .cache_codec import STATE_KEYS, decode_state, encode_state
+    from .cache_sync import CacheSync, sync_stage_one_cache
+    from .dataset import CheckedDataset, UnifiedDataset, check_dataset, check_repeat, read_metadata
+    from .errors import CacheError, DataFileNotFoundError, DatasetError
+    from .fingerprint import FileIdentity, SampleFingerprint
+    from .operators import FILE_OPERATORS, FileOperator, ResizeConfig, operator_for, resize_and_crop
+    from .video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, LoadVideo, check_num_frames, probe_video
 
 __all__ = [
     "CACHE_FORMAT_VERSION",

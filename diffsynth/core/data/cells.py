@@ -1,7 +1,7 @@
 """Typed metadata cells: a CSV cell is text, so a column a pipeline reads as a number is converted when read.
 
 A pipeline declares the type of each input a metadata column may feed (Qwen-Image: ``seed`` an int,
-``num_inference_steps`` a positive int, ``cfg_scale`` a finite float, ``rand_device`` a string). ``convert_cells``
+``num_inference_steps`` a positive int, ``cfg_scale`` a finite float, ``rand_device`` a string). ``convert_row``
 converts every row's cell of those columns at dataset construction, so a ``seed`` of ``"abc"`` in row 9,000 fails
 before any model loads, naming the row, the column and the value; a JSON metadata file's numbers pass through the
 same check. Integral floats (``4.0``, ``"4.0"``) count as ints; booleans are not numbers here.
@@ -10,11 +10,8 @@ same check. Integral floats (``4.0``, ``"4.0"``) count as ints; booleans are not
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-
-from .errors import DatasetError
 
 CellType = Callable[[Any], Any]
 
@@ -62,26 +59,22 @@ def text(value: Any) -> str:
 _EXAMPLES = {integer: "0", positive_integer: "4", real: "4.0", text: "cpu"}
 
 
-def convert_cells(rows: Sequence[dict[str, Any]], column_types: Mapping[str, CellType],
-                  metadata_path: str | os.PathLike) -> list[dict[str, Any]]:
-    """``rows`` with each cell of the typed columns converted (rows without such a column are left as they are).
+def convert_row(row: Mapping[str, Any], column_types: Mapping[str, CellType]) -> tuple[dict[str, Any], list[str]]:
+    """``row`` with each cell of the typed columns converted (a column the row lacks is left out), and one problem
+    per cell that does not convert.
 
-    Raises:
-        DatasetError: A cell does not convert; the message names the row (from 1), the column, the value and an
-            example of what the column takes.
+    Returns:
+        The converted row, and the problems, each naming the column, the value and an example of what the column
+        takes (``column 'seed' holds 'abc', which is not a number; ...``); the caller adds the row.
     """
-    converted = []
-    for number, row in enumerate(rows, start=1):
-        row = dict(row)
-        for column, convert in column_types.items():
-            if column not in row:
-                continue
-            try:
-                row[column] = convert(row[column])
-            except ValueError as error:
-                example = _EXAMPLES.get(convert, "")
-                raise DatasetError(f"metadata {metadata_path} row {number} column {column!r} holds {row[column]!r}, "
-                                   f"which {error}; the pipeline reads {column} as {convert.__name__.replace('_', ' ')}"
-                                   + (f" (e.g. {example})" if example else "")) from None
-        converted.append(row)
-    return converted
+    converted, problems = dict(row), []
+    for column, convert in column_types.items():
+        if column not in converted:
+            continue
+        try:
+            converted[column] = convert(converted[column])
+        except ValueError as error:
+            example = _EXAMPLES.get(convert, "")
+            problems.append(f"column {column!r} holds {row[column]!r}, which {error}; the pipeline reads {column} as "
+                            f"{convert.__name__.replace('_', ' ')}" + (f" (e.g. {example})" if example else ""))
+    return converted, problems

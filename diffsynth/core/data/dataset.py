@@ -7,21 +7,20 @@ are replaced by the loaded file when a sample is read: an image becomes a PIL im
 several paths a list of those. Every other column passes through unchanged (CSV cells are strings).
 
 Everything that can be checked without decoding an image is checked at construction: the metadata file, the required
-columns and cells, and the header of every data file (for a video, also its frame count against ``--num_frames``). A
-typo in row 9,000 therefore fails in seconds, not after an hour of training; decoding waits for ``__getitem__`` so
-that construction stays cheap in every dataloader worker. Construction also adds up the pixels a full decode would
-produce: the trainer decodes every file at start-up (``find_bad_rows``) when that is affordable, and a file that fails
-to decode there or later is handled as ``--on_bad_sample`` says (``bad_samples``).
+columns and cells (a prompt must be text: a JSON number or object there is refused), and the header of every data
+file (for a video, also its frame count against ``--num_frames``). A typo in row 9,000 therefore fails in seconds, not
+after an hour of training, and the problems of every row are reported at once (``metadata.raise_row_problems``), so
+one run lists all there is to fix; decoding waits for ``__getitem__`` so that construction stays cheap in every
+dataloader worker. Construction also adds up the pixels a full decode would produce: the trainer decodes every file
+at start-up (``find_bad_rows``) when that is affordable, and a file that fails to decode there or later is handled as
+``--on_bad_sample`` says (``bad_samples``).
 
 For stage 1, ``fingerprint`` says what a row's cached sample is computed from (``fingerprint``).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,9 +29,10 @@ from typing import Any, NamedTuple
 from torch.utils.data import Dataset
 
 from .bad_samples import SKIPPED_KEY, BadSample, BadSampleError, check_on_bad_sample
-from .cells import CellType, convert_cells
+from .cells import CellType, convert_row
 from .errors import DataFileNotFoundError, DatasetError, MissingColumnsError
 from .fingerprint import FileIdentity, SampleFingerprint
+from .metadata import raise_row_problems, read_metadata
 from .operators import (
     DECODE_RULES_VERSION,
     DEFAULT_DIVISION_FACTOR,
@@ -43,97 +43,11 @@ from .operators import (
 )
 from .video import DEFAULT_NUM_FRAMES, LoadVideo
 
-METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")
 DEFAULT_DATA_FILE_KEYS = ("image", "video")
 DEFAULT_REQUIRED_COLUMNS = ("prompt",)
-
-
-def read_metadata(metadata_path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
-    """Reads the rows of a ``.csv``, ``.json`` or ``.jsonl`` metadata file.
-
-    Args:
-        metadata_path: The file (``--dataset_metadata_path``).
-
-    Returns:
-        The rows, and the column names in the order first seen (for CSV, the header).
-
-    Raises:
-        DataFileNotFoundError: The file does not exist.
-        DatasetError: Unsupported extension, undecodable text, malformed JSON or CSV.
-    """
-    path = Path(metadata_path)
-    extension = path.suffix.lower()
-    if extension not in METADATA_EXTENSIONS:
-        raise DatasetError(
-            f"--dataset_metadata_path {path} has extension {extension or '(none)'!r}; use a .csv file, a .json list "
-            "of objects, or a .jsonl file with one object per line"
-        )
-    if not path.is_file():
-        raise DataFileNotFoundError(f"--dataset_metadata_path {path} does not exist; check the path")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: spreadsheets often prepend a byte-order mark
-    except UnicodeDecodeError as error:
-        raise DatasetError(f"metadata {path} is not UTF-8 text ({error}); re-save it as UTF-8") from error
-    if extension == ".csv":
-        rows, columns = _read_csv(path, text)
-    else:
-        rows = _read_json(path, text) if extension == ".json" else _read_jsonl(path, text)
-        columns = list(dict.fromkeys(key for row in rows for key in row))
-    return rows, columns
-
-
-def _read_csv(path: Path, text: str) -> tuple[list[dict[str, Any]], list[str]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    # Spaces after the commas of a hand-written header would otherwise become part of the column names.
-    columns = [name.strip() for name in reader.fieldnames or []]
-    reader.fieldnames = columns
-    rows = []
-    for number, row in enumerate(reader, start=1):
-        if None in row:
-            raise DatasetError(
-                f"metadata {path} row {number} has more cells than the header ({', '.join(columns)}); quote cells "
-                'that contain commas ("a cat, sitting") or add the missing column to the header'
-            )
-        rows.append(row)
-    return rows, columns
-
-
-def _read_json(path: Path, text: str) -> list[dict[str, Any]]:
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DatasetError(f"metadata {path} is not valid JSON ({error}); fix the file") from error
-    if not isinstance(rows, list):
-        raise DatasetError(
-            f"metadata {path} holds a JSON {type(rows).__name__}; it must be a list of objects such as "
-            '[{"image": "1.jpg", "prompt": "a cat"}]'
-        )
-    for number, row in enumerate(rows, start=1):
-        _check_object(path, number, row)
-    return rows
-
-
-def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
-    rows = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            message = f"metadata {path} line {line_number} is not valid JSON ({error}); fix that line"
-            raise DatasetError(message) from error
-        rows.append(_check_object(path, len(rows) + 1, row))
-    return rows
-
-
-def _check_object(path: Path, number: int, row: Any) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise DatasetError(
-            f"metadata {path} row {number} is a JSON {type(row).__name__}; every row must be an object such as "
-            '{"image": "1.jpg", "prompt": "a cat"}'
-        )
-    return row
+#: Columns the pipelines read as text. A CSV cell always is; a JSON value there that is not a string (``123``,
+#: ``{"k": 1}``) is no prompt, and is refused with its row instead of being encoded (or cached) as something else.
+TEXT_COLUMNS = ("prompt",)
 
 
 def check_repeat(repeat: int) -> None:
@@ -187,8 +101,10 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         they use.
 
     Raises:
-        DataFileNotFoundError: The base folder, the metadata file or a data file is missing.
-        DatasetError: Any other problem; the message names the file, the row, the column and the fix.
+        DataFileNotFoundError: The base folder or the metadata file is missing, or every problem of the rows is a
+            missing data file.
+        DatasetError: Any other problem; the message names the file, the row, the column and the fix, for every
+            row (``raise_row_problems``).
     """
     resize = resize or ResizeConfig()
     base = Path(base_path)
@@ -205,22 +121,31 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
             f"metadata {metadata_path} has no column {', '.join(map(repr, missing))} (columns found: "
             f"{', '.join(map(repr, columns)) or 'none'}); rename the column that holds it", missing, list(columns)
         )
+    problems: list[DatasetError | DataFileNotFoundError] = []
+    converted, pixels, options = [], 0, {}
     for number, row in enumerate(rows, start=1):
-        for column in required_columns:
-            if _is_blank(row.get(column)):
-                raise DatasetError(f"metadata {metadata_path} row {number} has no value in column {column!r}; fill "
-                                   "it in or remove the row")
-    rows = convert_cells(rows, column_types or {}, metadata_path)
-    pixels, options = 0, {}
-    for number, row in enumerate(rows, start=1):
-        where = f"metadata {metadata_path} row {number}"
+        where = f"row {number}"
+        blank = [column for column in required_columns if _is_blank(row.get(column))]
+        problems += [DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
+                     for column in blank]
+        problems += [DatasetError(f"{where} column {column!r} holds {row[column]!r}, not text; write it as a JSON "
+                                  'string, e.g. "a cat"') for column in TEXT_COLUMNS
+                     if column in row and row[column] is not None and not isinstance(row[column], str)]
+        row, cell_problems = convert_row(row, column_types or {})
+        problems += [DatasetError(f"{where} {problem}") for problem in cell_problems]
+        converted.append(row)
         for key in data_file_keys:
-            if key in row:
+            if key not in row or key in blank:
+                continue
+            try:
                 for relative in _file_list(row[key], where, key):
                     operator, file_pixels = _check_file(base / relative, where, key, resize, file_options)
                     pixels += file_pixels
                     options.update(dict.fromkeys(operator.options))
-    return CheckedDataset(rows, pixels, tuple(options))
+            except (DatasetError, DataFileNotFoundError) as error:
+                problems.append(error)  # the cell's first bad file; the rows after it are still checked
+    raise_row_problems(metadata_path, problems)
+    return CheckedDataset(converted, pixels, tuple(options))
 
 
 def _split_file_lists(row: dict[str, Any], data_file_keys: Sequence[str]) -> dict[str, Any]:

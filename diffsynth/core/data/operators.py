@@ -24,6 +24,7 @@ from typing import Any
 
 from PIL import Image
 
+from ..file_memo import parsed
 from .buckets import bucket_sizes, nearest_bucket
 from .errors import DatasetError
 from .image_modes import check_mode, upright_rgb, upright_size
@@ -143,6 +144,21 @@ def resize_and_crop(image: Image.Image, width: int, height: int) -> Image.Image:
     return image.crop((left, top, left + width, top + height))
 
 
+IMAGE_HEADERS_REMEMBERED = 200_000
+"""Image headers ``file_memo`` keeps (about 200 bytes each): the start-up check's reads serve bucketing afterwards."""
+
+
+def _image_header(path: Path) -> tuple[tuple[int, int], str, tuple[int, int]]:
+    """``(size, mode, upright size)`` from the header of ``path`` (``upright_size``: after EXIF orientation)."""
+    with Image.open(path) as image:
+        return image.size, image.mode, upright_size(image)
+
+
+def read_image_header(path: Path) -> tuple[tuple[int, int], str, tuple[int, int]]:
+    """``_image_header``, read once while the file is unchanged (``file_memo``)."""
+    return parsed(path, "image header", _image_header, limit=IMAGE_HEADERS_REMEMBERED)
+
+
 def check_image(path: Path, resize: ResizeConfig) -> int:
     """Reads only the header of ``path``: PIL must identify it, accept its mode, and its size give a non-empty target.
 
@@ -150,8 +166,7 @@ def check_image(path: Path, resize: ResizeConfig) -> int:
         The pixels a full decode produces (width x height), for the dataset's decode budget.
     """
     try:
-        with Image.open(path) as image:
-            size, mode = image.size, image.mode
+        size, mode, _ = read_image_header(path)
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise DatasetError(
             f"{path} is not an image PIL can read ({error}); replace the file or remove its row from the metadata"
@@ -162,9 +177,9 @@ def check_image(path: Path, resize: ResizeConfig) -> int:
 
 
 def image_shape(path: Path, resize: ResizeConfig) -> tuple[int, int]:
-    """The ``(width, height)`` ``load_image`` gives ``path``, from its header (and EXIF orientation) alone."""
-    with Image.open(path) as image:
-        return resize.target_size(*upright_size(image), source=path)
+    """The ``(width, height)`` ``load_image`` gives ``path``, from its header (and EXIF orientation) alone: the one
+    the dataset's check read, while the file is unchanged."""
+    return resize.target_size(*read_image_header(path)[2], source=path)
 
 
 def load_image(path: Path, resize: ResizeConfig) -> Image.Image:

@@ -14,7 +14,6 @@ the one the libraries load.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
+from ..file_memo import one_load, read_json
 from . import original_flux, original_wan
 from .config import ModelConfig
 from .errors import ModelLoadError
@@ -68,10 +68,10 @@ def weight_files(files: list[Path]) -> list[Path]:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """Reads ``folder/config.json``, with an error that names the file."""
+    """Reads ``folder/config.json`` (once while it is unchanged: ``file_memo``), with an error that names the file."""
     path = folder / "config.json"
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except FileNotFoundError:
         raise ModelLoadError(
             f"{path} is missing: it names the model class to build; copy the repository's config.json next to the "
@@ -122,6 +122,10 @@ def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dt
                       config: dict[str, Any] | None = None) -> torch.nn.Module:
     """Builds ``cls`` from ``folder/config.json`` (or from ``config``) with every parameter on the meta device.
 
+    The config is parsed here (``read_config``) and handed to the library, which would otherwise read the file again:
+    diffusers' ``from_config`` takes what its ``load_config`` would have read, and a transformers config is made by
+    the class's own config class, as its ``from_pretrained`` makes it.
+
     Only parameters go to meta: buffers and plain tensors computed in ``__init__`` (RoPE frequencies) are small and
     are not in the checkpoint, so they are built for real, under ``dtype`` as the default dtype like
     ``from_pretrained`` does.
@@ -137,18 +141,17 @@ def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dt
     from accelerate import init_empty_weights
 
     where = folder / "config.json" if config is None else folder
+    folder_config = read_config(folder) if config is None else None
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with init_empty_weights(include_buffers=False):
             if library == "diffusers":
-                return cls.from_config(config if config is not None else cls.load_config(str(folder)))
+                return cls.from_config(config if config is not None else folder_config)
             if config is not None:
                 model_config = cls.config_class(**config)
             else:
-                from transformers import AutoConfig
-
-                model_config = AutoConfig.from_pretrained(str(folder))
+                model_config = _transformers_config(cls, folder, folder_config)
             model_config.dtype = dtype
             return cls(model_config)
     except ModelLoadError:
@@ -160,6 +163,16 @@ def build_empty_model(library: str, cls: type[torch.nn.Module], folder: Path, dt
         ) from error
     finally:
         torch.set_default_dtype(previous)
+
+
+def _transformers_config(cls: type[torch.nn.Module], folder: Path, folder_config: dict[str, Any]):
+    """The config ``cls.from_pretrained(folder)`` would build, from the already parsed ``folder/config.json``."""
+    config_class = cls.config_class
+    if getattr(config_class, "model_type", None) == folder_config.get("model_type"):
+        return config_class.from_dict(folder_config, name_or_path=str(folder))
+    from transformers import AutoConfig  # a config of another type (its class maps it): transformers decides
+
+    return AutoConfig.from_pretrained(str(folder))
 
 
 def identify_original(shards: list[Path]) -> OriginalModel | None:
@@ -252,18 +265,19 @@ def load_model_from_files(
     reason = incomplete_reason(shards, need_config=False)
     if reason is not None:
         raise ModelLoadError(f"cannot load {folder}: {reason}; download or copy the missing files")
-    library, model, folder, original = _empty_model(shards, dtype)
-    cls = type(model)
-    expected = model.state_dict()
-    if original is not None:  # already under the model's names
-        plan = plan_keys(original.entries, expected)
-    else:
-        rename = transformers_key_renamer(model) if library == "transformers" else None
-        ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
-        plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
-    fp32_modules = _fp32_modules(library, model, dtype)
-    remaining = load_shared(model, plan, dtype, fp32_modules, shared) if shared is not None else plan
-    assign_shards(model, remaining, dtype, target, fp32_modules=fp32_modules)
+    with one_load():  # each shard is opened once, for its header and its tensors
+        library, model, folder, original = _empty_model(shards, dtype)
+        cls = type(model)
+        expected = model.state_dict()
+        if original is not None:  # already under the model's names
+            plan = plan_keys(original.entries, expected)
+        else:
+            rename = transformers_key_renamer(model) if library == "transformers" else None
+            ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+            plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
+        fp32_modules = _fp32_modules(library, model, dtype)
+        remaining = load_shared(model, plan, dtype, fp32_modules, shared) if shared is not None else plan
+        assign_shards(model, remaining, dtype, target, fp32_modules=fp32_modules)
     if library == "transformers":
         _tie_weights(model, set(expected) - set(plan))
     missing = meta_tensor_names(model)

@@ -18,11 +18,11 @@ always diffusers' or transformers' (``WanTransformer3DModel``, ``AutoencoderKLWa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..file_memo import read_json
 from .errors import ModelLoadError
 from .original_wan_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
 from .original_wan_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
@@ -119,7 +119,7 @@ def identify(files: list[Path]) -> OriginalModel | None:
 def _original_dit_config(folder: Path) -> dict[str, Any] | None:
     path = folder / "config.json"
     try:
-        config = json.loads(path.read_text())
+        config = read_json(path)
     except (OSError, ValueError):
         return None  # the diffusers loader reports a missing or broken config.json itself
     return config if isinstance(config, dict) and config.get("_class_name") == ORIGINAL_DIT_CLASS else None

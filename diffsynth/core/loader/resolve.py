@@ -16,11 +16,11 @@ Environment:
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 from pathlib import Path
 
+from ..file_memo import read_json
 from ..files import missing_folders, remove_empty_folders
 from .config import DOWNLOAD_SOURCES, ModelConfig
 from .errors import ModelConfigError, ModelFilesNotFoundError
@@ -108,7 +108,7 @@ def incomplete_reason(files: list[Path], need_config: bool = True) -> str | None
         matched = {f.name for f in files if f.parent == folder}
         for index_file in sorted(folder.glob("*.safetensors.index.json")):
             try:
-                shards = set(json.loads(index_file.read_text())["weight_map"].values())
+                shards = set(read_json(index_file)["weight_map"].values())
             except (OSError, ValueError, KeyError, AttributeError) as error:
                 return f"{index_file} is unreadable ({error})"
             if shards & matched:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..file_memo import open_once, parsed
 from .errors import ModelLoadError
 from .pth import PTH_SUFFIX, PthCheckpoint
 
@@ -80,22 +81,32 @@ def open_checkpoint(file: Path) -> _SafetensorsCheckpoint | PthCheckpoint:
     return PthCheckpoint(file) if Path(file).suffix == PTH_SUFFIX else _SafetensorsCheckpoint(Path(file))
 
 
+def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    with open_once(file, open_checkpoint) as handle:
+        names = handle.keys()
+        return {key: handle.shape(key) for key in names}
+
+
 def read_headers(files: list[Path]) -> dict[str, CheckpointEntry]:
-    """Maps every checkpoint key to its file and shape, reading only the headers.
+    """Maps every checkpoint key to its file and shape, reading only the headers (once per file while it is
+    unchanged: ``file_memo``).
 
     Raises:
         ModelLoadError: A file is not valid safetensors, or two shards hold the same key.
     """
     entries: dict[str, CheckpointEntry] = {}
     for file in files:
-        with open_checkpoint(file) as handle:
-            for key in handle.keys():
-                if key in entries:
-                    raise ModelLoadError(
-                        f"checkpoint key {key!r} is in both {entries[key].file} and {file}; the shards overlap, so "
-                        "they are not one checkpoint (remove the stray file)"
-                    )
-                entries[key] = CheckpointEntry(file=file, checkpoint_key=key, shape=handle.shape(key))
+        try:
+            shapes = parsed(file, "checkpoint header", _header_shapes)
+        except FileNotFoundError:
+            shapes = _header_shapes(file)  # the opener names the missing file in its own words
+        for key, shape in shapes.items():
+            if key in entries:
+                raise ModelLoadError(
+                    f"checkpoint key {key!r} is in both {entries[key].file} and {file}; the shards overlap, so "
+                    "they are not one checkpoint (remove the stray file)"
+                )
+            entries[key] = CheckpointEntry(file=file, checkpoint_key=key, shape=shape)
     return entries
 
 
@@ -203,7 +214,7 @@ def read_planned(file: Path, keys: list[tuple[str, CheckpointEntry]], dtype: tor
     Floating tensors are cast to ``dtype`` (float32 inside ``fp32_modules``); integer and bool tensors keep their
     type. The caller holds one tensor at a time, so reading costs one tensor of memory beyond where it is put.
     """
-    with open_checkpoint(file) as handle:
+    with open_once(file, open_checkpoint) as handle:
         for model_key, entry in keys:
             try:
                 tensor = handle.get_tensor(entry.checkpoint_key)

@@ -6,7 +6,7 @@ offload with prefetch (``OffloadTrainingManager``), classic block swap and the H
 
 from .block_swap import BlockSwap, BlockSwapConfig, create_offloader, find_block_list, streaming_block_indices
 from .classic_swap import ClassicBlockSwap
-from .device_pool import DeviceBufferPool, DevicePoolStats
+from .device_pool import DeviceBufferPool, DevicePoolStats, PooledBuffer
 from .h2d_stream import H2DOnlyBlockSwap
 from .hooks import ResidencyDriver, ResidencyMeter, ResidencyPolicy
 from .leaf_offload import LeafOffloadPolicy, OffloadUnit
@@ -27,7 +27,7 @@ __all__ = [
     "ALIGNMENT", "AlwaysOnDeviceParamOffloader", "BaseBufferPool", "BlockSwap", "BlockSwapConfig", "BufferOffloader",
     "ClassicBlockSwap", "DeviceBufferPool", "DevicePoolStats", "DirectEngine", "H2DOnlyBlockSwap",
     "LeafOffloadPolicy", "OffloadTrainingConfig", "OffloadTrainingManager", "OffloadUnit", "PinnedArenaPool",
-    "PinnedBuffer", "PrefetchScheduler", "PrefetchStats", "ResidencyDriver", "ResidencyMeter", "ResidencyPolicy",
+    "PinnedBuffer", "PooledBuffer", "PrefetchScheduler", "PrefetchStats", "ResidencyDriver", "ResidencyMeter", "ResidencyPolicy",
     "StagedEngine", "StaticParamOffloader", "SyncEngine", "TensorOffloader", "TrainableParamOffloader",
     "TransferEngine", "TransferTimer", "UnitSpec", "create_offloader", "find_block_list", "make_engine",
     "per_tensor_pinned_bytes", "plan_arena", "plan_units", "streaming_block_indices",

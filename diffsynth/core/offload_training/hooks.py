@@ -8,15 +8,22 @@ Per-leaf offload with prefetch, classic block swap and the H2D-only ring are one
 - a unit runs forward: its pre-hook -> ``before_forward``; its forward hook -> ``after_forward``;
 - a unit is re-run inside backward (gradient checkpointing): its hooks during a backward -> ``before_recompute``,
   ``after_recompute``;
-- the gradient of a unit's output arrives: a tensor hook per output, if asked -> ``on_backward_start``;
+- the gradient of a unit's output arrives: a pre-hook on each output's autograd node, if asked ->
+  ``on_backward_start``;
 - a unit's input gradients are complete: an identity autograd node on its inputs -> ``on_backward_done``.
 
 A module's backward has no hook that fires once all of its input gradients exist when its inputs arrive as keyword
-arguments or when it is not a leaf; routing the inputs through one identity autograd function (``UnitBoundary``)
-gives that moment exactly. Pending backwards are counted per unit; a graph dropped without a backward frees its
-boundary, which releases the count, so a discarded forward never pins a unit. Reentrant checkpointing runs the
-forward without grad, so its recompute is bracketed instead. While the root runs the driver can also replace what
-autograd saves (``saved_tensor_hooks``): the offload manager saves references to weights instead of device copies.
+arguments or when it is not a leaf; routing the inputs through one identity node gives that moment exactly: for one
+input a view of it (``view_as``, whose node's pre-hook runs once the unit's contribution to that gradient is
+complete), for several one autograd function (``UnitBoundary``). Pending backwards are counted per unit; a graph
+dropped without a backward frees its boundary, which releases the count, so a discarded forward never pins a unit.
+Reentrant checkpointing runs the forward without grad, so its recompute is bracketed instead. While the root runs
+the driver can also replace what autograd saves (``saved_tensor_hooks``): the offload manager saves references to
+weights instead of device copies.
+
+The hooks run for every unit call, a few hundred times per step (one per leaf module by default), so they do what
+the moment needs and no more: one scan of the inputs, no generator over flat tensor arguments, pre-hooks on C++
+autograd nodes rather than tensor hooks or a Python autograd function wherever one input allows.
 """
 
 from __future__ import annotations
@@ -40,32 +47,54 @@ class UnitBoundary(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        ctx.on_backward_done()
+        if ctx.on_backward_done is not None:
+            ctx.on_backward_done()
         return (None, *grads)
 
 
-def wrap_inputs(on_backward_done: Callable[[], None], args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Routes the inputs that need gradients through one ``UnitBoundary`` calling ``on_backward_done``.
+def grad_inputs(args: tuple, kwargs: dict) -> tuple[list[int], list[str]]:
+    """The positions and keyword names of the tensor arguments that need a gradient (top level only)."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad] if kwargs else []
+    return positions, keys
+
+
+def wrap_inputs(on_backward_done: Callable[..., None] | None, args: tuple, kwargs: dict, positions: list[int],
+                keys: list[str]) -> tuple[tuple, dict] | None:
+    """Routes the inputs at ``positions`` and ``keys`` (``grad_inputs``) through one identity node whose backward
+    calls ``on_backward_done`` (None: nothing to call, the same ops only).
 
     Returns:
-        The forward-pre-hook result ``(args, kwargs)`` with those inputs replaced, or None when no input needs a
-        gradient (then there is no moment to mark, and nothing is wrapped).
+        The forward-pre-hook result ``(args, kwargs)`` with those inputs replaced, or None when there are none (then
+        there is no moment to mark, and nothing is wrapped).
     """
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    if not positions and not keys:
+    count = len(positions) + len(keys)
+    if not count:
         return None
-    wrapped = UnitBoundary.apply(on_backward_done, *[args[i] for i in positions], *[kwargs[k] for k in keys])
-    args, kwargs = list(args), dict(kwargs)
-    for i, tensor in zip(positions, wrapped):
-        args[i] = tensor
-    for key, tensor in zip(keys, wrapped[len(positions):]):
-        kwargs[key] = tensor
-    return tuple(args), kwargs
+    if count == 1:
+        tensor = args[positions[0]] if positions else kwargs[keys[0]]
+        alias = tensor.view_as(tensor)  # the view a custom function makes of an input it returns: the same ops
+        if on_backward_done is not None:
+            alias.grad_fn.register_prehook(on_backward_done)
+        wrapped = (alias,)
+    else:
+        wrapped = UnitBoundary.apply(on_backward_done, *[args[i] for i in positions], *[kwargs[k] for k in keys])
+    if positions:
+        args = list(args)
+        for i, tensor in zip(positions, wrapped):
+            args[i] = tensor
+        args = tuple(args)
+    if keys:
+        kwargs = dict(kwargs)
+        for key, tensor in zip(keys, wrapped[len(positions):]):
+            kwargs[key] = tensor
+    return args, kwargs
 
 
-def _ignore_backward() -> None:
-    """The boundary callback of a non-reentrant recompute, whose graph autograd never runs backward through."""
+def _nested_input_needs_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor inside a container argument (a list, a dict, a dataclass) needs a gradient."""
+    return any(tensor.requires_grad for value in (*args, *kwargs.values()) if not isinstance(value, torch.Tensor)
+               for tensor in iter_tensors(value))
 
 
 def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -83,9 +112,12 @@ def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(getattr(value, item.name))
 
 
+_graph_task_id = torch._C._current_graph_task_id
+
+
 def inside_backward() -> bool:
     """Whether autograd is running a backward pass now (a forward here is a checkpoint recompute)."""
-    return torch._C._current_graph_task_id() != -1
+    return _graph_task_id() != -1
 
 
 class ResidencyMeter:
@@ -128,7 +160,7 @@ class ResidencyPolicy:
     is a subclass and touches no hook. Defaults do nothing."""
 
     wants_backward_start = False
-    """Whether the driver hooks unit outputs to report ``on_backward_start`` (one tensor hook per output and call)."""
+    """Whether the driver hooks unit outputs to report ``on_backward_start`` (one node pre-hook per output and call)."""
 
     def on_pass_start(self) -> None:
         """The root's forward begins outside backward (unit 0's, without a root)."""
@@ -156,7 +188,9 @@ class ResidencyPolicy:
 
 
 class _PendingBackward:
-    """One call of a unit whose backward is pending; called by its ``UnitBoundary``, released when its graph dies."""
+    """One call of a unit whose backward is pending; called by its boundary, released when its graph dies."""
+
+    __slots__ = ("driver", "generation", "open", "unit")
 
     def __init__(self, driver: ResidencyDriver, unit: int) -> None:
         self.driver, self.unit, self.generation, self.open = driver, unit, driver.generation, True
@@ -168,7 +202,8 @@ class _PendingBackward:
             if self.generation == self.driver.generation:
                 self.driver.pending[self.unit] -= 1
 
-    def __call__(self) -> None:
+    def __call__(self, *_grads: Any) -> None:
+        # Called by a ``UnitBoundary`` (no arguments) or as a node pre-hook (the gradients, left as they are).
         current = self.open and self.generation == self.driver.generation  # not a graph from before a reset
         self.close()
         if current and self.driver.pending[self.unit] == 0:
@@ -201,6 +236,8 @@ class ResidencyDriver:
         self.trace: list[tuple] | None = [] if record_trace else None
         self._trainable = [any(p.requires_grad for p in module.parameters()) for module in modules]
         self._bounded = [False] * len(modules)
+        self._boundary_nodes: list[Any] = [None] * len(modules)  # a call's one-input boundary, pre-hook to hook
+        self._backward_starts = [functools.partial(self._backward_start, unit) for unit in range(len(modules))]
         self._saved_tensor_hooks = saved_tensor_hooks
         self._pushed = 0
         self._handles = []
@@ -248,47 +285,67 @@ class ResidencyDriver:
 
     def _pre_hook(self, unit: int, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         grad = torch.is_grad_enabled()
-        if inside_backward():
+        if _graph_task_id() != -1:  # inside_backward(), without the call
             self.policy.before_recompute(unit)
             self.record("recompute", unit)
+            if not grad:
+                return None
+            positions, keys = grad_inputs(args, kwargs)
             # Reentrant checkpointing ran the forward without grad; this re-run's graph is the one backpropagated.
-            if grad and self.pending[unit] == 0:
-                return self._bracket(unit, args, kwargs)
+            if self.pending[unit] == 0:
+                return self._bracket(unit, args, kwargs, positions, keys)
             # Non-reentrant: the forward's graph is backpropagated, but the re-run must take the same ops, or the
             # tensors it saves differ from the forward's (matmul folds a 3-d input or not by whether it is a view).
-            return wrap_inputs(_ignore_backward, args, kwargs) if grad else None
+            return wrap_inputs(None, args, kwargs, positions, keys)
         if unit == 0 and self.root is None:
             self._pass_start()
-        needs_backward = grad and (self._trainable[unit] or any(t.requires_grad for t in iter_tensors((args, kwargs))))
+        positions, keys = grad_inputs(args, kwargs) if grad else ((), ())
+        needs_backward = grad and (self._trainable[unit] or bool(positions) or bool(keys)
+                                   or _nested_input_needs_grad(args, kwargs))
         # Saved-tensor hooks around the call (non-reentrant checkpointing): autograd keeps no weight of this unit.
-        hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-        self.policy.before_forward(unit, needs_backward, needs_backward and hooked)
-        self.record("compute", unit)
-        wrapped = self._bracket(unit, args, kwargs) if grad else None
+        hooked = needs_backward and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+        self.policy.before_forward(unit, needs_backward, hooked)
+        if self.trace is not None:
+            self.trace.append(("compute", unit))
+        wrapped = self._bracket(unit, args, kwargs, positions, keys) if grad else None
         self._bounded[unit] = wrapped is not None
         return wrapped
 
-    def _bracket(self, unit: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        pending = _PendingBackward(self, unit)
-        wrapped = wrap_inputs(pending, args, kwargs)
-        if wrapped is None:
-            pending.close()  # no input needs a gradient: no boundary, so no backward will report this call
+    def _bracket(self, unit: int, args: tuple, kwargs: dict, positions: list[int],
+                 keys: list[str]) -> tuple[tuple, dict] | None:
+        if not positions and not keys:
+            return None  # no input needs a gradient: no boundary, so no backward will report this call
+        wrapped = wrap_inputs(_PendingBackward(self, unit), args, kwargs, positions, keys)
+        if len(positions) + len(keys) == 1:
+            alias = wrapped[0][positions[0]] if positions else wrapped[1][keys[0]]
+            self._boundary_nodes[unit] = alias.grad_fn
         return wrapped
 
     def _post_hook(self, unit: int, module: nn.Module, args: tuple, output: Any) -> None:
-        recompute = inside_backward()
+        recompute = _graph_task_id() != -1
         needs_backward = False
         if torch.is_grad_enabled():
-            for tensor in iter_tensors(output):
-                if tensor.requires_grad and tensor.grad_fn is not None:
+            outputs = (output,) if isinstance(output, torch.Tensor) else iter_tensors(output)
+            hook_outputs = not recompute and self.policy.wants_backward_start
+            boundary = self._boundary_nodes[unit]
+            for tensor in outputs:
+                node = tensor.grad_fn
+                if node is not None and tensor.requires_grad:
                     needs_backward = True
-                    if recompute or not self.policy.wants_backward_start:
+                    if not hook_outputs:
                         break
-                    tensor.register_hook(lambda grad, unit=unit: self.policy.on_backward_start(unit))
+                    # An output that is the boundary's view of an input has no backward of this unit to announce
+                    # (and its pre-hook would run after the boundary's, which ends the unit's backward).
+                    if node is not boundary:
+                        node.register_prehook(self._backward_starts[unit])
+        self._boundary_nodes[unit] = None  # holding the node would keep its graph alive
         if recompute:
             self.policy.after_recompute(unit, needs_backward)
         else:
             self.policy.after_forward(unit, needs_backward, self._bounded[unit])
+
+    def _backward_start(self, unit: int, grads: tuple) -> None:
+        self.policy.on_backward_start(unit)
 
     def _push_saved_tensor_hooks(self) -> None:
         pack_own, unpack_own = self._saved_tensor_hooks

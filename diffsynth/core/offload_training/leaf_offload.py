@@ -36,6 +36,10 @@ class OffloadUnit:
         if self.is_loaded:
             return []
         self.is_loaded = True
+        if deferred is None:
+            for offloader in self.offloaders:
+                offloader.onload()
+            return []
         return [offloader for offloader in self.offloaders if offloader.onload(deferred)]
 
     def unload(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -77,12 +78,14 @@ class OffloadTrainingConfig:
         return int(self.cpu_offload_split_threshold * MB)
 
 
-@dataclasses.dataclass(eq=False)
 class _SavedWeight:
-    offloader: TensorOffloader
-    size: torch.Size
-    stride: tuple[int, ...]
-    storage_offset: int
+    """What autograd keeps instead of a weight's device copy: its offloader and where in the copy the saved view is."""
+
+    __slots__ = ("offloader", "size", "storage_offset", "stride")
+
+    def __init__(self, offloader: TensorOffloader, tensor: torch.Tensor) -> None:
+        self.offloader = offloader
+        self.size, self.stride, self.storage_offset = tensor.size(), tensor.stride(), tensor.storage_offset()
 
 
 class OffloadTrainingManager:
@@ -130,7 +133,9 @@ class OffloadTrainingManager:
         placement = plan_units(model, self.config.split_threshold_bytes)
         self._buffer_keys: dict[tuple[int, str], int] = {}
         self._offloaders = self._make_offloaders(placement.units, placement.resident)
-        self.units = [OffloadUnit(spec.name, spec.module, self._offloaders_of(spec)) for spec in placement.units]
+        units = [OffloadUnit(spec.name, spec.module, self._offloaders_of(spec)) for spec in placement.units]
+        # A unit whose tensors all stay on the device (a LoRA's own layers) moves nothing: it is not hooked at all.
+        self.units = [unit for unit in units if any(o.counts_toward_residency for o in unit.offloaders)]
         self._resident = self._offloaders_of(placement.resident)
         for offloader in self._resident:
             offloader.onload()
@@ -140,6 +145,7 @@ class OffloadTrainingManager:
         trainable = [param for param in model.parameters() if param.requires_grad]
         self._grad_sync = GradientSynchronizer(trainable) if trainable and distributed_world_size() > 1 else None
         self._loaded_on_demand: list[TensorOffloader] = []
+        self._host_step_hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._prefetch = self._make_prefetch_scheduler()
         self.policy = LeafOffloadPolicy(self.units, self._prefetch)
         # Meta tensors (a planner's dry run) have no addresses to recognise weights by, and free nothing anyway.
@@ -203,12 +209,13 @@ class OffloadTrainingManager:
 
     def _pack_saved_weight(self, tensor: torch.Tensor) -> _SavedWeight | None:
         """A reference to the offloader whose device copy ``tensor`` views, or None for any other tensor."""
-        if tensor.layout != torch.strided or tensor.device != self.device:
+        # Runs for every tensor autograd saves (activations too): the address lookup first, the rest on a hit.
+        if tensor.layout != torch.strided:
             return None
         offloader = self.meter.copies.get(tensor.untyped_storage().data_ptr())
-        if offloader is None or offloader.device_copy.dtype != tensor.dtype:
+        if offloader is None or offloader.device_copy.dtype != tensor.dtype or tensor.device != self.device:
             return None
-        return _SavedWeight(offloader, tensor.size(), tensor.stride(), tensor.storage_offset())
+        return _SavedWeight(offloader, tensor)
 
     def _resolve_saved_weight(self, saved: _SavedWeight) -> torch.Tensor:
         offloader = saved.offloader
@@ -246,6 +253,25 @@ class OffloadTrainingManager:
                     offloader.publish_grad()
         if sync_gradients and self._grad_sync is not None:
             self._grad_sync.all_reduce_mean()
+
+    def register_host_steps(self, step: Callable[[torch.nn.Parameter], None]) -> list[torch.nn.Parameter]:
+        """The fused optimizer step for the host-trained weights (``enable_optimizer_cpu_offload``).
+
+        ``step(param)`` runs in backward as soon as each such weight's gradient has reached the host, on the host
+        master with the host gradient as ``.grad``, which is dropped after: the host never holds every gradient at
+        once. Costs one wait per weight for its gradient's copy (no overlap of that copy with later backward work).
+
+        Returns:
+            The parameters covered; the others (trained on the device) keep their gradients in ``.grad``.
+        """
+        covered = []
+        for offloader in self._offloaders.values():
+            if isinstance(offloader, TrainableParamOffloader):
+                # Registered after the offloader's own hook, which moves the gradient to the host first.
+                self._host_step_hooks.append(offloader.param.register_post_accumulate_grad_hook(
+                    lambda _param, offloader=offloader: offloader.step_on_host(step)))
+                covered.append(offloader.param)
+        return covered
 
     @property
     def resident_bytes(self) -> int:
@@ -289,6 +315,9 @@ class OffloadTrainingManager:
         for offloader in self._resident:
             offloader.offload()
         self.driver.remove()
+        for handle in self._host_step_hooks:
+            handle.remove()
+        self._host_step_hooks.clear()
         for offloader in self._offloaders.values():
             offloader.restore()
         self._offloaders.clear()

@@ -23,7 +23,8 @@ weight to its empty placeholder, so a stray read fails loudly instead of reading
 the device copy only by ``wait_for_copy()``; ``offload()`` waits before it frees.
 
 With a ``DeviceBufferPool`` (``device_pool.py``) device copies are buffers lent by the pool and given back on unload,
-instead of fresh allocations each time.
+instead of fresh allocations each time. A load and an unload run a few hundred times per step: what they need that
+does not change (whether the pool lends this tensor's copies, on which kind of device) is decided once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..device import copy_into, copy_to_device, record_event, synchronize_event
 from ..shared_weights import is_shared_host
-from .device_pool import DeviceBufferPool
+from .device_pool import DeviceBufferPool, PooledBuffer
 from .hooks import ResidencyMeter
 from .memory_buffer import BaseBufferPool, tensor_nbytes
 from .transfer import CopyPair
@@ -70,6 +71,10 @@ class TensorOffloader:
         self._meter = meter
         self._released_copies: list[StorageWeakRef] = []
         self._bind_after_copy = False
+        self._lease: PooledBuffer | None = None
+        self._pooled: bool | None = None  # whether the pool lends this tensor's copies; decided on the first load
+        self._copy_address = 0
+        self._host_copies = device.type == "cpu"
 
     @property
     def is_loaded(self) -> bool:
@@ -97,7 +102,10 @@ class TensorOffloader:
                 self._bind()
             self.load_count += 1
             if self.device_copy is not None:
-                self._meter.copies[self.device_copy.untyped_storage().data_ptr()] = self
+                lease = self._lease
+                self._copy_address = (lease.address if lease is not None
+                                      else self.device_copy.untyped_storage().data_ptr())
+                self._meter.copies[self._copy_address] = self
             if self.counts_toward_residency:
                 self._meter.add(self.nbytes)
         return queued
@@ -121,7 +129,8 @@ class TensorOffloader:
         self.users -= 1
         if self.users == 0:
             # A deferred copy may still be writing the device copy: free (or copy back) only behind it.
-            self.wait_for_copy()
+            if self.copy_pending is not None or self._bind_after_copy:
+                self.wait_for_copy()
             self._unload()
             if self.device_copy is not None:
                 self._drop_device_copy()
@@ -135,26 +144,31 @@ class TensorOffloader:
         return self.nbytes * (len(self._released_copies) + (self.device_copy is not None))
 
     def _drop_device_copy(self) -> None:
-        storage = self.device_copy.untyped_storage()
-        self._meter.copies.pop(storage.data_ptr(), None)
-        pooled = self.device_pool is not None and self.device_pool.owns(self.device_copy)
-        if not (pooled and self.device_pool.give_back(self.device_copy)):
+        self._meter.copies.pop(self._copy_address, None)
+        lease, self._lease = self._lease, None
+        if lease is None or not self.device_pool.give_back(lease):
             self._released_copies = [ref for ref in self._released_copies if not ref.expired()]
-            self._released_copies.append(StorageWeakRef(storage))
+            self._released_copies.append(StorageWeakRef(self.device_copy.untyped_storage()))
         self.device_copy = None
 
     def _copy_of(self, master: torch.Tensor, deferred: list[CopyPair] | None) -> torch.Tensor:
         """A device copy of ``master``: made now, or allocated and queued in ``deferred`` (contiguous masters)."""
-        if self.device_pool is None or not self.device_pool.accepts(master):
-            if deferred is None or not master.is_contiguous():
-                return copy_to_device(master, self.device)
+        pooled = self._pooled
+        if pooled is None:
+            pooled = self._pooled = self.device_pool is not None and self.device_pool.accepts(master)
+        if pooled:
+            self._lease = self.device_pool.take(master)
+            copy = self._lease.tensor
+        elif deferred is None or not master.is_contiguous():
+            return copy_to_device(master, self.device)
+        else:
             # Allocated on the current (compute) stream, so the caching allocator reuses it there; the engine's copy
             # starts only after the compute queued so far, which covers the kernels that last used this memory.
             copy = torch.empty_like(master, device=self.device)
-        else:
-            copy = self.device_pool.take(master)
         if deferred is not None:
             deferred.append((copy, master))
+        elif self._host_copies:
+            copy.copy_(master)  # what ``copy_into`` does for a host destination, without its checks
         else:
             copy_into(copy, master)
         return copy
@@ -273,6 +287,25 @@ class TrainableParamOffloader(TensorOffloader):
             staged = self._grad_staging
             self.host_grad = staged.clone() if self.host_grad is None else self.host_grad.add_(staged)
             self._grad_copied, self._grad_in_flight = None, False
+
+    def step_on_host(self, step: Callable[[torch.nn.Parameter], None]) -> None:
+        """Runs ``step(param)`` on the host master with the host gradient as ``.grad``, then drops the gradient.
+
+        The fused optimizer step of an optimizer-offloaded weight, called once its gradient is complete in backward
+        (the weight may still be loaded: its device copy is bound again afterwards, stale but read by nothing, as
+        autograd needs a weight no more once its gradient is accumulated). Waits for that gradient's copy.
+        """
+        self._finish_grad_copy()
+        if self.host_grad is None:
+            return
+        bound = self.param.data
+        self.param.data = self.master
+        self.param.grad, self.host_grad = self.host_grad, None
+        try:
+            step(self.param)
+        finally:
+            self.param.grad = None
+            self.param.data = bound
 
     def publish_grad(self) -> None:
         """Hands the host gradient to ``param.grad`` for the optimizer (the weight must be unloaded)."""

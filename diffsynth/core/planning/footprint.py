@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -57,11 +57,11 @@ class SavedTensorMeter:
             self.largest = max(self.largest, tensor.untyped_storage().nbytes())
         return tensor
 
-    def __enter__(self) -> SavedTensorMeter:
+    def __enter__(self) -> Self:
         self._context.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._context.__exit__(*exc)
 
 

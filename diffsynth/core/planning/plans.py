@@ -6,26 +6,32 @@ peak device memory, the peak host memory and the step time of one ``Plan``; ``ch
 fits both budgets. The components and their assumptions:
 
 - device memory = weights that stay on the device + the policy's moving weights at their peak (its residency meter)
-  + trainable parameters, their gradients and AdamW's two states + activations + models the stage also runs, plus the
+  + trained weights, their gradients and the optimizer's state (``training_state.py``: by optimizer class, one
+  gradient at a time with the fused step or optimizer offload) + activations + models the stage also runs, plus the
   CUDA context (the profile's ``context_bytes``) and the caching allocator's slack (``ALLOCATOR_SLACK``). Activations at the
   peak are what the forward saved plus, in backward, a gradient and an input of the largest saved tensor's size and,
   under checkpointing, the recomputed activations of the block being differentiated (an assumption about the
   working set, to be checked on a GPU with ``scripts/bench_planner.py``). ``allocated`` leaves out context and slack:
   it is the figure to compare with ``torch.cuda.max_memory_allocated``.
-- host memory, of the machine = per process (``HOST_BASELINE_BYTES``: Python, torch, CUDA's host side, one sample in
-  the loader) + the policy's masters (pinned arenas count in full) + activation offload's block inputs + the host
-  optimizer, or the moment the masters are built while the loaded model still sits beside them, whichever is larger;
-  times the processes on the machine. Where those processes share one host copy of the frozen weights
-  (``--shared_host_weights``), the frozen masters count once for the machine, at their exact size, and no process
-  builds an arena for them: ``processes x (baseline + private masters + ...) + shared copy``.
+- host memory, of the machine = per process (the profile's ``host_baseline_bytes``, measured per device kind:
+  Python, the libraries, CUDA's host side, a batch) + the policy's masters (pinned arenas count in full) + activation
+  offload's block inputs + with optimizer offload the gradients and the optimizer's state, or the moment the masters
+  are built while the loaded model still sits beside them, whichever is larger; times the processes on the machine;
+  plus the EMA (``--ema_decay``: float32, the main process only). Where those processes share one host copy of the
+  frozen weights (``--shared_host_weights``), the frozen masters count once for the machine, at their exact size,
+  and no process builds an arena for them: ``processes x (baseline + private masters + ...) + shared copy``.
 - step time = FLOPs at the profile's achieved rate, and copies at its achieved bandwidth (half of it from pageable
   memory, ``PAGEABLE_FACTOR``), overlapped as each policy overlaps them: prefetching offload and the H2D ring hide
   copies behind compute, classic block swap hides its loads but not its copies back, offload without prefetch hides
-  nothing.
+  nothing; an optimizer step on the host (``HOST_OPTIMIZER_VALUES_PER_SECOND``) and the EMA's copy of weights trained
+  on the device are added, unhidden.
+
+The dry runs behind a workload run a few blocks for all of them when its blocks are alike (``shallow.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
@@ -40,15 +46,19 @@ from .residency import (
     arena_bytes,
     classic_swap_residency,
     h2d_ring_residency,
-    leaf_offload_residency,
+    leaf_offload_host,
+    simulate_leaf_offload,
     stream_sizes,
     swap_sizes,
 )
+from .shallow import Measured, extrapolated, shallow_depths
+from .training_state import EMA_BYTES_PER_VALUE, TrainingSetup, optimizer_state
 
 ALLOCATOR_SLACK = 0.08
 """Share of the allocated bytes the caching allocator holds on top, in partly used blocks (assumed)."""
-HOST_BASELINE_BYTES = 3 * GIB
-"""Host memory of the training process without model weights (assumed)."""
+HOST_OPTIMIZER_VALUES_PER_SECOND = 1e9
+"""Trained values per second that an optimizer step on the host updates (optimizer offload; assumed: AdamW reads and
+writes weight, gradient and two moments, some 14 bytes a value in bf16, at about 15 GB/s of host memory bandwidth)."""
 PAGEABLE_FACTOR = 0.5
 """Share of the pinned bandwidth that copies from pageable memory achieve (through staging buffers; assumed)."""
 
@@ -110,11 +120,13 @@ class Workload:
         local_processes: The run's processes on one machine (GPUs in use there); host memory is the machine's.
         shared_host_weights: Whether those processes share one host copy of the frozen weights that a policy keeps
             in host memory (``--shared_host_weights auto``).
+        training: The optimizer, EMA and fused step of the run (``training_state.py``; None: AdamW, neither).
     """
 
     def __init__(self, model: nn.Module, blocks: Sequence[nn.Module], step: Callable[[], torch.Tensor],
                  set_checkpointing: Callable[[bool], None], other_model_sizes: Sequence[int] = (),
-                 description: str = "", local_processes: int = 1, shared_host_weights: bool = True) -> None:
+                 description: str = "", local_processes: int = 1, shared_host_weights: bool = True,
+                 training: TrainingSetup | None = None) -> None:
         if isinstance(local_processes, bool) or not isinstance(local_processes, int) or local_processes < 1:
             raise ValueError(f"local_processes={local_processes!r} must be the number of processes on a machine, "
                              "at least 1")
@@ -126,18 +138,44 @@ class Workload:
         self.shared_host_weights = shared_host_weights
         tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
         self.model_bytes = sum(tensor_nbytes(t) for t in tensors)
-        self.trainable_bytes = sum(tensor_nbytes(p) for p in model.parameters() if p.requires_grad)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.trainable_bytes = sum(tensor_nbytes(p) for p in trained)
+        self.largest_trainable_bytes = max((tensor_nbytes(p) for p in trained), default=0)
+        self.trained_values = sum(p.numel() for p in trained)
+        self._set_training(training or TrainingSetup())
         self.frozen_base = not any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
         self.swap_sizes, self.stream_sizes = swap_sizes(blocks), stream_sizes(blocks)
+        self._depths = shallow_depths(model, blocks)
         self._footprints: dict[bool, StepFootprint] = {}
         self._residencies: dict[Plan, Residency | None] = {}
+
+    def _set_training(self, training: TrainingSetup) -> None:
+        self.training = training
+        self.optimizer = optimizer_state(training.optimizer)
+        self.optimizer_state_bytes = self.optimizer.bytes_for((p.numel(), p.element_size())
+                                                              for p in self.model.parameters() if p.requires_grad)
+        self.ema_bytes = EMA_BYTES_PER_VALUE * self.trained_values if training.ema else 0
+
+    def with_training(self, training: TrainingSetup) -> Workload:
+        """This workload with another optimizer, EMA or fused step; the dry runs, which none of them changes, are
+        shared with it."""
+        other = copy.copy(self)
+        other._set_training(training)
+        return other
 
     def footprint(self, checkpointing: bool) -> StepFootprint:
         """Saved bytes, per-block activations and FLOPs of one step (a dry run, done once per mode)."""
         if checkpointing not in self._footprints:
             self.set_checkpointing(checkpointing)
-            self._footprints[checkpointing] = measure_step(self.model, self.step, self.blocks)
+            self._footprints[checkpointing] = self._dry_run(
+                lambda blocks: measure_step(self.model, self.step, blocks))
         return self._footprints[checkpointing]
+
+    def _dry_run(self, measure: Callable[[Sequence[nn.Module]], Measured]) -> Measured:
+        # Shallow runs stand for the whole model when its blocks are alike (shallow.py); else every block runs.
+        if self._depths is None:
+            return measure(self.blocks)
+        return extrapolated(measure, self.model, self._depths)
 
     def residency(self, plan: Plan) -> Residency | None:
         """The policy's moving weights (computed once per plan); None for ``device``: nothing moves."""
@@ -158,7 +196,9 @@ class Workload:
                                       self.model_bytes)
         if plan.policy == "offload":
             self.set_checkpointing(checkpointing)
-            return leaf_offload_residency(self.model, self.step, plan.prefetch_depth, plan.optimizer_offload)
+            schedule = self._dry_run(lambda blocks: simulate_leaf_offload(self.model, self.step, plan.prefetch_depth,
+                                                                          plan.optimizer_offload))
+            return leaf_offload_host(self.model, schedule, plan.optimizer_offload)
         return None
 
 
@@ -187,6 +227,7 @@ class Prediction:
     transfer_seconds: float
     parts: dict[str, int]
     shared_host_bytes: int = 0
+    host_parts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def fits(self, vram_bytes: float, ram_bytes: float) -> bool:
         return self.device_bytes <= vram_bytes and self.host_bytes <= ram_bytes
@@ -204,12 +245,18 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
     residency = workload.residency(plan)
     trainable = workload.trainable_bytes
     on_host = plan.policy != "device"
-    # Trainable weights stay on the device with their gradients and AdamW's two states, unless the optimizer is
-    # offloaded: then they are among the moving weights.
-    resident_trainable = 0 if plan.optimizer_offload else trainable
+    # Trained weights stay on the device with their gradients and optimizer state, unless the optimizer is offloaded:
+    # then the weights are among the moving weights, and state and gradients are kept on the host. Each gradient
+    # crosses the device on its way there, and the fused step frees each as soon as its weight is updated.
+    trained_on_host = plan.optimizer_offload
+    resident_trainable = 0 if trained_on_host else trainable
+    one_gradient_at_a_time = trained_on_host or workload.training.fused_step
+    gradients = workload.largest_trainable_bytes if one_gradient_at_a_time else trainable
     parts = {"weights": workload.model_bytes - resident_trainable - (residency.offloaded_bytes if residency else 0),
              "moving weights": residency.peak_bytes if residency else 0,
-             "trainable + grads + AdamW": 4 * resident_trainable,
+             "trained weights": resident_trainable,
+             "gradients": gradients,
+             "optimizer state": 0 if trained_on_host else workload.optimizer_state_bytes,
              "activations": activations,
              "other models": 0 if plan.policy == "offload" else sum(workload.other_model_sizes)}
     allocated = sum(parts.values())
@@ -220,17 +267,21 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
         masters = residency.private_host_bytes if sharing else residency.host_bytes
         building = residency.private_build_peak_bytes if sharing else residency.build_peak_bytes
     host_steady = masters + offloaded_inputs
-    host_steady += 3 * trainable if plan.optimizer_offload else 0
+    if trained_on_host:  # the gradients copied back (beside their staging in the arena) and the optimizer state
+        host_steady += (workload.largest_trainable_bytes if workload.training.fused_step else trainable)
+        host_steady += workload.optimizer_state_bytes
     shared = residency.shared_bytes if sharing else 0
     if plan.policy == "offload" and sharing:
         shared += sum(align(size) for size in workload.other_model_sizes)
     elif plan.policy == "offload":
         host_steady += arena_bytes(workload.other_model_sizes, pinned=True)
-    host = workload.local_processes * (HOST_BASELINE_BYTES + max(host_steady, building)) + shared
+    # The EMA lives in the main process only: once per machine.
+    host = (workload.local_processes * (profile.host_baseline_bytes + max(host_steady, building)) + shared
+            + workload.ema_bytes)
     bandwidth = profile.bytes_per_second * (1.0 if plan.pinned or plan.policy == "offload" else PAGEABLE_FACTOR)
     compute = footprint.flops / profile.flops_per_second
     loads = (residency.moved_bytes if residency else 0) + offloaded_inputs * 2
-    returns = (residency.returned_bytes if residency else 0) + (trainable if plan.optimizer_offload else 0)
+    returns = (residency.returned_bytes if residency else 0) + (trainable if trained_on_host else 0)
     transfer = (loads + returns) / bandwidth
     if plan.policy == "classic":
         step = max(compute, loads / bandwidth) + returns / bandwidth
@@ -238,28 +289,40 @@ def predict(plan: Plan, workload: Workload, profile: DeviceProfile) -> Predictio
         step = compute + transfer
     else:
         step = max(compute, transfer)
+    if trained_on_host:  # the host runs the optimizer, after (or, fused, inside) backward: not hidden
+        step += workload.trained_values / HOST_OPTIMIZER_VALUES_PER_SECOND
+    if workload.ema_bytes and not trained_on_host:  # the EMA reads the trained weights from the device each step
+        step += trainable / (profile.bytes_per_second * PAGEABLE_FACTOR)
+    host_parts = {"baseline": profile.host_baseline_bytes, "training": host_steady, "building": building,
+                  "shared copy": shared, "EMA": workload.ema_bytes}
     return Prediction(plan, allocated + parts["CUDA context + slack"], allocated, host, step, compute, transfer,
-                      parts, shared)
+                      parts, shared, host_parts)
 
 
 def candidate_plans(workload: Workload, checkpointing: Iterable[str] = CHECKPOINTING,
                     policies: Iterable[str] = POLICIES) -> list[Plan]:
     """Every plan worth predicting: each checkpointing mode with every policy and every block count.
 
-    H2D streaming needs a frozen base and checkpointing; optimizer offload is planned for full fine-tunes.
+    H2D streaming needs a frozen base and checkpointing; classic block swap needs frozen weights in the blocks (it
+    leaves trained ones on the device); neither runs with the fused step. A full fine-tune is planned with and without
+    optimizer offload.
     """
     plans, policies = [], set(policies)
+    swapping = not workload.training.fused_step
+    classic = "classic" in policies and swapping and any(sum(sizes) for sizes in workload.swap_sizes)
+    h2d = "h2d" in policies and swapping and workload.frozen_base
     for mode in checkpointing:
         if "device" in policies:
             plans.append(Plan(mode, "device"))
         for count in range(1, len(workload.blocks) + 1):
             for pinned in (True, False):
-                if "classic" in policies:
+                if classic:
                     plans.append(Plan(mode, "classic", count, pinned=pinned))
-                if "h2d" in policies and workload.frozen_base and mode != "off":
+                if h2d and mode != "off":
                     plans.append(Plan(mode, "h2d", count, pinned=pinned))
         if "offload" in policies:
-            plans.append(Plan(mode, "offload", optimizer_offload=not workload.frozen_base))
+            plans += [Plan(mode, "offload", optimizer_offload=offloaded)
+                      for offloaded in ([False] if workload.frozen_base else [False, True])]
     return plans
 
 
@@ -273,8 +336,11 @@ def _preference(prediction: Prediction) -> tuple[float, float, int]:
     return round(prediction.step_seconds, 2), prediction.transfer_seconds, prediction.host_bytes
 
 
-def choose(predictions: Sequence[Prediction], vram_bytes: float, ram_bytes: float) -> Prediction:
+def choose(predictions: Sequence[Prediction], vram_bytes: float, ram_bytes: float,
+           full_training: bool = False) -> Prediction:
     """The fastest prediction that fits both budgets (among equally fast ones, the one that copies least).
+
+    ``full_training``: the run trains whole weights, so the message names the options that keep less beside them.
 
     Raises:
         NoPlanFits: None fits; the message names the smallest device and host budgets that would fit some plan.
@@ -283,8 +349,8 @@ def choose(predictions: Sequence[Prediction], vram_bytes: float, ram_bytes: floa
     if fitting:
         return min(fitting, key=_preference)
     within_ram = [p for p in predictions if p.host_bytes <= ram_bytes]
-    lines = [f"no placement fits {vram_bytes / GIB:.1f} GiB of device memory and {ram_bytes / GIB:.1f} GiB of host "
-             "memory."]
+    lines = [(f"no placement fits {vram_bytes / GIB:.1f} GiB of device memory and {ram_bytes / GIB:.1f} GiB of host "
+             "memory.")]
     if within_ram:
         best = min(within_ram, key=lambda p: p.device_bytes)
         lines.append(f"The least device memory within the host budget: {best.device_bytes / GIB:.1f} GiB with "
@@ -296,6 +362,10 @@ def choose(predictions: Sequence[Prediction], vram_bytes: float, ram_bytes: floa
                      "GiB of host memory; raise --ram_budget to that.")
     lines.append("Or lower the activation memory: a smaller --max_pixels (or --height/--width, --num_frames), or the "
                  "weights: --fp8_models for the frozen transformer, a LoRA instead of --trainable_models.")
+    if full_training:
+        lines.append("A full fine-tune also keeps less with --customized_optimizer bitsandbytes.optim.AdamW8bit (a "
+                     "quarter of AdamW's float32 state, half of its bf16 state) and --fused_optimizer_step (no full "
+                     "set of gradients).")
     raise NoPlanFits(" ".join(lines))
 
 

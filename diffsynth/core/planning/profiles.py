@@ -33,6 +33,15 @@ MEASURED_COMPUTE_EFFICIENCY = 0.55
 """Assumed share of a large BF16 matrix product's measured rate that a training step achieves."""
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 """Device memory the CUDA context and the math libraries' workspaces take before any tensor (assumed)."""
+HOST_BASELINE_CPU_BYTES = 412 * 2**20
+"""Host memory of a training process before any weight, on the CPU: Python with torch, diffusers, peft and diffsynth
+imported and a batch built. Measured: the median resident memory of ``scripts/bench_planner.py``'s processes before
+they build their model, 412 MiB on this project's CPU machine (docs Low_VRAM)."""
+HOST_BASELINE_CUDA_BYTES = int(1.6 * GIB)
+"""The same on a CUDA machine: the CPU's figure plus CUDA's host side (driver, runtime, cuBLAS and cuDNN code and
+host buffers, about 1.2 GiB). An estimate, not yet measured here: ``scripts/bench_planner.py --device cuda`` prints
+the measured figure; a one-process run reported in issue 31 (2,176 MiB measured, 549 MiB of it the weights' part the
+planner predicts) implies 1.6 GiB."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +58,7 @@ class DeviceProfile:
         compute_efficiency: Share of ``tflops`` a training step achieves.
         link_efficiency: Share of ``h2d_gbps`` a pinned copy achieves.
         context_bytes: Device memory taken before any tensor (the CUDA context; none on the CPU).
+        host_baseline_bytes: Host memory of one training process before any weight (``HOST_BASELINE_*``).
     """
 
     name: str
@@ -59,6 +69,7 @@ class DeviceProfile:
     compute_efficiency: float = COMPUTE_EFFICIENCY
     link_efficiency: float = LINK_EFFICIENCY
     context_bytes: int = CUDA_CONTEXT_BYTES
+    host_baseline_bytes: int = HOST_BASELINE_CUDA_BYTES
 
     @property
     def flops_per_second(self) -> float:
@@ -133,4 +144,5 @@ def measure_device(device: torch.device, copy_bytes: int = 256 * 2**20, size: in
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     return DeviceProfile(f"measured-{name}", free, copy_bytes / best_copy / 1e9, 2 * size**3 / best_matmul / 1e12,
                          "measured on this machine", compute_efficiency=MEASURED_COMPUTE_EFFICIENCY,
-                         link_efficiency=1.0, context_bytes=CUDA_CONTEXT_BYTES if cuda else 0)
+                         link_efficiency=1.0, context_bytes=CUDA_CONTEXT_BYTES if cuda else 0,
+                         host_baseline_bytes=HOST_BASELINE_CUDA_BYTES if cuda else HOST_BASELINE_CPU_BYTES)

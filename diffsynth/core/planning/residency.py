@@ -5,7 +5,9 @@ The prediction of a policy is the value its ``ResidencyMeter`` will reach (``pea
 its masters take. Block swap follows a fixed schedule, so closed formulas give it exactly (derived in the functions'
 docstrings from ``classic_swap.py`` and ``h2d_stream.py``). Per-leaf offload depends on the order in which autograd
 runs the units and on which unit inputs need gradients, so it is simulated: the real ``OffloadTrainingManager`` runs
-two steps of the model on the meta device, with masters that take no memory.
+two steps of the model on the meta device, with masters that take no memory (``simulate_leaf_offload``; the
+planner runs it on shallow copies of a deep model, ``shallow.py``); the host memory of its masters follows from the
+whole model's tensor sizes (``leaf_offload_host``).
 
 With several processes on a machine the frozen weights a policy keeps in host memory can live in one copy the
 processes share (``--shared_host_weights``): the residency then also says how large that copy is (laid out exactly,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,7 +26,7 @@ from torch import nn
 
 from ..offload_training.block_swap import is_adapter_parameter, streaming_block_indices
 from ..offload_training.manager import OffloadTrainingManager
-from ..offload_training.memory_buffer import BaseBufferPool, align, frozen_tensors, plan_arena, tensor_nbytes
+from ..offload_training.memory_buffer import ArenaPlan, BaseBufferPool, align, frozen_tensors, plan_arena, tensor_nbytes
 from ..offload_training.transfer import tensor_slots
 
 
@@ -62,8 +65,14 @@ def arena_bytes(sizes: Sequence[int], pinned: bool) -> int:
     """Host bytes of a ``PinnedArenaPool`` holding tensors of ``sizes``: its planned power-of-two chunks when pinned
     (page-locked memory is resident in full), the 64-byte aligned sizes when pageable (untouched pages cost nothing)."""
     if pinned:
-        return sum(plan_arena(sizes).capacities)
+        return sum(_arena_plan(tuple(sizes)).capacities)
     return sum(align(size) for size in sizes if size > 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _arena_plan(sizes: tuple[int, ...]) -> ArenaPlan:
+    # The planner asks for the same arenas under each checkpointing mode, and for its size and its building alike.
+    return plan_arena(sizes)
 
 
 def build_peak(copies: Sequence[int], loaded_bytes: int, pinned: bool) -> int:
@@ -73,16 +82,21 @@ def build_peak(copies: Sequence[int], loaded_bytes: int, pinned: bool) -> int:
     Mirrors ``PinnedArenaPool``: each copy takes a slot of its size in a planned chunk; a pinned chunk is resident in
     full from its first use, a pageable one only where written.
     """
-    plan = plan_arena(copies)
-    slots = {size: list(places) for size, places in plan.slots.items()}
     allocated, peak, remaining, opened = 0, loaded_bytes, loaded_bytes, set()
+    if not pinned:  # pageable chunks are resident only where written: the chunk plan does not matter
+        for size in copies:
+            if size > 0:
+                allocated += align(size)
+                peak = max(peak, remaining + allocated)
+                remaining -= size
+        return peak
+    plan = _arena_plan(tuple(copies))
+    slots = {size: list(places) for size, places in plan.slots.items()}
     for size in copies:
         if size <= 0:
             continue
         chunk, _ = slots[align(size)].pop()
-        if not pinned:
-            allocated += align(size)
-        elif chunk not in opened:
+        if chunk not in opened:
             opened.add(chunk)
             allocated += plan.capacities[chunk]
         peak = max(peak, remaining + allocated)
@@ -123,7 +137,7 @@ def classic_swap_residency(sizes: Sequence[Sequence[int]], blocks_to_swap: int, 
     """
     swapped = sizes[len(sizes) - blocks_to_swap:]
     totals = [sum(block) for block in swapped]
-    peak = max([a + b for a, b in zip(totals, totals[1:])] or totals) if checkpointing else sum(totals)
+    peak = max([a + b for a, b in itertools.pairwise(totals)] or totals) if checkpointing else sum(totals)
     trips = 2 if checkpointing else 1
     tensors = [size for block in swapped for size in block]
     # Shared, the swapped blocks' tensors (buffers, rare in blocks, counted with the weights) are laid out in place.
@@ -155,22 +169,46 @@ def _meta_pool() -> BaseBufferPool:
     return BaseBufferPool(allocator=functools.partial(torch.empty, dtype=torch.uint8, device="meta"))
 
 
-def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], prefetch_depth: int = 0,
-                           optimizer_offload: bool = False, split_threshold_mb: float | None = None,
-                           pinned: bool = True) -> Residency:
-    """Per-leaf offload, simulated: the offload manager runs two steps of ``model`` (on the meta device).
+@dataclasses.dataclass
+class OffloadSchedule:
+    """What per-leaf offload's simulation finds: the most weight bytes on the device at once, the host-to-device
+    bytes of a warm step, and the bytes of the offloaded weights."""
+
+    peak_bytes: int
+    moved_bytes: int
+    offloaded_bytes: int
+
+
+def simulate_leaf_offload(model: nn.Module, step: Callable[[], torch.Tensor], prefetch_depth: int = 0,
+                          optimizer_offload: bool = False, split_threshold_mb: float | None = None) -> OffloadSchedule:
+    """Runs the offload manager for two steps of ``model`` (on the meta device, with masters that take no memory).
 
     The first step records the execution order, the second prefetches along it; the meter's peak over both and the
-    second step's copies are the prediction. ``model`` is left as it was (``remove()``).
-
-    Args:
-        model: The model, with its LoRA injected and checkpointing set as in the run, on the meta device.
-        step: Runs the forward on meta inputs and returns a scalar loss.
-        prefetch_depth: K of the run (1 on CUDA by default).
-        optimizer_offload: ``--enable_optimizer_cpu_offload``.
-        split_threshold_mb: ``--cpu_offload_split_threshold``.
-        pinned: Whether the run's host arena is pinned (on CUDA).
+    second step's copies are the schedule. ``model`` is left as it was (``remove()``). Arguments as for
+    ``leaf_offload_residency``.
     """
+    device = next(model.parameters()).device
+    # An earlier dry run's gradients (full training) are meta tensors the manager could not move to the host.
+    model.zero_grad(set_to_none=True)
+    manager = OffloadTrainingManager(model, device, enable_optimizer_cpu_offload=optimizer_offload,
+                                     cpu_offload_split_threshold=split_threshold_mb, pool=_meta_pool(),
+                                     prefetch_depth=prefetch_depth, reuse_device_buffers=False)
+    moving = [o for o in manager._offloaders.values() if o.counts_toward_residency]
+    try:
+        for _ in range(2):
+            before = sum(o.nbytes * o.load_count for o in moving)
+            step().backward()
+            manager.after_backward()
+        moved = sum(o.nbytes * o.load_count for o in moving) - before
+        return OffloadSchedule(manager.peak_resident_bytes, moved, sum(o.nbytes for o in moving))
+    finally:
+        manager.remove()
+
+
+def leaf_offload_host(model: nn.Module, schedule: OffloadSchedule, optimizer_offload: bool = False,
+                      pinned: bool = True) -> Residency:
+    """Per-leaf offload's residency: ``schedule`` (``simulate_leaf_offload``) with the host memory of ``model``'s
+    masters, from its tensor sizes."""
     # The order the manager fills its arena in: frozen tensors largest first, then trainable masters and staging.
     sizes = sorted((tensor_nbytes(t) for t in frozen_tensors(model)), reverse=True)
     trainable = [tensor_nbytes(p) for p in model.parameters() if p.requires_grad for _ in range(2 * optimizer_offload)]
@@ -180,22 +218,24 @@ def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], p
     private = sorted((tensor_nbytes(b) for b in {id(b): b for b in model.buffers()}.values()), reverse=True)
     private += trainable
     loaded = sum(tensor_nbytes(t) for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
-    device = next(model.parameters()).device
-    # An earlier dry run's gradients (full training) are meta tensors the manager could not move to the host.
-    model.zero_grad(set_to_none=True)
-    manager = OffloadTrainingManager(model, device, enable_optimizer_cpu_offload=optimizer_offload,
-                                     cpu_offload_split_threshold=split_threshold_mb, pool=_meta_pool(),
-                                     prefetch_depth=prefetch_depth, reuse_device_buffers=False)
-    moving = [o for o in manager._offloaders.values() if o.counts_toward_residency]
-    try:
-        for run in range(2):
-            before = sum(o.nbytes * o.load_count for o in moving)
-            step().backward()
-            manager.after_backward()
-        moved = sum(o.nbytes * o.load_count for o in moving) - before
-        return Residency(manager.peak_resident_bytes, moved, 0, arena_bytes(sizes, pinned),
-                         sum(o.nbytes for o in moving), build_peak(sizes, loaded, pinned),
-                         sum(align(size) for size in frozen_params), arena_bytes(private, pinned),
-                         build_peak(private, loaded - sum(frozen_params), pinned))
-    finally:
-        manager.remove()
+    return Residency(schedule.peak_bytes, schedule.moved_bytes, 0, arena_bytes(sizes, pinned),
+                     schedule.offloaded_bytes, build_peak(sizes, loaded, pinned),
+                     sum(align(size) for size in frozen_params), arena_bytes(private, pinned),
+                     build_peak(private, loaded - sum(frozen_params), pinned))
+
+
+def leaf_offload_residency(model: nn.Module, step: Callable[[], torch.Tensor], prefetch_depth: int = 0,
+                           optimizer_offload: bool = False, split_threshold_mb: float | None = None,
+                           pinned: bool = True) -> Residency:
+    """Per-leaf offload, simulated (``simulate_leaf_offload``), with its masters' host memory (``leaf_offload_host``).
+
+    Args:
+        model: The model, with its LoRA injected and checkpointing set as in the run, on the meta device.
+        step: Runs the forward on meta inputs and returns a scalar loss.
+        prefetch_depth: K of the run (1 on CUDA by default).
+        optimizer_offload: ``--enable_optimizer_cpu_offload``.
+        split_threshold_mb: ``--cpu_offload_split_threshold``.
+        pinned: Whether the run's host arena is pinned (on CUDA).
+    """
+    schedule = simulate_leaf_offload(model, step, prefetch_depth, optimizer_offload, split_threshold_mb)
+    return leaf_offload_host(model, schedule, optimizer_offload, pinned)

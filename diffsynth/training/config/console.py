@@ -68,8 +68,9 @@ class ConsoleSection(Section):
                                 "line (step, epoch, loss, speed, ETA, peak GPU memory) after the first step, then at "
                                 "least this many seconds apart, instead of a tqdm bar; 0 writes a line every step.")
         group.add_argument("--debug", action="store_true",
-                           help="Also print the traceback of errors the message says how to fix (flags, data, missing "
-                                "model files, the output folder, non-finite values: exit codes 2 and 3), and the "
+                           help="Also print the traceback of errors the message says how to fix (flags, data, bad "
+                                "or missing model files, the output folder, non-finite values, a full disk: exit "
+                                "codes 2, 3 and 74), and the "
                                 "libraries' notices kept out of the console otherwise (bitsandbytes' optional "
                                 "kernels, DeepSpeed's CPU fallback, diffusers' float32 casts, accelerate launch's "
                                 "defaults); DIFFSYNTH_DEBUG=1 does the same.")

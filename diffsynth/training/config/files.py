@@ -23,7 +23,6 @@ import yaml
 
 from ...core.files import atomic_write_text
 from ..errors import FlagError
-from ..outputs.output_folder import RUN_CONFIG_FILE
 
 if TYPE_CHECKING:
     from .run_config import RunConfig
@@ -32,6 +31,10 @@ if TYPE_CHECKING:
 FORMATS = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML"}
 # How a typed flag's value is named in a problem, and an example value of that type.
 _KINDS = {int: ("an integer", 1), float: ("a number", 1.0)}
+
+
+#: The flags a training run resolved, which ``--config`` reruns (:func:`save_run_config`).
+RUN_CONFIG_FILE = "config.yaml"
 
 
 def add_config_file_argument(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from ..errors import split_csv
 from ..section import Section
+
+# The layouts of a model trained in full (outputs/full_model.py writes them; named here, where the flag is parsed).
+FULL_CHECKPOINT_FORMATS = ("flat", "diffusers", "original")
+#: ``--full_checkpoint_format``'s default: flat and diffusers, or flat alone where a model trained in full has a LoRA.
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +22,7 @@ class OutputSection(Section):
     output_path: str = "./output"
     overwrite_output: bool = False
     remove_prefix_in_ckpt: str | None = "pipe.dit."
+    full_checkpoint_format: str = "auto"
     save_steps: int | None = None
     checkpoint_every_minutes: float = 30.0
     checkpoints_total_limit: int = 2
@@ -39,14 +46,25 @@ class OutputSection(Section):
                                 "task, the stage-1 cache). One run at a time: a lock file refuses a second run while "
                                 "one is writing there. Not the model folder (./models).")
         group.add_argument("--overwrite_output", action="store_true",
-                           help="Start afresh in an --output_path that holds an earlier run's outputs: removes the "
-                                "files the trainer writes there (LoRA files and their .diffusers twins, checkpoints/, "
-                                "samples/, logs/metrics.csv, logs/loss.png, logs/tensorboard/, training_args.json, "
-                                "config.yaml; for *:data_process the cached samples and cache_info.json) before "
-                                "starting; other files are kept. Without it such a folder is refused, unless "
-                                "--resume_from_checkpoint continues the run.")
+                           help="Start afresh in an --output_path that holds an earlier run's outputs: removes, "
+                                "before starting, exactly the files that earlier runs of the trainer recorded writing "
+                                "there (in .diffsynth/written/; LoRA files, checkpoints, samples, logs, "
+                                "training_args.json, config.yaml; for *:data_process the cache) and that are unchanged "
+                                "since, then the folders left empty. Every other file is kept byte for byte, e.g. "
+                                "yours inside samples/ or checkpoints/, or another tool's epoch-3.safetensors. Without "
+                                "it such a folder is refused, unless --resume_from_checkpoint continues the run.")
         group.add_argument("--remove_prefix_in_ckpt", type=str, default="pipe.dit.",
                            help="Prefix removed from the weight names saved, so files load into the bare model.")
+        group.add_argument("--full_checkpoint_format", type=str, default="auto",
+                           help="What each save point writes for a model trained in full (--trainable_models): auto "
+                                "(flat and diffusers; flat alone for a model that also carries a LoRA), or a comma "
+                                "list of: flat (<name>.safetensors, the weights with --remove_prefix_in_ckpt removed, "
+                                "for DiffSynth-Studio), diffusers (<name>.<model>/: config.json and sharded "
+                                "safetensors that from_pretrained and --model_paths load), original (the original "
+                                "release's layout, for ComfyUI: FLUX.1 <name>.<model>.original.safetensors, Wan "
+                                "<name>.<model>.original/; not for Qwen-Image, Z-Image, FLUX.2, whose release is the "
+                                "diffusers folder). Written block by block, under ZeRO-3 without gathering the model "
+                                "whole.")
         group.add_argument("--save_steps", type=int, default=None,
                            help="Also write a LoRA file and a training-state checkpoint every N optimizer steps; unset "
                                 "writes them at the end of each epoch.")
@@ -67,8 +85,22 @@ class OutputSection(Section):
                            help="Log metrics to Weights & Biases (needs: pip install wandb).")
         group.add_argument("--wandb_project", type=str, default="diffsynth", help="Weights & Biases project name.")
 
+    @property
+    def full_checkpoint_formats(self) -> tuple[str, ...]:
+        """``--full_checkpoint_format`` as a tuple, e.g. ``("flat", "diffusers")``."""
+        return tuple(split_csv(self.full_checkpoint_format))
+
     def problems(self) -> list[str]:
         problems = super().problems()
+        formats = self.full_checkpoint_formats
+        unknown = [layout for layout in formats if layout not in (*FULL_CHECKPOINT_FORMATS, AUTO)]
+        if AUTO in formats and len(formats) > 1:
+            problems.append(f"--full_checkpoint_format {self.full_checkpoint_format!r}: auto picks the formats itself; "
+                            "pass auto alone, or a list of the formats such as flat,diffusers")
+        if unknown or not formats:
+            problems.append(f"--full_checkpoint_format {self.full_checkpoint_format!r}: expected a comma list of "
+                            f"{', '.join(FULL_CHECKPOINT_FORMATS)} (e.g. flat,diffusers)"
+                            + (f"; {', '.join(map(repr, unknown))} is not one" if unknown else ""))
         if Path(self.output_path).is_file():
             problems.append(f"--output_path {self.output_path!r} is a file, but checkpoints go into a folder; pass a "
                             f"folder path (it is created if missing)")

@@ -23,12 +23,15 @@ import argparse
 import difflib
 import shlex
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import FlagError
 from .files import add_config_file_argument, read_config_file
 from .reference_flags import add_unsupported_config
-from .run_config import SECTIONS, RunConfig
+from .sections import SECTIONS
+
+if TYPE_CHECKING:
+    from .run_config import RunConfig
 
 HELP_HINT = "run with --help for all flags"
 
@@ -130,8 +133,29 @@ def parse_args(argv: Sequence[str] | None = None, video: bool = False,
         The run's config.
     """
     parser = parser or build_parser(video=video)
+    namespace = parse_flags(argv, parser=parser)
+    # Imported now: its checks across sections import torch, which a misspelled flag is answered without.
+    from .run_config import RunConfig
+
     try:
-        return RunConfig.from_namespace(parse_namespace(parser, argv))
+        return RunConfig.from_namespace(namespace)
+    except FlagError as error:
+        parser.error("\n".join(error.problems))
+
+
+def parse_flags(argv: Sequence[str] | None = None, video: bool = False,
+                parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """Parses the trainer flags (over a ``--config`` file's values) without the checks across sections, importing no
+    torch; on a problem prints every problem, one a line, then exits (status 2; :class:`FlagParser`).
+
+    Args:
+        argv: The arguments without the program name; None reads ``sys.argv``.
+        video: Build the video parser (adds ``--num_frames``); ignored when ``parser`` is given.
+        parser: A parser from :func:`build_parser`.
+    """
+    parser = parser or build_parser(video=video)
+    try:
+        return parse_namespace(parser, argv)
     except FlagError as error:
         parser.error("\n".join(error.problems))
 

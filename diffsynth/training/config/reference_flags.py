@@ -132,11 +132,33 @@ UNSUPPORTED_MODELS: dict[str, str] = {
     "DiffSynth-Studio/LoRA-Encoder-FLUX.1-Dev": "the FLUX.1 LoRA-Encoder is not supported here",
     "DiffSynth-Studio/Nexus-Gen": "Nexus-Gen (Qwen2.5-VL with a FLUX.1 decoder) is not supported here",
     "stepfun-ai/Step1X-Edit": "Step1X-Edit (Qwen2.5-VL with a FLUX.1-style editing DiT) is not supported here",
+    "FireRedTeam/FireRed-Image-Edit-": "FireRed-Image-Edit is not supported here; train Qwen/Qwen-Image-Edit, -2509 "
+                                      "or -2511",
+    "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-": "the Qwen-Image Blockwise ControlNets are not supported here",
+    "Qwen/Qwen-Image-Layered": "Qwen-Image-Layered (image decomposition into RGBA layers) is not supported here",
+    "DiffSynth-Studio/Qwen-Image-Layered-Control": "Qwen-Image-Layered-Control is not supported here",
+    "Wan-AI/Wan2.1-VACE-": "Wan VACE (video editing and reference-to-video) is not supported here",
+    "iic/VACE-Wan2.1-": "Wan VACE (video editing and reference-to-video) is not supported here",
+    "PAI/Wan2.2-VACE-Fun-": "Wan VACE (video editing and reference-to-video) is not supported here",
+    "PAI/Wan2.1-Fun-": "the Wan Fun models (InP, Control, Control-Camera) are not supported here",
+    "PAI/Wan2.2-Fun-": "the Wan Fun models (InP, Control, Control-Camera) are not supported here",
+    "Wan-AI/Wan2.1-FLF2V-": "Wan2.1-FLF2V (first-last-frame-to-video) is not supported here",
+    "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
+    "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
+    "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
+    "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
+    "ByteDance/Video-As-Prompt-": "Video-As-Prompt is not supported here",
+    "meituan-longcat/LongCat-Video": "LongCat-Video is not supported here",
+    "krea/krea-realtime-video": "krea-realtime-video is not supported here; train "
+                                "Wan-AI/Wan2.1-T2V-14B",
 }
-# Reference features named only by the --extra_inputs they feed (their models are FLUX.1-dev's own).
+# Reference features named only by the --extra_inputs they feed: EliGen's models are FLUX.1-dev's own, and the
+# Qwen-Image Blockwise ControlNet commands may start a ControlNet from scratch, loading only Qwen-Image.
 UNSUPPORTED_INPUTS: dict[str, str] = {
     "eligen_entity_masks": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
     "eligen_entity_prompts": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
+    **dict.fromkeys(["blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask"],
+                    "the Qwen-Image Blockwise ControlNets are not supported here"),
 }
 UNSUPPORTED_TASKS: dict[str, str] = {
     "trajectory_imitation": "trajectory imitation (the reference's experimental Z-Image-Turbo distillation) is not "

@@ -27,7 +27,8 @@ from .lora import LoraSection
 from .model import ModelSection
 from .output import OutputSection
 from .reference_flags import unsupported_feature_problems, unsupported_flag_problems
-from .training import TrainingSection
+from .sections import SECTIONS
+from .training import TrainingSection, optimizer_placement_problems
 from .validation import ValidationSection
 
 if TYPE_CHECKING:
@@ -35,12 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The sections of a run, in the order their flag groups appear in ``--help`` and the docs.
-SECTIONS: dict[str, type[Section]] = {
-    "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepSampling,
-    "output": OutputSection, "validation": ValidationSection, "lora": LoraSection, "placement": PlacementConfig,
-    "console": ConsoleSection,
-}
 
 
 def _runnable_problems(training: TrainingSection, lora: LoraSection, dataset: DatasetSection,
@@ -62,7 +57,7 @@ def _runnable_problems(training: TrainingSection, lora: LoraSection, dataset: Da
     if stage != "train" and not dataset.dataset_metadata_path:
         problems.append(f"--task {task} reads a dataset, but --dataset_metadata_path is unset; pass the "
                         "metadata .csv / .json / .jsonl (columns such as image,prompt)")
-    return problems
+    return problems + training.device_problems()
 
 
 def _task_problems(training: TrainingSection, dataset: DatasetSection) -> list[str]:
@@ -147,6 +142,7 @@ CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_timestep_problems, ("training", "timesteps")),
     (_validation_problems, ("validation", "training", "dataset")),
     (_overwrite_problems, ("output", "training")),
+    (optimizer_placement_problems, ("training", "placement")),
 )
 
 

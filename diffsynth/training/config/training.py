@@ -6,10 +6,14 @@ import argparse
 import dataclasses
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import TASKS, split_csv, task_stage
 from ..section import Section
 from .reference_flags import UNSUPPORTED_TASKS
+
+if TYPE_CHECKING:
+    from ..placement.config import PlacementConfig
 
 LR_SCHEDULERS = ("constant", "linear", "cosine", "constant_with_warmup")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -42,6 +46,8 @@ class TrainingSection(Section):
     max_timestep_boundary: float = 1.0
     max_train_steps: int | None = None
     max_nonfinite_steps: int = 3
+    ema_decay: float | None = None
+    fused_optimizer_step: bool = False
 
     LOWER_BOUNDS = (
         ("learning_rate", 0, False, "--learning_rate 1e-4"),
@@ -54,7 +60,7 @@ class TrainingSection(Section):
         ("max_nonfinite_steps", 1, True, "--max_nonfinite_steps 3"),
     )
     EXAMPLES = {"min_timestep_boundary": "--min_timestep_boundary 0",
-                "max_timestep_boundary": "--max_timestep_boundary 1"}
+                "max_timestep_boundary": "--max_timestep_boundary 1", "ema_decay": "--ema_decay 0.999"}
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser, video: bool = False) -> None:
@@ -72,7 +78,9 @@ class TrainingSection(Section):
                                 "(pip install bitsandbytes), built with --learning_rate and --weight_decay; unset uses "
                                 "torch.optim.AdamW (DeepSpeed's CPU Adam when ZeRO offloads the optimizer). Checked to "
                                 "import before any model loads; a resume needs the optimizer its checkpoint was made "
-                                "with.")
+                                "with. bitsandbytes.optim.AdamW8bit keeps both Adam moments in 8 bits (a quarter of "
+                                "AdamW's state; runs on the CPU too); the Paged* classes page that state between GPU "
+                                "and host memory and need CUDA with the weights trained on the GPU.")
         # The reference's tasks refused here parse, to be refused with their reason (reference_flags).
         group.add_argument("--task", type=str, default="sft", choices=(*TASKS, *UNSUPPORTED_TASKS),
                            help="Training task; a :data_process / :train suffix runs one stage of split training.")
@@ -105,6 +113,17 @@ class TrainingSection(Section):
                            help="A step whose loss or gradient norm is NaN or inf is skipped (no update) and counted; "
                                 "after this many such steps in a row training stops with exit code 3, naming the "
                                 "samples and the last checkpoint.")
+        group.add_argument("--ema_decay", type=float, default=None,
+                           help="Keep an exponential moving average of the trained weights (fp32, in host memory, "
+                                "main process only), updated after every applied step as ema = D*ema + (1-D)*weight; "
+                                "each weights file gets a <name>-ema twin and checkpoints hold it for resuming. "
+                                "0 < D < 1, e.g. 0.999; unset keeps none.")
+        group.add_argument("--fused_optimizer_step", action="store_true",
+                           help="Update each weight as soon as its gradient is complete in backward and free the "
+                                "gradient at once, so the gradients of all weights never exist together (saves "
+                                "about the trained weights' size at the peak; costs one optimizer call per weight). "
+                                "One process, --gradient_accumulation_steps 1, no --max_grad_norm, no fp16, no "
+                                "DeepSpeed or block swap.")
 
     @property
     def family(self) -> str:
@@ -142,7 +161,8 @@ class TrainingSection(Section):
         return dataclasses.replace(self, seed=seed)
 
     def problems(self) -> list[str]:
-        problems = super().problems() + self._resume_problems() + self._optimizer_problems()
+        problems = (super().problems() + self._resume_problems() + self._optimizer_problems()
+                    + self._ema_problems() + self._fused_step_problems())
         if self.task not in TASKS:  # argparse refuses it already; this covers a section built in code
             problems.append(f"--task {self.task!r} is not a known task; choose one of {', '.join(TASKS)}")
         boundaries = (self.min_timestep_boundary, self.max_timestep_boundary)
@@ -163,6 +183,54 @@ class TrainingSection(Section):
                 "safetensors only (pickled .bin/.pt/.ckpt files can run code when loaded): convert it, or pass a "
                 "training-state folder to resume a run"]
 
+    def _ema_problems(self) -> list[str]:
+        decay = self.ema_decay
+        if decay is None or not math.isfinite(decay):
+            return []  # unset, or reported as not finite
+        if not 0.0 < decay < 1.0:
+            return [f"--ema_decay {decay} must lie strictly between 0 and 1 (the weight of the average so far at each "
+                    "step); pass e.g. --ema_decay 0.999, or drop it to keep no EMA"]
+        if self.task in TASKS and not self.trains:
+            return [f"--ema_decay {decay} has no effect on --task {self.task}, which trains nothing; pass it to the "
+                    "training stage"]
+        return []
+
+    def _fused_step_problems(self) -> list[str]:
+        """What needs every gradient at once cannot run with gradients freed one by one (``loop.fused_step``)."""
+        if not self.fused_optimizer_step:
+            return []
+        flag = "--fused_optimizer_step"
+        if self.task in TASKS and not self.trains:
+            return [f"{flag} has no effect on --task {self.task}, which trains nothing; pass it to the training "
+                    "stage"]
+        problems = []
+        if self.gradient_accumulation_steps > 1:
+            problems.append(f"{flag} and --gradient_accumulation_steps {self.gradient_accumulation_steps} cannot be "
+                            "combined: accumulation keeps every gradient until the step's last micro-batch, which "
+                            f"the fused step frees at once; drop {flag}, or pass --gradient_accumulation_steps 1")
+        if self.max_grad_norm is not None:
+            problems.append(f"{flag} and --max_grad_norm {self.max_grad_norm:g} cannot be combined: clipping needs "
+                            f"the norm of all gradients before any weight is updated; drop one of them")
+        if self.mixed_precision == "fp16":
+            problems.append(f"{flag} and --mixed_precision fp16 cannot be combined: fp16's gradient scaler unscales "
+                            "and checks all gradients together before stepping; use --mixed_precision bf16 (or no), "
+                            f"or drop {flag}")
+        return problems
+
+    def device_problems(self) -> list[str]:
+        """What this machine lacks for the run: paged optimizers page state to CUDA memory (checked for a run, not
+        for the planner, which may plan for another machine)."""
+        import torch
+
+        from ..loop.optimizer import is_paged_optimizer, unpaged_optimizer
+
+        path = self.customized_optimizer
+        if self.trains and path and is_paged_optimizer(path) and not torch.cuda.is_available():
+            return [f"--customized_optimizer {path} pages the optimizer state between GPU and host memory and needs "
+                    f"CUDA, which this machine lacks; use --customized_optimizer {unpaged_optimizer(path)} (the same "
+                    "update, not paged)"]
+        return []
+
     def _optimizer_problems(self) -> list[str]:
         """The optimizer class must import now, not after the models loaded."""
         if not self.customized_optimizer:
@@ -177,3 +245,21 @@ class TrainingSection(Section):
             return [f"--customized_optimizer {self.customized_optimizer} has no effect on --task {self.task}, which "
                     "trains nothing; pass it to the training stage"]
         return []
+
+
+def optimizer_placement_problems(training: TrainingSection, placement: PlacementConfig) -> list[str]:
+    """The optimizer flags against where the weights train: a paged optimizer has nothing to page when the weights
+    train in host memory, and block swap moves trained weights the fused step would update mid-backward."""
+    from ..loop.optimizer import is_paged_optimizer, unpaged_optimizer
+
+    problems = []
+    path = training.customized_optimizer
+    if path and is_paged_optimizer(path) and placement.enable_optimizer_cpu_offload:
+        problems.append(f"--customized_optimizer {path} and --enable_optimizer_cpu_offload cannot be combined: the "
+                        "weights and their optimizer state then live in host memory, where there is nothing to page; "
+                        f"use --customized_optimizer {unpaged_optimizer(path)}, or drop --enable_optimizer_cpu_offload")
+    if training.fused_optimizer_step and placement.blocks_to_swap:
+        problems.append(f"--fused_optimizer_step and --blocks_to_swap {placement.blocks_to_swap} cannot be combined: "
+                        "block swap moves the swapped blocks' weights during backward; use --enable_model_cpu_offload "
+                        "(with or without --enable_optimizer_cpu_offload) instead, or drop --fused_optimizer_step")
+    return problems

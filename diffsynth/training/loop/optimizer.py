@@ -5,6 +5,12 @@
 The named class is imported while the flags are checked, before any model loads, so a typo or a missing package
 costs seconds. It is built as ``cls(params, lr=--learning_rate, weight_decay=--weight_decay)``, as in the reference;
 its state goes into training-state checkpoints through ``state_dict()`` like AdamW's.
+
+bitsandbytes' 8-bit optimizers (``bitsandbytes.optim.AdamW8bit``) keep both moments in 8 bits with per-block scales:
+about a quarter of AdamW's fp32 state, with the same update up to quantisation. They run on the host too, so they
+combine with ``--enable_optimizer_cpu_offload``. The paged ones (``PagedAdamW8bit``, ``PagedAdamW``) put their state in
+CUDA unified memory that the driver pages out to the host under memory pressure: they need CUDA and weights trained
+on the GPU, and are refused elsewhere (bitsandbytes itself would fall back to unpaged state with a warning).
 """
 
 from __future__ import annotations
@@ -46,6 +52,17 @@ def resolve_optimizer_class(path: str) -> type[torch.optim.Optimizer]:
     return found
 
 
+def is_paged_optimizer(path: str) -> bool:
+    """Whether ``--customized_optimizer`` names a paged bitsandbytes optimizer (``bitsandbytes.optim.Paged*``)."""
+    return path.startswith("bitsandbytes.") and path.rpartition(".")[2].startswith("Paged")
+
+
+def unpaged_optimizer(path: str) -> str:
+    """The unpaged twin of a paged bitsandbytes optimizer path (``PagedAdamW8bit`` -> ``AdamW8bit``)."""
+    module_name, _, class_name = path.rpartition(".")
+    return f"{module_name}.{class_name.removeprefix('Paged')}"
+
+
 def make_optimizer(params: Sequence[torch.nn.Parameter], learning_rate: float, weight_decay: float,
                    accelerator: Any, customized: str | None = None) -> torch.optim.Optimizer:
     """The run's optimizer over ``params``.
@@ -54,6 +71,11 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], learning_rate: float, w
     optimizer states in CPU memory (vectorised, much faster there).
     """
     if customized:
+        on_host = [param for param in params if param.device.type == "cpu"]
+        if is_paged_optimizer(customized) and on_host:
+            raise ValueError(f"--customized_optimizer {customized} pages optimizer state in CUDA memory, but "
+                             f"{len(on_host)} trained weight(s) are in host memory (a CPU run, or "
+                             f"--enable_optimizer_cpu_offload); use --customized_optimizer {unpaged_optimizer(customized)}")
         return resolve_optimizer_class(customized)(params, lr=learning_rate, weight_decay=weight_decay)
     config = deepspeed_config(accelerator) or {}
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")

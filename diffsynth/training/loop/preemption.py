@@ -7,7 +7,9 @@ send SIGKILL; a user presses Ctrl-C (SIGINT). While a stage runs, the first of t
   checkpoint; first, as it is what a resume needs if the grace period runs out), then that step's LoRA file, and
   raises :class:`RunPreempted`, which the command line turns into exit code 75 (``EX_TEMPFAIL``: try again later),
   so a wrapper can tell "stopped and resumable" from a crash. Processes agree on the step through the runner's
-  per-step all-reduce, so a signal that reaches only some processes stops all at the same step;
+  per-step all-reduce, so a signal that reaches only some processes stops all at the same step. A signal that
+  arrives while a step's files are being saved stops the run after that save (``TrainingLoop.stop_arrived``, asked
+  after each save): one more step would only be saved again, in a grace period that may not leave time for it;
 - stage 1 stops after the sample in progress (its files are atomic, so a rerun caches only what is missing), without
   waiting for other processes: their sample counts differ, so a per-sample collective could deadlock.
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Dataset
 
+from ..errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
+from ..outputs.checkpoint import checkpoint_folder, nothing_left_message
 from ..outputs.logger import ModelLogger
 from .preemption import PreemptionListener
 from .training_loop import TrainingLoop
@@ -50,12 +52,21 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``).
 
     Raises:
+        FlagError: A resumed checkpoint is at or past the end of this run's schedule: nothing would be trained.
         TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).
         RunPreempted: SIGTERM / SIGINT arrived; the step in progress finished, then a checkpoint and the weights file
             of that step were written.
     """
     # Placement, optimizer, batches and schedule, prepared by accelerate; a checkpoint's position and state.
     loop = TrainingLoop(accelerator, dataset, module, model_logger, config, run_id, resume)
+    if resume is not None and not loop.epochs_left():
+        # The checkpoint's position alone passed (output_folder), but the schedule of the data as it is now ends
+        # before it (a dataset that shrank): refused as honestly, before the run's record is written.
+        step = loop.progress["global_step"]
+        raise FlagError([nothing_left_message(
+            checkpoint_folder(config.output.output_path, step), step,
+            f"this run's schedule has {loop.total_steps} optimizer steps ({config.training.num_epochs} epoch(s) of "
+            "the dataset as it is now)", "raise --num_epochs")])
     # The run's record, written only now that the run can start: a failed resume leaves the earlier run's.
     if on_start is not None:
         on_start()
@@ -66,10 +77,10 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
                 # Forward and backward, accumulated over micro-batches; then the checked optimizer step.
                 step = loop.micro_step(batch, preemption.requested)
                 # Bookkeeping of an optimizer step: schedule, guard, logs, checkpoints, samples.
-                if step is not None and loop.end_step(*step):
+                if step is not None and loop.end_step(*step, preemption):
                     break
             # The epoch's end: skipped samples, its weights file and checkpoint, samples.
-            loop.end_epoch()
+            loop.end_epoch(preemption)
             if loop.preempted:
                 break
     # A run cut short is checkpointed, then the weights file; the placements are undone.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,21 @@ if TYPE_CHECKING:
     from ..config import RunConfig
 
 logger = logging.getLogger(__name__)
+
+
+# oneDNN, which runs torch's convolutions on the CPU, keeps a compiled primitive per input shape (up to 1024), each
+# with buffers sized for its shape. Stage 1 meets a new shape with nearly every image (sizes are the images' own unless
+# bucketed), so on the CPU the VAE's primitives grew the process by megabytes per sample: a peak of 968 MiB after 50
+# images and 1311 after 200; without the cache 670, 664 and 688 for 50, 200 and 800 (scripts/bench_soak.py
+# --stage_one). Each convolution then builds its primitive afresh, which cost no measurable time there. oneDNN reads
+# the variable once, at its first use, which in stage 1 comes later than this.
+ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def _no_kernel_cache_per_shape(device: Any) -> None:
+    """Turns oneDNN's primitive cache off for a CPU stage 1, unless the environment sets its size."""
+    if device.type == "cpu":
+        os.environ.setdefault(ONEDNN_CACHE_VARIABLE, "0")
 
 
 def _first(batch: list[Any]) -> Any:
@@ -59,6 +75,7 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
     """
     from accelerate.utils import gather_object
 
+    _no_kernel_cache_per_shape(accelerator.device)
     info = module.cache_info()
     models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
     if config.placement.enable_optimizer_cpu_offload:

@@ -3,13 +3,15 @@ optimizer step's bookkeeping, each epoch's end, and the end of training.
 
 Each optimizer step ends with one all-reduce that carries the loss and three verdicts every process must share: a
 non-finite loss or gradient (the step is skipped everywhere, ``nonfinite_guard``), a stop signal (every process stops
-after the same step, ``preemption``), and a due timed checkpoint.
+after the same step, ``preemption``), and a due timed checkpoint. With ``--fused_optimizer_step`` the weights are
+updated during backward instead (``fused_step``); with ``--ema_decay`` an applied step also updates the EMA (``ema``).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.data.bad_samples import pop_skipped
 from ...core.finite import is_finite
+from ..errors import FlagError
 from ..objective.batches import batch_sampler
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, save_training_state, training_flags
@@ -30,6 +33,8 @@ from ..placement.deepspeed import (
     set_micro_batch_size,
 )
 from ..placement.placers import place_models, wrap_data_parallel
+from .ema import EMA_SUFFIX, WeightEMA
+from .fused_step import FusedOptimizerStep
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .optimizer import make_optimizer
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
@@ -117,7 +122,15 @@ class TrainingLoop:
         self.accelerator, self.dataset, self.module, self.model_logger = accelerator, dataset, module, model_logger
         self.config, self.training, self.output = config, config.training, config.output
         self.deepspeed = deepspeed_config(accelerator) is not None
+        self._refuse_runtime_combinations()
+        # The models trained in full, for --full_checkpoint_format (checked here, before placement and training).
+        model_logger.attach_full_models({name: getattr(module.pipe, name) for name in module.trainable_models})
         self._prepare()
+        self.ema = None
+        if self.training.ema_decay is not None and accelerator.is_main_process:
+            # Every process holds the same weights after a step: one EMA, the main process's, is enough.
+            self.ema = WeightEMA({name: param for name, param in module.named_parameters() if param.requires_grad},
+                                 self.training.ema_decay)
         self.progress = {"global_step": 0, "micro_step": 0, "epoch": 0, "batch_in_epoch": 0,
                          "seed": self.training.seed, "nonfinite_steps": 0, "run_id": run_id,
                          "flags": training_flags(config, module.pipe.lora_target_aliases, accelerator.num_processes)}
@@ -127,6 +140,11 @@ class TrainingLoop:
             self.lr_scheduler.load_state_dict(scheduler_state)
             self.progress.update({key: saved[key] for key in ("global_step", "micro_step", "epoch", "batch_in_epoch")})
             self.progress["nonfinite_steps"] = saved.get("nonfinite_steps", 0)  # absent from older checkpoints
+            if self.ema is not None and "ema" in saved:
+                self.ema.load_state_dict(saved["ema"])
+            elif self.ema is not None:  # a checkpoint older than the recorded flags (which compare --ema_decay)
+                logger.warning("--ema_decay %g: the checkpoint holds no EMA; the EMA starts from its weights",
+                               self.training.ema_decay)
         self.guard = NonFiniteGuard(self.training.max_nonfinite_steps, skipped=self.progress["nonfinite_steps"])
         # fp16's gradient scaler skips overflowing steps itself (calibration); DeepSpeed steps inside backward.
         self.check_gradients = not self.deepspeed and accelerator.scaler is None
@@ -149,6 +167,28 @@ class TrainingLoop:
         self.skipped, self.skipped_total = 0, 0
         self.preempted = False
 
+    def _refuse_runtime_combinations(self) -> None:
+        """What only the launched run knows (processes, DeepSpeed, a planned placement) against the optimizer flags."""
+        training, accelerator, problems = self.training, self.accelerator, []
+        if training.fused_optimizer_step:
+            if self.deepspeed:
+                problems.append("--fused_optimizer_step cannot run under DeepSpeed, which applies the update itself "
+                                "inside backward; drop --fused_optimizer_step or launch without the DeepSpeed config")
+            if accelerator.num_processes > 1:
+                problems.append(f"--fused_optimizer_step runs in one process, not {accelerator.num_processes}: the "
+                                "gradients are averaged across processes only after backward, when the fused step "
+                                "has already applied them; launch one process, or drop --fused_optimizer_step")
+            if self.config.placement.blocks_to_swap:
+                problems.append(f"--fused_optimizer_step and --blocks_to_swap {self.config.placement.blocks_to_swap} "
+                                "(chosen by the planner) cannot be combined; pass --enable_model_cpu_offload, or drop "
+                                "--fused_optimizer_step")
+        if training.ema_decay is not None and self.deepspeed:
+            problems.append(f"--ema_decay {training.ema_decay:g} cannot run under DeepSpeed, whose weights are "
+                            "partitioned and whose runs write no training-state checkpoint; drop --ema_decay or "
+                            "launch without the DeepSpeed config")
+        if problems:
+            raise FlagError(problems)
+
     def _prepare(self) -> None:
         """Placement, sampler, optimizer, loader and schedule, handed to accelerate as the placement allows."""
         accelerator, module, config = self.accelerator, self.module, self.config
@@ -167,6 +207,8 @@ class TrainingLoop:
         self.params = [param for param in module.parameters() if param.requires_grad]
         optimizer = make_optimizer(self.params, self.training.learning_rate, self.training.weight_decay, accelerator,
                                    self.training.customized_optimizer)
+        self.fused = (FusedOptimizerStep(optimizer, self.params, self.placers)
+                      if self.training.fused_optimizer_step else None)
         batch_size = config.dataset.batch_size
         self.sampler = batch_sampler(self.dataset, batch_size, config.dataset.bucketed, self.training.seed,
                                      accelerator.num_processes, module.pipe.padded_inputs,
@@ -241,7 +283,13 @@ class TrainingLoop:
                     step = progress["global_step"] + 1
                     self.guard.record(step, False, _sample_names(accelerator, self.dataset, self.window))
                     raise self.guard.diverged(step, None, self.last_weights, deepspeed=True)
-            accelerator.backward(loss)
+            if self.fused is None:
+                accelerator.backward(loss)
+            else:
+                # The fused step updates weights during backward: a non-finite loss must stop it before.
+                self.fused.begin()
+                if is_finite(loss):
+                    accelerator.backward(loss)
             self.micro_losses.append(loss.detach().float())
             # Offload and block swap: unload what is left, hand host gradients to .grad and average them.
             for placer in self.placers:
@@ -257,23 +305,30 @@ class TrainingLoop:
         a process saw a non-finite value; the gradients are zeroed either way."""
         max_norm, params = self.training.max_grad_norm, self.params
         norm, clipped = None, False
-        if self.check_gradients:
+        if self.check_gradients and self.fused is None:
             if max_norm is not None:
                 norm, clipped = self.accelerator.clip_grad_norm_(params, max_norm), True
             else:
                 norm = gradient_norm(params)
-        finite = step_is_finite(self.micro_losses, norm)
+        # The fused step checked each gradient before applying it, and has freed them all.
+        finite = step_is_finite(self.micro_losses, norm) and (self.fused is None or self.fused.clean)
         mean_loss, (nonfinite, *agreed) = _agree(self.accelerator, torch.stack(self.micro_losses).mean(), not finite,
                                                  *flags)
-        if not nonfinite:
+        if not nonfinite and self.fused is None:
             if max_norm is not None and not clipped:
                 self.accelerator.clip_grad_norm_(params, max_norm)
             self.optimizer.step()
+        if not nonfinite and self.ema is not None:
+            self.ema.update()
         self.optimizer.zero_grad()
         return mean_loss, not nonfinite, *agreed
 
-    def end_step(self, mean_loss: float, applied: bool, stop: bool, checkpoint_due: bool) -> bool:
+    def end_step(self, mean_loss: float, applied: bool, stop: bool, checkpoint_due: bool,
+                 signals: PreemptionListener | None = None) -> bool:
         """An optimizer step's bookkeeping: schedule, guard, logs, checkpoints and samples.
+
+        ``signals`` is the run's listener: a stop signal that arrives while this step saves ends the run after the
+        save (``stop_arrived``).
 
         Returns:
             Whether the epoch's loop ends here: the step budget is spent or the run was asked to stop.
@@ -296,21 +351,25 @@ class TrainingLoop:
         self.losses.append(mean_loss)
         self.report.update(mean_loss, self.progress["epoch"])
         lr = self.lr_scheduler.get_last_lr()[0]
-        self.last_weights = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(),
-                                                          {"nonfinite_steps": self.guard.skipped}) or self.last_weights
+        written = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(),
+                                                {"nonfinite_steps": self.guard.skipped})
+        self._save_ema(written)
+        self.last_weights = written or self.last_weights
         if diverged:
             raise self.guard.diverged(step, self.last_checkpoint, self.last_weights)
         save_steps = self.output.save_steps
         if (save_steps and step % save_steps == 0) or checkpoint_due:
             self.checkpoint()
+            stop = stop or (step < self.total_steps and self.stop_arrived(signals))
         if self.renderer is not None and not stop and self.renderer.due(step):
             self.renderer.render(step, self.accelerator)
         self.preempted = stop and step < self.total_steps
         return step >= self.total_steps or stop
 
-    def end_epoch(self) -> None:
+    def end_epoch(self, signals: PreemptionListener | None = None) -> None:
         """Counts the epoch's skipped samples; an epoch run to its end writes its weights file and a checkpoint,
-        renders the samples due and moves the data position to the next epoch."""
+        renders the samples due and moves the data position to the next epoch. A stop signal that arrives while it
+        saves (``signals``, ``stop_arrived``) sets ``preempted``."""
         accelerator, progress = self.accelerator, self.progress
         total = int(accelerator.reduce(torch.tensor(self.skipped, device=accelerator.device), reduction="sum").item())
         if total and accelerator.is_main_process:
@@ -321,13 +380,25 @@ class TrainingLoop:
         if progress["batch_in_epoch"] < len(self.dataloader):
             return
         written = self.model_logger.on_epoch_end(progress["epoch"], self.trainable_state())
+        self._save_ema(written)
         self.last_weights = written or self.last_weights
         progress["epoch"] += 1
         progress["batch_in_epoch"] = 0
         self.checkpoint()
+        self.preempted = self.preempted or (progress["global_step"] < self.total_steps and self.stop_arrived(signals))
         if self.renderer is not None and not self.preempted and self.renderer.due(progress["global_step"],
                                                                                   progress["epoch"]):
             self.renderer.render(progress["global_step"], self.accelerator)
+
+    def stop_arrived(self, signals: PreemptionListener | None) -> bool:
+        """Whether a stop signal has reached any process, asked right after a save: a signal that arrived during the
+        save then ends the run there, rather than after one more step and a second save, which a scheduler's grace
+        period may not leave time for. Every process saves at the same points, so all of them take part in this
+        all-reduce."""
+        if signals is None:
+            return False
+        requested = torch.tensor([float(signals.requested)], device=self.accelerator.device)
+        return bool(self.accelerator.reduce(requested, reduction="sum").item() > 0)
 
     def checkpoint(self) -> None:
         """Writes a training-state checkpoint of the current step (none under DeepSpeed, whose optimizer states are
@@ -339,9 +410,19 @@ class TrainingLoop:
         if self.accelerator.is_main_process:
             save_training_state(self.output.output_path, self.trainable_state()(), self.optimizer.state_dict(),
                                 self.lr_scheduler.state_dict(), self.progress,
-                                keep_last=self.output.checkpoints_total_limit)
+                                keep_last=self.output.checkpoints_total_limit,
+                                ema=self.ema.state_dict() if self.ema is not None else None)
         self.accelerator.wait_for_everyone()
         self.last_checkpoint = checkpoint_folder(self.output.output_path, self.saved_step)
+
+    def _save_ema(self, written: Path | None) -> None:
+        """Writes the EMA twin ``<name>-ema`` of the weights file just written (main process; none without EMA)."""
+        if self.ema is None or written is None:
+            return
+        # The save point's name, not the file's: with --full_checkpoint_format original alone the file written is
+        # <name>.dit.original.safetensors.
+        self.model_logger.save_checkpoint(self.ema.state_dict(), f"{self.model_logger.last_saved_name}{EMA_SUFFIX}",
+                                          {"ema_decay": self.ema.decay})
 
     def finish(self, preemption: PreemptionListener) -> dict[str, Any]:
         """Ends training: a run cut short (``--max_train_steps``, a signal) is checkpointed first, as that is what a
@@ -353,7 +434,9 @@ class TrainingLoop:
         self.report.close()
         if self.saved_step != self.progress["global_step"]:
             self.checkpoint()
-        self.model_logger.on_train_end(self.progress["global_step"], self.trainable_state())
+        self._save_ema(self.model_logger.on_train_end(self.progress["global_step"], self.trainable_state()))
+        if self.fused is not None:
+            self.fused.remove()
         for placer in self.placers:
             placer.remove()
         step = self.progress["global_step"]

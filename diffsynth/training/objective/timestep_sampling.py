@@ -26,6 +26,9 @@ indices in ``[int(min * N), int(max * N))``; the continuous rules draw ``sigma``
 levels (the grid's sigma at ``min`` down to the one at ``max``), keeping the distribution's shape inside it, so a
 Wan2.2 A14B expert split by boundaries trains each expert on its own timesteps with any rule. Every draw is a
 function of the ``generator`` alone (one uniform number per sample), which the runner seeds per sample.
+
+The flags are a section of the trainer's parser, which answers a flag error before torch is imported; so torch is
+imported by the methods that draw, not by this module.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
-from ...diffusion.flow_match import FlowMatchScheduler
 from ..errors import FlagError
 from ..section import Section
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...diffusion.flow_match import FlowMatchScheduler
 
 TIMESTEP_SAMPLINGS = ("grid", "uniform", "sigmoid", "logit_normal", "shift", "qwen_shift", "flux_shift")
 WEIGHTING_SCHEMES = ("none", "logit_normal", "mode", "cosmap")
@@ -203,6 +209,8 @@ class TimestepSampling(Section):
 
     def weight(self, scheduler: FlowMatchScheduler, timestep: torch.Tensor) -> torch.Tensor:
         """The loss weight at ``timestep`` (shape ``()``, float32)."""
+        import torch
+
         if self.is_reference:
             return scheduler.training_weight(timestep).reshape(())
         if self.weighting_scheme == "cosmap":
@@ -212,6 +220,8 @@ class TimestepSampling(Section):
 
     def _draw_on_grid(self, scheduler: FlowMatchScheduler, generator: torch.Generator | None, min_boundary: float,
                       max_boundary: float) -> torch.Tensor:
+        import torch
+
         if self.weighting_scheme not in DENSITY_SCHEMES:
             # Exactly the reference's draw, so the default rule trains what it always did.
             return scheduler.sample_training_timestep(generator, min_boundary, max_boundary).cpu()
@@ -228,6 +238,8 @@ class TimestepSampling(Section):
     def _draw_continuous(self, scheduler: FlowMatchScheduler, latent_shape: Sequence[int],
                          generator: torch.Generator | None, min_boundary: float, max_boundary: float,
                          patch_size: int = 2) -> torch.Tensor:
+        import torch
+
         shift = self.shift(latent_shape, patch_size)
         sigma_low, sigma_high = sigma_range(scheduler, min_boundary, max_boundary)
         # Inverse-CDF sampling restricted to [F(sigma_low), F(sigma_high)]: the distribution conditioned on the range.
@@ -254,6 +266,8 @@ class TimestepSampling(Section):
 
     def quantile(self, u: torch.Tensor, shift: float = 1.0) -> torch.Tensor:
         """The ``sigma`` at cumulative probability ``u`` (float64) of a continuous rule, for a given bend."""
+        import torch
+
         if self.timestep_sampling == "uniform":
             return u
         location, scale = self._normal_location_scale()
@@ -262,6 +276,8 @@ class TimestepSampling(Section):
 
     def cdf(self, sigma: torch.Tensor, shift: float = 1.0) -> torch.Tensor:
         """The cumulative probability of ``sigma`` (float64) under a continuous rule: the inverse of ``quantile``."""
+        import torch
+
         if self.timestep_sampling == "uniform":
             return sigma
         location, scale = self._normal_location_scale()
@@ -272,6 +288,8 @@ class TimestepSampling(Section):
 def sigma_range(scheduler: FlowMatchScheduler, min_boundary: float, max_boundary: float) -> tuple[float, float]:
     """The noise levels ``(low, high)`` the boundaries select: from the grid's first excluded sigma past ``max`` (0
     at the end of the grid) up to its sigma at ``min``."""
+    import torch
+
     low, high = scheduler.training_index_range(min_boundary, max_boundary)
     grid = scheduler.training_timesteps.to(torch.float64) / scheduler.num_train_timesteps
     return (float(grid[high]) if high < len(grid) else 0.0), float(grid[low])

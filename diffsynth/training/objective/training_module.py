@@ -222,8 +222,10 @@ class DiffusionTrainingModule(torch.nn.Module):
             return
         try:
             merged = load_lora(model, path)
+        except NonFiniteTensorError as error:  # exit code 3, as for --lora_checkpoint
+            raise NonFiniteTensorError(f"--preset_lora_path {path}: {error}", error.names) from None
         except (FileNotFoundError, ValueError) as error:
-            raise ValueError(f"--preset_lora_path {path}: {error}") from None
+            raise FlagError([f"--preset_lora_path {path}: {error}"]) from None
         logger.info("--preset_lora_path %s: merged into %d layers of %s", path, merged, name)
 
     def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,

@@ -11,12 +11,18 @@ writes the ``kohya`` layout instead (for FLUX.1 BFL's fused names, as the refere
 way. After every save the loss
 curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically,
 and only by the main process.
+
+A model trained in full (``--trainable_models``) is written as ``--full_checkpoint_format`` asks
+(:mod:`diffsynth.training.outputs.full_model`): the flat file ``<name>.safetensors`` (the default), its diffusers
+folder ``<name>.<model>/``, its original release's layout. The flat file is left out only when it is not asked for
+and every trained weight is in a folder or file of its model; under ZeRO-3 the models are then read block by block,
+never gathered whole.
 """
 
 from __future__ import annotations
 
-import csv
 import enum
+import functools
 import importlib
 import importlib.util
 import json
@@ -26,18 +32,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from ... import __version__
-from ...core.device import warn_once
-from ...core.files import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from ...core.files import atomic_save_safetensors, atomic_write_json
 from ...core.finite import require_finite
 from ...core.loader.loading import resolve_dtype
+from ...core.written_files import record_written
 from ...lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
 from ...lora.inspect import inspect_lora, skeleton_from_metadata
 from ...lora.naming import naming_for
+from ..config.output import AUTO
+from ..errors import FlagError
+from .full_model import DEFAULT_MAX_SHARD_SIZE, DIFFUSERS, FLAT, original_layout_problem, write_full_model
 from .loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
+from .metrics_log import METRICS_FILE, MetricsLogging
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -46,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 TRAINING_ARGS_FILE = "training_args.json"
 SAMPLES_DIR = "samples"  # samples while training: samples/step-N/
-METRICS_FILE = Path("logs") / "metrics.csv"
 TENSORBOARD_DIR = Path("logs") / "tensorboard"
 DIFFUSERS_TWIN_SUFFIX = ".diffusers"
 
@@ -78,7 +86,7 @@ def _import_for_flag(module: str, flag: str, fix: str) -> Any:
         raise ImportError(f"--{flag} needs a package that is missing ({error}); {fix}, or drop --{flag}") from None
 
 
-class ModelLogger:
+class ModelLogger(MetricsLogging):
     """Writes LoRA files, full checkpoints, the run's flags and its metrics under ``output_path``.
 
     Every process makes one, so that all of them call ``state_dict_fn`` at the same save points (gathering sharded
@@ -105,6 +113,10 @@ class ModelLogger:
             changes nothing of the earlier run's log). None keeps what is there.
         lora_layout: ``universal`` (default) or ``kohya`` (``--align_to_opensource_format``), the layout of the LoRA
             files.
+        full_checkpoint_formats: What a model trained in full is written as (``--full_checkpoint_format``): any of
+            ``flat``, ``diffusers``, ``original``, or ``auto`` alone (resolved by :meth:`attach_full_models`, which
+            names the models: flat and diffusers, or flat where a model trained in full carries a LoRA).
+        max_shard_size: Bytes per safetensors shard of a diffusers folder.
 
     Raises:
         ImportError: TensorBoard or wandb logging is asked for but its package is missing (checked on every process,
@@ -117,7 +129,8 @@ class ModelLogger:
                  enable_tensorboard_log: bool = False, enable_wandb_log: bool = False,
                  wandb_project: str = "diffsynth", is_main_process: bool = True, *, save_steps: int | None = None,
                  save_dtype: torch.dtype | str | None = None, resume_step: int | None = None,
-                 lora_layout: str = "universal"):
+                 lora_layout: str = "universal", full_checkpoint_formats: tuple[str, ...] = (FLAT,),
+                 max_shard_size: int = DEFAULT_MAX_SHARD_SIZE):
         self.output_path = Path(output_path)
         self.remove_prefix_in_ckpt = remove_prefix_in_ckpt or ""
         self.lora_metadata = dict(lora_metadata or {})
@@ -128,6 +141,12 @@ class ModelLogger:
         if lora_layout not in ("universal", "kohya"):
             raise ValueError(f"lora_layout={lora_layout!r} must be 'universal' or 'kohya'")
         self.lora_layout = lora_layout
+        self.full_checkpoint_formats = tuple(full_checkpoint_formats)
+        self.max_shard_size = max_shard_size
+        self.full_models: dict[str, torch.nn.Module] = {}  # pipeline name -> model trained in full
+        self.key_prefix = "pipe."
+        # The name of the newest save point (epoch-0, step-500): the stem of its flat file, the start of its folders.
+        self.last_saved_name: str | None = None
         if save_steps is not None and save_steps < 1:
             raise ValueError(f"--save_steps {save_steps} must be at least 1; pass e.g. --save_steps 500 or drop it")
         rank, alpha = self.lora_metadata.get("lora_rank"), self.lora_metadata.get("lora_alpha")
@@ -143,20 +162,29 @@ class ModelLogger:
             wandb = _import_for_flag("wandb", "enable_wandb_log", "run `pip install wandb` and `wandb login`")
         self._csv_file = self._csv_writer = self._csv_header = None
         # The CSV opens at the first row: a resume that fails before its first step leaves the earlier run's intact.
-        self._csv_pending: tuple[Path, int | None] | None = None
+        self._csv_pending: tuple[Path, int | None, bytes | None] | None = None
+        self._csv_recorded = False
         self._tensorboard = self._wandb_run = None
         self._unsaved = False
         self.loss_history = LossHistory()
         if not is_main_process:
             return
         self.output_path.mkdir(parents=True, exist_ok=True)
+        metrics = self.output_path / METRICS_FILE
+        # A resume reads the earlier run's metrics once: for the chart, and to continue the CSV at the first row.
+        earlier = metrics.read_bytes() if resume_step is not None and metrics.is_file() else None
         if enable_csv_log:
-            self._csv_pending = (self.output_path / METRICS_FILE, resume_step)
+            self._csv_pending = (metrics, resume_step, earlier)
         if resume_step is not None:  # the chart shows the whole run when the earlier part was logged
-            self.loss_history = LossHistory.from_metrics_csv(self.output_path / METRICS_FILE, resume_step)
+            self.loss_history = LossHistory.from_metrics_text((earlier or b"").decode("utf-8"), resume_step)
         if tensorboard is not None:
             purge = {} if resume_step is None else {"purge_step": resume_step + 1}
-            self._tensorboard = tensorboard.SummaryWriter(log_dir=str(self.output_path / TENSORBOARD_DIR), **purge)
+            log_dir = self.output_path / TENSORBOARD_DIR
+            earlier = set(log_dir.glob("*"))
+            self._tensorboard = tensorboard.SummaryWriter(log_dir=str(log_dir), **purge)
+            self._tensorboard.flush()
+            for path in sorted(set(log_dir.glob("*")) - earlier):  # the events file it opened (it appends to it)
+                record_written(path, grows=True)
         if wandb is not None:
             self._wandb_run = wandb.init(project=wandb_project, dir=str(self.output_path))
 
@@ -176,7 +204,42 @@ class ModelLogger:
                    enable_csv_log=output.enable_csv_log, enable_tensorboard_log=output.enable_tensorboard_log,
                    enable_wandb_log=output.enable_wandb_log, wandb_project=output.wandb_project,
                    is_main_process=is_main_process, save_steps=output.save_steps, resume_step=resume_step,
-                   lora_layout="kohya" if lora.align_to_opensource_format else "universal")
+                   lora_layout="kohya" if lora.align_to_opensource_format else "universal",
+                   full_checkpoint_formats=output.full_checkpoint_formats)
+
+    def attach_full_models(self, models: Mapping[str, torch.nn.Module], key_prefix: str = "pipe.") -> None:
+        """Names the models trained in full, so that each save point writes them as ``full_checkpoint_formats`` asks.
+
+        Their weights are the state dict entries under ``<key_prefix><name>.`` (the training module's names). Call it
+        on every process before training, with the models as they will be at the save points (the same objects
+        DeepSpeed partitions in place).
+
+        Raises:
+            FlagError: ``--full_checkpoint_format`` asks for a layout without a model to write in it (a LoRA-only run),
+                for a model that also carries a LoRA, or for ``original`` where a model's release has no layout of its
+                own; checked before training.
+        """
+        if self.full_checkpoint_formats == (AUTO,):
+            with_lora = any(".lora_" in key for model in models.values() for key, _ in model.named_parameters())
+            self.full_checkpoint_formats = (FLAT,) if with_lora or not models else (FLAT, DIFFUSERS)
+        formats = self.full_checkpoint_formats
+        asked = [layout for layout in formats if layout != FLAT]
+        problems = []
+        if asked and not models:
+            problems.append(f"--full_checkpoint_format {','.join(formats)}: {' and '.join(asked)} writes the models "
+                            "trained in full, and this run trains none; add --trainable_models dit, or drop the flag "
+                            "(a LoRA is written as one LoRA file)")
+        if "original" in formats:
+            problems += [problem for name, model in models.items() if (problem := original_layout_problem(name, model))]
+        if asked:
+            problems += [f"--full_checkpoint_format {','.join(formats)}: {name} is trained in full and carries a LoRA; "
+                         f"its folder would mix both: drop --lora_base_model {name} or keep the flat format only"
+                         for name, model in models.items()
+                         if any(".lora_" in key for key, _ in model.named_parameters())]
+        if problems:
+            raise FlagError(problems)
+        self.key_prefix = key_prefix
+        self.full_models = dict(models)
 
     def _strip_prefix(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = self.remove_prefix_in_ckpt
@@ -253,13 +316,18 @@ class ModelLogger:
                 self._require_loading(twin, ("diffusers",))
         return path
 
+    @functools.cached_property
+    def _base_skeleton(self) -> torch.nn.Module | None:
+        """The base model on the meta device, built once for the checks of the first file and of its twin."""
+        return skeleton_from_metadata(self._base_metadata(self._lora_entries()))
+
     def _require_loading(self, path: Path, tools: tuple[str, ...]) -> set[str]:
         """Inspects a file of this run on the base model's skeleton; returns the tools that would not load it fully.
 
         Raises:
             LoRACompatibilityError: One of ``tools`` would not load the file fully at its trained strength.
         """
-        skeleton = skeleton_from_metadata(self._base_metadata(self._lora_entries()))
+        skeleton = self._base_skeleton
         if skeleton is None:
             return set()  # the model is unknown (a logger used outside the trainer): nothing to check against
         inspection = inspect_lora(path, skeleton)
@@ -301,8 +369,14 @@ class ModelLogger:
 
         Mixed runs (a LoRA plus ``--trainable_models``) therefore keep everything they trained, in one file that
         this package loads but diffusers' ``load_lora_weights`` does not. A LoRA that cannot be written as a LoRA file
-        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure. The loss
-        chart ``logs/loss.png`` is then redrawn with every step logged so far.
+        is saved as it is, with a warning: at the end of a long run, losing the weights is the worse failure. The
+        models named by :meth:`attach_full_models` are also written in the other layouts of
+        ``full_checkpoint_formats`` (their weights from ``state_dict``, e.g. EMA weights); the flat file is left out
+        only when ``flat`` is not asked for and every weight belongs to one of them. The loss chart ``logs/loss.png``
+        is then redrawn with every step logged so far.
+
+        Returns:
+            The flat or LoRA file, else the first full-model folder or file written; None on other processes.
 
         Raises:
             NonFiniteTensorError: A weight holds NaN or inf; nothing is written (checked on every process, which all
@@ -319,13 +393,53 @@ class ModelLogger:
             except ValueError as error:
                 is_lora = False
                 logger.warning("%s: saving the weights as they are, not as a LoRA file (%s)", name, error)
-        if not is_lora:
+        full = [] if is_lora else self._save_full_models(state_dict, name, metadata)
+        if not is_lora and (FLAT in self.full_checkpoint_formats or not self._all_in_full_models(state_dict)):
             path = self.save_state_dict(state_dict, name, metadata)
+        self._saved(name)
+        return path or (full[0] if full else None)
+
+    def _saved(self, name: str) -> None:
+        """After a save point: nothing unsaved, and the loss chart redrawn with every step logged so far."""
+        self.last_saved_name = name
         self._unsaved = False
         if self.is_main_process and self.loss_history.steps:
             draw_loss_chart(self.loss_history, self.output_path / LOSS_CHART_FILE,
                             title=f"{self.output_path.name}: loss per optimizer step")
-        return path
+
+    def _model_prefix(self, model_name: str) -> str:
+        return f"{self.key_prefix}{model_name}."
+
+    def _all_in_full_models(self, state_dict: Mapping[str, torch.Tensor]) -> bool:
+        prefixes = tuple(self._model_prefix(name) for name in self.full_models)
+        return bool(prefixes) and all(key.startswith(prefixes) for key in state_dict)
+
+    def _save_full_models(self, state_dict: Mapping[str, torch.Tensor] | None, name: str,
+                          metadata: Mapping[str, Any] | None) -> list[Path]:
+        """Writes every model trained in full as ``full_checkpoint_formats`` asks (``flat`` is the caller's), from
+        ``state_dict`` (the training module's names) or, when None, from the models themselves block by block."""
+        formats = tuple(layout for layout in self.full_checkpoint_formats if layout != FLAT)
+        if not formats:
+            return []
+        written = []
+        for model_name, model in self.full_models.items():
+            weights = None
+            if state_dict is not None:
+                prefix = self._model_prefix(model_name)
+                weights = {key[len(prefix):]: tensor for key, tensor in state_dict.items() if key.startswith(prefix)}
+            written += write_full_model(model, self.output_path, name, model_name, formats, weights,
+                                        dtype=self.save_dtype, max_shard_size=self.max_shard_size,
+                                        is_main_process=self.is_main_process, metadata=self._base_metadata(metadata))
+        return written
+
+    def _save_point(self, state_dict_fn: StateDictFn, name: str, metadata: Mapping[str, Any]) -> Path | None:
+        """A save point of the run. Without a LoRA and without the flat file, the models are read block by block
+        (under ZeRO-3 gathered a block at a time) instead of through ``state_dict_fn``, which gathers them whole."""
+        if FLAT in self.full_checkpoint_formats or not self.full_models or self.lora_metadata.get("lora_base_model"):
+            return self.save_checkpoint(state_dict_fn(), name, metadata)
+        written = self._save_full_models(None, name, metadata)
+        self._saved(name)
+        return written[0] if written else None
 
     def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn,
                     metrics: Mapping[str, float | torch.Tensor] | None = None) -> Path | None:
@@ -340,17 +454,17 @@ class ModelLogger:
         self._unsaved = True
         if self.save_steps is None or step % self.save_steps:
             return None
-        return self.save_checkpoint(state_dict_fn(), f"step-{step}", {"step": step})
+        return self._save_point(state_dict_fn, f"step-{step}", {"step": step})
 
     def on_epoch_end(self, epoch: int, state_dict_fn: StateDictFn) -> Path | None:
         """Saves ``epoch-<epoch>``; call it on every process at the end of each epoch."""
-        return self.save_checkpoint(state_dict_fn(), f"epoch-{epoch}", {"epoch": epoch})
+        return self._save_point(state_dict_fn, f"epoch-{epoch}", {"epoch": epoch})
 
     def on_train_end(self, step: int, state_dict_fn: StateDictFn) -> Path | None:
         """Saves ``step-<step>`` if the last steps are in no file yet (a run cut short by ``--max_train_steps``)."""
         if not self._unsaved:
             return None
-        return self.save_checkpoint(state_dict_fn(), f"step-{step}", {"step": step})
+        return self._save_point(state_dict_fn, f"step-{step}", {"step": step})
 
     def save_training_args(self, flags: Mapping[str, Any]) -> Path | None:
         """Writes the run's flags to ``<output_path>/training_args.json`` (and to the wandb run's config)."""
@@ -360,94 +474,6 @@ class ModelLogger:
         if self._wandb_run is not None:
             self._wandb_run.config.update(payload, allow_val_change=True)
         return atomic_write_json(self.output_path / TRAINING_ARGS_FILE, payload)
-
-    def _open_csv(self, path: Path, resume_step: int | None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            with open(path, "rb+") as handle:
-                content = handle.read()
-                complete = content.rfind(b"\n") + 1
-                if complete < len(content):  # a run killed mid-row left half a line; it must not glue onto the next
-                    handle.truncate(complete)
-            if complete:
-                self._csv_header = next(csv.reader([content[:content.find(b"\n")].decode("utf-8")]))
-                if resume_step is not None:
-                    self._drop_rows_after(path, content[:complete].decode("utf-8"), resume_step)
-        self._csv_file = open(path, "a", newline="", encoding="utf-8")
-        self._csv_writer = csv.writer(self._csv_file, lineterminator="\n")
-
-    def _drop_rows_after(self, path: Path, text: str, step: int) -> None:
-        """Rewrites the CSV without the rows of steps after ``step`` (a row whose step is not a number is kept)."""
-        if "step" not in self._csv_header:
-            return
-        column = self._csv_header.index("step")
-        lines = text.splitlines(keepends=True)
-
-        def later(line: str) -> bool:
-            row = next(csv.reader([line]), [])
-            return len(row) > column and row[column].isdigit() and int(row[column]) > step
-
-        kept = [lines[0], *(line for line in lines[1:] if not later(line))]
-        if len(kept) < len(lines):
-            logger.info("%s: dropping %d rows logged after step %d, which the resumed run logs again", path,
-                        len(lines) - len(kept), step)
-            atomic_write_text(path, "".join(kept))
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float | torch.Tensor]) -> None:
-        """Records ``metrics`` at ``step`` in every enabled sink; the CSV row reaches the OS before this returns.
-
-        The CSV columns are fixed by its first row (or, when appending to an earlier run's file, by that file's
-        header); metrics missing from a row leave the cell empty, new ones are left out of the CSV with a warning.
-        """
-        if not self.is_main_process:
-            return
-        values = {key: float(value) for key, value in metrics.items()}
-        if self._csv_pending is not None:
-            self._open_csv(*self._csv_pending)
-            self._csv_pending = None
-        if self._csv_writer is not None:
-            if self._csv_header is None:
-                self._csv_header = ["step", *values]
-                self._csv_writer.writerow(self._csv_header)
-            extra = sorted(set(values) - set(self._csv_header))
-            if extra:
-                warn_once(f"metrics-csv-{extra}", f"metrics {extra} are not columns of {METRICS_FILE} (columns "
-                                                  f"{self._csv_header}); they are left out of the CSV")
-            self._csv_writer.writerow([step if column == "step" else values.get(column, "")
-                                       for column in self._csv_header])
-            self._csv_file.flush()
-        if self._tensorboard is not None:
-            for key, value in values.items():
-                self._tensorboard.add_scalar(key, value, step)
-            self._tensorboard.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log(values, step=step)
-
-    def log_sample(self, step: int, index: int, output: Any, fps: int = 16) -> None:
-        """Logs sample ``index`` rendered at ``step`` (a PIL image, or a list of frames) to TensorBoard and wandb.
-
-        TensorBoard stores a video through moviepy; without it, the first frame is logged as an image instead.
-        """
-        if not self.is_main_process or (self._tensorboard is None and self._wandb_run is None):
-            return
-        frames = list(output) if isinstance(output, (list, tuple)) else [output]
-        arrays = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (frames, H, W, 3) uint8
-        tag = f"samples/{index:02d}"
-        if self._tensorboard is not None:
-            if len(frames) == 1:
-                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
-            elif importlib.util.find_spec("moviepy") is not None:
-                self._tensorboard.add_video(tag, arrays.transpose(0, 3, 1, 2)[None], step, fps=fps)
-            else:
-                warn_once("tensorboard-video", "TensorBoard stores videos through moviepy, which is missing; the "
-                                               "first frame of each video sample is logged instead")
-                self._tensorboard.add_image(tag, arrays[0], step, dataformats="HWC")
-            self._tensorboard.flush()
-        if self._wandb_run is not None:
-            wandb = importlib.import_module("wandb")
-            media = (wandb.Image(arrays[0]) if len(frames) == 1
-                     else wandb.Video(arrays.transpose(0, 3, 1, 2), fps=fps, format="mp4"))
-            self._wandb_run.log({tag: media}, step=step)
 
     def close(self) -> None:
         """Closes the CSV file, the TensorBoard writer and the wandb run."""

@@ -16,6 +16,7 @@ by the non-finite guard) are marked in red along the bottom.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -55,13 +56,17 @@ class LossHistory:
         Rows without a number in the ``step``, ``loss`` or ``lr`` column are left out; a missing file gives an empty
         history.
         """
-        history = cls()
         try:
             with open(path, newline="", encoding="utf-8") as handle:
-                rows = list(csv.DictReader(handle))
+                return cls.from_metrics_text(handle.read(), up_to_step)
         except FileNotFoundError:
-            return history
-        for row in rows:
+            return cls()
+
+    @classmethod
+    def from_metrics_text(cls, text: str, up_to_step: int) -> LossHistory:
+        """``from_metrics_csv`` of a ``logs/metrics.csv`` already read."""
+        history = cls()
+        for row in csv.DictReader(io.StringIO(text, newline="")):
             try:
                 step, loss, learning_rate = int(row["step"]), float(row["loss"]), float(row["lr"])
             except (KeyError, TypeError, ValueError):

@@ -5,9 +5,11 @@ At start-up the main process claims the folder (:func:`claim_output_folder`):
 1. ``--resume_from_checkpoint`` is resolved (``latest`` falls back past unreadable checkpoints) and the flags the
    checkpoint recorded are compared with this run's;
 2. the folder is created and locked (``core.folder_lock``); creating the lock file is the writability check;
-3. files an earlier run wrote there (:func:`previous_outputs`) refuse a new run, unless it resumes or
-   ``--overwrite_output`` removes them first. A stage-1 (``*:data_process``) run continues the cache already there:
-   that is how an interrupted stage 1 resumes.
+3. files an earlier run wrote there (:mod:`.earlier_outputs`) refuse a new run, unless it resumes or
+   ``--overwrite_output`` removes them first: the files the trainer recorded writing, nothing else. A stage-1
+   (``*:data_process``) run continues the cache already there: that is how an interrupted stage 1 resumes.
+4. from then on, every process records the files it writes there (``core.written_files``), for the next
+   ``--overwrite_output``.
 
 The verdict, with the run id and the checkpoint, is broadcast to every process, so the other processes of the
 launch learn it at the same point and all stop, or all go on, before loading anything; only the main process holds
@@ -19,53 +21,51 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import shutil
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...core.data.cache import CACHE_INFO_FILE, CACHE_MANIFEST_FILE
 from ...core.files import missing_folders, remove_empty_folders
 from ...core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ...core.loader import model_base_path
+from ...core.written_files import WrittenFiles, start_recording
+from ..config.files import RUN_CONFIG_FILE
 from ..errors import FlagError
-from .checkpoint import CHECKPOINTS_DIR, flag_mismatches, read_progress, resolve_checkpoint, training_flags
-from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, SAMPLES_DIR, TENSORBOARD_DIR, TRAINING_ARGS_FILE
-from .loss_chart import LOSS_CHART_FILE
+from .checkpoint import (
+    CHECKPOINTS_DIR,
+    CheckpointNotFoundError,
+    flag_mismatches,
+    nothing_left_problem,
+    read_progress,
+    resolve_checkpoint,
+    training_flags,
+)
+from .earlier_outputs import (
+    STAGE_ONE_OUTPUTS,
+    TRAINING_OUTPUTS,
+    EarlierOutputs,
+    earlier_outputs,
+    listing,
+    previous_outputs,
+    remove_outputs,
+)
+from .logger import METRICS_FILE, TRAINING_ARGS_FILE
+
+__all__ = [
+    "RUN_CONFIG_FILE",
+    "STAGE_ONE_OUTPUTS",
+    "TRAINING_OUTPUTS",
+    "OutputClaim",
+    "claim_output_folder",
+    "previous_outputs",
+]  # the names tables and RUN_CONFIG_FILE stay importable from here
 
 if TYPE_CHECKING:
     from ..config import RunConfig
     from ..objective.training_module import TargetAliases
 
 logger = logging.getLogger(__name__)
-
-# A LoRA file's name without its extension: the diffusers twin (logger.DIFFUSERS_TWIN_SUFFIX) is the run's too.
-_LORA_FILE = rf"(epoch|step)-\d+({re.escape(DIFFUSERS_TWIN_SUFFIX)})?"
-#: The flags a training run resolved, which ``--config`` reruns (``config.files.save_run_config``).
-RUN_CONFIG_FILE = "config.yaml"
-# Files and folders a training run writes: a regular expression for the sub-folder ("" for the output folder itself)
-# mapped to regular expressions for the names in it. Names starting with "." are what core.files.atomic_write leaves
-# behind when a run is killed mid-write.
-TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": (rf"{_LORA_FILE}\.safetensors", rf"\.{_LORA_FILE}\.safetensors\..+\.tmp",
-         *(pattern for name in (TRAINING_ARGS_FILE, RUN_CONFIG_FILE)
-           for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp"))),
-    re.escape(CHECKPOINTS_DIR): (r"step-\d+", r"\.step-\d+\.tmp"),
-    re.escape(SAMPLES_DIR): (r"step-\d+",),
-    re.escape(str(METRICS_FILE.parent)): tuple(
-        pattern for name in (METRICS_FILE.name, LOSS_CHART_FILE.name)
-        for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")) + (re.escape(TENSORBOARD_DIR.name),),
-}
-# A stage-1 cache: its info file and <process index>/<sample index>.safetensors.
-STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": tuple(pattern for name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE)
-               for pattern in (re.escape(name), rf"\.{re.escape(name)}\..+\.tmp")),
-    r"\d+": (r"\d+\.safetensors", r"\.\d+\.safetensors\..+\.tmp"),
-}
-
 
 @dataclass
 class OutputClaim:
@@ -78,6 +78,7 @@ class OutputClaim:
         lock: The folder lock (main process only).
         created: The folders this claim created, the output folder and its new parents, deepest first (main
             process only).
+        recording: This process's record of the files it writes into the folder.
     """
 
     run_id: str
@@ -85,51 +86,17 @@ class OutputClaim:
     progress: dict[str, Any] | None = None
     lock: FolderLock | None = None
     created: list[Path] = field(default_factory=list)
+    recording: WrittenFiles | None = None
 
     def release(self) -> None:
-        """Releases the lock, and removes the folders this run created if it wrote nothing there (it failed early)."""
+        """Ends the recording, releases the lock, and removes the folders this run created if it wrote nothing there
+        (it failed early)."""
+        if self.recording is not None:
+            self.recording.stop()
         if self.lock is None:
             return
         self.lock.release()
         remove_empty_folders(self.created)
-
-
-def previous_outputs(folder: str | os.PathLike, outputs: Mapping[str, tuple[str, ...]]) -> list[Path]:
-    """The files and folders under ``folder`` whose names match ``outputs`` (e.g. :data:`TRAINING_OUTPUTS`)."""
-    folder = Path(folder)
-    found = []
-    for parent_pattern, names in outputs.items():
-        parents = [folder] if not parent_pattern else [
-            path for path in _children(folder) if path.is_dir() and re.fullmatch(parent_pattern, path.name)]
-        for parent in parents:
-            found += [path for path in _children(parent) if any(re.fullmatch(name, path.name) for name in names)]
-    return sorted(found)
-
-
-def _children(folder: Path) -> list[Path]:
-    try:
-        return list(folder.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def remove_outputs(folder: str | os.PathLike, paths: list[Path]) -> None:
-    """Deletes ``paths`` (from :func:`previous_outputs`), then the sub-folders of ``folder`` left empty by it."""
-    parents = {path.parent for path in paths} - {Path(folder)}
-    for path in paths:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    for parent in parents:
-        if parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-
-
-def _listing(folder: Path, paths: list[Path], limit: int = 6) -> str:
-    names = [str(path.relative_to(folder)) for path in paths]
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
 
 
 def _previous_run_id(folder: Path) -> str | None:
@@ -151,30 +118,99 @@ def _busy_problem(folder: Path, error: FolderLockedError) -> str:
     return (f"--output_path {folder} is in use by {who} (last heartbeat {error.heartbeat_age:.0f} s ago). Two runs "
             f"must not write into one folder: wait for that run to end, or choose another --output_path. If that "
             f"process is gone for good (e.g. its machine was lost), delete {error.lock_path}; a lock whose process "
-            f"has ended on this host, or whose heartbeat is older than {STALE_AFTER_SECONDS / 60:.0f} min, is taken "
-            "over automatically")
+            f"has ended on this host (same host name, boot and container), or whose heartbeat is older than "
+            f"{STALE_AFTER_SECONDS / 60:.0f} min, is taken over automatically")
 
 
-def _ownership_problems(run: RunConfig, folder: Path, stage: str | None) -> list[str]:
-    """Refuses, or with ``--overwrite_output`` removes, what an earlier run left in ``folder``."""
-    outputs = STAGE_ONE_OUTPUTS if stage == "data_process" else TRAINING_OUTPUTS
-    previous = previous_outputs(folder, outputs)
-    if not previous:
+def _ownership_problems(run: RunConfig, folder: Path, stage: str | None, run_id: str) -> list[str]:
+    """Refuses, or with ``--overwrite_output`` removes, what an earlier run left in ``folder``; a run that continues
+    the outputs of a version that kept no record (``run_id``) records those that carry the trainer's marks."""
+    stage_one = stage == "data_process"
+    earlier = earlier_outputs(folder, STAGE_ONE_OUTPUTS if stage_one else TRAINING_OUTPUTS)
+    if not earlier.ours and not earlier.others:
         return []
+    in_the_way = earlier.in_the_way(stage_one)
     if run.output.overwrite_output:
-        logger.warning("--overwrite_output: removing %d outputs of the earlier run in %s: %s", len(previous), folder,
-                       _listing(folder, previous))
-        remove_outputs(folder, previous)
+        if in_the_way:  # refused before anything is removed, so that the fix is one step
+            names = _names(folder, in_the_way)
+            return [(f"--overwrite_output: {folder} holds {names}, which a new run writes over or appends to, but "
+                     f"{_not_ours(earlier)}: move them away or delete them (e.g. cd {folder} && rm {names}), then "
+                     "rerun; nothing was removed")]
+        if earlier.ours:
+            logger.warning("--overwrite_output: removing the %d files that earlier runs of the trainer wrote in %s: "
+                           "%s", len(earlier.ours), folder, listing(folder, earlier.ours))
+        remove_outputs(folder, earlier.ours)
+        if earlier.others:
+            logger.warning("--overwrite_output: keeping %d files in %s that have the names of trainer outputs but "
+                           "that the trainer did not write (or that were changed since): %s; a file of the same name "
+                           "that this run writes replaces one", len(earlier.others), folder,
+                           listing(folder, earlier.others))
         return []
-    if stage == "data_process" or run.training.resume_checkpoint:
-        return []  # stage 1 continues its cache; a resumed run continues the outputs it finds
-    run = _previous_run_id(folder)
-    run = f" (run {run})" if run else ""
+    if stage_one or run.training.resume_checkpoint:  # stage 1 continues its cache; a resume the outputs it finds
+        if earlier.ours and not earlier.recorded:
+            adopted = WrittenFiles(folder, run_id)
+            for path in earlier.ours:
+                adopted.record(path)
+            adopted.stop()
+        return []
     resume = ("continue that run with --resume_from_checkpoint latest, "
-              if (folder / CHECKPOINTS_DIR).is_dir() else "")
-    return [f"--output_path {folder} holds the outputs of an earlier run{run}: {_listing(folder, previous)}; "
-            f"{resume}replace them with --overwrite_output (it removes only the files the trainer writes, listed "
-            "here), or choose another --output_path"]
+              if earlier.ours and (folder / CHECKPOINTS_DIR).is_dir() else "")
+    return [(f"--output_path {folder} {_found(folder, earlier)}; {resume}start afresh with --overwrite_output, "
+             f"{_what_overwrite_does(folder, earlier, in_the_way)}, or choose another --output_path")]
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' if count != 1 else ''}"
+
+
+def _names(folder: Path, paths: list[Path]) -> str:
+    return " ".join(path.relative_to(folder).as_posix() for path in paths)
+
+
+def _found(folder: Path, earlier: EarlierOutputs) -> str:
+    """What the folder holds, for a refusal: the trainer's files first, capped, with their number."""
+    if not earlier.ours:
+        return f"holds files with the names of trainer outputs: {_files(len(earlier.others))}, " \
+               f"{listing(folder, earlier.others)}"
+    run_id = _previous_run_id(folder)
+    return (f"holds the outputs of an earlier run{f' (run {run_id})' if run_id else ''}: "
+            f"{_files(len(earlier.ours))}, {listing(folder, earlier.ours)}")
+
+
+def _not_ours(earlier: EarlierOutputs) -> str:
+    if earlier.recorded:
+        return "the trainer did not write them, or they were changed since"
+    return "this folder has no record of the trainer's files (an older diffsynth kept none) and they carry no mark of it"
+
+
+def _what_overwrite_does(folder: Path, earlier: EarlierOutputs, in_the_way: list[Path]) -> str:
+    """What ``--overwrite_output`` would remove and keep here, and what to move by hand first."""
+    if earlier.ours:
+        said = "which removes those files only"
+        if earlier.others:
+            said += (f" and keeps {_files(len(earlier.others))} with the names of trainer outputs that the trainer "
+                     f"did not write or that were changed since ({listing(folder, earlier.others)})")
+    else:
+        said = ("which keeps them (the trainer did not write them, or they were changed since; a file of the same "
+                "name that the run writes replaces one)")
+    if in_the_way:
+        names = _names(folder, in_the_way)
+        said += (f", once you move away or delete {names} (e.g. cd {folder} && rm {names}): a new run writes over or "
+                 f"appends to them, but {_not_ours(earlier)}")
+    return said
+
+
+def _nothing_to_resume(run: RunConfig, folder: Path, stage: str | None) -> CheckpointNotFoundError | None:
+    """``--resume_from_checkpoint latest`` found no checkpoint, but earlier outputs that would refuse a fresh start:
+    the error that says the whole fix, or None where dropping the flag is enough."""
+    earlier = earlier_outputs(folder, TRAINING_OUTPUTS)
+    if run.training.resume_checkpoint != "latest" or stage == "data_process" or not (earlier.ours or earlier.others):
+        return None
+    return CheckpointNotFoundError(
+        f"--resume_from_checkpoint latest: there is no checkpoint under {folder / CHECKPOINTS_DIR} to resume, and "
+        f"--output_path {folder} {_found(folder, earlier)}; to start afresh there, drop --resume_from_checkpoint and "
+        f"add --overwrite_output, {_what_overwrite_does(folder, earlier, earlier.in_the_way(stage_one=False))}; or "
+        "choose another --output_path")
 
 
 def _writable_problems(folder: Path) -> list[str]:
@@ -191,14 +227,19 @@ def _claim(run: RunConfig, target_aliases: TargetAliases, num_processes: int) ->
     stage = run.training.stage
     problems = []
     if _is_model_folder(folder):
-        raise FlagError([f"--output_path {folder} is the model folder (DIFFSYNTH_MODEL_BASE_PATH); training outputs "
-                         "do not belong among the model files: pass another --output_path, e.g. ./output"])
+        raise FlagError([(f"--output_path {folder} is the model folder (DIFFSYNTH_MODEL_BASE_PATH); training "
+                          "outputs do not belong among the model files: pass another --output_path, e.g. ./output")])
     checkpoint = progress = None
     if run.training.resume_checkpoint:
-        checkpoint = resolve_checkpoint(run.training.resume_checkpoint, folder)
+        try:
+            checkpoint = resolve_checkpoint(run.training.resume_checkpoint, folder)
+        except CheckpointNotFoundError as error:
+            raise _nothing_to_resume(run, folder, stage) or error from error
         progress = read_progress(checkpoint)
         problems += flag_mismatches(checkpoint, progress.get("flags"),
                                     training_flags(run, target_aliases, num_processes))
+        finished = nothing_left_problem(checkpoint, progress, run.training.num_epochs, run.training.max_train_steps)
+        problems += [finished] if finished and stage != "data_process" else []
     run_id = (progress or {}).get("run_id") or uuid.uuid4().hex[:12]
     lock = FolderLock(folder, purpose=f"--task {run.training.task}", run_id=run_id)
     claim = OutputClaim(run_id, checkpoint, progress, lock, created=missing_folders(folder))
@@ -209,13 +250,13 @@ def _claim(run: RunConfig, target_aliases: TargetAliases, num_processes: int) ->
         raise FlagError([*problems, _busy_problem(folder, error)]) from error
     except OSError as error:
         remove_empty_folders(claim.created)
-        raise FlagError([*problems, f"--output_path {folder} is not writable ({type(error).__name__}: {error}); "
-                                    "choose a folder you can write to, or fix its permissions (e.g. chmod u+w "
-                                    f"{folder})"]) from error
+        raise FlagError([*problems, (f"--output_path {folder} is not writable ({type(error).__name__}: {error}); "
+                                     "choose a folder you can write to, or fix its permissions (e.g. chmod u+w "
+                                     f"{folder})")]) from error
     try:
         problems += _writable_problems(folder)
         if not problems:  # --overwrite_output deletes nothing while another problem stops the run anyway
-            problems += _ownership_problems(run, folder, stage)
+            problems += _ownership_problems(run, folder, stage, run_id)
         if problems:
             raise FlagError(problems)
     except BaseException:
@@ -257,4 +298,6 @@ def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Target
         raise failure
     if "refused" in verdict:
         raise FlagError([f"the main process refused to start: {verdict['refused']}"])
-    return claim or OutputClaim(verdict["run_id"], verdict["checkpoint"], verdict["progress"])
+    claim = claim or OutputClaim(verdict["run_id"], verdict["checkpoint"], verdict["progress"])
+    claim.recording = start_recording(run.output.output_path, claim.run_id)
+    return claim

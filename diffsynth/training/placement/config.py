@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...core.offload_training import BlockSwapConfig
 from ..errors import FlagError
 from ..section import Section
+
+if TYPE_CHECKING:
+    from ...core.offload_training import BlockSwapConfig
 
 
 class PlacementError(FlagError):
@@ -135,6 +137,8 @@ class PlacementConfig(Section):
     @property
     def block_swap(self) -> BlockSwapConfig:
         """The block swap settings of a training run (``enabled`` is False without ``--blocks_to_swap``)."""
+        from ...core.offload_training import BlockSwapConfig  # torch: the flag parser imports this module
+
         return BlockSwapConfig(self.blocks_to_swap, h2d_only=self.block_swap_h2d_only,
                                ring_size=self.block_swap_ring_size,
                                use_pinned_memory=self.use_pinned_memory_for_block_swap,

@@ -52,6 +52,7 @@ from ...core.planning.plans import (
     predict,
 )
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
+from ...core.planning.training_state import TrainingSetup
 from ..errors import FlagError
 from ..objective.training_module import TargetAliases, resolve_lora_targets
 from .config import PlacementConfig
@@ -216,7 +217,9 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
     in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
     on a ``--batch_size`` batch of the largest sample; host memory for ``local_processes`` on a machine, sharing one
-    host copy of the frozen weights unless ``--shared_host_weights off``."""
+    host copy of the frozen weights unless ``--shared_host_weights off``; the optimizer's state by
+    ``--customized_optimizer``, the EMA with ``--ema_decay``, gradients one at a time with
+    ``--fused_optimizer_step``."""
     from peft import LoraConfig, inject_adapter_in_model
 
     dtype = resolve_dtype(run.model.torch_dtype)
@@ -249,8 +252,10 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
         return prediction.float().square().mean()
 
     # Every block list block swap would swap (FLUX: double then single blocks), as one sequence.
+    training = TrainingSetup(run.training.customized_optimizer, run.training.ema_decay is not None,
+                             run.training.fused_optimizer_step)
     return Workload(model, find_block_sequence(model), step, set_checkpointing, other_model_sizes, description,
-                    local_processes, run.placement.shared_host_weights == "auto")
+                    local_processes, run.placement.shared_host_weights == "auto", training)
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
@@ -361,7 +366,7 @@ def plan_workload(workload: Workload, placement: PlacementConfig, profile: Devic
         chosen = predict(explicit, workload, profile)
         predictions = [p for p in predictions if p.plan != explicit] + [chosen]
     else:
-        chosen = choose(predictions, vram_bytes, ram_bytes)
+        chosen = choose(predictions, vram_bytes, ram_bytes, full_training=not workload.frozen_base)
     rows = best_per_group(predictions, vram_bytes, ram_bytes)
     rows = [chosen if row.plan == chosen.plan else row for row in rows]
     if chosen not in rows:

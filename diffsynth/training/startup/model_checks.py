@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...core.finite import NonFiniteTensorError
 from ...core.loader import (
     ModelConfig,
     ModelLoadError,
@@ -113,6 +114,9 @@ def _preset_lora_problems(run: RunConfig, slots: dict[str, ModelConfig], trains:
 
         try:
             check_lora(model, run.lora.preset_lora_path)
+        except NonFiniteTensorError as error:  # exit code 3, as through --lora_checkpoint: not a flag to fix
+            raise NonFiniteTensorError(f"--preset_lora_path {run.lora.preset_lora_path}: {error}",
+                                       error.names) from None
         except (FileNotFoundError, ValueError) as error:
             problems.append(f"--preset_lora_path {run.lora.preset_lora_path} cannot be merged into {name} "
                             f"({type(model).__name__}): {error}")
@@ -170,6 +174,7 @@ def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
 
     Raises:
         FlagError: One line per problem, each naming the flag, the value and the fix.
+        NonFiniteTensorError: The preset LoRA holds NaN or inf values (exit code 3, as every such file).
     """
     trains = run.training.stage != "data_process"
     slots = _slots(pipeline_class, configs)

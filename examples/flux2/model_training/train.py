@@ -1,7 +1,6 @@
 """FLUX.2 [klein] LoRA / full training; run with `accelerate launch` and the flags in lora/, full/ and special/."""
 
-from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
 from diffsynth.training import cli
 
 if __name__ == "__main__":
-    cli(Flux2KleinPipeline)
+    cli("diffsynth.pipelines.flux2_klein:Flux2KleinPipeline")

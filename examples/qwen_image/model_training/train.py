@@ -1,7 +1,6 @@
 """Qwen-Image LoRA / full training; run with `accelerate launch` and the flags in lora/ and special/."""
 
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.training import cli
 
 if __name__ == "__main__":
-    cli(QwenImagePipeline)
+    cli("diffsynth.pipelines.qwen_image:QwenImagePipeline")

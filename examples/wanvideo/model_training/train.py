@@ -1,7 +1,6 @@
 """Wan LoRA / full training; run with `accelerate launch` and the flags in lora/ and special/."""
 
-from diffsynth.pipelines.wan_video import WanVideoPipeline
 from diffsynth.training import cli
 
 if __name__ == "__main__":
-    cli(WanVideoPipeline, video=True)
+    cli("diffsynth.pipelines.wan_video:WanVideoPipeline", video=True)

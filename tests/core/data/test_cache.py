@@ -3,7 +3,6 @@ the manifest and stage 2's completeness check."""
 
 import json
 import tempfile
-from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -18,6 +17,7 @@ from diffsynth.core.data import (CACHE_FORMAT_VERSION, CACHE_INFO_FILE, CACHE_MA
                                  read_cache_fingerprint, read_cache_info, read_cache_manifest, save_cache_sample,
                                  write_cache_info, write_cache_manifest)
 from diffsynth.core.data.cache import restamp_cache_sample
+from diffsynth.core.safetensors_stream import SafetensorsStream
 
 INFO = {"model_files": ["vae/diffusion_pytorch_model.safetensors"], "units": ["PromptEmbedder", "VAEEncoder"],
         "keys": ["latents", "prompt_emb"]}
@@ -173,15 +173,16 @@ def test_a_save_leaves_no_temporary_file(tmp_path):
     assert [path.name for path in (tmp_path / "0").iterdir()] == ["0.safetensors"]
 
 
-def failing_save(tensors, filename, metadata=None):
-    Path(filename).write_bytes(b"half a file")
+def failing_close(stream, close=SafetensorsStream.close):
+    close(stream)
+    stream.path.write_bytes(b"half a file")
     raise OSError("disk full")
 
 
 def test_a_save_that_fails_leaves_no_file_and_keeps_an_older_one(tmp_path, monkeypatch):
     old = {"shared": {"x": torch.zeros(2)}, "posi": {}, "nega": {}}
     kept = save_cache_sample(cache_file_path(tmp_path, 0, 0), old, INFO)
-    monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
+    monkeypatch.setattr(SafetensorsStream, "close", failing_close)
     new = {"shared": {"x": torch.ones(2)}, "posi": {}, "nega": {}}
     for index in (0, 1):
         with pytest.raises(OSError, match="disk full"):

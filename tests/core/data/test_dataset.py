@@ -244,6 +244,35 @@ def test_an_empty_prompt_cell_names_the_row(folder, prompt):
     expect_error(folder, DatasetError, ["metadata.json", "row 2", "'prompt'"], "metadata.json")
 
 
+@pytest.mark.parametrize("prompt", [{"k": 1}, 123, ["a cat"], True])
+@pytest.mark.parametrize("extension", [".json", ".jsonl"])
+def test_a_json_prompt_that_is_not_text_names_the_row_and_column(folder, extension, prompt):
+    write_metadata(folder / f"metadata{extension}", [ROWS[0], {**ROWS[1], "prompt": prompt}])
+    expect_error(folder, DatasetError, [f"metadata{extension} row 2 column 'prompt' holds {prompt!r}, not text"],
+                 f"metadata{extension}")
+
+
+def test_every_bad_row_is_named_at_once_with_the_total(folder):
+    """Four rows, four different problems: one run lists them all (in row order), not only the first."""
+    rows = [ROWS[0], {**ROWS[1], "prompt": ""}, {**ROWS[2], "image": "gone.png"}, {**ROWS[0], "prompt": 7},
+            {**ROWS[0], "image": ""}]
+    write_metadata(folder / "metadata.json", rows)
+    message = expect_error(folder, DatasetError, ["metadata.json has 4 problems:"], "metadata.json")
+    lines = message.splitlines()[1:5]
+    assert [line.split(" ", 4)[2:4] for line in lines] == [["row", "2"], ["row", "3"], ["row", "4"], ["row", "5"]]
+    assert ["'prompt'" in lines[0], "gone.png does not exist" in lines[1], "holds 7, not text" in lines[2],
+            "column 'image' holds ''" in lines[3]] == [True] * 4
+
+
+def test_a_long_list_of_problems_stops_at_the_cap_and_counts_the_rest(folder):
+    from diffsynth.core.data.metadata import PROBLEMS_SHOWN
+
+    write_metadata(folder / "metadata.csv", [ROWS[0], *({"image": f"gone{n}.png", "prompt": "x"} for n in range(25))])
+    message = expect_error(folder, DataFileNotFoundError, ["metadata.csv has 25 problems:", "gone19.png",
+                                                           f"... and {25 - PROBLEMS_SHOWN} more"])
+    assert "gone20.png" not in message and len(message.splitlines()) == PROBLEMS_SHOWN + 3
+
+
 def test_a_json_row_without_the_prompt_key_names_the_row(folder):
     write_metadata(folder / "metadata.jsonl", [ROWS[0], ROWS[1], {"image": "c.png"}])
     expect_error(folder, DatasetError, ["row 3", "'prompt'"], "metadata.jsonl")

@@ -34,25 +34,31 @@ def storage_of(tensor):
 
 def test_a_buffer_given_back_is_lent_again_for_any_dtype_of_the_same_byte_size(device):
     pool = DeviceBufferPool(device)
-    first = pool.take(torch.empty(4, 8, dtype=torch.float32))
+    like = torch.empty(4, 8, dtype=torch.float32)
+    buffer = pool.take(like)
+    first = buffer.view_as(like)
     assert first.shape == (4, 8) and first.dtype == torch.float32 and first.device == device
     address = storage_of(first)
-    assert pool.give_back(first)
-    del first
-    again = pool.take(torch.empty(64, dtype=torch.bfloat16))
-    assert again.shape == (64,) and again.dtype == torch.bfloat16 and storage_of(again) == address
+    assert pool.give_back(buffer)
+    other = torch.empty(64, dtype=torch.bfloat16)
+    again = pool.take(other)
+    assert again is buffer
+    assert again.view_as(other).shape == (64,) and again.view_as(other).dtype == torch.bfloat16
+    assert storage_of(again.view_as(other)) == address
+    assert again.view_as(other) is again.view_as(other)  # a view is made once per dtype and shape, then kept
     assert (pool.stats.allocations, pool.stats.reuses, pool.stats.escapes) == (1, 1, 0)
     assert pool.stats.reserved_bytes == pool.stats.in_use_bytes == 128
+    assert pool.give_back(again)  # the views it keeps are the pool's own: no escape
 
 
 def test_buffers_in_use_are_never_lent_twice_and_other_sizes_get_their_own(device):
     pool = DeviceBufferPool(device)
-    views = [pool.take(torch.empty(16)) for _ in range(3)] + [pool.take(torch.empty(32))]
-    assert len({storage_of(v) for v in views}) == 4
+    likes = [torch.empty(16)] * 3 + [torch.empty(32)]
+    buffers = [pool.take(like) for like in likes]
+    assert len({storage_of(b.view_as(like)) for b, like in zip(buffers, likes)}) == 4
     assert pool.stats.allocations == 4 and pool.stats.reserved_bytes == 3 * 64 + 128
-    for view in views:
-        assert pool.owns(view)
-        pool.give_back(view)
+    for buffer in buffers:
+        assert pool.give_back(buffer)
     assert pool.free_bytes() == pool.stats.reserved_bytes
     pool.release_free()
     assert pool.stats.reserved_bytes == 0 and pool.free_bytes() == 0
@@ -60,12 +66,13 @@ def test_buffers_in_use_are_never_lent_twice_and_other_sizes_get_their_own(devic
 
 def test_a_buffer_still_referenced_elsewhere_is_not_reused(device):
     pool = DeviceBufferPool(device)
-    weight = pool.take(torch.empty(8))
-    weight.copy_(torch.arange(8.0))
-    kept = weight[2:]  # someone holds a view past the unit's unload
-    assert not pool.give_back(weight)
+    like = torch.empty(8)
+    buffer = pool.take(like)
+    buffer.view_as(like).copy_(torch.arange(8.0))
+    kept = buffer.view_as(like)[2:]  # someone holds a view past the unit's unload
+    assert not pool.give_back(buffer)
     assert pool.stats.escapes == 1 and pool.stats.reserved_bytes == 0
-    other = pool.take(torch.empty(8))
+    other = pool.take(like).view_as(like)
     other.fill_(-1.0)
     assert storage_of(other) != storage_of(kept)
     torch.testing.assert_close(kept.cpu(), torch.arange(2.0, 8.0))

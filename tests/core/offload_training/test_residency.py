@@ -54,7 +54,9 @@ def test_only_the_computing_unit_and_its_enclosing_holders_are_loaded(monkeypatc
     live_after_forward = []
     one_step(model, manager, live_after_forward)
 
-    assert {u.name for u, _, _ in snapshots} >= {"embed", "head", "blocks.1.linear", "blocks.2.bn", ""}
+    # blocks.1.linear trains: on the host with optimizer offload, else on the device for good, and then no unit.
+    assert {u.name for u, _, _ in snapshots} >= {"embed", "head", "blocks.2.bn", ""}
+    assert ("blocks.1.linear" in {u.name for u, _, _ in snapshots}) == optimizer_offload
     for unit, loaded, _ in snapshots:
         strays = [u.name for u in loaded if not (encloses(u.name, unit.name) or encloses(unit.name, u.name))]
         assert not strays, f"while {unit.name!r} loads, {strays} are loaded too"

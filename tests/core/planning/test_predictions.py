@@ -12,8 +12,13 @@ from peft import LoraConfig, inject_adapter_in_model
 from diffsynth.core import gradient_checkpoint_forward
 from diffsynth.core.offload_training import BlockSwapConfig, OffloadTrainingManager, create_offloader
 from diffsynth.core.planning.footprint import measure_step
-from diffsynth.core.planning.residency import (classic_swap_residency, h2d_ring_residency, leaf_offload_residency,
-                                               stream_sizes, swap_sizes)
+from diffsynth.core.planning.residency import (
+    classic_swap_residency,
+    h2d_ring_residency,
+    leaf_offload_residency,
+    stream_sizes,
+    swap_sizes,
+)
 
 NUM_LAYERS = 3
 
@@ -28,18 +33,18 @@ def build(name, device, shape):
                                                 attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                                 guidance_embeds=False, axes_dims_rope=(8, 4, 4))
             targets = ["to_q", "to_k", "to_v", "add_q_proj", "to_out.0", "img_mlp.net.2", "txt_mod.1"]
-            inputs = dict(hidden_states=torch.randn(1, side * side, 64), encoder_hidden_states=torch.randn(1, 7, 32),
-                          encoder_hidden_states_mask=torch.ones(1, 7), timestep=torch.tensor([0.5]),
-                          img_shapes=[[(1, side, side)]], return_dict=False)
+            inputs = {"hidden_states": torch.randn(1, side * side, 64), "encoder_hidden_states": torch.randn(1, 7, 32),
+                          "encoder_hidden_states_mask": torch.ones(1, 7), "timestep": torch.tensor([0.5]),
+                          "img_shapes": [[(1, side, side)]], "return_dict": False}
         else:
             model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
                                           in_channels=16, out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64,
                                           num_layers=NUM_LAYERS, cross_attn_norm=True,
                                           qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
             targets = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
-            inputs = dict(hidden_states=torch.randn(1, 16, frames, 2 * side, 2 * side),
-                          encoder_hidden_states=torch.randn(1, 7, 32), timestep=torch.tensor([500]),
-                          return_dict=False)
+            inputs = {"hidden_states": torch.randn(1, 16, frames, 2 * side, 2 * side),
+                          "encoder_hidden_states": torch.randn(1, 7, 32), "timestep": torch.tensor([500]),
+                          "return_dict": False}
     model.requires_grad_(False)
     inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=targets), model)
     for name_, param in model.named_parameters():

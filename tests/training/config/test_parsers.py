@@ -43,7 +43,8 @@ EXTRA_DEFAULTS = {
     "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
     "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
     "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
-    "shared_host_weights": "auto",
+    "shared_host_weights": "auto", "ema_decay": None, "fused_optimizer_step": False,
+    "full_checkpoint_format": "auto",
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH);
 # its --lora_target_modules default q,k,v,o,ffn.0,ffn.2 names Wan's layers whatever the model, so unset here stands for
@@ -283,7 +284,7 @@ def test_the_float_flags_are_the_ones_expected():
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
                                 "--cpu_offload_split_threshold", "--progress_interval_seconds", "--sigmoid_scale",
                                 "--logit_mean", "--logit_std", "--discrete_flow_shift", "--mode_scale",
-                                "--validation_cfg_scale"}
+                                "--validation_cfg_scale", "--ema_decay"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])

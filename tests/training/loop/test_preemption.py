@@ -8,15 +8,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from diffsynth.core.data import CacheError, DatasetError
+from diffsynth.core.disk_full import DiskFullError
 from diffsynth.core.finite import NonFiniteTensorError, nonfinite_names
+from diffsynth.core.loader import ModelLoadError
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.training import exit_codes
-from diffsynth.training.entry import cli, main
+from diffsynth.training import cli, exit_codes, main
 from diffsynth.training.errors import FlagError
 from diffsynth.training.loop.nonfinite_guard import TrainingDivergedError
 from diffsynth.training.loop.preemption import CheckpointClock, PreemptionListener, RunPreempted
@@ -78,7 +80,8 @@ def test_the_checkpoint_clock():
 @pytest.mark.parametrize("error, code", [
     (RunPreempted("stopped", 3), 75), (TrainingDivergedError("diverged", 3), 3),
     (NonFiniteTensorError("nan", ["a"]), 3), (FlagError(["--x"]), 2), (DatasetError("row"), 2),
-    (CacheError("cache"), 2), (ValueError("bug"), 1), (RuntimeError("out of memory"), 1), (KeyboardInterrupt(), 130),
+    (CacheError("cache"), 2), (ModelLoadError("truncated shard"), 2), (DiskFullError("full", Path("f"), 9, 1), 74),
+    (ValueError("bug"), 1), (RuntimeError("out of memory"), 1), (KeyboardInterrupt(), 130),
 ])  # fmt: skip
 def test_each_outcome_has_its_exit_code(error, code, capsys):
     def fail():
@@ -161,7 +164,7 @@ def test_timed_checkpoints_are_training_state_only(dataset, tmp_path):
 RANK_SCRIPT = """
 import json, os, signal, sys, torch
 from safetensors.torch import save_file
-from diffsynth.training import entry as trainer
+from diffsynth.training import cli, entry as trainer
 from diffsynth.training.loop import runner
 from diffsynth.training.outputs import logger
 from diffsynth.training.loop.preemption import RunPreempted
@@ -186,7 +189,7 @@ def record(accelerator, dataset, module, *args, **kwargs):
         raise
 
 logger.ModelLogger.on_step_end, trainer.launch_training_task = signal_rank_one, record
-trainer.cli(QwenImagePipeline, sys.argv[1:])
+cli(QwenImagePipeline, sys.argv[1:])
 """
 
 
@@ -218,3 +221,30 @@ def test_two_processes_skip_the_same_steps_and_stop_at_the_same_step(dataset, tm
     progress = read_progress(resolve_checkpoint("latest", output))
     # Epoch 0's three steps hold all six samples, so both copies of the damaged one: one or two skipped steps.
     assert progress["global_step"] == 3 and progress["nonfinite_steps"] in (1, 2)
+
+
+def test_a_signal_during_a_save_stops_the_run_after_that_save(dataset, tmp_path, monkeypatch, caplog):
+    """SIGTERM while step 1's checkpoint is being written: the run stops there, without training step 2 and saving
+    again (a scheduler's grace period may not leave time for a second save)."""
+    from diffsynth.training.loop import training_loop
+
+    save, saved_steps = training_loop.save_training_state, []
+
+    def signal_while_saving(output_path, trainable, optimizer_state, scheduler_state, progress, *args, **kwargs):
+        saved_steps.append(progress["global_step"])
+        if progress["global_step"] == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's signal, arriving mid-save
+        return save(output_path, trainable, optimizer_state, scheduler_state, progress, *args, **kwargs)
+
+    monkeypatch.setattr(training_loop, "save_training_state", signal_while_saving)
+    output = tmp_path / "out"
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as exit_info:
+        cli(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(output), "--num_epochs", "1",
+                                "--save_steps", "1", "--enable_csv_log"])
+    assert exit_info.value.code == exit_codes.PREEMPTED
+    assert "training stopped by SIGTERM after optimizer step 1" in caplog.text
+    assert saved_steps == [1]  # one save: the one in progress
+    assert sorted(path.name for path in output.glob("*.safetensors")) == ["step-1.safetensors"]
+    assert [path.name for path in (output / "checkpoints").iterdir()] == ["step-1"]
+    rows = (output / "logs" / "metrics.csv").read_text().splitlines()
+    assert rows[-1].split(",")[0] == "1"  # no step trained after it

@@ -114,6 +114,18 @@ def test_only_this_runs_newest_checkpoints_are_kept(tmp_path):
                                                                            "step-3"]
 
 
+
+def test_pruning_and_replacing_a_checkpoint_keep_the_users_files(tmp_path):
+    first = save(tmp_path, 1, keep_last=1)
+    (first / "notes").mkdir()
+    (first / "notes" / "why.txt").write_text("the run before the learning-rate change")
+    replaced = save(tmp_path, 1, keep_last=1)  # the same step again: a rerun of a resumed run
+    assert (replaced / "notes" / "why.txt").read_text() == "the run before the learning-rate change"
+    assert (replaced / "progress.json").is_file()
+    save(tmp_path, 2, keep_last=1)
+    assert sorted(path.relative_to(first).as_posix() for path in first.rglob("*")) == ["notes", "notes/why.txt"]
+    assert resolve_checkpoint("latest", tmp_path).name == "step-2"
+
 def flags(**changes):
     values = {"lora_base_model": "dit", "lora_target_modules": "q,to_k", "lora_rank": 4, "lora_alpha": None,
               "trainable_models": None}

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -17,11 +18,14 @@ import pytest
 
 from diffsynth.core.folder_lock import LOCK_FILE, LockHolder
 from diffsynth.core.loader import loading
+from diffsynth.core.written_files import start_recording
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
 from diffsynth.training.outputs.checkpoint import CheckpointError
+from diffsynth.training.outputs.earlier_outputs import earlier_outputs
+from diffsynth.training.outputs.logger import ModelLogger
 from diffsynth.training.outputs.output_folder import TRAINING_OUTPUTS, previous_outputs
 from tests.training.test_trainer import COMMON, PATTERN, lora, max_difference, raw
 
@@ -105,18 +109,18 @@ def test_a_new_run_in_an_old_runs_folder_is_refused_then_overwrite_or_resume_wor
             train(dataset, output, "--enable_csv_log")
     message = str(refused.value)
     assert f"--output_path {output} holds the outputs of an earlier run (run {run_id}): " in message
-    assert "checkpoints/step-4" in message and "logs/metrics.csv" in message and "step-2.safetensors" in message
+    assert "checkpoints/step-4/progress.json" in message and "logs/metrics.csv" in message
+    assert "step-2.safetensors" in message
     assert "--resume_from_checkpoint latest" in message and "--overwrite_output" in message
     # Resuming continues the same run.
     resumed = train(dataset, output, "--resume_from_checkpoint", "latest", "--enable_csv_log")
     assert resumed["global_step"] == 12 and metric_steps(output) == list(range(1, 13))
     assert json.loads((output / "training_args.json").read_text())["run_id"] == run_id
     # Overwriting removes the trainer's files only, then starts afresh with a new run id.
-    (output / "epoch-7.safetensors").write_bytes(b"stale file of the earlier run")
     fresh = train(dataset, output, "--overwrite_output", "--num_epochs", "1", "--enable_csv_log")
     assert fresh["global_step"] == 6 and metric_steps(output) == list(range(1, 7))
-    assert sorted(os.listdir(output)) == ["checkpoints", "config.yaml", "epoch-0.safetensors", "logs", "notes.txt",
-                                          "training_args.json"]
+    assert sorted(os.listdir(output)) == [".diffsynth", "checkpoints", "config.yaml", "epoch-0.safetensors", "logs",
+                                          "notes.txt", "training_args.json"]
     assert sorted(os.listdir(output / "checkpoints")) == ["step-6"]
     assert json.loads((output / "training_args.json").read_text())["run_id"] != run_id
 
@@ -282,11 +286,131 @@ def test_the_loss_chart_is_one_of_the_files_a_run_writes(tmp_path):
 
 
 def test_diffusers_twins_and_samples_are_files_a_run_writes(tmp_path):
-    (tmp_path / "samples" / "step-10").mkdir(parents=True)
-    (tmp_path / "samples" / "notes").mkdir()
-    names = ("step-10.diffusers.safetensors", ".epoch-0.diffusers.safetensors.x1.tmp", "mine.diffusers.safetensors")
+    for folder in ("samples/step-10", "samples/notes", "checkpoints/step-3"):
+        (tmp_path / folder).mkdir(parents=True)
+    names = ("step-10.diffusers.safetensors", ".epoch-0.diffusers.safetensors.x1.tmp", "mine.diffusers.safetensors",
+             "samples/step-10/00.png", "samples/step-10/photo.png", "samples/notes/00.png",
+             "checkpoints/step-3/progress.json", "checkpoints/step-3/note.txt")
     for name in names:
         (tmp_path / name).write_bytes(b"")
+    # Files, not folders: a file of someone else's inside a folder of the trainer's has no trainer name.
     assert previous_outputs(tmp_path, TRAINING_OUTPUTS) == [
-        tmp_path / ".epoch-0.diffusers.safetensors.x1.tmp", tmp_path / "samples" / "step-10",
-        tmp_path / "step-10.diffusers.safetensors"]
+        tmp_path / ".epoch-0.diffusers.safetensors.x1.tmp", tmp_path / "checkpoints" / "step-3" / "progress.json",
+        tmp_path / "samples" / "step-10" / "00.png", tmp_path / "step-10.diffusers.safetensors"]
+
+
+def listed_files(message, output):
+    """The paths a refusal lists after "<N> files, " (up to the cap), relative to ``output``."""
+    names = message.split(" files, ", 1)[1].split(";", 1)[0].split(" and ", 1)[0].split(", ")
+    return [output / name for name in names]
+
+
+def test_overwrite_removes_the_trainers_files_and_keeps_every_other_byte(dataset, tmp_path):
+    output = tmp_path / "out"
+    (tmp_path / "prompts.txt").write_text("a red square\n")
+    train(dataset, output, "--max_train_steps", "4", "--save_steps", "2", "--enable_csv_log", "--validation_prompts",
+          str(tmp_path / "prompts.txt"), "--validation_num_inference_steps", "1", "--validation_steps", "2")
+    assert (output / "samples" / "step-2" / "00.png").is_file() and (output / "checkpoints" / "step-4").is_dir()
+    foreign = {  # another experiment's events, a user's photo and note in the trainer's folders, another tool's file
+        "logs/tensorboard/events.out.tfevents.1700000000.otherhost.7.0": b"\x18\x00other experiment",
+        "samples/step-2/photo.png": b"my photo",
+        "checkpoints/step-4/note.txt": b"good run, keep",
+        "epoch-3.safetensors": b"written by another tool",
+    }
+    for name, content in foreign.items():
+        (output / name).parent.mkdir(parents=True, exist_ok=True)
+        (output / name).write_bytes(content)
+    (output / "step-2.safetensors").write_bytes(b"the user's replacement")  # changed since: no longer the trainer's
+    with pytest.raises(FlagError) as refused:
+        train(dataset, output)
+    message = str(refused.value)
+    # Files, not folders, with their total; the foreign ones are named as kept, never as the run's.
+    assert all(path.is_file() for path in listed_files(message, output)), message
+    assert " 13 files, " in message and "and 5 more" in message, message
+    assert "keeps 3 files with the names of trainer outputs" in message and "epoch-3.safetensors" in message
+    fresh = train(dataset, output, "--overwrite_output", "--max_train_steps", "3", "--enable_csv_log")
+    assert fresh["global_step"] == 3 and metric_steps(output) == [1, 2, 3]
+    for name, content in {**foreign, "step-2.safetensors": b"the user's replacement"}.items():
+        assert (output / name).read_bytes() == content, name
+    assert sorted(os.listdir(output / "checkpoints")) == ["step-3", "step-4"]
+    assert os.listdir(output / "checkpoints" / "step-4") == ["note.txt"]
+    assert os.listdir(output / "samples") == ["step-2"] and os.listdir(output / "samples" / "step-2") == ["photo.png"]
+    assert not (output / "step-4.safetensors").exists() and (output / "step-3.safetensors").is_file()
+    # The new run's files are recorded in turn: a third run is refused over exactly those.
+    with pytest.raises(FlagError, match=r"holds the outputs of an earlier run \(run [0-9a-f]+\): 8 files, "):
+        train(dataset, output)
+
+
+def test_a_folder_from_before_the_record_is_cleaned_by_the_trainers_marks(dataset, tmp_path, monkeypatch):
+    output = tmp_path / "out"
+    train(dataset, output, "--max_train_steps", "2", "--enable_csv_log")
+    shutil.rmtree(output / ".diffsynth")  # as a version without the record left it
+    (output / "step-9.safetensors").write_bytes(b"written by another tool")
+    with monkeypatch.context() as patch:
+        patch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("a model was loaded"))
+        with pytest.raises(FlagError) as refused:  # the logs carry no mark, and a new run would write over them
+            train(dataset, output, "--overwrite_output")
+    message = str(refused.value)
+    assert f"cd {output} && rm logs/loss.png logs/metrics.csv" in message and "nothing was removed" in message
+    assert (output / "step-2.safetensors").is_file()
+    (output / "logs" / "metrics.csv").unlink()
+    (output / "logs" / "loss.png").unlink()
+    train(dataset, output, "--overwrite_output", "--max_train_steps", "1")
+    assert (output / "step-9.safetensors").read_bytes() == b"written by another tool"
+    assert not (output / "step-2.safetensors").exists() and (output / "step-1.safetensors").is_file()
+    assert sorted(os.listdir(output / "checkpoints")) == ["step-1"]
+
+
+def test_resuming_latest_without_a_checkpoint_names_the_whole_fix(dataset, tmp_path, no_model_loads):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "training_args.json").write_text(json.dumps({"run_id": "abc123"}))
+    with pytest.raises(CheckpointError) as refused:
+        train(dataset, output, "--resume_from_checkpoint", "latest")
+    message = str(refused.value)
+    assert "drop --resume_from_checkpoint and add --overwrite_output" in message and "training_args.json" in message
+    assert "drop the flag to start afresh" not in message
+
+
+def test_the_logs_a_run_appends_to_are_recorded_as_its_own(tmp_path, monkeypatch):
+    class EventsWriter:  # as TensorBoard's SummaryWriter does: opens its events file at once, then appends
+        def __init__(self, log_dir, **kwargs):
+            os.makedirs(log_dir, exist_ok=True)
+            self.path = Path(log_dir) / f"events.out.tfevents.{os.getpid()}.here"
+            self.path.write_bytes(b"file version")
+
+        def add_scalar(self, key, value, step):
+            with open(self.path, "ab") as handle:
+                handle.write(f"{key}={value}@{step}".encode())
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=EventsWriter))
+    foreign = tmp_path / "logs" / "tensorboard" / "events.out.tfevents.1700000000.otherhost.7.0"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"another experiment")
+    recording = start_recording(tmp_path, "run1")
+    try:
+        with ModelLogger(tmp_path, enable_tensorboard_log=True, enable_csv_log=True) as model_logger:
+            for step in (1, 2, 3):
+                model_logger.log_metrics(step, {"loss": 0.5})
+    finally:
+        recording.stop()
+    earlier = earlier_outputs(tmp_path, TRAINING_OUTPUTS)
+    assert earlier.ours == [tmp_path / "logs" / "metrics.csv",
+                            tmp_path / "logs" / "tensorboard" / f"events.out.tfevents.{os.getpid()}.here"]
+    assert earlier.others == [foreign]
+
+
+def test_resuming_a_folder_from_before_the_record_records_the_earlier_files(dataset, tmp_path):
+    output = tmp_path / "out"
+    train(dataset, output, "--max_train_steps", "2", "--save_steps", "1")
+    shutil.rmtree(output / ".diffsynth")  # as a version without the record left it
+    train(dataset, output, "--resume_from_checkpoint", "latest", "--max_train_steps", "3")
+    ours = earlier_outputs(output, TRAINING_OUTPUTS).ours
+    assert output / "step-1.safetensors" in ours and output / "checkpoints" / "step-2" / "progress.json" in ours
+    assert output / "step-3.safetensors" in ours

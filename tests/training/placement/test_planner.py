@@ -82,7 +82,10 @@ def test_predictions_add_up_and_moving_policies_need_less_device_memory(qwen_wor
     device = predict(Plan("on", "device"), qwen_workload, PROFILE)
     offload = predict(Plan("on", "offload"), qwen_workload, PROFILE)
     assert device.allocated_bytes == sum(v for k, v in device.parts.items() if k != "CUDA context + slack")
-    assert device.parts["weights"] + device.parts["trainable + grads + AdamW"] // 4 == qwen_workload.model_bytes
+    assert device.parts["weights"] + device.parts["trained weights"] == qwen_workload.model_bytes
+    # AdamW keeps two moments in the trained weights' dtype, and every gradient exists until the step.
+    assert device.parts["gradients"] == device.parts["trained weights"] == qwen_workload.trainable_bytes
+    assert device.parts["optimizer state"] == 2 * qwen_workload.trainable_bytes
     assert offload.parts["weights"] == 0 and 0 < offload.parts["moving weights"] < qwen_workload.model_bytes
     assert offload.allocated_bytes < device.allocated_bytes and offload.host_bytes > device.host_bytes
 

@@ -112,3 +112,29 @@ def test_the_smallest_run_is_current_on_every_page():
         assert TABLES.low_vram_tables(planned).strip() in between(
             REPO / "docs" / language / "Low_VRAM.md", TABLES.LOW_VRAM_MARKERS), (
             f"docs/{language}/Low_VRAM.md is out of date; run: .venv/bin/python scripts/planner_tables.py")
+
+
+# ---- Full_Fine_Tuning: full fine-tunes per optimizer setup, GPU and host RAM size ------------------------------------
+
+def test_a_full_training_cell_names_the_fastest_plan_that_fits_or_the_memory_that_would():
+    offload = Prediction(Plan("on", "offload", optimizer_offload=True), 5 * GIB, 5 * GIB, 100 * GIB, 20.0, 4.0, 1.0, {})
+    on_gpu = Prediction(Plan("on", "device"), 90 * GIB, 90 * GIB, 2 * GIB, 4.0, 4.0, 0.0, {})
+    assert TABLES.full_cell([offload, on_gpu], "rtx4090-24gb", 128, "en") == (
+        "model offload K=1 + optimizer offload, checkpointing on: 5.0 / 100.0 GiB, 20.0 s")
+    assert TABLES.full_cell([offload, on_gpu], "h200-141gb", 128, "en").startswith("all on the GPU")  # faster
+    assert TABLES.full_cell([offload, on_gpu], "rtx4090-24gb", 64, "en") == (
+        "needs 100.0 GiB of RAM (model offload K=1 + optimizer offload)")
+    assert TABLES.full_cell([on_gpu], "rtx4090-24gb", 512, "zh") == "GPU 放不下（任何方案最少需要 90.0 GiB）"
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_full_fine_tuning_has_a_row_per_run_setup_and_gpu(language):
+    text = between(REPO / "docs" / language / "Full_Fine_Tuning.md", TABLES.FULL_MARKERS)
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == TABLES.FULL_WORDS[language]["head"]
+    chinese = language == "zh"
+    expected = [(run.title_zh if chinese else run.title, zh if chinese else en,
+                 f"{PROFILES[name].memory_bytes // GIB} GB ({name})")
+                for run in TABLES.FULL_RUNS for en, zh, _ in TABLES.FULL_SETUPS for name in TABLES.FULL_PROFILES]
+    assert [tuple(row[:3]) for row in rows[1:]] == expected
+    assert all(len(row) == 3 + len(TABLES.FULL_HOST_GIB) for row in rows[1:])

@@ -1,0 +1,24 @@
+"""The sections of a run's flags, in the order their flag groups appear in ``--help`` and the docs.
+
+Apart from :mod:`run_config`, which checks them against each other, so that the parser is built from the sections
+alone: none of them imports torch, and a flag error is answered before it loads.
+"""
+
+from __future__ import annotations
+
+from ..objective.timestep_sampling import TimestepSampling
+from ..placement.config import PlacementConfig
+from ..section import Section
+from .console import ConsoleSection
+from .dataset import DatasetSection
+from .lora import LoraSection
+from .model import ModelSection
+from .output import OutputSection
+from .training import TrainingSection
+from .validation import ValidationSection
+
+SECTIONS: dict[str, type[Section]] = {
+    "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepSampling,
+    "output": OutputSection, "validation": ValidationSection, "lora": LoraSection, "placement": PlacementConfig,
+    "console": ConsoleSection,
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Full fine-tune of the 1.3B Wan2.1 text-to-video transformer (the reference's command: a plain accelerate launch, one
+# process per GPU of your default accelerate config; full/accelerate_config_14B.yaml or
+# full/accelerate_config_zero3.yaml shard the optimizer state, or the weights too, over 8 GPUs). Run from the
+# repository root.
+#
+# The dataset is a folder of clips plus metadata.csv (columns video,prompt), each clip at least --num_frames frames
+# long; to draw a small one:
+#   python -m diffsynth.core.data.example_dataset --kind video --num_frames 81 --output data/example_video_dataset
+# --num_frames 81, the reference's default, is written out (the reference's command leaves it out).
+# The model files (the original release files of Wan-AI/Wan2.1-T2V-1.3B) are read from DIFFSYNTH_MODEL_BASE_PATH
+# (default ./models) and downloaded there when missing.
+# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# docs/en/Full_Fine_Tuning.md). Gradient checkpointing is always on for Wan, as in the reference.
+set -e
+
+accelerate launch examples/wanvideo/model_training/train.py \
+  --dataset_base_path data/example_video_dataset \
+  --dataset_metadata_path data/example_video_dataset/metadata.csv \
+  --height 480 \
+  --width 832 \
+  --num_frames 81 \
+  --dataset_repeat 100 \
+  --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-1.3B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-1.3B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-T2V-1.3B:Wan2.1_VAE.pth" \
+  --learning_rate 1e-5 \
+  --num_epochs 2 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/Wan2.1-T2V-1.3B_full" \
+  --trainable_models "dit"

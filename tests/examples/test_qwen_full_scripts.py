@@ -1,0 +1,241 @@
+"""The reference's Qwen-Image full fine-tunes (DiffSynth-Studio fed7b18, ``examples/qwen_image/model_training/full``)
+run as written on the tiny repos through the trainer's ``main``, and the ones for releases not supported here stop
+with one line naming the release before any model loads.
+
+Each ``accelerate launch`` command runs from a scratch working folder with only what a user on a small machine would
+change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and ``DIFFSYNTH_MODEL_BASE_PATH``
+pointing at the tiny repos (plus the releases without a tiny repo of their own, under their ids: see ``model_root``).
+The DeepSpeed configs the scripts name (8 GPUs: ZeRO-2, ZeRO-2 with the optimizer on the CPU, ZeRO-3) are checked
+with accelerate's own config reader; their commands train here in-process, as one process.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_dataset import build_example_dataset
+from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.core.loader import resolve
+from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.training import entry as trainer
+from diffsynth.training.config.parsers import HELP_HINT, build_parser
+from tests.conftest import reset_accelerate_state
+
+from .test_qwen_reference_scripts import config_file, small
+from .test_scripts import REPO, launch_commands, trainer_argv
+
+QWEN = REPO / "examples" / "qwen_image" / "model_training"
+FULL = QWEN / "full"
+# Script -> the transformer repo it trains (the Distill-Full release keeps its shards at the repo's root).
+RELEASES = {
+    "Qwen-Image": "Qwen/Qwen-Image",
+    "Qwen-Image-2512": "Qwen/Qwen-Image-2512",
+    "Qwen-Image-Edit": "Qwen/Qwen-Image-Edit",
+    "Qwen-Image-Edit-2509": "Qwen/Qwen-Image-Edit-2509",
+    "Qwen-Image-Edit-2511": "Qwen/Qwen-Image-Edit-2511",
+    "Qwen-Image-Distill-Full": "DiffSynth-Studio/Qwen-Image-Distill-Full",
+}
+CONFIGS = {"accelerate_config.yaml": (2, "none"), "accelerate_config_zero2offload.yaml": (2, "cpu"),
+           "accelerate_config_zero3.yaml": (3, "none")}
+
+
+def checkpoint_weights(path: Path, model: str = "dit") -> dict[str, torch.Tensor]:
+    """The weights of the full checkpoint ``path`` (``<output_path>/epoch-<e>``), in whichever layout the trainer
+    wrote: the file ``<path>.safetensors``, or a diffusers folder (``config.json`` beside ``*.safetensors`` shards)
+    named ``<path>.<model>/`` or ``<path>/``."""
+    single = path.with_name(path.name + ".safetensors")
+    if single.is_file():
+        return load_file(str(single))
+    folder = next((candidate for candidate in (path.with_name(f"{path.name}.{model}"), path)
+                   if (candidate / "config.json").is_file()), None)
+    assert folder is not None, f"neither {single} nor a diffusers folder {path}.{model}/ or {path}/ was written"
+    shards = sorted(folder.glob("*.safetensors"))
+    assert shards, f"{folder}/ holds no .safetensors shard"
+    return {key: value for shard in shards for key, value in load_file(str(shard)).items()}
+
+
+def changed_weights(saved: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the saved weights that differ from the released ones; a full checkpoint holds every one."""
+    assert set(saved) == set(initial), (sorted(set(saved) - set(initial))[:5], sorted(set(initial) - set(saved))[:5])
+    return [key for key, value in saved.items() if not torch.equal(value.float(), initial[key].float())]
+
+
+def transformer_weights(repo: Path) -> dict[str, torch.Tensor]:
+    """The released transformer's weights: the shards under ``transformer/``, or at the root (Distill-Full)."""
+    folder = repo / "transformer" if (repo / "transformer").is_dir() else repo
+    return {key: value for shard in sorted(folder.glob("diffusion_pytorch_model*.safetensors"))
+            for key, value in load_file(str(shard)).items()}
+
+
+def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
+    """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
+    found = []
+    for words in launch_commands((QWEN / relative).read_text()):
+        train_py, argv = trainer_argv(words)
+        assert train_py == QWEN / "train.py", shlex.join(words)
+        found.append((config_file(words), small(argv)))
+    return found
+
+
+def run_in_process(argv: list[str]) -> dict:
+    args = build_parser().parse_args(argv)
+    if not Path(args.dataset_metadata_path).is_file():
+        if args.extra_inputs == "edit_image":  # one edit image per sample in a CSV (Edit), a list in JSON (2509+)
+            build_example_edit_dataset(args.dataset_base_path, num_samples=2,
+                                       num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
+        else:
+            build_example_dataset(args.dataset_base_path, num_images=2)
+    try:
+        return trainer.main(QwenImagePipeline, argv)
+    finally:
+        reset_accelerate_state()
+
+
+@pytest.fixture(scope="module")
+def model_root(tiny_root, tmp_path_factory) -> Path:
+    """The tiny repos, plus the releases that share the tiny Qwen-Image transformer's layout under their own ids:
+    ``Qwen/Qwen-Image-2512`` (the whole repo) and ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (its transformer
+    folder, as that release keeps the transformer at the root)."""
+    root = tmp_path_factory.mktemp("full_model_root")
+    for owner in tiny_root.iterdir():
+        (root / owner.name).mkdir()
+        for repo in owner.iterdir():
+            (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
+    qwen = tiny_root / QWEN_IMAGE_MODEL_ID
+    (root / "Qwen" / "Qwen-Image-2512").symlink_to(qwen, target_is_directory=True)
+    (root / "DiffSynth-Studio").mkdir(exist_ok=True)
+    (root / "DiffSynth-Studio" / "Qwen-Image-Distill-Full").symlink_to(qwen / "transformer", target_is_directory=True)
+    return root
+
+
+@pytest.fixture
+def workdir(model_root, tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(model_root))
+    # 64 x 64 edit images instead of the release's 1024 x 1024, which would cost the tiny VAE seconds per sample
+    monkeypatch.setattr(QwenImagePipeline, "edit_image_pixels", 64 * 64)
+    monkeypatch.setattr(QwenImagePipeline, "edit_condition_pixels", 64 * 64)
+    return tmp_path
+
+
+def test_the_reference_scripts_and_configs_exist():
+    names = {path.name for path in FULL.iterdir()}
+    assert {*(f"{name}.sh" for name in RELEASES), *CONFIGS} <= names
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_script_trains_every_weight_of_the_transformer(workdir, model_root, release):
+    [(config, argv)] = commands(f"full/{release}.sh")
+    assert config == FULL / "accelerate_config_zero2offload.yaml"
+    result = run_in_process(argv)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    pipe = result["module"].pipe
+    assert pipe.model_configs["dit"].model_id == RELEASES[release]
+    assert (pipe.processor is not None) is ("Edit" in release) and pipe.dit.zero_cond_t is ("2511" in release)
+    saved = checkpoint_weights(workdir / argv[argv.index("--output_path") + 1] / "epoch-0")
+    released = transformer_weights(model_root / RELEASES[release])
+    unchanged = set(saved) - set(changed_weights(saved, released))
+    # Every weight moved but the RMSNorm scales: stored in bf16 at 1.0, where a 1e-5 step is below the resolution.
+    assert len(unchanged) < len(saved) / 4 and all(torch.all(released[key] == 1) for key in unchanged), unchanged
+
+
+@pytest.mark.parametrize(("name", "stage_and_offload"), list(CONFIGS.items()))
+def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage_and_offload):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(FULL / name))
+    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8 and config.mixed_precision == "bf16"
+    stage, offload = stage_and_offload
+    assert config.deepspeed_config["zero_stage"] == stage
+    assert config.deepspeed_config["offload_optimizer_device"] == offload
+
+
+FAMILY_FOLDERS = {"Qwen-Image": "qwen_image", "Wan": "wanvideo", "Z-Image": "z_image", "FLUX.1": "flux",
+                  "FLUX.2 [klein]": "flux2"}
+
+
+def recipe_rows(language: str) -> list[tuple[str, list[str], str | None]]:
+    """``(family, scripts, accelerate config or None)`` of each row of a Full fine-tuning page's recipe table."""
+    text = (REPO / "docs" / language / "Full_Fine_Tuning.md").read_text()
+    section = text.split("\n## ", 2)[1]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in FAMILY_FOLDERS:
+            config = re.search(r"`(full/[^`]+\.yaml)`", cells[2])
+            rows.append((cells[0], re.findall(r"`(full/[^`]+\.sh)`", cells[1]), config and config.group(1)))
+    return rows
+
+
+def test_the_recipes_table_names_each_scripts_accelerate_config():
+    rows = recipe_rows("en")
+    assert rows == recipe_rows("zh") and {family for family, _, _ in rows} == set(FAMILY_FOLDERS)
+    listed = set()
+    for family, scripts, config in rows:
+        training = REPO / "examples" / FAMILY_FOLDERS[family] / "model_training"
+        for script in scripts:
+            listed.add(training / script)
+            configs = {config_file(words) for words in launch_commands((training / script).read_text())}
+            assert configs == {config and training / config}, (script, configs)
+    assert set(FULL.glob("*.sh")) | set((REPO / "examples/wanvideo/model_training/full").glob("*.sh")) <= listed
+
+
+QWEN_ENCODERS = "Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors"
+QWEN_DIT = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors"
+DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--max_pixels", "1048576"]
+
+
+def refused(models: str, *flags: str) -> list[str]:
+    return [*DATA, "--model_id_with_origin_paths", models, *flags]
+
+
+# The distinguishing flags of the reference's full/ Qwen-Image scripts for releases not supported here, as they write
+# them, and what the one line of refusal names.
+REFUSED = {
+    "FireRed-Image-Edit-1.0": (refused(f"FireRedTeam/FireRed-Image-Edit-1.0:transformer/diffusion_pytorch_model*."
+                                       f"safetensors,{QWEN_ENCODERS}", "--extra_inputs", "edit_image",
+                                       "--trainable_models", "dit"), "FireRed-Image-Edit"),
+    "FireRed-Image-Edit-1.1": (refused(f"FireRedTeam/FireRed-Image-Edit-1.1:transformer/diffusion_pytorch_model*."
+                                       f"safetensors,{QWEN_ENCODERS}", "--extra_inputs", "edit_image",
+                                       "--trainable_models", "dit"), "FireRed-Image-Edit"),
+    **{f"Qwen-Image-Blockwise-ControlNet-{kind}": (
+        refused(f"{QWEN_DIT},{QWEN_ENCODERS},DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}:model.safetensors",
+                "--trainable_models", "blockwise_controlnet", "--extra_inputs", inputs), "Blockwise ControlNet")
+       for kind, inputs in (("Canny", "blockwise_controlnet_image"), ("Depth", "blockwise_controlnet_image"),
+                            ("Inpaint", "blockwise_controlnet_image,blockwise_controlnet_inpaint_mask"))},
+    # the reference's commented-out variant: a ControlNet started from scratch, only Qwen-Image loaded
+    "Qwen-Image-Blockwise-ControlNet (from scratch)": (
+        refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
+                "blockwise_controlnet_image"), "Blockwise ControlNet"),
+    "Qwen-Image-Layered": (refused("Qwen/Qwen-Image-Layered:transformer/diffusion_pytorch_model*.safetensors,"
+                                   "Qwen/Qwen-Image:text_encoder/model*.safetensors,"
+                                   "Qwen/Qwen-Image-Layered:vae/diffusion_pytorch_model.safetensors",
+                                   "--trainable_models", "dit", "--extra_inputs", "layer_num,layer_input_image"),
+                           "Qwen-Image-Layered"),
+    "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
+                                           "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
+                                           "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"
+                                           "diffusion_pytorch_model.safetensors", "--trainable_models", "dit",
+                                           "--extra_inputs", "layer_num,layer_input_image"),
+                                   "Qwen-Image-Layered-Control"),
+}
+
+
+@pytest.mark.parametrize("script", list(REFUSED))
+def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, capsys):
+    argv, reason = REFUSED[script]
+    with pytest.raises(SystemExit) as stopped:
+        trainer.main(QwenImagePipeline, ["--output_path", "out", *argv])
+    assert stopped.value.code == 2
+    # one line naming the release, then only the parser's hint to --help
+    *problems, hint = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    assert hint.endswith(HELP_HINT), hint
+    assert len(problems) == 1 and reason in problems[0], problems
+    assert not (workdir / "out").exists()

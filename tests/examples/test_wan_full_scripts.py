@@ -1,0 +1,211 @@
+"""The reference's Wan full fine-tunes (DiffSynth-Studio fed7b18, ``examples/wanvideo/model_training/full``) run as
+written on the tiny original-layout repos through the trainer's ``main``, and the ones for releases not supported
+here stop with one line naming the release before any model loads.
+
+Each ``accelerate launch`` command runs in this process from a scratch working folder with only what a user on a
+small machine would change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and
+``DIFFSYNTH_MODEL_BASE_PATH`` pointing at the tiny repos (plus the 14B text-to-video and 720P releases, which share
+the tiny 1.3B and 480P repos' layouts, under their own ids: see ``model_root``). The DeepSpeed configs the scripts
+name (8 GPUs: ZeRO-2 with the optimizer on the CPU, ZeRO-3) are checked with accelerate's own config reader.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+from diffsynth.core.loader import resolve
+from diffsynth.core.loader.tiny_models import WAN_I2V_ORIGINAL_MODEL_ID, WAN_ORIGINAL_MODEL_ID
+from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training import entry as trainer
+from diffsynth.training.config.parsers import HELP_HINT
+
+from .test_qwen_full_scripts import changed_weights, checkpoint_weights, transformer_weights
+from .test_scripts import launch_commands, trainer_argv
+from .test_wan_scripts import TI2V_VIDEO, VIDEO, WAN, run_script
+
+FULL = WAN / "full"
+# Script -> (the accelerate config it names or None, the folder of each command's transformer in the tiny repos).
+RELEASES = {
+    "Wan2.1-T2V-1.3B": (None, ["Wan-AI/Wan2.1-T2V-1.3B"]),
+    "Wan2.1-T2V-14B": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.1-T2V-14B"]),
+    "Wan2.1-I2V-14B-480P": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.1-I2V-14B-480P"]),
+    "Wan2.1-I2V-14B-720P": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.1-I2V-14B-720P"]),
+    "Wan2.2-T2V-A14B": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.2-T2V-A14B/high_noise_model",
+                                                       "Wan-AI/Wan2.2-T2V-A14B/low_noise_model"]),
+    "Wan2.2-I2V-A14B": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.2-I2V-A14B/high_noise_model",
+                                                       "Wan-AI/Wan2.2-I2V-A14B/low_noise_model"]),
+    "Wan2.2-TI2V-5B": (None, ["Wan-AI/Wan2.2-TI2V-5B"]),
+}
+CONFIGS = {"accelerate_config_14B.yaml": (2, "cpu"), "accelerate_config_zero3.yaml": (3, "none")}
+
+
+@pytest.fixture(scope="module")
+def model_root(tiny_root, tmp_path_factory) -> Path:
+    """The tiny repos, plus ``Wan-AI/Wan2.1-T2V-14B`` and ``Wan-AI/Wan2.1-I2V-14B-720P``: the tiny original-layout
+    1.3B and 480P repos under those ids (the releases differ from them in sizes only)."""
+    root = tmp_path_factory.mktemp("wan_full_model_root")
+    for owner in tiny_root.iterdir():
+        (root / owner.name).mkdir()
+        for repo in owner.iterdir():
+            (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
+    (root / "Wan-AI" / "Wan2.1-T2V-14B").symlink_to(tiny_root / WAN_ORIGINAL_MODEL_ID, target_is_directory=True)
+    (root / "Wan-AI" / "Wan2.1-I2V-14B-720P").symlink_to(tiny_root / WAN_I2V_ORIGINAL_MODEL_ID,
+                                                         target_is_directory=True)
+    return root
+
+
+@pytest.fixture
+def workdir(model_root, tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(model_root))
+    return tmp_path
+
+
+def test_the_reference_scripts_and_configs_exist():
+    names = {path.name for path in FULL.iterdir()}
+    assert {*(f"{name}.sh" for name in RELEASES), *CONFIGS} <= names
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_script_trains_every_weight_of_the_transformer(workdir, model_root, release):
+    config, transformers = RELEASES[release]
+    launches = launch_commands((FULL / f"{release}.sh").read_text())
+    assert len(launches) == len(transformers)
+    for words in launches:
+        assert (f"examples/wanvideo/model_training/full/{config}" if config else None) == (
+            words[words.index("--config_file") + 1] if "--config_file" in words else None), shlex.join(words)
+    results = run_script(f"full/{release}.sh", TI2V_VIDEO if "TI2V" in release else VIDEO)
+    for words, result, transformer in zip(launches, results, transformers):
+        assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+        dit = result["module"].pipe.model_configs["dit"]
+        assert str(Path(dit.model_id, dit.origin_file_pattern).parent) == transformer  # the expert the command names
+        _, argv = trainer_argv(words)
+        saved = checkpoint_weights(workdir / argv[argv.index("--output_path") + 1] / "epoch-0")
+        # the release's original names, as diffusers' own single-file loader renames them
+        released = convert_wan_transformer_to_diffusers(transformer_weights(model_root / transformer))
+        unchanged = set(saved) - set(changed_weights(saved, released))
+        # Every weight moved but the RMSNorm scales: stored in bf16 at 1.0, where a 1e-5 step is below the resolution.
+        assert len(unchanged) < len(saved) / 4 and all(torch.all(released[key] == 1) for key in unchanged), unchanged
+
+
+@pytest.mark.parametrize(("name", "stage_and_offload"), list(CONFIGS.items()))
+def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage_and_offload):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(FULL / name))
+    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8 and config.mixed_precision == "bf16"
+    stage, offload = stage_and_offload
+    assert config.deepspeed_config["zero_stage"] == stage
+    assert config.deepspeed_config["offload_optimizer_device"] == offload
+
+
+def wan_files(repo: str, clip: bool = False, dit: str = "diffusion_pytorch_model*.safetensors") -> str:
+    """A reference Wan command's --model_id_with_origin_paths for one release's original files."""
+    files = [dit, "models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"]
+    files += ["models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"] if clip else []
+    return ",".join(f"{repo}:{name}" for name in files)
+
+
+T2V_14B_ENCODERS = "Wan-AI/Wan2.1-T2V-14B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth"
+DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--height", "480",
+        "--width", "832"]
+
+
+def refused(models: str, *flags: str) -> list[str]:
+    return [*DATA, "--model_id_with_origin_paths", models, *flags]
+
+
+def fun(name: str, inputs: str, clip: bool = True) -> tuple[list[str], str]:
+    return refused(wan_files(f"PAI/{name}", clip), "--trainable_models", "dit", "--extra_inputs", inputs), "Wan Fun"
+
+
+def fun_a14b(name: str, inputs: str) -> tuple[list[str], str]:
+    return refused(wan_files(f"PAI/{name}", dit="high_noise_model/diffusion_pytorch_model*.safetensors"),
+                   "--trainable_models", "dit", "--extra_inputs", inputs), "Wan Fun"
+
+
+def vace(repo: str, dit: str = "diffusion_pytorch_model*.safetensors") -> tuple[list[str], str]:
+    return refused(wan_files(repo, dit=dit), "--trainable_models", "vace", "--extra_inputs",
+                   "vace_video,vace_reference_image"), "VACE"
+
+
+DANCER = ("wantodance_music_path,wantodance_reference_image,wantodance_fps,wantodance_keyframes,"
+          "wantodance_keyframes_mask")
+ANIMATE_2 = ("Wan-AI/Wan2.2-Animate-2-14B:videomodel/Wan-AI/models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.2-Animate-2-14B:"
+             "videomodel/Wan-AI/models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth,"
+             "Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth")
+# The distinguishing flags of the reference's full/ Wan scripts for releases not supported here (each script's first
+# command; the Wan2.2 experts' second commands differ only in low_noise_model/), and what the refusal line names.
+REFUSED = {
+    "LongCat-Video": (refused(f"meituan-longcat/LongCat-Video:dit/diffusion_pytorch_model*.safetensors,"
+                              f"{T2V_14B_ENCODERS}", "--trainable_models", "dit"), "LongCat-Video"),
+    "Video-As-Prompt-Wan2.1-14B": (
+        refused("ByteDance/Video-As-Prompt-Wan2.1-14B:transformer/diffusion_pytorch_model*.safetensors,"
+                + wan_files("Wan-AI/Wan2.1-I2V-14B-720P", clip=True).split(",", 1)[1], "--trainable_models", "vap",
+                "--extra_inputs", "vap_video,input_image"), "Video-As-Prompt"),
+    "Wan-Dancer-14B-global": (refused(wan_files("Wan-AI/Wan-Dancer-14B", True, "global_model.safetensors"),
+                                      "--trainable_models", "dit", "--extra_inputs", f"{DANCER},framewise_decoding",
+                                      "--framewise_decoding"), "Wan-Dancer"),
+    "Wan-Dancer-14B-local": (refused(wan_files("Wan-AI/Wan-Dancer-14B", True, "local_model.safetensors"),
+                                     "--trainable_models", "dit", "--extra_inputs", DANCER), "Wan-Dancer"),
+    "Wan2.1-1.3b-speedcontrol-v1": (
+        refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
+                "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
+    "Wan2.1-FLF2V-14B-720P": (refused(wan_files("Wan-AI/Wan2.1-FLF2V-14B-720P", clip=True), "--trainable_models",
+                                      "dit", "--extra_inputs", "input_image,end_image"), "Wan2.1-FLF2V"),
+    "Wan2.1-Fun-1.3B-Control": fun("Wan2.1-Fun-1.3B-Control", "control_video"),
+    "Wan2.1-Fun-1.3B-InP": fun("Wan2.1-Fun-1.3B-InP", "input_image,end_image"),
+    "Wan2.1-Fun-14B-Control": fun("Wan2.1-Fun-14B-Control", "control_video"),
+    "Wan2.1-Fun-14B-InP": fun("Wan2.1-Fun-14B-InP", "input_image,end_image"),
+    "Wan2.1-Fun-V1.1-1.3B-Control-Camera": fun("Wan2.1-Fun-V1.1-1.3B-Control-Camera",
+                                               "input_image,camera_control_direction,camera_control_speed"),
+    "Wan2.1-Fun-V1.1-1.3B-Control": fun("Wan2.1-Fun-V1.1-1.3B-Control", "control_video,reference_image"),
+    "Wan2.1-Fun-V1.1-1.3B-InP": fun("Wan2.1-Fun-V1.1-1.3B-InP", "input_image,end_image"),
+    "Wan2.1-Fun-V1.1-14B-Control-Camera": fun("Wan2.1-Fun-V1.1-14B-Control-Camera",
+                                              "input_image,camera_control_direction,camera_control_speed"),
+    "Wan2.1-Fun-V1.1-14B-Control": fun("Wan2.1-Fun-V1.1-14B-Control", "control_video,reference_image"),
+    "Wan2.1-Fun-V1.1-14B-InP": fun("Wan2.1-Fun-V1.1-14B-InP", "input_image,end_image"),
+    "Wan2.2-Fun-A14B-Control-Camera": fun_a14b("Wan2.2-Fun-A14B-Control-Camera",
+                                               "input_image,camera_control_direction,camera_control_speed"),
+    "Wan2.2-Fun-A14B-Control": fun_a14b("Wan2.2-Fun-A14B-Control", "control_video,reference_image"),
+    "Wan2.2-Fun-A14B-InP": fun_a14b("Wan2.2-Fun-A14B-InP", "input_image,end_image"),
+    "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
+    "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),
+    "Wan2.1-VACE-14B": vace("Wan-AI/Wan2.1-VACE-14B"),
+    "Wan2.2-VACE-Fun-A14B": vace("PAI/Wan2.2-VACE-Fun-A14B", "high_noise_model/diffusion_pytorch_model*.safetensors"),
+    "Wan2.2-Animate-14B": (refused(wan_files("Wan-AI/Wan2.2-Animate-14B", clip=True), "--trainable_models",
+                                   "animate_adapter", "--extra_inputs",
+                                   "input_image,animate_pose_video,animate_face_video"), "Wan2.2-Animate"),
+    "Wan2.2-Animate-2-14B": (refused(ANIMATE_2, "--extra_inputs", "animate2_prompt_ref,animate2_reference_image,"
+                                     "animate2_reference_video", "--task", "sft:data_process"), "Wan2.2-Animate"),
+    "Wan2.2-Animate-2-14B-Distilled": (
+        refused("Wan-AI/Wan2.2-Animate-2-14B:wan_animate_2/wan_animate_2_bf16_distillation.safetensors",
+                "--trainable_models", "dit.blocks.0.block.self_attn.q", "--extra_inputs",
+                "animate2_prompt_ref,animate2_reference_image,animate2_reference_video", "--task", "sft:train"),
+        "Wan2.2-Animate"),
+    "Wan2.2-S2V-14B": (refused("Wan-AI/Wan2.2-S2V-14B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.2-S2V-14B:"
+                               "wav2vec2-large-xlsr-53-english/model.safetensors,"
+                               + wan_files("Wan-AI/Wan2.2-S2V-14B").split(",", 1)[1], "--audio_processor_path",
+                               "Wan-AI/Wan2.2-S2V-14B:wav2vec2-large-xlsr-53-english/", "--trainable_models", "dit",
+                               "--extra_inputs", "input_image,input_audio,s2v_pose_video"), "Wan2.2-S2V"),
+    "krea-realtime-video": (refused(f"krea/krea-realtime-video:krea-realtime-video-14b.safetensors,{T2V_14B_ENCODERS}",
+                                    "--trainable_models", "dit"), "krea-realtime-video"),
+}
+
+
+@pytest.mark.parametrize("script", list(REFUSED))
+def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, capsys):
+    argv, reason = REFUSED[script]
+    with pytest.raises(SystemExit) as stopped:
+        trainer.main(WanVideoPipeline, ["--output_path", "out", *argv], video=True)
+    assert stopped.value.code == 2
+    # one line naming the release, then only the parser's hint to --help
+    *problems, hint = capsys.readouterr().err.split("error:", 1)[1].strip().splitlines()
+    assert hint.endswith(HELP_HINT), hint
+    assert len(problems) == 1 and reason in problems[0], problems
+    assert not (workdir / "out").exists()
