@@ -75,12 +75,12 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
     """
     from accelerate.utils import gather_object
 
-    _no_kernel_cache_per_shape(accelerator.device)
     info = module.cache_info()
     models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
     if config.placement.enable_optimizer_cpu_offload:
         logger.warning("--enable_optimizer_cpu_offload is ignored by --task %s: stage 1 trains nothing, so there is "
                        "no optimizer to offload", config.training.task)
+    _no_kernel_cache_per_shape(accelerator.device)
     output = config.output.output_path
     place_models(module, accelerator.device, config.placement)  # stage 1 never runs the denoiser, so nothing is swapped
     if accelerator.is_main_process:
