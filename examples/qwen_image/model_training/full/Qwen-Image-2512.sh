@@ -8,7 +8,8 @@
 #   python -m diffsynth.core.data.example_dataset --output data/example_image_dataset
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing:
 # Qwen/Qwen-Image-2512's transformer/ shards, and Qwen/Qwen-Image's text encoder and VAE.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md).
 set -e
 

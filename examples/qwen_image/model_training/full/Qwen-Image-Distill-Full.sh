@@ -10,7 +10,8 @@
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing: the
 # transformer shards at the root of DiffSynth-Studio/Qwen-Image-Distill-Full, and Qwen/Qwen-Image's text encoder and
 # VAE.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md).
 set -e
 

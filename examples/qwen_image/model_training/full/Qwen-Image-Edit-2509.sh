@@ -9,7 +9,8 @@
 #   python -m diffsynth.core.data.example_edit_dataset --output data/example_edit_pairs_dataset --num_edit_images 2
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing:
 # Qwen/Qwen-Image-Edit-2509's transformer/ shards and processor/, and Qwen/Qwen-Image's text encoder and VAE.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md).
 set -e
 

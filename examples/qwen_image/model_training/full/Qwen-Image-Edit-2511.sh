@@ -10,7 +10,8 @@
 # config.json turns it on too; the flag, kept from the reference command, makes sure).
 # The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing:
 # Qwen/Qwen-Image-Edit-2511's transformer/ shards and processor/, and Qwen/Qwen-Image's text encoder and VAE.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md).
 set -e
 

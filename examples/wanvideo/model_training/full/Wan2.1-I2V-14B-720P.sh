@@ -11,7 +11,8 @@
 # checkpointed activations in CPU memory, which 720P clips need.
 # The model files (the original release files of Wan-AI/Wan2.1-I2V-14B-720P) are read from DIFFSYNTH_MODEL_BASE_PATH
 # (default ./models) and downloaded there when missing.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md). Gradient checkpointing is always on for Wan, as in the reference.
 set -e
 

@@ -9,7 +9,8 @@
 # --num_frames 81, the reference's default, is written out (the reference's command leaves it out).
 # The model files (the original release files of Wan-AI/Wan2.1-T2V-14B) are read from DIFFSYNTH_MODEL_BASE_PATH
 # (default ./models) and downloaded there when missing.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md). Gradient checkpointing is always on for Wan, as in the reference.
 set -e
 

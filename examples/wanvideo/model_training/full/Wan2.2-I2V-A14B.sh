@@ -13,7 +13,8 @@
 # (add it to --data_file_keys), else the first frame of the clip. Wan2.2 needs no CLIP encoder.
 # The model files (the original release files of Wan-AI/Wan2.2-I2V-A14B) are read from DIFFSYNTH_MODEL_BASE_PATH
 # (default ./models) and downloaded there when missing.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md). Gradient checkpointing is always on for Wan, as in the reference.
 set -e
 

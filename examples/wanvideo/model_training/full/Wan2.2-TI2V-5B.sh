@@ -12,7 +12,8 @@
 # is encoded as the first latent frame, which the loss leaves out.
 # The model files (the original release files of Wan-AI/Wan2.2-TI2V-5B) are read from DIFFSYNTH_MODEL_BASE_PATH
 # (default ./models) and downloaded there when missing.
-# Each epoch's transformer weights are written under --output_path as epoch-<e>.safetensors (how to load them:
+# Each epoch's transformer is written under --output_path as epoch-<e>.safetensors and the diffusers folder
+# epoch-<e>.dit/ (how to load them:
 # docs/en/Full_Fine_Tuning.md). Gradient checkpointing is always on for Wan, as in the reference.
 set -e
 
