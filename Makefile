@@ -18,12 +18,17 @@ setup: $(STAMP)
 demo: setup
 	PYTHON=$(PYTHON) bash scripts/demo.sh demo_output
 
+# The tests run in TEST_WORKERS processes (pytest-xdist), each on one torch thread: most tests are single-threaded
+# Python over tiny models, so two workers on this project's 2-core machine take about two thirds of the time of one.
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_WORKERS)
+
 test: setup
-	$(PYTHON) -m pytest -q tests
+	$(PYTEST) tests
 
 # The inner loop: the tests not marked slow (whole trainer runs, child processes, model grids; see tests/conftest.py).
 test-fast: setup
-	$(PYTHON) -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(PYTHON) scripts/bench_offload.py

@@ -15,14 +15,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..training.config.console import quiet_library_notices
+from .base_layers import LAYERS_KEY, BaseLayers
 from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, write_lora
-from .inspect import inspect_lora, skeleton_from_folder, skeleton_from_metadata
-from .naming import lora_layer_names, naming_for
+from .inspect import base_layers_from_metadata, inspect_lora, skeleton_from_folder
+from .naming import naming_for
 from .reading import read_file, read_lora
 
 # Entries that describe the base model and the run; a converted file keeps them.
-_KEPT = (MODEL_CLASS_KEY, MODEL_CONFIG_KEY, "lora_base_model", "lora_target_modules", "diffsynth_version", "step",
-         "epoch")
+_KEPT = (MODEL_CLASS_KEY, MODEL_CONFIG_KEY, LAYERS_KEY, "lora_base_model", "lora_target_modules",
+         "diffsynth_version", "step", "epoch")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_library_notices()
     try:
         if args.command == "inspect":
             inspection = inspect_lora(args.file, args.model)
@@ -65,9 +68,9 @@ def _convert(source: str, target: str, layout: str, model: str | None) -> int:
     """Rewrites the LoRA file ``source`` as ``target`` in ``layout``; ``model`` is the base model's folder (None:
     the model the file's metadata records)."""
     _, metadata = read_file(source)
-    skeleton = skeleton_from_folder(model) if model else skeleton_from_metadata(metadata)
-    module_names = lora_layer_names(skeleton) if skeleton is not None else None
-    naming = naming_for(skeleton) if skeleton is not None else naming_for(metadata.get(MODEL_CLASS_KEY, ""))
+    base = BaseLayers.of(skeleton_from_folder(model)) if model else base_layers_from_metadata(metadata)
+    module_names = list(base.shapes) if base is not None else None
+    naming = naming_for(base.model_class if base is not None else metadata.get(MODEL_CLASS_KEY, ""))
     weights = read_lora(source, module_names, naming)
     kept = {key: metadata[key] for key in _KEPT if key in metadata}
     path = write_lora(Path(target), weights, layout, naming, kept)

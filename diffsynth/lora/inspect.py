@@ -1,22 +1,26 @@
 """``inspect``: what a LoRA file is, and how much of it each tool loads, checked on the model's weightless skeleton.
 
-The model comes from the file's own metadata (the trainer records the base model's diffusers class and config), or
-from a model folder's ``config.json``. It is built on the meta device, so inspecting a LoRA for a 20B model reads no
-weights and takes about a second.
+The model comes from the file's own metadata, or from a model folder's ``config.json``. The trainer records the base
+model's layer table (``base_layers``), which is all an inspection needs: no model is built and diffusers is not
+imported. A file without it (written by an older version) records the model's diffusers class and config, and the
+model is built from them on the meta device, as from a folder: no weight is read, but importing diffusers takes
+seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .base_layers import LAYERS_KEY, BaseLayers
 from .formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, LoRAWeights
-from .naming import lora_layer_names, naming_for
+from .naming import naming_for
 from .reading import read_file, read_lora
 from .tools import ToolResult, check_tools
 
@@ -82,7 +86,21 @@ class Inspection:
         return "\n".join(lines)
 
 
-def skeleton_from_metadata(metadata: dict[str, str]) -> torch.nn.Module | None:
+def base_layers_from_metadata(metadata: Mapping[str, str]) -> BaseLayers | None:
+    """The base model a LoRA file's metadata records: its layer table if written, else built from its class and
+    config on the meta device; None if the file records no model.
+
+    Raises:
+        ValueError: The recorded table is unreadable, or diffusers lacks the recorded class.
+    """
+    class_name, table = metadata.get(MODEL_CLASS_KEY), metadata.get(LAYERS_KEY)
+    if class_name and table:
+        return BaseLayers.from_metadata(class_name, table)
+    skeleton = skeleton_from_metadata(metadata)
+    return None if skeleton is None else BaseLayers.of(skeleton)
+
+
+def skeleton_from_metadata(metadata: Mapping[str, str]) -> torch.nn.Module | None:
     """The base model the trainer recorded in a LoRA file's metadata, built on the meta device; None if absent."""
     class_name, config = metadata.get(MODEL_CLASS_KEY), metadata.get(MODEL_CONFIG_KEY)
     if not class_name or not config:
@@ -109,34 +127,32 @@ def skeleton_from_folder(folder: str | os.PathLike) -> torch.nn.Module:
     return build_empty_model(library, cls, folder, torch.float32)
 
 
-def inspect_lora(path: str | os.PathLike, model: str | os.PathLike | torch.nn.Module | None = None) -> Inspection:
+def inspect_lora(path: str | os.PathLike,
+                 model: str | os.PathLike | torch.nn.Module | BaseLayers | None = None) -> Inspection:
     """Reads a LoRA file and emulates each tool's loader on it.
 
     Args:
         path: The ``.safetensors`` LoRA file.
-        model: The base model: a module (weights may be on meta), a model folder, or None to use the model the file's
-            metadata records.
+        model: The base model: a module (weights may be on meta), its :class:`BaseLayers`, a model folder, or None
+            to use the model the file's metadata records.
 
     Raises:
         ValueError: The file is no readable LoRA, or no model is given and the file records none.
     """
     tensors, metadata = read_file(path)
-    if isinstance(model, torch.nn.Module):
-        skeleton, source = model, "the given module"
+    if isinstance(model, BaseLayers):
+        base, source = model, "the given layers"
+    elif isinstance(model, torch.nn.Module):
+        base, source = BaseLayers.of(model), "the given module"
     elif model is not None:
-        skeleton, source = skeleton_from_folder(model), str(model)
+        base, source = BaseLayers.of(skeleton_from_folder(model)), str(model)
     else:
-        skeleton, source = skeleton_from_metadata(metadata), "the file's metadata"
-        if skeleton is None:
+        base, source = base_layers_from_metadata(metadata), "the file's metadata"
+        if base is None:
             raise ValueError(f"{path} does not record its base model (it was not written by this trainer); pass "
                              "--model with the model's folder (the one holding config.json)")
-    naming = naming_for(skeleton)
-    shapes = {name: skeleton.get_submodule(name + (".base_layer" if _wrapped(skeleton, name) else "")).weight.shape
-              for name in lora_layer_names(skeleton)}
+    naming = naming_for(base.model_class)
+    shapes = dict(base.shapes)
     weights = read_lora(dict(tensors), shapes, naming, metadata, strict=False)
-    results = check_tools(tensors, metadata, type(skeleton).__name__, shapes, naming)
-    return Inspection(Path(path), type(skeleton).__name__, source, weights, results)
-
-
-def _wrapped(model: torch.nn.Module, name: str) -> bool:
-    return hasattr(model.get_submodule(name), "base_layer")
+    results = check_tools(tensors, metadata, base.model_class, shapes, naming)
+    return Inspection(Path(path), base.model_class, source, weights, results)

@@ -13,7 +13,7 @@ Only layers a LoRA can wrap (Linear and convolution layers) are mapped; norms an
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -229,10 +229,13 @@ def naming_for(model: torch.nn.Module | str) -> ModuleNaming:
     return NAMINGS.get(class_name, DIFFUSERS_NAMING)
 
 
-def lora_layer_names(model: torch.nn.Module) -> list[str]:
-    """The names of ``model``'s layers a LoRA can wrap (Linear and convolution), peft wrappers seen through."""
-    names = []
+def lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """``model``'s layers a LoRA can wrap (Linear and convolution) with their names, peft wrappers seen through."""
     for name, module in model.named_modules():
         if isinstance(module, LORA_TARGET_TYPES) and ".lora_" not in name:
-            names.append(name.removesuffix(".base_layer"))
-    return names
+            yield name.removesuffix(".base_layer"), module
+
+
+def lora_layer_names(model: torch.nn.Module) -> list[str]:
+    """The names of ``model``'s layers a LoRA can wrap (Linear and convolution), peft wrappers seen through."""
+    return [name for name, _ in lora_layers(model)]

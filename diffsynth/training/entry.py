@@ -19,9 +19,11 @@ from ..diffusion.base_pipeline import BasePipeline
 from .config import RunConfig, parse_args
 from .config.console import quiet_library_notices
 from .config.files import save_run_config
+from .config.training import optimizer_placement_problems
 from .errors import FlagError
 from .exit_codes import debug_requested
 from .loop import launch_data_process_task, launch_training_task
+from .loop.fused_step import process_problems as fused_step_process_problems
 from .objective.training_module import DiffusionTrainingModule
 from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_training_state
 from .outputs.initial_weights import load_initial_weights
@@ -57,6 +59,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     accelerator = make_accelerator(config.training)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(config)
+    if problems := fused_step_process_problems(config.training, accelerator.num_processes):
+        raise FlagError(problems)
     claim = claim_output_folder(config, accelerator, pipeline_class.lora_target_aliases)
     try:
         return run_task(pipeline_class, config, accelerator, claim, rerun_command(argv))
@@ -79,6 +83,8 @@ def run_task(pipeline_class: type[BasePipeline], config: RunConfig, accelerator:
 
         config = config.with_placement(plan_placement(config, pipeline_class, accelerator.device,
                                                       LocalGroup.of_this_process().size))
+        if problems := optimizer_placement_problems(config.training, config.placement):
+            raise FlagError(problems)
     # The seed: the flag's, the resumed run's (an unseeded run resumes with the seed it drew), or one drawn here.
     seed = config.training.seed
     if claim.checkpoint is not None and seed is None:

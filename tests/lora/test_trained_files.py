@@ -11,13 +11,14 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
 from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
-from diffsynth.training.outputs.checkpoint import resolve_checkpoint
-from diffsynth.training.entry import main
 from diffsynth.lora import LAYOUTS, inspect_lora, load_lora, lora_layer_names, naming_for, read_file, read_lora
 from diffsynth.lora.__main__ import main as lora_cli
+from diffsynth.lora.base_layers import LAYERS_KEY, BaseLayers
 from diffsynth.lora.inspect import skeleton_from_metadata
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.training.entry import main
+from diffsynth.training.outputs.checkpoint import resolve_checkpoint
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state
 
 RANK = 4
@@ -108,7 +109,10 @@ def test_every_layout_round_trips_to_the_same_deltas(trained, tmp_path, kind):
     output, alpha = trained[kind]
     source = output / "epoch-0.safetensors"
     want = trained_deltas(output, alpha)
-    skeleton = skeleton_from_metadata(read_file(source)[1])
+    metadata = read_file(source)[1]
+    skeleton = skeleton_from_metadata(metadata)
+    # The trainer records the base model's layer table, which inspecting and converting read instead of the model.
+    assert BaseLayers.from_metadata(type(skeleton).__name__, metadata[LAYERS_KEY]) == BaseLayers.of(skeleton)
     for layout in LAYOUTS:
         converted = tmp_path / f"{layout}.safetensors"
         assert lora_cli(["convert", str(source), str(converted), "--to", layout]) == 0

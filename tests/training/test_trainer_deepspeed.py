@@ -94,10 +94,12 @@ def test_offload_and_resume_are_refused_under_deepspeed(two_stage_runs, tiny_roo
     config = write_configs(folder)
     done = launch(config, ["--dataset_base_path", str(folder / "cache"), *COMMON, "--task", "sft:train",
                            "--output_path", str(folder / "refused"), "--enable_model_cpu_offload",
-                           "--resume_from_checkpoint", "latest"], tiny_root)
+                           "--resume_from_checkpoint", "latest", "--ema_decay", "0.99"], tiny_root)
     assert done.returncode != 0
     assert "--enable_model_cpu_offload and DeepSpeed both decide where the weights live" in done.stderr
     assert "continue from a LoRA file with --lora_checkpoint" in done.stderr
+    assert "--ema_decay 0.99 cannot run under DeepSpeed" in done.stderr
+    assert not (folder / "refused").exists()  # refused before the output folder is claimed, let alone a model
 
 
 @pytest.mark.gpu

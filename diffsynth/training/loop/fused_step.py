@@ -17,18 +17,32 @@ one small optimizer call per weight instead of one batched call (no ``foreach`` 
   weight): from the first non-finite one on, no weight of that backward is updated, and the step counts as skipped
   for ``--max_nonfinite_steps`` and for the EMA. The weights updated before it keep their update (they cannot be
   taken back; every weight stays finite).
-- **What it cannot do**, refused when the flags are checked or the run starts: gradient accumulation and clipping
-  need every gradient at once (``--gradient_accumulation_steps`` > 1, ``--max_grad_norm``); fp16's gradient scaler
-  unscales all gradients together; several processes average gradients after backward (DDP's buckets, the offload
-  managers' ``after_backward``); DeepSpeed and block swap own their gradients.
+- **What it cannot do**, refused when the flags are checked or, before any model loads, once the launch is
+  known: gradient accumulation and clipping need every gradient at once (``--gradient_accumulation_steps`` > 1,
+  ``--max_grad_norm``); fp16's gradient scaler unscales all gradients together; several processes average gradients
+  after backward (DDP's buckets, the offload managers' ``after_backward``); DeepSpeed and block swap own their
+  gradients.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..config.training import TrainingSection
+
+
+def process_problems(training: TrainingSection, num_processes: int) -> list[str]:
+    """``--fused_optimizer_step`` against the launched processes (checked before any model loads)."""
+    if not training.fused_optimizer_step or num_processes == 1:
+        return []
+    return [f"--fused_optimizer_step runs in one process, not {num_processes}: the gradients are averaged across "
+            "processes only after backward, when the fused step has already applied them; launch one process, or "
+            "drop --fused_optimizer_step"]
 
 
 class FusedOptimizerStep:

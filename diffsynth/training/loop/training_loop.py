@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.data.bad_samples import pop_skipped
 from ...core.finite import is_finite
-from ..errors import FlagError
 from ..objective.batches import batch_sampler
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, save_training_state, training_flags
@@ -122,7 +121,6 @@ class TrainingLoop:
         self.accelerator, self.dataset, self.module, self.model_logger = accelerator, dataset, module, model_logger
         self.config, self.training, self.output = config, config.training, config.output
         self.deepspeed = deepspeed_config(accelerator) is not None
-        self._refuse_runtime_combinations()
         # The models trained in full, for --full_checkpoint_format (checked here, before placement and training).
         model_logger.attach_full_models({name: getattr(module.pipe, name) for name in module.trainable_models})
         self._prepare()
@@ -166,28 +164,6 @@ class TrainingLoop:
         # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's, all epochs'.
         self.skipped, self.skipped_total = 0, 0
         self.preempted = False
-
-    def _refuse_runtime_combinations(self) -> None:
-        """What only the launched run knows (processes, DeepSpeed, a planned placement) against the optimizer flags."""
-        training, accelerator, problems = self.training, self.accelerator, []
-        if training.fused_optimizer_step:
-            if self.deepspeed:
-                problems.append("--fused_optimizer_step cannot run under DeepSpeed, which applies the update itself "
-                                "inside backward; drop --fused_optimizer_step or launch without the DeepSpeed config")
-            if accelerator.num_processes > 1:
-                problems.append(f"--fused_optimizer_step runs in one process, not {accelerator.num_processes}: the "
-                                "gradients are averaged across processes only after backward, when the fused step "
-                                "has already applied them; launch one process, or drop --fused_optimizer_step")
-            if self.config.placement.blocks_to_swap:
-                problems.append(f"--fused_optimizer_step and --blocks_to_swap {self.config.placement.blocks_to_swap} "
-                                "(chosen by the planner) cannot be combined; pass --enable_model_cpu_offload, or drop "
-                                "--fused_optimizer_step")
-        if training.ema_decay is not None and self.deepspeed:
-            problems.append(f"--ema_decay {training.ema_decay:g} cannot run under DeepSpeed, whose weights are "
-                            "partitioned and whose runs write no training-state checkpoint; drop --ema_decay or "
-                            "launch without the DeepSpeed config")
-        if problems:
-            raise FlagError(problems)
 
     def _prepare(self) -> None:
         """Placement, sampler, optimizer, loader and schedule, handed to accelerate as the placement allows."""

@@ -243,6 +243,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                      checkpoint: str | Path | None) -> None:
         from peft import LoraConfig, inject_adapter_in_model
 
+        from ...lora.base_layers import BaseLayers
+
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")
@@ -258,7 +260,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         config = _plain_config(model) or {}
         self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
                             "lora_base_model": self.lora_base_model, "base_model_class": type(model).__name__,
-                            "base_model_config": config}
+                            "base_model_config": config, "base_model_layers": BaseLayers.of(model)}
         if checkpoint is not None:
             self._load_lora_checkpoint(model, Path(checkpoint), alpha)
 

@@ -4,7 +4,7 @@ LoRA files are written in the ``universal`` layout of :mod:`diffsynth.lora.forma
 ``diffusion_model.<layer name of the original release>.lora_A.weight`` / ``.lora_B.weight`` with the scale
 ``alpha / rank`` folded into ``lora_B``, which diffusers, ComfyUI and DiffSynth-Studio all load fully at strength 1.0
 (musubi-tuner after ``python -m diffsynth.lora convert ... --to kohya``). The first save of a run checks that on the
-model's skeleton (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
+model's layer table (``python -m diffsynth.lora inspect`` does the same by hand): a file a required tool would not load
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
 diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. ``--align_to_opensource_format``
 writes the ``kohya`` layout instead (for FLUX.1 BFL's fused names, as the reference writes them), checked the same
@@ -39,8 +39,9 @@ from ...core.files import atomic_save_safetensors, atomic_write_json
 from ...core.finite import require_finite
 from ...core.loader.loading import resolve_dtype
 from ...core.written_files import record_written
+from ...lora.base_layers import LAYERS_KEY, BaseLayers
 from ...lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
-from ...lora.inspect import inspect_lora, skeleton_from_metadata
+from ...lora.inspect import base_layers_from_metadata, inspect_lora
 from ...lora.naming import naming_for
 from ..config.output import AUTO
 from ..errors import FlagError
@@ -98,7 +99,9 @@ class ModelLogger(MetricsLogging):
             relative to the model. Keys without it are kept as they are.
         lora_metadata: The LoRA's settings: ``lora_rank``, ``lora_alpha`` (None or absent means equal to the rank,
             the flag's default), ``lora_target_modules``, ``lora_base_model``, and the base model's diffusers class
-            and config (``base_model_class``, ``base_model_config``) that each file records for inspection.
+            and config (``base_model_class``, ``base_model_config``) and its
+            :class:`~diffsynth.lora.base_layers.BaseLayers` (``base_model_layers``) that each file records for
+            inspection.
         enable_csv_log: Append metrics to ``logs/metrics.csv``.
         enable_tensorboard_log: Write TensorBoard events to ``logs/tensorboard``.
         enable_wandb_log: Log metrics (and the flags, via :meth:`save_training_args`) to Weights & Biases.
@@ -272,13 +275,15 @@ class ModelLogger(MetricsLogging):
             entries[MODEL_CLASS_KEY] = self.lora_metadata["base_model_class"]
             entries[MODEL_CONFIG_KEY] = json.dumps(_json_safe(self.lora_metadata.get("base_model_config", {})),
                                                    sort_keys=True)
+            if self.lora_metadata.get("base_model_layers") is not None:
+                entries[LAYERS_KEY] = self.lora_metadata["base_model_layers"].to_metadata()
         return entries
 
     def save_lora(self, state_dict: Mapping[str, torch.Tensor], name: str,
                   metadata: Mapping[str, Any] | None = None) -> Path | None:
         """Writes ``<output_path>/<name>.safetensors`` in the run's layout (see the module docstring).
 
-        The first call checks the file against every tool on the base model's skeleton and decides whether a
+        The first call checks the file against every tool on the base model's layers and decides whether a
         diffusers-layout twin is needed; later calls write the same set of files.
 
         Args:
@@ -317,20 +322,22 @@ class ModelLogger(MetricsLogging):
         return path
 
     @functools.cached_property
-    def _base_skeleton(self) -> torch.nn.Module | None:
-        """The base model on the meta device, built once for the checks of the first file and of its twin."""
-        return skeleton_from_metadata(self._base_metadata(self._lora_entries()))
+    def _base_layers(self) -> BaseLayers | None:
+        """The base model's layers for the checks of the first file and of its twin (built on meta once if the
+        training module gave its class and config only)."""
+        return self.lora_metadata.get("base_model_layers") or base_layers_from_metadata(
+            self._base_metadata(self._lora_entries()))
 
     def _require_loading(self, path: Path, tools: tuple[str, ...]) -> set[str]:
-        """Inspects a file of this run on the base model's skeleton; returns the tools that would not load it fully.
+        """Inspects a file of this run on the base model's layers; returns the tools that would not load it fully.
 
         Raises:
             LoRACompatibilityError: One of ``tools`` would not load the file fully at its trained strength.
         """
-        skeleton = self._base_skeleton
-        if skeleton is None:
+        base = self._base_layers
+        if base is None:
             return set()  # the model is unknown (a logger used outside the trainer): nothing to check against
-        inspection = inspect_lora(path, skeleton)
+        inspection = inspect_lora(path, base)
         failing = {result.tool for result in inspection.failing()}
         if failing & set(tools):
             raise LoRACompatibilityError(

@@ -143,6 +143,13 @@ def refuse_with_deepspeed(config: RunConfig) -> None:
         problems.append(f"--validation_prompts {config.validation.validation_prompts}: ZeRO-3 partitions the weights "
                         "over the processes, so one process cannot render with them; drop it (render from the LoRA "
                         "files with the validate_lora scripts), or launch without the DeepSpeed accelerate config")
+    if config.training.fused_optimizer_step:
+        problems.append("--fused_optimizer_step cannot run under DeepSpeed, which applies the update itself inside "
+                        "backward; drop --fused_optimizer_step or launch without the DeepSpeed config")
+    if config.training.ema_decay is not None:
+        problems.append(f"--ema_decay {config.training.ema_decay:g} cannot run under DeepSpeed, whose weights are "
+                        "partitioned and whose runs write no training-state checkpoint; drop --ema_decay or launch "
+                        "without the DeepSpeed config")
     if config.training.resume_checkpoint:
         problems.append(f"--resume_from_checkpoint {config.training.resume_checkpoint}: training-state checkpoints "
                         "are not written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA "
