@@ -26,12 +26,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .core.library_notices import quiet_library_notices
 from .core.loader import ModelConfigError, ModelFilesNotFoundError, parse_model_id_with_origin_paths
 from .core.loader.resolve import local_repo_dir
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
 from .training.config import RunConfig, build_parser
-from .training.config.console import quiet_library_notices
 from .training.config.parsers import parse_namespace
 from .training.errors import FlagError
 from .training.exit_codes import BAD_INPUT, debug_requested

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..training.config.console import quiet_library_notices
+from ..core.library_notices import quiet_library_notices
 from .base_layers import LAYERS_KEY, BaseLayers
 from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, write_lora
 from .inspect import base_layers_from_metadata, inspect_lora, skeleton_from_folder

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.data import UnifiedDataset
+from ..core.library_notices import quiet_library_notices
 from ..core.shared_weights import LocalGroup
 from ..diffusion.base_pipeline import BasePipeline
 from .config import RunConfig, parse_args
-from .config.console import quiet_library_notices
 from .config.files import save_run_config
 from .config.training import optimizer_placement_problems
 from .errors import FlagError

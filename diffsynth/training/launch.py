@@ -13,9 +13,9 @@ accelerate's ``--quiet`` keeps out the first kind only (and still exits with 1);
 This entry takes exactly ``accelerate launch``'s arguments and runs accelerate's own launcher with them. When a
 training process fails, it prints one line naming the script and the process's exit code, and exits with that code
 (:mod:`diffsynth.training.exit_codes`: 2 for input to fix, 3 for non-finite values, 74 for a full disk, 75 for a
-preempted run that a rerun resumes), so a scheduler can tell them apart. accelerate's notice of the defaults it used for the options left
-out is kept out of the console too (``config.console.LIBRARY_NOTICES``). ``--debug`` among the trainer's flags, or
-``DIFFSYNTH_DEBUG=1``, shows the launcher's traceback and that notice as well.
+preempted run that a rerun resumes), so a scheduler can tell them apart. accelerate's notice of the defaults it used
+for the options left out is kept out of the console too (``core.library_notices.LIBRARY_NOTICES``). ``--debug`` among
+the trainer's flags, or ``DIFFSYNTH_DEBUG=1``, shows the launcher's traceback and that notice as well.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from .config.console import quiet_library_notices
+from ..core.library_notices import quiet_library_notices
 from .exit_codes import FAILED, SUCCESS, debug_requested
 
 

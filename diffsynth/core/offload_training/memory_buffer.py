@@ -161,20 +161,28 @@ def _plan_large_chunks(counts: Counter) -> list[tuple[int, Counter]]:
     At each step the remaining tensors either all go into one chunk of the next power of two, or the largest power of
     two they fill is filled as tightly as possible and the rest is planned the same way; the better of the two wins.
     """
-    if not counts:
-        return []
-    remaining = sum(size * count for size, count in counts.items())
+    return list(_planned_chunks(tuple(sorted(counts.items()))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned_chunks(counts_items: tuple[tuple[int, int], ...]) -> tuple[tuple[int, Counter], ...]:
+    # Remembered by the multiset of sizes: the two branches meet the same remainders again, and the planner asks for
+    # the arenas of many overlapping sets of blocks. Callers only read the Counters.
+    if not counts_items:
+        return ()
+    counts = Counter(dict(counts_items))
+    remaining = sum(size * count for size, count in counts_items)
     single = next_power_of_two(remaining)
-    best = [(single, Counter(counts))]
+    best = ((single, counts),)
     best_gap = single - remaining
     for capacity in (single // 2, single // 4):
         if capacity < max(counts):
             break
         fill = _best_fill(capacity, counts)
-        rest = _plan_large_chunks(counts - fill)
+        rest = _planned_chunks(tuple(sorted((counts - fill).items())))
         gap = capacity + sum(c for c, _ in rest) - remaining
         if gap < best_gap:
-            best, best_gap = [(capacity, fill)] + rest, gap
+            best, best_gap = ((capacity, fill), *rest), gap
     return best
 
 

@@ -139,11 +139,18 @@ def classic_swap_residency(sizes: Sequence[Sequence[int]], blocks_to_swap: int, 
     totals = [sum(block) for block in swapped]
     peak = max([a + b for a, b in itertools.pairwise(totals)] or totals) if checkpointing else sum(totals)
     trips = 2 if checkpointing else 1
-    tensors = [size for block in swapped for size in block]
+    tensors = tuple(size for block in swapped for size in block)
     # Shared, the swapped blocks' tensors (buffers, rare in blocks, counted with the weights) are laid out in place.
-    return Residency(peak, trips * sum(totals), trips * sum(totals), arena_bytes(tensors, pinned), sum(totals),
-                     build_peak(tensors, loaded_bytes, pinned), sum(align(size) for size in tensors), 0,
+    host, building, shared = _masters_host(tensors, loaded_bytes, pinned)
+    return Residency(peak, trips * sum(totals), trips * sum(totals), host, sum(totals), building, shared, 0,
                      max(loaded_bytes - sum(totals), 0))
+
+
+@functools.lru_cache(maxsize=512)
+def _masters_host(sizes: tuple[int, ...], loaded_bytes: int, pinned: bool) -> tuple[int, int, int]:
+    # A block-swapped model's masters: the arena, its building's peak and the shared copy's bytes, which the planner
+    # asks for again under each checkpointing mode and ring size.
+    return arena_bytes(sizes, pinned), build_peak(sizes, loaded_bytes, pinned), sum(align(size) for size in sizes)
 
 
 def h2d_ring_residency(sizes: Sequence[tuple[int, int]], blocks_to_swap: int, ring_size: int,
@@ -156,13 +163,13 @@ def h2d_ring_residency(sizes: Sequence[tuple[int, int]], blocks_to_swap: int, ri
     ranks 0..S-B-1 once in the backward; nothing is copied back.
     """
     streamed = [sizes[index] for index in streaming_block_indices(len(sizes), blocks_to_swap)]
-    packed = [size for size, _ in streamed]
+    packed = tuple(size for size, _ in streamed)
     ring = min(ring_size, len(packed))
     moved = sum(packed[ring:]) + sum(packed[:len(packed) - ring])
     raw = sum(size for _, size in streamed)
+    host, building, _ = _masters_host(packed, loaded_bytes, pinned)
     # The shared copy lays each block out as the ring packs it, so its span is the master.
-    return Residency(ring * max(packed), moved, 0, arena_bytes(packed, pinned), raw, build_peak(packed, loaded_bytes,
-                     pinned), sum(packed), 0, max(loaded_bytes - raw, 0))
+    return Residency(ring * max(packed), moved, 0, host, raw, building, sum(packed), 0, max(loaded_bytes - raw, 0))
 
 
 def _meta_pool() -> BaseBufferPool:

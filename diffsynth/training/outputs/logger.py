@@ -8,9 +8,8 @@ model's layer table (``python -m diffsynth.lora inspect`` does the same by hand)
 fully stops the run, except that where only diffusers cannot take it (its Wan converter skips some layers) a
 diffusers-layout twin ``<name>.diffusers.safetensors`` is written next to every file. ``--align_to_opensource_format``
 writes the ``kohya`` layout instead (for FLUX.1 BFL's fused names, as the reference writes them), checked the same
-way. After every save the loss
-curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`). Every file is written atomically,
-and only by the main process.
+way. After every save the loss curve ``logs/loss.png`` is redrawn (:mod:`diffsynth.training.outputs.loss_chart`).
+Every file is written atomically, and only by the main process.
 
 A model trained in full (``--trainable_models``) is written as ``--full_checkpoint_format`` asks
 (:mod:`diffsynth.training.outputs.full_model`): the flat file ``<name>.safetensors`` (the default), its diffusers

@@ -227,8 +227,10 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     model.requires_grad_(False)
     if run.lora.lora_base_model:
         targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
-        inject_adapter_in_model(LoraConfig(r=run.lora.lora_rank, lora_alpha=run.lora.lora_alpha or run.lora.lora_rank,
-                                           target_modules=targets), model)
+        with torch.device("meta"):  # LoRA weights made where they go: nothing is initialised on the CPU first
+            inject_adapter_in_model(LoraConfig(r=run.lora.lora_rank,
+                                               lora_alpha=run.lora.lora_alpha or run.lora.lora_rank,
+                                               target_modules=targets), model)
         for name, param in model.named_parameters():
             if ".lora_" in name:
                 param.data = param.data.float()

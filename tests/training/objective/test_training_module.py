@@ -37,8 +37,12 @@ def test_only_the_lora_trains_and_its_weights_are_float32(pipe):
     config = dict(module.lora_config)
     assert config.pop("base_model_class") == "QwenImageTransformer2DModel"
     assert config.pop("base_model_config") == {k: v for k, v in pipe.dit.config.items() if not k.startswith("_")}
+    layers = config.pop("base_model_layers")  # every LoRA-able layer of the base, the targeted ones among them
+    assert layers.model_class == "QwenImageTransformer2DModel"
+    to_q = pipe.dit.transformer_blocks[1].attn.to_q.base_layer
+    assert layers.shapes["transformer_blocks.1.attn.to_q"] == tuple(to_q.weight.shape)
+    assert layers.shapes["proj_out"] == tuple(pipe.dit.proj_out.weight.shape)
     assert config == {"lora_rank": 4, "lora_alpha": 4, "lora_target_modules": TARGETS, "lora_base_model": "dit"}
-
 
 
 def test_a_lora_on_the_transformers_text_encoder_records_its_config(pipe):

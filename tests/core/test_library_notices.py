@@ -1,5 +1,5 @@
 """The libraries' notices that say nothing about a run are kept out of the console, and ``--debug`` shows them
-(``config.console.LIBRARY_NOTICES``); every other record of the same loggers passes."""
+(``core.library_notices.LIBRARY_NOTICES``); every other record of the same loggers passes."""
 
 import logging
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from diffusers import AutoencoderKL
 
+from diffsynth.core.library_notices import LIBRARY_NOTICES, quiet_library_notices
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.training.config.console import LIBRARY_NOTICES, quiet_library_notices
 from diffsynth.training.entry import main
 
 # Each notice as its library logs it (the calls of the installed versions), by the logger that logs it.
