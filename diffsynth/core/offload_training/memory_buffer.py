@@ -155,19 +155,15 @@ class ArenaPlan:
     slots: dict[int, list[tuple[int, int]]]
 
 
-def _plan_large_chunks(counts: Counter) -> list[tuple[int, Counter]]:
-    """Chooses chunks for the large tensors, least total gap first.
+@functools.lru_cache(maxsize=4096)
+def _plan_large_chunks(counts_items: tuple[tuple[int, int], ...]) -> tuple[tuple[int, Counter], ...]:
+    """Chooses chunks for the large tensors (``(size, count)`` pairs, sorted), least total gap first.
 
     At each step the remaining tensors either all go into one chunk of the next power of two, or the largest power of
     two they fill is filled as tightly as possible and the rest is planned the same way; the better of the two wins.
+    Remembered by the multiset of sizes: the two branches meet the same remainders again, and the planner asks for
+    the arenas of many overlapping sets of blocks; callers only read the Counters.
     """
-    return list(_planned_chunks(tuple(sorted(counts.items()))))
-
-
-@functools.lru_cache(maxsize=4096)
-def _planned_chunks(counts_items: tuple[tuple[int, int], ...]) -> tuple[tuple[int, Counter], ...]:
-    # Remembered by the multiset of sizes: the two branches meet the same remainders again, and the planner asks for
-    # the arenas of many overlapping sets of blocks. Callers only read the Counters.
     if not counts_items:
         return ()
     counts = Counter(dict(counts_items))
@@ -179,7 +175,7 @@ def _planned_chunks(counts_items: tuple[tuple[int, int], ...]) -> tuple[tuple[in
         if capacity < max(counts):
             break
         fill = _best_fill(capacity, counts)
-        rest = _planned_chunks(tuple(sorted((counts - fill).items())))
+        rest = _plan_large_chunks(tuple(sorted((counts - fill).items())))
         gap = capacity + sum(c for c, _ in rest) - remaining
         if gap < best_gap:
             best, best_gap = ((capacity, fill), *rest), gap
@@ -212,7 +208,7 @@ def plan_arena(sizes: Iterable[int]) -> ArenaPlan:
         used.append(0)
         return len(capacities) - 1
 
-    for capacity, fill in _plan_large_chunks(large):
+    for capacity, fill in _plan_large_chunks(tuple(sorted(large.items()))):
         chunk = open_chunk(capacity)
         for size, count in sorted(fill.items(), reverse=True):
             for _ in range(count):
