@@ -220,9 +220,11 @@ def launch_two_processes(tmp_path, tiny_root, flags, output):
     finished process and each rank's trained weights."""
     script = tmp_path / "run.py"
     script.write_text(
-        "import sys, torch\n"
+        "import atexit, sys, torch\n"
         "from safetensors.torch import save_file\n"
         "from diffsynth.training.entry import main\n"
+        # Registered first, so it runs last: after the trainer's own exit handler.
+        "atexit.register(lambda: print('group alive at exit:', torch.distributed.is_initialized(), file=sys.stderr))\n"
         "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
         "result = main(QwenImagePipeline, sys.argv[1:])\n"
         "rank = torch.distributed.get_rank()\n"
@@ -235,6 +237,8 @@ def launch_two_processes(tmp_path, tiny_root, flags, output):
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # A gloo group left to interpreter finalisation can abort a finished run.
+    assert done.stderr.count("group alive at exit: False") == 2, done.stderr[-3000:]
     return done, load_file(str(output / "rank0.safetensors")), load_file(str(output / "rank1.safetensors"))
 
 

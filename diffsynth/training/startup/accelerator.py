@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 from typing import TYPE_CHECKING, Any
@@ -19,12 +20,27 @@ def make_accelerator(training: TrainingSection) -> Any:
     # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs. Under a
     # DeepSpeed launch the flag would switch DeepSpeed off, so DeepSpeed picks its (CPU) accelerator itself.
     deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=not torch.cuda.is_available() and not deepspeed_launch,
         gradient_accumulation_steps=training.gradient_accumulation_steps,
         mixed_precision=training.mixed_precision,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=training.find_unused_parameters)],
     )
+    if torch.distributed.is_initialized():
+        # Gloo's worker threads still hold work objects when the interpreter finalises, and freeing them then
+        # aborts the process (SIGABRT after a finished run). The group goes first, while Python is whole; the
+        # caller may still use it until then (``main`` returns with it alive).
+        atexit.unregister(destroy_process_group_at_exit)
+        atexit.register(destroy_process_group_at_exit)
+    return accelerator
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroys the default process group if it is still up (registered with ``atexit``)."""
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def agree_on_seed(accelerator: Any, seed: int | None) -> int:
