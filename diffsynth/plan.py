@@ -31,8 +31,9 @@ from .core.loader import ModelConfigError, ModelFilesNotFoundError, parse_model_
 from .core.loader.resolve import local_repo_dir
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
+from .core.unused_libraries import keep_out
 from .training.config import RunConfig, build_parser
-from .training.config.parsers import parse_namespace
+from .training.config.parsers import parse_namespace, uses_bitsandbytes
 from .training.errors import FlagError
 from .training.exit_codes import BAD_INPUT, debug_requested
 from .training.placement.planner import (
@@ -79,10 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Prints the plan table; returns 0, 1 when no plan fits the budgets, or 2 after one line on stderr for flags or
     model files to fix."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    own_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_library_notices(debug_requested(argv))
     try:
-        return _plan(argv)
+        return _plan(argv, own_command_line)
     except (FlagError, ModelConfigError, ModelFilesNotFoundError) as error:
         if debug_requested(argv):
             raise
@@ -90,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BAD_INPUT
 
 
-def _plan(argv: list[str]) -> int:
+def _plan(argv: list[str], own_command_line: bool) -> int:
     pipeline = _pipeline_of(argv)
     parser = build_plan_parser(pipeline)
     args = parse_namespace(parser, argv)  # a --config file is read as the trainer reads it
+    if own_command_line and not uses_bitsandbytes(args):
+        keep_out("bitsandbytes")  # planned on the meta device: the library is only named, never run
     run = RunConfig.from_namespace(args, runnable=False)  # a run to plan: no dataset or model files needed
     if args.processes_per_machine < 1:
         raise FlagError([f"--processes_per_machine {args.processes_per_machine} must be at least 1"])

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.library_notices import quiet_library_notices
+from ..core.unused_libraries import keep_out
 from .base_layers import LAYERS_KEY, BaseLayers
 from .formats import LAYOUTS, MODEL_CLASS_KEY, MODEL_CONFIG_KEY, write_lora
 from .inspect import base_layers_from_metadata, inspect_lora, skeleton_from_folder
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        keep_out("bitsandbytes")  # no quantized layer is built or loaded here
     args = build_parser().parse_args(argv)
     quiet_library_notices()
     try:

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from .config.parsers import parse_flags
+from ..core.unused_libraries import keep_out
+from .config.parsers import parse_flags, uses_bitsandbytes
 
 if TYPE_CHECKING:
     from ..diffusion.base_pipeline import BasePipeline
@@ -31,7 +32,9 @@ def cli(pipeline: type[BasePipeline] | str, argv: Sequence[str] | None = None, v
         argv: The arguments without the program name; None reads ``sys.argv``.
         video: Train on videos (the parser adds ``--num_frames``).
     """
-    parse_flags(argv, video=video)  # exits with 2 on a flag error, before torch is imported
+    flags = parse_flags(argv, video=video)  # exits with 2 on a flag error, before torch is imported
+    if argv is None and not uses_bitsandbytes(flags):
+        keep_out("bitsandbytes")  # this process's own command line: its flags are all it will do
     from .entry import main
     from .exit_codes import debug_requested, run_with_exit_code
 

@@ -176,3 +176,11 @@ def parse_namespace(parser: argparse.ArgumentParser, argv: Sequence[str] | None 
         return namespace
     # argparse sets a default only for what the namespace lacks, and the command line's values over it.
     return parser.parse_args(argv, argparse.Namespace(**read_config_file(namespace.config, parser)))
+
+
+def uses_bitsandbytes(namespace: argparse.Namespace) -> bool:
+    """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``), or an optimizer from
+    outside torch (``--customized_optimizer``: bitsandbytes' own, or a class that may import it)."""
+    optimizer = namespace.customized_optimizer
+    return "bitsandbytes" in (namespace.quant_options or "") or (optimizer is not None
+                                                                 and not optimizer.startswith("torch."))

@@ -7,7 +7,7 @@ import pytest
 
 from diffsynth.training.config import RunConfig, build_parser, parse_args
 from diffsynth.training.config.flag_docs import flag_table
-from diffsynth.training.config.parsers import closest_flags
+from diffsynth.training.config.parsers import closest_flags, parse_flags, uses_bitsandbytes
 from diffsynth.training.config.reference_flags import SWITCHES, UNSUPPORTED
 from diffsynth.training.errors import TASKS, FlagError, split_csv, task_stage
 from diffsynth.training.loop import stage_one
@@ -422,3 +422,14 @@ def test_the_planner_shares_the_short_errors(capsys):
 
     assert errors_of(["--lora_rnak", "4", "--device_profile", "rtx4090-24gb"], capsys, parse=plan_main) == [
         "error: --lora_rnak 4: unknown flag; did you mean --lora_rank?", HINT]
+
+
+@pytest.mark.parametrize(("flags", "uses"), [
+    ([], False),
+    (["--customized_optimizer", "torch.optim.Adam"], False),
+    (["--customized_optimizer", "bitsandbytes.optim.AdamW8bit"], True),
+    (["--customized_optimizer", "my_package.MyOptimizer"], True),  # might import it
+    (["--quant_options", "Qwen/Qwen-Image:transformer/*.safetensors:bitsandbytes_nf4"], True),
+])
+def test_the_flags_say_whether_the_run_may_need_bitsandbytes(flags, uses):
+    assert uses_bitsandbytes(parse_flags(flags)) is uses
