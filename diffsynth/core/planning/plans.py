@@ -39,9 +39,11 @@ import torch
 from torch import nn
 
 from ..offload_training.memory_buffer import align, tensor_nbytes
+from .dry_run_cache import DryRunCache
 from .footprint import StepFootprint, measure_step
 from .profiles import GIB, DeviceProfile
 from .residency import (
+    OffloadSchedule,
     Residency,
     arena_bytes,
     classic_swap_residency,
@@ -121,12 +123,14 @@ class Workload:
         shared_host_weights: Whether those processes share one host copy of the frozen weights that a policy keeps
             in host memory (``--shared_host_weights auto``).
         training: The optimizer, EMA and fused step of the run (``training_state.py``; None: AdamW, neither).
+        dry_runs: Where the dry runs' results are kept between runs of the planner (``dry_run_cache.py``); None runs
+            each (once per workload).
     """
 
     def __init__(self, model: nn.Module, blocks: Sequence[nn.Module], step: Callable[[], torch.Tensor],
                  set_checkpointing: Callable[[bool], None], other_model_sizes: Sequence[int] = (),
                  description: str = "", local_processes: int = 1, shared_host_weights: bool = True,
-                 training: TrainingSetup | None = None) -> None:
+                 training: TrainingSetup | None = None, dry_runs: DryRunCache | None = None) -> None:
         if isinstance(local_processes, bool) or not isinstance(local_processes, int) or local_processes < 1:
             raise ValueError(f"local_processes={local_processes!r} must be the number of processes on a machine, "
                              "at least 1")
@@ -136,6 +140,7 @@ class Workload:
         self.description = description
         self.local_processes = local_processes
         self.shared_host_weights = shared_host_weights
+        self.dry_runs = dry_runs or DryRunCache("", None)
         tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
         self.model_bytes = sum(tensor_nbytes(t) for t in tensors)
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -166,9 +171,12 @@ class Workload:
     def footprint(self, checkpointing: bool) -> StepFootprint:
         """Saved bytes, per-block activations and FLOPs of one step (a dry run, done once per mode)."""
         if checkpointing not in self._footprints:
-            self.set_checkpointing(checkpointing)
-            self._footprints[checkpointing] = self._dry_run(
-                lambda blocks: measure_step(self.model, self.step, blocks))
+            def run() -> StepFootprint:
+                self.set_checkpointing(checkpointing)
+                return self._dry_run(lambda blocks: measure_step(self.model, self.step, blocks))
+
+            self._footprints[checkpointing] = self.dry_runs.result(f"footprint-checkpointing-{checkpointing}",
+                                                                   StepFootprint, run)
         return self._footprints[checkpointing]
 
     def _dry_run(self, measure: Callable[[Sequence[nn.Module]], Measured]) -> Measured:
@@ -195,9 +203,13 @@ class Workload:
             return h2d_ring_residency(self.stream_sizes, plan.blocks_to_swap, plan.ring_size, plan.pinned,
                                       self.model_bytes)
         if plan.policy == "offload":
-            self.set_checkpointing(checkpointing)
-            schedule = self._dry_run(lambda blocks: simulate_leaf_offload(self.model, self.step, plan.prefetch_depth,
+            def run() -> OffloadSchedule:
+                self.set_checkpointing(checkpointing)
+                return self._dry_run(lambda blocks: simulate_leaf_offload(self.model, self.step, plan.prefetch_depth,
                                                                           plan.optimizer_offload))
+
+            schedule = self.dry_runs.result(f"offload-checkpointing-{checkpointing}-prefetch-{plan.prefetch_depth}"
+                                            f"-optimizer-{plan.optimizer_offload}", OffloadSchedule, run)
             return leaf_offload_host(self.model, schedule, plan.optimizer_offload)
         return None
 

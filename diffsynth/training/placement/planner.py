@@ -38,6 +38,7 @@ from ...core.loader import (
 from ...core.loader.loading import resolve_dtype
 from ...core.offload_training.block_swap import find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
+from ...core.planning.dry_run_cache import DryRunCache, cache_folder, workload_fingerprint
 from ...core.planning.plans import (
     CHECKPOINTING,
     POLICIES,
@@ -256,8 +257,10 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     # Every block list block swap would swap (FLUX: double then single blocks), as one sequence.
     training = TrainingSetup(run.training.customized_optimizer, run.training.ema_decay is not None,
                              run.training.fused_optimizer_step)
+    folder = cache_folder()
+    dry_runs = DryRunCache(workload_fingerprint(model, inputs.items()) if folder else "", folder)
     return Workload(model, find_block_sequence(model), step, set_checkpointing, other_model_sizes, description,
-                    local_processes, run.placement.shared_host_weights == "auto", training)
+                    local_processes, run.placement.shared_host_weights == "auto", training, dry_runs)
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
