@@ -220,11 +220,16 @@ def launch_two_processes(tmp_path, tiny_root, flags, output):
     finished process and each rank's trained weights."""
     script = tmp_path / "run.py"
     script.write_text(
-        "import atexit, sys, torch\n"
+        "import atexit, os, sys\n"
+        "from diffsynth.core.unused_libraries import keep_out\n"
+        "keep_out('bitsandbytes')\n"  # as the trainer's command line does: a second less per process
+        "import torch\n"
         "from safetensors.torch import save_file\n"
         "from diffsynth.training.entry import main\n"
         # Registered first, so it runs last: after the trainer's own exit handler.
-        "atexit.register(lambda: print('group alive at exit:', torch.distributed.is_initialized(), file=sys.stderr))\n"
+        # One write: the two ranks share the pipe, and print's pieces interleave.
+        "atexit.register(lambda: os.write(2, f'group alive at exit: "
+        "{torch.distributed.is_initialized()}\\n'.encode()))\n"
         "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
         "result = main(QwenImagePipeline, sys.argv[1:])\n"
         "rank = torch.distributed.get_rank()\n"

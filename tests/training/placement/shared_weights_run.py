@@ -9,13 +9,17 @@ import json
 import sys
 from pathlib import Path
 
-import torch.distributed as dist
+from diffsynth.core.unused_libraries import keep_out
 
-from diffsynth.core.offload_training.memory_buffer import tensor_nbytes
-from diffsynth.core.shared_weights import is_shared_host
-from diffsynth.core.shared_weights.pss import segment_pss
-from diffsynth.training.entry import main
-from tests.conftest import reset_accelerate_state
+keep_out("bitsandbytes")  # before diffusers and peft look for it: as the trainer's command line does
+
+import torch.distributed as dist  # noqa: E402
+
+from diffsynth.core.offload_training.memory_buffer import tensor_nbytes  # noqa: E402
+from diffsynth.core.shared_weights import is_shared_host  # noqa: E402
+from diffsynth.core.shared_weights.pss import segment_pss  # noqa: E402
+from diffsynth.training.entry import main  # noqa: E402
+from tests.conftest import reset_accelerate_state  # noqa: E402
 
 
 def train(family: str, argv: list[str]) -> dict:
