@@ -33,8 +33,11 @@ def cli(pipeline: type[BasePipeline] | str, argv: Sequence[str] | None = None, v
         video: Train on videos (the parser adds ``--num_frames``).
     """
     flags = parse_flags(argv, video=video)  # exits with 2 on a flag error, before torch is imported
-    if argv is None and not uses_bitsandbytes(flags):
-        keep_out("bitsandbytes")  # this process's own command line: its flags are all it will do
+    # This process's own command line, training a pipeline of this package: its flags are all it will do (a user's
+    # pipeline module may import bitsandbytes for itself).
+    ours = isinstance(pipeline, str) and pipeline.startswith("diffsynth.")
+    if argv is None and ours and not uses_bitsandbytes(flags):
+        keep_out("bitsandbytes")
     from .entry import main
     from .exit_codes import debug_requested, run_with_exit_code
 

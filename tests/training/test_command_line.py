@@ -1,5 +1,6 @@
 """Every ``train.py`` answers a flag error before torch, diffusers or the pipeline are imported."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,41 @@ def test_a_bad_value_is_answered_without_importing_torch():
     assert result.returncode == 2, result.stderr
     assert "--learning_rate" in result.stderr and "fast" in result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+# As PROBE, saying on exit whether bitsandbytes was kept out of the process.
+BITSANDBYTES_PROBE = """
+import atexit, runpy, sys
+atexit.register(lambda: print("kept out:", sys.modules.get("bitsandbytes", 0) is None))
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# Flags that fail in main(), once the pipeline's module is imported: no metadata file.
+FAILING_IN_MAIN = ["--dataset_base_path", "unused", "--lora_base_model", "dit"]
+NF4 = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4"
+
+
+def probe_bitsandbytes(script, flags, cwd=REPO):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", BITSANDBYTES_PROBE, str(script), *FAILING_IN_MAIN, *flags],
+                            cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and "--dataset_metadata_path is unset" in result.stderr, result.stderr
+    return result.stdout.strip().splitlines()[-1] == "kept out: True"
+
+
+@pytest.mark.parametrize(("flags", "kept_out"), [
+    ([], True),
+    (["--customized_optimizer", "bitsandbytes.optim.AdamW8bit"], False),
+    (["--quant_options", NF4], False),
+], ids=["no-8-or-4-bit-feature", "8-bit-optimizer", "nf4-weights"])
+def test_bitsandbytes_is_kept_out_of_a_run_whose_flags_use_none_of_it(flags, kept_out):
+    assert probe_bitsandbytes(REPO / "examples/qwen_image/model_training/train.py", flags) is kept_out
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("bitsandbytes") is None,
+                    reason="bitsandbytes is not installed")
+def test_a_users_own_pipeline_module_may_import_bitsandbytes(tmp_path):
+    (tmp_path / "user_pipeline.py").write_text(
+        "import bitsandbytes\nfrom diffsynth.pipelines.qwen_image import QwenImagePipeline as UserPipeline\n")
+    (tmp_path / "train.py").write_text("from diffsynth.training import cli\ncli('user_pipeline:UserPipeline')\n")
+    assert not probe_bitsandbytes(tmp_path / "train.py", [], cwd=tmp_path)  # imported, and past it to main()
