@@ -20,8 +20,9 @@ demo: setup
 
 # The tests run in TEST_WORKERS processes (pytest-xdist), each on one torch thread: most tests are single-threaded
 # Python over tiny models, so two workers on this project's 2-core machine take about two thirds of the time of one.
+# A worker takes whole modules (loadscope), so a module's fixtures (its trainer runs) run once, not once per worker.
 TEST_WORKERS ?= 2
-PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_WORKERS)
+PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test: setup
 	$(PYTEST) tests

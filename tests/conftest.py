@@ -1,6 +1,7 @@
 """Suite-wide rules and fixtures: slow tests marked ``slow``, GPU tests skipped without CUDA, the tiny model repos,
 no network access, and temporary files only under pytest's temporary folder."""
 
+import collections
 import logging
 import multiprocessing
 import subprocess
@@ -26,8 +27,9 @@ def pytest_configure(config):
     files of the test process and of every process it starts (``TMPDIR``; torch's elastic launcher leaves a folder
     per ``accelerate launch`` behind), Hypothesis' storage (else ``.hypothesis`` in the working folder, written while
     the tests are collected), and the CPU op DeepSpeed compiles when a run starts under it (else in
-    ``~/.cache/torch_extensions``; about 30 s once per session, whatever the number of workers). The planner keeps no dry runs between plans
-    (``DIFFSYNTH_PLAN_CACHE``): each test plans from scratch, and nothing is written to the home folder."""
+    ``~/.cache/torch_extensions``; about 30 s once per session, whatever the number of workers). The planner keeps
+    no dry runs between plans (``DIFFSYNTH_PLAN_CACHE``): each test plans from scratch, and nothing is written to the
+    home folder."""
     folders = config._tmp_path_factory  # what the tmp_path_factory fixture returns, here before any fixture
     patch = pytest.MonkeyPatch()
     config.add_cleanup(patch.undo)
@@ -147,11 +149,16 @@ def pytest_collection_modifyitems(config, items):
     A test reaches a value when its function, a function it is parametrized with or one of its fixtures names it, or
     names a function of the tests package that reaches it (read from the code, nothing is run). Using
     ``fresh_accelerate_state`` is no sign: modules request it for all their tests, flag checks included.
-    ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule.
+    ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule. The modules are
+    ordered by their number of slow tests other than grid repeats, most first.
     """
     ruled = [item for item in items if not item.get_closest_marker("fast") and not item.get_closest_marker("slow")]
     for item in [item for item in ruled if item.nodeid.startswith(SLOW_MODULES) or reaches(item, is_slow_call)]:
         item.add_marker(pytest.mark.slow)
+    # The modules with the most runs and child processes first: the Makefile's workers take whole modules (--dist
+    # loadscope), so a heavy one handed out last would end the run alone. Stable: a module's tests keep their order.
+    heavy = collections.Counter(module_of(item) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -heavy[module_of(item)])
     for item in model_grid_repeats([item for item in ruled if not item.get_closest_marker("slow")]):
         item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
@@ -160,6 +167,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def module_of(item) -> str:
+    return item.nodeid.partition("::")[0]
 
 
 @pytest.fixture(scope="session")
