@@ -1,7 +1,6 @@
 """Suite-wide rules and fixtures: slow tests marked ``slow``, GPU tests skipped without CUDA, the tiny model repos,
 no network access, and temporary files only under pytest's temporary folder."""
 
-import collections
 import logging
 import multiprocessing
 import subprocess
@@ -149,16 +148,11 @@ def pytest_collection_modifyitems(config, items):
     A test reaches a value when its function, a function it is parametrized with or one of its fixtures names it, or
     names a function of the tests package that reaches it (read from the code, nothing is run). Using
     ``fresh_accelerate_state`` is no sign: modules request it for all their tests, flag checks included.
-    ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule. The modules are
-    ordered by their number of slow tests other than grid repeats, most first.
+    ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule.
     """
     ruled = [item for item in items if not item.get_closest_marker("fast") and not item.get_closest_marker("slow")]
     for item in [item for item in ruled if item.nodeid.startswith(SLOW_MODULES) or reaches(item, is_slow_call)]:
         item.add_marker(pytest.mark.slow)
-    # The modules with the most runs and child processes first: the Makefile's workers take whole modules (--dist
-    # loadscope), so a heavy one handed out last would end the run alone. Stable: a module's tests keep their order.
-    heavy = collections.Counter(module_of(item) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -heavy[module_of(item)])
     for item in model_grid_repeats([item for item in ruled if not item.get_closest_marker("slow")]):
         item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
@@ -167,10 +161,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def module_of(item) -> str:
-    return item.nodeid.partition("::")[0]
 
 
 @pytest.fixture(scope="session")
