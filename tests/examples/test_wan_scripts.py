@@ -84,6 +84,7 @@ def test_wan21_t2v_lora_loads_into_diffusers_wan_pipeline(workdir, tiny_root):
     kwargs = dict(prompt="a red cat", height=32, width=48, num_frames=5, num_inference_steps=2, output_type="pt",
                   max_sequence_length=16)
     before = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames
+    assert torch.equal(pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames, before)
     pipe.load_lora_weights(str(lora))
     (adapter,) = pipe.get_list_adapters()["transformer"]
     loaded = get_peft_model_state_dict(pipe.transformer, adapter_name=adapter)
@@ -91,7 +92,9 @@ def test_wan21_t2v_lora_loads_into_diffusers_wan_pipeline(workdir, tiny_root):
     assert {key.rsplit(".lora_", 1)[0] for key in loaded} == set(read_lora(lora).layers)
     assert len(loaded) == 2 * 20  # lora_A and lora_B of 20 layers (10 per block, 2 blocks)
     after = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames
-    assert (after - before).abs().max() > 1e-3
+    # The script sets no --seed, so the trained update's size varies from run to run (0.001 of the frames at the
+    # least seen); the same pipeline and generator repeat the frames exactly (above), so any change is the LoRA's.
+    assert (after - before).abs().max() > 1e-5
 
 
 @pytest.mark.parametrize(("name", "boundary", "timestep"), [("Wan2.2-T2V-A14B", 0.417, 875),
