@@ -171,19 +171,22 @@ class Workload:
     def footprint(self, checkpointing: bool) -> StepFootprint:
         """Saved bytes, per-block activations and FLOPs of one step (a dry run, done once per mode)."""
         if checkpointing not in self._footprints:
-            def run() -> StepFootprint:
-                self.set_checkpointing(checkpointing)
-                return self._dry_run(lambda blocks: measure_step(self.model, self.step, blocks))
-
-            self._footprints[checkpointing] = self.dry_runs.result(f"footprint-checkpointing-{checkpointing}",
-                                                                   StepFootprint, run)
+            self._footprints[checkpointing] = self._dry_run(
+                f"footprint-checkpointing-{checkpointing}", StepFootprint, checkpointing,
+                lambda blocks: measure_step(self.model, self.step, blocks))
         return self._footprints[checkpointing]
 
-    def _dry_run(self, measure: Callable[[Sequence[nn.Module]], Measured]) -> Measured:
-        # Shallow runs stand for the whole model when its blocks are alike (shallow.py); else every block runs.
-        if self._depths is None:
-            return measure(self.blocks)
-        return extrapolated(measure, self.model, self._depths)
+    def _dry_run(self, name: str, kind: type, checkpointing: bool,
+                 measure: Callable[[Sequence[nn.Module]], Measured]) -> Measured:
+        """``measure`` with checkpointing set, kept in ``dry_runs`` as ``name`` (a dataclass ``kind``)."""
+        def run() -> Measured:
+            self.set_checkpointing(checkpointing)
+            # Shallow runs stand for the whole model when its blocks are alike (shallow.py); else every block runs.
+            if self._depths is None:
+                return measure(self.blocks)
+            return extrapolated(measure, self.model, self._depths)
+
+        return self.dry_runs.result(name, kind, run)
 
     def residency(self, plan: Plan) -> Residency | None:
         """The policy's moving weights (computed once per plan); None for ``device``: nothing moves."""
@@ -203,13 +206,11 @@ class Workload:
             return h2d_ring_residency(self.stream_sizes, plan.blocks_to_swap, plan.ring_size, plan.pinned,
                                       self.model_bytes)
         if plan.policy == "offload":
-            def run() -> OffloadSchedule:
-                self.set_checkpointing(checkpointing)
-                return self._dry_run(lambda blocks: simulate_leaf_offload(self.model, self.step, plan.prefetch_depth,
-                                                                          plan.optimizer_offload))
-
-            schedule = self.dry_runs.result(f"offload-checkpointing-{checkpointing}-prefetch-{plan.prefetch_depth}"
-                                            f"-optimizer-{plan.optimizer_offload}", OffloadSchedule, run)
+            schedule = self._dry_run(
+                f"offload-checkpointing-{checkpointing}-prefetch-{plan.prefetch_depth}"
+                f"-optimizer-{plan.optimizer_offload}", OffloadSchedule, checkpointing,
+                lambda blocks: simulate_leaf_offload(self.model, self.step, plan.prefetch_depth,
+                                                     plan.optimizer_offload))
             return leaf_offload_host(self.model, schedule, plan.optimizer_offload)
         return None
 
