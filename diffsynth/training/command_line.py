@@ -9,7 +9,6 @@ files) run in :func:`diffsynth.training.entry.main`.
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -40,8 +39,9 @@ def cli(pipeline: type[BasePipeline] | str, argv: Sequence[str] | None = None, v
         keep_out("bitsandbytes")
     from .entry import main
     from .exit_codes import debug_requested, run_with_exit_code
+    from .startup.accelerator import exit_process
 
     if isinstance(pipeline, str):
         module_name, _, class_name = pipeline.partition(":")
         pipeline = getattr(importlib.import_module(module_name), class_name)
-    sys.exit(run_with_exit_code(main, pipeline, argv, video=video, debug=debug_requested(argv)))
+    exit_process(run_with_exit_code(main, pipeline, argv, video=video, debug=debug_requested(argv)))
