@@ -66,11 +66,18 @@ def check_num_frames(num_frames: Any) -> None:
 
 
 class VideoInfo(NamedTuple):
-    """What a container's header and packet index say about its first video stream."""
+    """What a container's header and packet index say about its first video stream, and, when its first frame was
+    decoded, the size it is shown at (its stored rotation applied, which only a decoded frame reveals)."""
 
     width: int
     height: int
     frames: int
+    shown: tuple[int, int] | None = None
+
+
+VIDEO_PROBES_REMEMBERED = 200_000
+"""Video probes ``file_memo`` keeps (a few hundred bytes each): a bucketed run's start-up check reads each video once,
+and bucketing takes its shape from that read."""
 
 
 def _import_av() -> Any:
@@ -96,20 +103,22 @@ def _unreadable(path: Path, reason: str) -> DatasetError:
     )
 
 
-def probe_video(path: Path, stop_at: int | None = None) -> VideoInfo:
-    """Reads the size and frame count of the first video stream without decoding any frame.
+def probe_video(path: Path, stop_at: int | None = None, shown: bool = False) -> VideoInfo:
+    """Reads the size and frame count of the first video stream, in one opening of the file.
 
     The count comes from the container header when it stores one (mp4, mov, gif); otherwise (webm, mkv) packets are
-    demuxed and counted, which reads the file but costs far less than decoding it.
+    demuxed and counted, which reads the file but costs far less than decoding it. Only ``shown`` decodes a frame.
 
     Args:
         path: The video file.
         stop_at: Stop counting packets at this many; callers that only need "at least N" save reading long clips.
+        shown: Also decode the first frame, for the size it is shown at (``VideoInfo.shown``).
 
     Raises:
         DatasetError: The file is not a container PyAV opens, or holds no video stream or no frame.
     """
     av = _import_av()
+    shown_size = None
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
@@ -117,17 +126,38 @@ def probe_video(path: Path, stop_at: int | None = None) -> VideoInfo:
             stream = container.streams.video[0]
             width, height = stream.codec_context.width, stream.codec_context.height
             frames = stream.frames
-            if frames <= 0:
+            if frames > 0 and shown:
+                shown_size = _shown_size(next(container.decode(stream), None))
+            elif frames <= 0:
                 frames = 0
                 for packet in container.demux(stream):
                     frames += packet.size > 0  # the demuxer ends the stream with an empty flush packet
-                    if stop_at is not None and frames >= stop_at:
+                    if shown and shown_size is None:  # the flush packet also yields a decoder's delayed frames
+                        shown_size = _shown_size(next(iter(packet.decode()), None))
+                    if stop_at is not None and frames >= stop_at and (shown_size is not None or not shown):
                         break
     except (av.FFmpegError, OSError) as error:
         raise _unreadable(path, _reason(error)) from error
     if frames <= 0 or width <= 0 or height <= 0:
         raise _unreadable(path, f"its video stream has {frames} frames of {width}x{height} pixels")
-    return VideoInfo(width, height, frames)
+    if shown and shown_size is None:
+        raise _unreadable(path, "no frame of its video stream decodes")
+    return VideoInfo(width, height, frames, shown_size)
+
+
+def _shown_size(frame: Any) -> tuple[int, int] | None:
+    """``(width, height)`` of a decoded frame as displayed; None for no frame."""
+    if frame is None:
+        return None
+    return (frame.height, frame.width) if frame.rotation in (90, -90) else (frame.width, frame.height)
+
+
+def read_video_probe(path: Path, stop_at: int | None, shown: bool) -> VideoInfo:
+    """``probe_video``, read once while the file is unchanged (``file_memo``)."""
+    from ..file_memo import parsed
+
+    return parsed(path, f"video probe {stop_at} {shown}", lambda file: probe_video(file, stop_at, shown),
+                  limit=VIDEO_PROBES_REMEMBERED)
 
 
 @dataclass(frozen=True)
@@ -175,8 +205,9 @@ class LoadVideo:
             The pixels ``load`` decodes: frames taken x width x height (lenient mode counts up to ``num_frames``,
             since it stops counting packets early).
         """
-        # Counting stops once the frames needed are there; strict mode needs them all, lenient mode only one.
-        info = probe_video(path, stop_at=1 if self.allow_shorter else self.num_frames)
+        # Counting stops once the frames needed are there; strict mode needs them all, lenient mode only one, except
+        # under buckets, whose shape (``shape``, from this same read) needs the count and the size as shown.
+        info = read_video_probe(path, *self._probe_settings(resize.buckets))
         frames = self.num_frames if self.allow_shorter else self.frames_to_take(info.frames, path)
         # A stored rotation swaps width and height, which cannot change whether a side rounds down to 0.
         resize.target_size(info.width, info.height, source=path, kind="video")
@@ -226,18 +257,15 @@ class LoadVideo:
 
     def shape(self, path: Path, resize: ResizeConfig) -> tuple[int, int, int]:
         """The ``(width, height, frames)`` ``load`` gives ``path``: the size from its first frame as displayed (its
-        stored rotation applied, which only decoding that frame reveals), the frames from its packet index."""
-        av = _import_av()
-        try:
-            with av.open(str(path)) as container:
-                frame = next(container.decode(container.streams.video[0]))
-                size = (frame.height, frame.width) if frame.rotation in (90, -90) else (frame.width, frame.height)
-        except (av.FFmpegError, OSError, IndexError, StopIteration) as error:
-            raise _unreadable(path, _reason(error)) from error
-        frames = self.num_frames
-        if self.allow_shorter:
-            frames = self.frames_to_take(probe_video(path, stop_at=self.num_frames).frames, path)
-        return (*resize.target_size(*size, source=path, kind="video"), frames)
+        stored rotation applied, which only decoding that frame reveals), the frames from its packet index; the
+        reading a bucketed dataset's ``check`` made, while the file is unchanged."""
+        info = read_video_probe(path, *self._probe_settings(shape=True))
+        frames = self.frames_to_take(info.frames, path) if self.allow_shorter else self.num_frames
+        return (*resize.target_size(*info.shown, source=path, kind="video"), frames)
+
+    def _probe_settings(self, shape: bool) -> tuple[int, bool]:
+        """``(stop_at, shown)`` of the probe ``check`` needs; with ``shape`` also what ``shape`` needs."""
+        return (self.num_frames if shape or not self.allow_shorter else 1), shape
 
 
 def check_video(path: Path, resize: ResizeConfig, num_frames: int = DEFAULT_NUM_FRAMES,
