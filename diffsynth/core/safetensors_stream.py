@@ -21,8 +21,10 @@ import torch
 # safetensors' dtype codes (safetensors/src/tensor.rs, Dtype).
 _DTYPE_CODES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint64: "U64", torch.uint32: "U32", torch.uint16: "U16", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+    torch.float8_e5m2fnuz: "F8_E5M2FNUZ", torch.complex64: "C64",
 }  # fmt: skip
 _HEADER_ALIGNMENT = 8  # safetensors pads its header with spaces so the data starts 8-byte aligned
 
@@ -36,7 +38,8 @@ def planned_nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
 
 
 class SafetensorsStream:
-    """One safetensors file, written from a plan of ``(name, shape, dtype)`` entries, then tensor by tensor in plan order.
+    """One safetensors file, written from a plan of ``(name, shape, dtype)`` entries, then tensor by tensor in plan
+    order.
 
     Args:
         path: The file to write (the caller makes it atomic, e.g. by writing into a staging folder).
