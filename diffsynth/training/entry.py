@@ -27,7 +27,7 @@ from .loop.fused_step import process_problems as fused_step_process_problems
 from .objective.training_module import DiffusionTrainingModule
 from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_training_state
 from .outputs.initial_weights import load_initial_weights
-from .placement.deepspeed import deepspeed_config, refuse_with_deepspeed
+from .placement.deepspeed import deepspeed_config, match_gradient_clipping, refuse_with_deepspeed
 from .placement.quant_options import quant_package_problems
 from .startup import build_dataset, build_training_module, check_inputs_used, load_pipeline
 from .startup.accelerator import agree_on_seed, make_accelerator
@@ -59,6 +59,7 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     accelerator = make_accelerator(config.training)
     if deepspeed_config(accelerator) is not None:
         refuse_with_deepspeed(config)
+        match_gradient_clipping(deepspeed_config(accelerator), config.training.max_grad_norm)
     if problems := fused_step_process_problems(config.training, accelerator.num_processes):
         raise FlagError(problems)
     claim = claim_output_folder(config, accelerator, pipeline_class.lora_target_aliases)

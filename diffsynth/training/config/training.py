@@ -94,7 +94,8 @@ class TrainingSection(Section):
         group.add_argument("--lr_warmup_steps", type=int, default=0,
                            help="Optimizer steps of linear warm-up; needs a schedule other than constant.")
         group.add_argument("--max_grad_norm", type=float, default=None,
-                           help="Clip the gradient norm to this value; unset clips nothing, as the reference trainer.")
+                           help="Clip the gradient norm to this value; unset clips nothing, as the reference trainer "
+                                "(under DeepSpeed it sets an auto gradient_clipping, which is 1.0 unset).")
         group.add_argument("--mixed_precision", type=str, default="no", choices=MIXED_PRECISIONS,
                            help="Mixed precision passed to accelerate's Accelerator; no trains in the weights' dtype.")
         group.add_argument("--resume_from_checkpoint", type=str, default=None,

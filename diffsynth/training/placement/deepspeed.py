@@ -42,6 +42,29 @@ def set_micro_batch_size(accelerator: Any, batch_size: int) -> None:
         config["train_micro_batch_size_per_gpu"] = batch_size
 
 
+def match_gradient_clipping(config: dict, max_grad_norm: float | None) -> None:
+    """Makes DeepSpeed clip as ``--max_grad_norm`` asks, where the config leaves it to accelerate (``auto``).
+
+    DeepSpeed clips inside its own step, so the trainer's clipping does nothing under it, and accelerate fills an
+    ``auto`` ``gradient_clipping`` with 1.0. The flag's norm replaces ``auto``; without the flag the 1.0 stays, as in
+    the reference's DeepSpeed runs, and is logged, since a run without DeepSpeed clips nothing by default.
+
+    Raises:
+        FlagError: The config gives a number other than ``--max_grad_norm``.
+    """
+    configured = config.get("gradient_clipping", "auto")
+    if configured == "auto":
+        if max_grad_norm is None:
+            logger.info("DeepSpeed clips gradients at norm 1.0 (gradient_clipping auto in its config); pass "
+                        "--max_grad_norm to choose the norm, or set gradient_clipping to 0 to clip nothing")
+        else:
+            config["gradient_clipping"] = max_grad_norm
+    elif max_grad_norm is not None and float(configured) != max_grad_norm:
+        raise FlagError([f"--max_grad_norm {max_grad_norm:g} but the DeepSpeed config sets gradient_clipping "
+                         f"{configured}, and DeepSpeed clips by its config; set gradient_clipping to \"auto\" (or "
+                         f"{max_grad_norm:g}) in the config, or drop --max_grad_norm"])
+
+
 def initialize_deepspeed_gradient_checkpointing(accelerator: Any) -> bool:
     """Configures DeepSpeed's activation checkpointing from the config's ``activation_checkpointing`` section.
 
