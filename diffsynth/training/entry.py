@@ -57,9 +57,9 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     if missing:
         raise FlagError(missing)
     accelerator = make_accelerator(config.training)
-    if deepspeed_config(accelerator) is not None:
+    if (zero_config := deepspeed_config(accelerator)) is not None:
         refuse_with_deepspeed(config)
-        match_gradient_clipping(deepspeed_config(accelerator), config.training.max_grad_norm)
+        match_gradient_clipping(zero_config, config.training.max_grad_norm)
     if problems := fused_step_process_problems(config.training, accelerator.num_processes):
         raise FlagError(problems)
     claim = claim_output_folder(config, accelerator, pipeline_class.lora_target_aliases)
