@@ -52,11 +52,11 @@ from .training.placement.planner import (
 if TYPE_CHECKING:
     from torch import nn
 
-PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image", "QwenImagePipeline", False),
-             "wan": ("diffsynth.pipelines.wan_video", "WanVideoPipeline", True),
-             "z-image": ("diffsynth.pipelines.z_image", "ZImagePipeline", False),
-             "flux": ("diffsynth.pipelines.flux", "FluxPipeline", False),
-             "flux2-klein": ("diffsynth.pipelines.flux2_klein", "Flux2KleinPipeline", False)}
+PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image.pipeline", "QwenImagePipeline", False),
+             "wan": ("diffsynth.pipelines.wan_video.pipeline", "WanVideoPipeline", True),
+             "z-image": ("diffsynth.pipelines.z_image.pipeline", "ZImagePipeline", False),
+             "flux": ("diffsynth.pipelines.flux.pipeline", "FluxPipeline", False),
+             "flux2-klein": ("diffsynth.pipelines.flux2_klein.pipeline", "Flux2KleinPipeline", False)}
 
 
 def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:

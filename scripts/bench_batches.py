@@ -36,7 +36,7 @@ import torch
 from bench_split import run_trainer
 
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
     WAN_MODEL_ID,
@@ -87,8 +87,8 @@ def model_flags(name: str, args: argparse.Namespace) -> tuple[list[str], dict[st
 
 def bench_model(name: str, work: Path, args: argparse.Namespace, clock: BatchClock) -> dict[tuple[str, int], Any]:
     """Samples per second of one model at every batch size, one-stage and from a cache."""
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
-    from diffsynth.pipelines.wan_video import WanVideoPipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
     video = MODELS[name][3]
     pipeline = WanVideoPipeline if video else QwenImagePipeline

@@ -67,7 +67,7 @@ def run_rank(argv: list[str], report: Path) -> None:
 
     from diffsynth.core.offload_training.memory_buffer import tensor_nbytes
     from diffsynth.core.shared_weights.pss import process_pss, segment_pss
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
     from diffsynth.training.entry import main
     from diffsynth.training.outputs.logger import ModelLogger
 
@@ -99,7 +99,7 @@ def build_repo(root: Path, layers: int) -> None:
     import torch
     from diffusers import QwenImageTransformer2DModel
 
-    from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, build_tiny_qwen_image
+    from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, build_tiny_qwen_image
 
     repo = build_tiny_qwen_image(root)
     with torch.random.fork_rng():
@@ -114,7 +114,7 @@ def build_repo(root: Path, layers: int) -> None:
 
 
 def training_flags(data: Path, output: Path, placement: str, layers: int) -> list[str]:
-    from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+    from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 
     models = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
     flags = ["--dataset_base_path", str(data), "--dataset_metadata_path", str(data / "metadata.csv"),

@@ -69,7 +69,7 @@ def run_rank(argv: list[str], report: Path, diagnose: tuple[int, int] | None) ->
     import torch.distributed as dist
 
     from diffsynth.core.shared_weights.pss import process_pss
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
     from diffsynth.training.entry import main
     from diffsynth.training.outputs.logger import ModelLogger
 
@@ -109,7 +109,7 @@ def slope_per_step(points: list[tuple[int, int]]) -> float:
 # ---- the benchmark -------------------------------------------------------------------------------------------------
 
 def model_flags(max_pixels: int) -> list[str]:
-    from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+    from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 
     models = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
     return ["--model_id_with_origin_paths", models, "--lora_base_model", "dit", "--lora_target_modules",
@@ -164,9 +164,9 @@ def print_soak(ranks: list[dict], warmup: int, processes: int, steps: int) -> li
 
 def stage_one_peak(data: Path, root: Path, cache: Path, max_pixels: int) -> int:
     """Peak RSS of one stage-1 run over ``data`` into ``cache``."""
-    from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+    from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 
-    code = ("import sys\nfrom diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
+    code = ("import sys\nfrom diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline\n"
             "from diffsynth.training.entry import main\nmain(QwenImagePipeline, sys.argv[1:])\n"
             "print('PEAK', next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')))")
     flags = [*model_flags(max_pixels), "--dataset_base_path", str(data), "--dataset_metadata_path",
@@ -193,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     args.max_pixels = args.max_pixels or (65536 if args.stage_one else 4096)
     from diffsynth.core.data.example_dataset import build_example_dataset
-    from diffsynth.core.loader.tiny_models import build_tiny_qwen_image
+    from diffsynth.testing.tiny_models import build_tiny_qwen_image
 
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch) / "models"

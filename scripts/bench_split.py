@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, build_tiny_qwen_image
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, build_tiny_qwen_image
 
 PATTERN = {name: f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}
 LORA_TARGETS = "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out"
@@ -121,7 +121,7 @@ def run_trainer(argv: Sequence[str], verbose: bool, pipeline_class: type | None 
     """
     from accelerate.state import AcceleratorState, GradientState
 
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
     from diffsynth.training.entry import main
 
     captured = io.StringIO()

@@ -63,7 +63,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "DIFFSYNTH_MODEL_BASE_PATH": str(work / "models")}
-        subprocess.run([sys.executable, "-m", "diffsynth.core.loader.tiny_models", "--output", str(work / "models"),
+        subprocess.run([sys.executable, "-m", "diffsynth.testing.tiny_models", "--output", str(work / "models"),
                         "--only", "qwen_image"], cwd=REPO, env=env, check=True, capture_output=True)
         subprocess.run([sys.executable, "-m", "diffsynth.core.data.example_dataset", "--output",
                         str(work / "dataset"), "--num_images", "2"], cwd=REPO, env=env, check=True,

@@ -20,7 +20,7 @@ LAUNCH=("$PYTHON" -m diffsynth.training.launch --num_processes 1 --num_machines 
         --dynamo_backend no)
 
 echo "== 1/5 tiny Qwen-Image repo -> $DIFFSYNTH_MODEL_BASE_PATH"
-"$PYTHON" -m diffsynth.core.loader.tiny_models --output "$DIFFSYNTH_MODEL_BASE_PATH" --only qwen_image
+"$PYTHON" -m diffsynth.testing.tiny_models --output "$DIFFSYNTH_MODEL_BASE_PATH" --only qwen_image
 echo "== 2/5 example dataset -> $WORK/dataset"
 "$PYTHON" -m diffsynth.core.data.example_dataset --output "$WORK/dataset" --num_images 8
 echo "== 3/5 stage 1: cache the text and image encodings -> $WORK/cache"

@@ -33,11 +33,11 @@ from diffsynth.core.planning.plans import (
 )
 from diffsynth.core.planning.profiles import GIB, PROFILES
 from diffsynth.core.planning.training_state import TrainingSetup
-from diffsynth.pipelines.flux import FluxPipeline
-from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
-from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.pipelines.flux.pipeline import FluxPipeline
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.placement.config import PlacementConfig

@@ -3,6 +3,7 @@ no network access, and temporary files only under pytest's temporary folder."""
 
 import logging
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,7 @@ import torch.multiprocessing as mp
 from diffusers import DiffusionPipeline
 
 from diffsynth.core.loader import resolve
-from diffsynth.core.loader.tiny_models import build_tiny_models
+from diffsynth.testing.tiny_models import build_tiny_models
 from diffsynth.training import command_line, entry
 
 
@@ -234,3 +235,17 @@ def load_lora_into_diffusers(pipe, path, adapter_name: str) -> list[str]:
         for each in loggers:
             each.removeHandler(handler)
     return [record.getMessage() for record in records] + [str(warning.message) for warning in caught]
+
+
+@pytest.fixture
+def scratch_base(tiny_root, tmp_path, monkeypatch):
+    """A private base folder; ``copy(model_id, component)`` copies one component of a tiny repo into it to edit."""
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path))
+
+    def copy(model_id: str, component: str) -> Path:
+        target = tmp_path / model_id / component
+        shutil.copytree(tiny_root / model_id / component, target)
+        return target
+
+    copy.root = tmp_path
+    return copy

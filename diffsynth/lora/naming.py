@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.loader.original_flux import bfl_linear_layers, swap_halves
+from ..pipelines.flux.original import bfl_linear_layers, swap_halves
 
 _BLOCK = re.compile(r"^(?P<blocks>blocks)\.(?P<index>\d+)\.(?P<layer>.+)$")
 _ANY_BLOCK = re.compile(r"^(?P<blocks>[a-z_]+)\.(?P<index>\d+)\.")

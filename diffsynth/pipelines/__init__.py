@@ -1,9 +1,27 @@
-"""Model families built from units: one module per family."""
+"""The model families, one room each (``diffsynth/pipelines/<family>/``), and the registry of their specs.
 
-from .flux import FluxPipeline
-from .flux2_klein import Flux2KleinPipeline
-from .qwen_image import QwenImagePipeline
-from .wan_video import WanVideoPipeline
-from .z_image import ZImagePipeline
+Importing this package imports no model library: the pipeline classes below load on first use, and the registry
+(``registry.families()``) reads each room's ``spec.py``, which is data. Importing it registers the families'
+original-layout readers with the loader.
+"""
+
+from typing import TYPE_CHECKING
+
+from ..core.lazy_exports import lazy_exports
+from .registry import register_original_layouts
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".flux": ("FluxPipeline",), ".flux2_klein": ("Flux2KleinPipeline",), ".qwen_image": ("QwenImagePipeline",),
+    ".wan_video": ("WanVideoPipeline",), ".z_image": ("ZImagePipeline",),
+})
+
+if TYPE_CHECKING:
+    from .flux import FluxPipeline
+    from .flux2_klein import Flux2KleinPipeline
+    from .qwen_image import QwenImagePipeline
+    from .wan_video import WanVideoPipeline
+    from .z_image import ZImagePipeline
+
+register_original_layouts()
 
 __all__ = ["Flux2KleinPipeline", "FluxPipeline", "QwenImagePipeline", "WanVideoPipeline", "ZImagePipeline"]

@@ -8,7 +8,7 @@ import torch
 from diffusers import AutoencoderKL
 
 from diffsynth.core.library_notices import LIBRARY_NOTICES, quiet_library_notices
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 
 # Each notice as its library logs it (the calls of the installed versions), by the logger that logs it.

@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_SCHEDULER_CONFIG
+from diffsynth.testing.tiny_models import QWEN_IMAGE_SCHEDULER_CONFIG
 from diffsynth.diffusion.flow_match import DiffusersScheduler, FlowMatchScheduler
 
 # scheduler/scheduler_config.json of the Wan-AI/Wan2.1-*-Diffusers repos (the parts that matter for sampling).

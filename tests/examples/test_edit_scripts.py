@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import entry as trainer
 from tests.conftest import reset_accelerate_state
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.core.loader import resolve
-from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import HELP_HINT, build_parser
 from tests.conftest import reset_accelerate_state

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.core.loader import resolve
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import HELP_HINT, build_parser
 from tests.conftest import reset_accelerate_state

@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.lora.before_after import panel_boxes
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
 from .helpers import load_script as load_script_at
 from .helpers import train_lora

@@ -14,14 +14,14 @@ import pytest
 from PIL import Image
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_EDIT_2509_MODEL_ID,
     QWEN_IMAGE_EDIT_MODEL_ID,
     QWEN_IMAGE_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
 )
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.qwen_image_edit import edit_image_size
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.edit import edit_image_size
 
 from .helpers import load_script as load_script_at
 from .helpers import train_lora

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader.tiny_models import WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.testing.tiny_models import WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
 from .helpers import load_script, train_lora
 

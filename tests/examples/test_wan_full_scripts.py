@@ -19,8 +19,8 @@ import torch
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
 from diffsynth.core.loader import resolve
-from diffsynth.core.loader.tiny_models import WAN_I2V_ORIGINAL_MODEL_ID, WAN_ORIGINAL_MODEL_ID
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.testing.tiny_models import WAN_I2V_ORIGINAL_MODEL_ID, WAN_ORIGINAL_MODEL_ID
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import HELP_HINT
 

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import resolve
-from diffsynth.core.loader.tiny_models import WAN_MODEL_ID
+from diffsynth.testing.tiny_models import WAN_MODEL_ID
 from diffsynth.lora import read_lora
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import build_parser
 from tests.conftest import reset_accelerate_state

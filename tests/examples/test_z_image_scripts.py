@@ -20,7 +20,7 @@ import torch
 from diffsynth.core.loader import resolve
 from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
 from diffsynth.lora.naming import naming_for
-from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import HELP_HINT
 from tests.conftest import reset_accelerate_state

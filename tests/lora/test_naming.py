@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
 from diffsynth.lora import WAN_NAMING, ModuleNaming, lora_layer_names, naming_for
 
 

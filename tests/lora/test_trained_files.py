@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.lora import LAYOUTS, inspect_lora, load_lora, lora_layer_names, naming_for, read_file, read_lora
 from diffsynth.lora.__main__ import main as lora_cli
 from diffsynth.lora.base_layers import LAYERS_KEY, BaseLayers
 from diffsynth.lora.inspect import skeleton_from_metadata
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.entry import main
 from diffsynth.training.outputs.checkpoint import resolve_checkpoint
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.loader.tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.testing.tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
 from diffsynth.lora import inspect_lora, load_lora
 from diffsynth.lora.__main__ import main as lora_cli
-from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.entry import main
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state
 

@@ -8,7 +8,7 @@ parts instead, with the processor this package loads from that folder.
 from pathlib import Path
 
 from diffsynth.core.loader import ModelConfig
-from diffsynth.pipelines.qwen_image_edit import load_processor
+from diffsynth.pipelines.qwen_image.edit import load_processor
 
 # diffusers' area for the edit images (hard-coded in QwenImageEditPipeline, VAE_IMAGE_SIZE in the Plus pipeline).
 REFERENCE_EDIT_PIXELS = 1024 * 1024

@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader import ModelConfig
-from diffsynth.core.loader.tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_KONTEXT_MODEL_ID, FLUX1_KREA_MODEL_ID
-from diffsynth.pipelines.flux import REFERENCE_TARGETS, FluxPipeline, kontext_size
+from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_KONTEXT_MODEL_ID, FLUX1_KREA_MODEL_ID
+from diffsynth.pipelines.flux.pipeline import REFERENCE_TARGETS, FluxPipeline, kontext_size
 from diffsynth.training.objective.training_module import resolve_lora_targets
 
 PROMPT = "a red cube on a blue table"

@@ -7,14 +7,14 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader import ModelConfig
-from diffsynth.core.loader.tiny_flux2 import (
+from diffsynth.testing.tiny_flux2 import (
     FLUX2_KLEIN_4B_MODEL_ID,
     FLUX2_KLEIN_9B_MODEL_ID,
     FLUX2_KLEIN_BASE_4B_MODEL_ID,
     FLUX2_KLEIN_BASE_9B_MODEL_ID,
     FLUX2_PATTERNS,
 )
-from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline, flux2_empirical_mu, patchify, unpatchify
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline, flux2_empirical_mu, patchify, unpatchify
 
 PROMPT = "a red cube on a blue table"
 # Each base model reads the text encoder and VAE of its distilled sibling, as the reference's scripts load them.
@@ -90,7 +90,7 @@ def test_cfg_is_used_by_base_models_and_ignored_by_distilled_ones(pipes, caplog)
     base, distilled = pipes[FLUX2_KLEIN_BASE_4B_MODEL_ID][0], pipes[FLUX2_KLEIN_4B_MODEL_ID][0]
     assert not base.is_distilled and distilled.is_distilled  # read from model_index.json
     assert (base(PROMPT, cfg_scale=1.0, **kwargs) - base(PROMPT, cfg_scale=4.0, **kwargs)).abs().max() > 1e-3
-    with caplog.at_level("WARNING", logger="diffsynth.pipelines.flux2_klein"):
+    with caplog.at_level("WARNING", logger="diffsynth.pipelines.flux2_klein.pipeline"):
         ignored = distilled(PROMPT, cfg_scale=4.0, **kwargs)
     assert torch.equal(ignored, distilled(PROMPT, cfg_scale=1.0, **kwargs))
     assert "cfg_scale=4 is ignored" in caplog.text
@@ -121,7 +121,7 @@ def test_patchify_is_diffusers_and_inverts():
 
 
 def test_is_distilled_falls_back_to_the_repository_id(tmp_path):
-    from diffsynth.pipelines.flux2_klein import _is_distilled
+    from diffsynth.pipelines.flux2_klein.pipeline import _is_distilled
 
     # No files under an empty base path: the id decides.
     assert _is_distilled(ModelConfig(model_id="black-forest-labs/FLUX.2-klein-9B", origin_file_pattern="x/",

@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader.errors import ModelFilesNotFoundError
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.pipelines.qwen_image import ModelConfig, QwenImagePipeline, pack_latents, unpack_latents
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.pipelines.qwen_image.pipeline import ModelConfig, QwenImagePipeline, pack_latents, unpack_latents
 
 PROMPT, NEGATIVE = "a red cube on a blue table", "blurry, low quality"
 
@@ -53,7 +53,7 @@ def test_cfg_changes_the_output(pipes):
 
 def test_returns_a_pil_image_of_the_rounded_size(pipes, caplog):
     ours, _ = pipes
-    with caplog.at_level(logging.WARNING, logger="diffsynth.pipelines.qwen_image"):
+    with caplog.at_level(logging.WARNING, logger="diffsynth.pipelines.qwen_image.pipeline"):
         image = ours(PROMPT, cfg_scale=1.0, height=40, width=70, num_inference_steps=1, seed=0, progress_bar=False)
     assert isinstance(image, Image.Image) and image.size == (64, 48)
     assert "height=40 is not a multiple of 16; using 48" in caplog.text
@@ -110,7 +110,7 @@ def test_unknown_model_id_fails_fast(tmp_path, monkeypatch):
 
 
 def test_a_model_without_a_slot_is_named(tiny_root, monkeypatch):
-    from diffsynth.core.loader.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
+    from diffsynth.testing.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
 
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
     wan_dit = ModelConfig(model_id=WAN_MODEL_ID, origin_file_pattern=WAN_PATTERNS["dit"])

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader import ModelConfig, ModelLoadError
-from diffsynth.core.loader.tiny_models import (QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_EDIT_2511_MODEL_ID,
+from diffsynth.testing.tiny_models import (QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_EDIT_2511_MODEL_ID,
                                                QWEN_IMAGE_EDIT_MODEL_ID, QWEN_IMAGE_EDIT_PATTERNS,
                                                QWEN_IMAGE_MODEL_ID)
-from diffsynth.pipelines import qwen_image_edit
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image import edit as qwen_image_edit
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
 from .edit_reference import diffusers_edit_pipeline, shrink_reference_sizes
 

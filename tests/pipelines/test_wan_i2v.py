@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader import ModelConfig, load_model
-from diffsynth.core.loader.tiny_models import (WAN_I2V_MODEL_ID, WAN_I2V_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS,
+from diffsynth.testing.tiny_models import (WAN_I2V_MODEL_ID, WAN_I2V_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS,
                                                WAN_SCHEDULER_CONFIG)
 from diffsynth.diffusion.flow_match import DiffusersScheduler
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
 PROMPT, NEGATIVE = "a red ball rolling", "static, blurry"
 SIZE = dict(height=32, width=48, num_frames=5, num_inference_steps=3)

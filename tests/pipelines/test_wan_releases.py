@@ -11,13 +11,13 @@ import torch
 from PIL import Image
 
 from diffsynth.core.loader import ModelConfig
-from diffsynth.core.loader.tiny_models import (WAN22_A14B_PATTERNS, WAN22_I2V_MODEL_ID, WAN22_T2V_MODEL_ID,
+from diffsynth.testing.tiny_models import (WAN22_A14B_PATTERNS, WAN22_I2V_MODEL_ID, WAN22_T2V_MODEL_ID,
                                                WAN22_TI2V_MODEL_ID, WAN22_TI2V_PATTERNS, WAN_I2V_MODEL_ID,
                                                WAN_I2V_ORIGINAL_MODEL_ID, WAN_I2V_ORIGINAL_PATTERNS, WAN_I2V_PATTERNS,
                                                WAN_SCHEDULER_CONFIG)
 from diffsynth.diffusion.flow_match import DiffusersScheduler
 from diffsynth.training.objective.loss import FlowMatchSFTLoss
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
 PROMPT, NEGATIVE = "a red ball rolling", "static, blurry"
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from diffsynth.core.loader.tiny_models import WAN_MODEL_ID, WAN_PATTERNS, WAN_SCHEDULER_CONFIG
+from diffsynth.testing.tiny_models import WAN_MODEL_ID, WAN_PATTERNS, WAN_SCHEDULER_CONFIG
 from diffsynth.diffusion.flow_match import DiffusersScheduler
-from diffsynth.pipelines.wan_units import clean_prompt, round_frames
-from diffsynth.pipelines.wan_video import ModelConfig, WanVideoPipeline, save_video
+from diffsynth.pipelines.wan_video.units import clean_prompt, round_frames
+from diffsynth.pipelines.wan_video.pipeline import ModelConfig, WanVideoPipeline, save_video
 
 PROMPT, NEGATIVE = "a red ball   rolling &amp; bouncing", "static, blurry"
 SIZE = dict(height=32, width=48, num_frames=5, num_inference_steps=3)

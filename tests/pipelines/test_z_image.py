@@ -4,13 +4,13 @@ CFG with its normalisation and truncation options), the schedule, the model func
 import pytest
 import torch
 
-from diffsynth.core.loader.tiny_z_image import (
+from diffsynth.testing.tiny_z_image import (
     Z_IMAGE_MODEL_ID,
     Z_IMAGE_OMNI_MODEL_ID,
     Z_IMAGE_PATTERNS,
     Z_IMAGE_TURBO_MODEL_ID,
 )
-from diffsynth.pipelines.z_image import ModelConfig, ZImagePipeline, ZImageScheduler
+from diffsynth.pipelines.z_image.pipeline import ModelConfig, ZImagePipeline, ZImageScheduler
 
 PROMPT, NEGATIVE = "a red cube on a blue table", "blurry, low quality"
 SIZE = dict(height=48, width=80)
@@ -255,7 +255,7 @@ def test_omni_condition_images_match_diffusers(omni_edit_pipes, sizes, guidance)
 
 
 def test_omni_prompt_segments_frame_the_condition_images(omni_pipes):
-    from diffsynth.pipelines.z_image_omni import prompt_segments
+    from diffsynth.pipelines.z_image.omni import prompt_segments
 
     assert prompt_segments("a cat", 0) == ["<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n"]
     two = prompt_segments("a cat", 2)

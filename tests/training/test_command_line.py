@@ -74,6 +74,6 @@ def test_bitsandbytes_is_kept_out_of_a_run_whose_flags_use_none_of_it(flags, kep
                     reason="bitsandbytes is not installed")
 def test_a_users_own_pipeline_module_may_import_bitsandbytes(tmp_path):
     (tmp_path / "user_pipeline.py").write_text(
-        "import bitsandbytes\nfrom diffsynth.pipelines.qwen_image import QwenImagePipeline as UserPipeline\n")
+        "import bitsandbytes\nfrom diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline as UserPipeline\n")
     (tmp_path / "train.py").write_text("from diffsynth.training import cli\ncli('user_pipeline:UserPipeline')\n")
     assert not probe_bitsandbytes(tmp_path / "train.py", [], cwd=tmp_path)  # imported, and past it to main()

@@ -15,8 +15,8 @@ from diffsynth.core.data import CacheError, DataFileNotFoundError, DatasetError
 from diffsynth.core.finite import NonFiniteTensorError
 from diffsynth.core.folder_lock import FolderLock
 from diffsynth.core.loader import ModelConfigError, ModelFilesNotFoundError, ModelLoadError, resolve
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import cli, exit_codes
 from diffsynth.training.errors import FlagError
 from diffsynth.training.loop.nonfinite_guard import TrainingDivergedError

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
@@ -230,7 +230,7 @@ def launch_two_processes(tmp_path, tiny_root, flags, output):
         # One write: the two ranks share the pipe, and print's pieces interleave.
         "atexit.register(lambda: os.write(2, f'group alive at exit: "
         "{torch.distributed.is_initialized()}\\n'.encode()))\n"
-        "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
+        "from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline\n"
         "result = main(QwenImagePipeline, sys.argv[1:])\n"
         "rank = torch.distributed.get_rank()\n"
         "save_file(result['module'].trainable_state_dict(), sys.argv[sys.argv.index('--output_path') + 1]"

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from diffsynth.core.data.example_dataset import draw_example
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer import COMMON, PATTERN, raw

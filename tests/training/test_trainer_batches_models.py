@@ -9,15 +9,15 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_EDIT_2509_MODEL_ID,
     WAN22_TI2V_MODEL_ID,
     WAN22_TI2V_PATTERNS,
     WAN_MODEL_ID,
     WAN_PATTERNS,
 )
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.entry import main
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer_edit import SHARED_MODELS, common, dit

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data import CacheError, DatasetError, list_cache_files, load_cache_sample, read_cache_manifest
 from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from diffsynth.training.startup import dataset as startup_dataset
 from tests.conftest import reset_accelerate_state
@@ -198,7 +198,7 @@ def test_stage_one_skips_an_undecodable_row_and_stage_two_does_not_count_it_miss
 def test_a_truncated_video_stops_a_wan_run_at_start_up(tmp_path, monkeypatch):
     from diffsynth.core.data.example_dataset import build_example_video_dataset
     from diffsynth.core.loader import loading
-    from diffsynth.pipelines.wan_video import WanVideoPipeline
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
     from tests.training.test_trainer_wan import COMMON as WAN_COMMON
 
     folder = tmp_path / "videos"
@@ -242,7 +242,7 @@ def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dat
         "import json, sys, torch\n"
         "from diffsynth.training import entry as trainer\n"
         "from diffsynth.training.startup import dataset as startup_dataset\n"
-        "from diffsynth.pipelines.qwen_image import QwenImagePipeline\n"
+        "from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline\n"
         "from tests.conftest import reset_accelerate_state\n"
         "cache, output, flags = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
         "staged = trainer.main(QwenImagePipeline, [*flags, '--output_path', cache, '--task', 'sft:data_process'])\n"

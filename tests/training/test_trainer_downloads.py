@@ -10,14 +10,14 @@ import pytest
 from accelerate import Accelerator
 
 from diffsynth.core.loader import ModelConfig, resolve
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
     WAN_I2V_MODEL_ID,
     WAN_I2V_PATTERNS,
 )
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.startup import load_pipeline
 from tests.core.loader.test_resolve import FakeDownloader

@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.loader.config import ModelConfig
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from tests.training.test_trainer import ALL_MODELS, raw
 
@@ -84,7 +84,7 @@ def test_zero3_writes_the_full_fine_tunes_folder_block_by_block(dataset, tmp_pat
 
 def test_a_flux1_full_fine_tune_writes_bfls_single_file_beside_the_flat_one(dataset, tmp_path):
     from diffsynth.core.loader.loading import load_model_from_files
-    from diffsynth.pipelines.flux import FluxPipeline
+    from diffsynth.pipelines.flux.pipeline import FluxPipeline
     from tests.training.test_trainer_flux import raw as flux_raw
 
     output = tmp_path / "flux"

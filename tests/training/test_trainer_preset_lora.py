@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state

@@ -12,10 +12,10 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import ModelConfig
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.lora import load_lora
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
@@ -219,7 +219,7 @@ def test_samples_reach_tensorboard(tmp_path):
 
 def test_an_edit_run_renders_its_edit_prompts_at_the_edit_images_aspect_ratio(tmp_path, monkeypatch):
     from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-    from diffsynth.core.loader.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID
+    from diffsynth.testing.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID
     from tests.training.test_trainer_edit import common
 
     monkeypatch.setattr(QwenImagePipeline, "edit_image_pixels", 64 * 64)

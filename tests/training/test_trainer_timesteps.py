@@ -3,7 +3,7 @@ what one-stage training draws under it."""
 
 import pytest
 
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer import COMMON, PATTERN, raw

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.testing.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.entry import main
 
 PATTERN = {name: f"{WAN_MODEL_ID}:{WAN_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}

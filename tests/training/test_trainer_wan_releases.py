@@ -10,13 +10,13 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import ModelFilesNotFoundError, ModelLoadError, resolve
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     WAN_I2V_ORIGINAL_MODEL_ID,
     WAN_I2V_ORIGINAL_PATTERNS,
     WAN_ORIGINAL_MODEL_ID,
     WAN_ORIGINAL_PATTERNS,
 )
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.entry import main
 
 T2V = {name: f"{WAN_ORIGINAL_MODEL_ID}:{WAN_ORIGINAL_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from diffsynth.core.loader import ModelConfig, load_model
-from diffsynth.core.loader.tiny_z_image import Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
-from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.testing.tiny_z_image import Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes

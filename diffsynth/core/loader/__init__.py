@@ -9,7 +9,7 @@ The original Wan release layouts (``Wan-AI/Wan2.1-T2V-1.3B`` and the like: a ``W
 and VAEs) load into the same diffusers / transformers classes (``original_wan.py``); ``.pth`` files are read only with
 PyTorch's restricted loader (``pth.py``).
 
-The tiny-model builders live in ``diffsynth.core.loader.tiny_models`` (imported on demand: tests and scripts only).
+The tiny-model builders live in ``diffsynth.testing.tiny_models`` (imported on demand: tests and scripts only).
 """
 
 from .config import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, parse_model_paths

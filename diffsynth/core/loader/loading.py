@@ -23,10 +23,10 @@ import torch
 
 from ..device import resolve_device
 from ..file_memo import one_load, read_json
-from . import original_flux, original_wan
 from .config import ModelConfig
 from .errors import ModelLoadError
-from .original_wan import OriginalModel
+from ..original_layouts import identify_original
+from .original_layout import OriginalModel
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
 from .shared_loading import SharedLoad, load_shared
@@ -173,12 +173,6 @@ def _transformers_config(cls: type[torch.nn.Module], folder: Path, folder_config
     from transformers import AutoConfig  # a config of another type (its class maps it): transformers decides
 
     return AutoConfig.from_pretrained(str(folder))
-
-
-def identify_original(shards: list[Path]) -> OriginalModel | None:
-    """The original release layout ``shards`` hold (Wan's, then FLUX.1's single files), or None for the diffusers and
-    transformers layouts."""
-    return original_wan.identify(shards) or original_flux.identify(shards)
 
 
 def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, OriginalModel | None]:

@@ -121,12 +121,12 @@ def incomplete_reason(files: list[Path], need_config: bool = True) -> str | None
 def _is_single_file_release(files: list[Path]) -> bool:
     """Whether ``files`` are one safetensors file in a release's single-file layout, which carries no config."""
     from .errors import ModelLoadError
-    from .original_flux import identify
+    from ..original_layouts import identify_original
 
     if len(files) != 1 or not files[0].is_file():
         return False
     try:
-        return identify(files) is not None
+        return identify_original(files) is not None
     except (ModelLoadError, OSError, ValueError):
         return False  # loading names the problem; here the file only counts as not a complete release file
 

@@ -44,8 +44,8 @@ import torch
 
 from ...core.files import atomic_write_json
 from ...core.finite import require_finite
-from ...core.loader.original_flux import transformer_to_original
-from ...core.loader.original_wan import dit_original_keys, original_dit_config_json
+from ...pipelines.flux.original import transformer_to_original
+from ...pipelines.wan_video.original import dit_original_keys, original_dit_config_json
 from ...core.safetensors_stream import SafetensorsStream, planned_nbytes
 from ...core.written_files import record_written, record_written_tree
 from ..config.output import FULL_CHECKPOINT_FORMATS

@@ -19,7 +19,7 @@ from diffsynth.core.loader import (
     resolve,
 )
 from diffsynth.core.loader.loading import build_empty_model, find_model_class, read_config, resolve_dtype
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_PATTERNS, WAN_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_PATTERNS, WAN_PATTERNS
 
 from .conftest import QWEN, WAN
 

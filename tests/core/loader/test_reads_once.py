@@ -16,8 +16,8 @@ from diffsynth.core import file_memo
 from diffsynth.core.file_memo import read_json
 from diffsynth.core.loader import ModelConfig, load_model, load_skeleton, resolve
 from diffsynth.core.loader.loading import find_model_class, model_class_name, read_config
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_PATTERNS
-from diffsynth.core.loader.tiny_wan import WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_PATTERNS
+from diffsynth.testing.tiny_wan import WAN_ORIGINAL_MODEL_ID, WAN_ORIGINAL_PATTERNS
 
 from .conftest import QWEN
 
@@ -90,7 +90,7 @@ def reads(tmp_path, monkeypatch) -> Reads:
 
 def test_a_pipeline_start_up_reads_each_model_file_once(old_copy, reads):
     """The trainer's start-up phases, then the load: every config and index once, every shard opened once."""
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
     repo = old_copy(QWEN)
     configs = [ModelConfig(model_id=QWEN, origin_file_pattern=QWEN_IMAGE_PATTERNS[name])

@@ -57,7 +57,7 @@ def test_present_files_resolve_without_any_download(base, fakes):
 
 @pytest.mark.parametrize("pattern", ["flux1-dev.safetensors", "ae.safetensors"])
 def test_a_released_single_file_needs_no_config_json(base, fakes, pattern):
-    from diffsynth.core.loader.tiny_flux import FLUX1_DEV_MODEL_ID
+    from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID
 
     # BFL ships these at the repository root, beside model_index.json only: on disk they are complete.
     [file] = resolve_files(ModelConfig(model_id=FLUX1_DEV_MODEL_ID, origin_file_pattern=pattern))

@@ -15,7 +15,7 @@ from diffsynth.core.loader import ModelLoadError, load_model_from_files
 from diffsynth.core.loader.loading import _empty_model
 from diffsynth.core.loader.shared_loading import SharedLoad, load_shared, plan_segment
 from diffsynth.core.loader.state_dict import plan_keys, read_headers
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_MODEL_ID
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_MODEL_ID
 from diffsynth.core.shared_weights import LocalGroup, is_shared_host, memory_files_supported, shared_span
 from diffsynth.core.shared_weights.pss import segment_pss
 from tests.core.shared_weights.processes import run_ranks

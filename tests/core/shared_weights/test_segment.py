@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffsynth.core.device import copy_into
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.core.shared_weights import (SEGMENT_PREFIX, LocalGroup, SharedSegment, is_shared_host,
                                            memory_files_supported, shared_span, shared_storage)
 from diffsynth.core.shared_weights.pss import segment_pss

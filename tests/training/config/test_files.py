@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config import RunConfig, build_parser, parse_args
 from diffsynth.training.config.files import read_config_file, save_run_config, write_config_file
 from diffsynth.training.entry import main

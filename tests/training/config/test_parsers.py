@@ -167,8 +167,8 @@ def test_nothing_to_train_and_no_model():
 
 
 def test_unset_lora_target_modules_become_the_models_defaults_and_given_ones_stay():
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
-    from diffsynth.pipelines.wan_video import WanVideoPipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
     unset = parse_args(VALID)
     assert unset.lora.lora_target_modules is None

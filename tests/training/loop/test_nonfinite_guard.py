@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from diffsynth.core.finite import nonfinite_names
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import cli, main
 from diffsynth.training.loop.nonfinite_guard import NonFiniteGuard, TrainingDivergedError, step_is_finite
 from diffsynth.training.outputs.checkpoint import load_training_state, resolve_checkpoint

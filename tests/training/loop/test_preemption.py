@@ -17,7 +17,7 @@ from diffsynth.core.data import CacheError, DatasetError
 from diffsynth.core.disk_full import DiskFullError
 from diffsynth.core.finite import NonFiniteTensorError, nonfinite_names
 from diffsynth.core.loader import ModelLoadError
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import cli, exit_codes, main
 from diffsynth.training.errors import FlagError
 from diffsynth.training.loop.nonfinite_guard import TrainingDivergedError
@@ -168,7 +168,7 @@ from diffsynth.training import cli, entry as trainer
 from diffsynth.training.loop import runner
 from diffsynth.training.outputs import logger
 from diffsynth.training.loop.preemption import RunPreempted
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
 output = sys.argv[sys.argv.index("--output_path") + 1]
 on_step_end, launch = logger.ModelLogger.on_step_end, runner.launch_training_task

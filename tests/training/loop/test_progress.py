@@ -124,7 +124,7 @@ def test_each_line_of_a_batched_run_shows_the_mean_loss_of_its_steps(dataset, tm
                                                                      capsys):
     # Issue 32 saw the 100% line of a --batch_size 2 run repeat the 75% line's loss; each line must average the steps
     # since the line before, the last one ending with the last step.
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
     from diffsynth.training.entry import main
 
     result = main(QwenImagePipeline, [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out"),

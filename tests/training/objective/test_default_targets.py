@@ -3,8 +3,8 @@
 import pytest
 
 from diffsynth.core.loader import ModelConfig, load_skeleton
-from diffsynth.core.loader.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_KLEIN_BASE_9B_MODEL_ID, FLUX2_PATTERNS
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_KLEIN_BASE_9B_MODEL_ID, FLUX2_PATTERNS
+from diffsynth.testing.tiny_models import (
     FLUX1_DEV_MODEL_ID,
     FLUX1_PATTERNS,
     QWEN_IMAGE_EDIT_2509_MODEL_ID,
@@ -19,12 +19,12 @@ from diffsynth.core.loader.tiny_models import (
     WAN_ORIGINAL_PATTERNS,
     WAN_PATTERNS,
 )
-from diffsynth.core.loader.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS
-from diffsynth.pipelines.flux import FluxPipeline
-from diffsynth.pipelines.flux2_klein import Flux2KleinPipeline
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
-from diffsynth.pipelines.z_image import ZImagePipeline
+from diffsynth.testing.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS
+from diffsynth.pipelines.flux.pipeline import FluxPipeline
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.errors import split_csv
 from diffsynth.training.objective.training_module import resolve_lora_targets
 

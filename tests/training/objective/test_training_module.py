@@ -4,8 +4,8 @@ import pytest
 import torch
 from PIL import Image
 
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
-from diffsynth.pipelines.qwen_image import ModelConfig, QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.pipelines.qwen_image.pipeline import ModelConfig, QwenImagePipeline
 from diffsynth.training.objective.training_module import DiffusionTrainingModule
 
 TARGETS = ["to_q", "to_k", "img_mlp.net.2"]

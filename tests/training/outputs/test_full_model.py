@@ -13,9 +13,9 @@ from safetensors import safe_open
 
 from diffsynth.core.finite import NonFiniteTensorError
 from diffsynth.core.loader.loading import load_model_from_files
-from diffsynth.core.loader.original_flux import transformer_to_original
-from diffsynth.core.loader.tiny_flux import TRANSFORMER_CONFIG
-from diffsynth.core.loader.tiny_wan import tiny_wan_transformer
+from diffsynth.pipelines.flux.original import transformer_to_original
+from diffsynth.testing.tiny_flux import TRANSFORMER_CONFIG
+from diffsynth.testing.tiny_wan import tiny_wan_transformer
 from diffsynth.training.errors import FlagError
 from diffsynth.training.outputs import full_model
 from diffsynth.training.outputs.full_model import FullCheckpointError, write_full_model

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from diffsynth import __version__
 from diffsynth.lora import from_peft_state_dict, load_lora
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.outputs.logger import METRICS_FILE, ModelLogger
 from tests.conftest import load_lora_into_diffusers

@@ -38,7 +38,7 @@ def test_the_first_save_builds_the_base_skeleton_once(tiny_root, tmp_path, monke
     """A layout diffusers cannot take gets a twin, and the twin is checked too: both checks use one skeleton."""
     from diffusers import WanTransformer3DModel
 
-    from diffsynth.core.loader.tiny_models import WAN_I2V_MODEL_ID
+    from diffsynth.testing.tiny_models import WAN_I2V_MODEL_ID
 
     base, model = lora_model(WanTransformer3DModel, tiny_root / WAN_I2V_MODEL_ID / "transformer",
                              ["add_k_proj", "to_q"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from diffsynth.training.outputs import logger as logger_module
 from diffsynth.training.outputs.logger import METRICS_FILE, ModelLogger

@@ -19,7 +19,7 @@ import pytest
 from diffsynth.core.folder_lock import LOCK_FILE, LockHolder
 from diffsynth.core.loader import loading
 from diffsynth.core.written_files import start_recording
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError

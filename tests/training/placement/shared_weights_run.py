@@ -24,14 +24,14 @@ from tests.conftest import reset_accelerate_state  # noqa: E402
 
 def train(family: str, argv: list[str]) -> dict:
     if family == "wan":
-        from diffsynth.pipelines.wan_video import WanVideoPipeline
+        from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 
         return main(WanVideoPipeline, argv, video=True)
     if family == "flux":
-        from diffsynth.pipelines.flux import FluxPipeline
+        from diffsynth.pipelines.flux.pipeline import FluxPipeline
 
         return main(FluxPipeline, argv)
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
     return main(QwenImagePipeline, argv)
 

@@ -4,11 +4,11 @@ and in host memory, per placement; and the CLI without model files for every rel
 import pytest
 
 from diffsynth.core.loader import resolve
-from diffsynth.core.loader.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.core.planning.plans import NoPlanFits, Plan, candidate_plans, choose, predict
 from diffsynth.core.planning.profiles import GIB, DeviceProfile
 from diffsynth.core.planning.training_state import OptimizerState, optimizer_state
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.plan import main as plan_main
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.placement.planner import ARCHITECTURES, RELEASED_MODEL_IDS, build_workload, denoiser_skeleton

@@ -8,7 +8,7 @@ import torch
 
 from diffsynth.core.loader import load_skeleton, parse_model_id_with_origin_paths
 from diffsynth.core.quant import QuantConfig, bitsandbytes_available
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser, parse_args
 from diffsynth.training.entry import main

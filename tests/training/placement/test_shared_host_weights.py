@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     FLUX1_DEV_MODEL_ID,
     QWEN_IMAGE_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
@@ -142,7 +142,7 @@ def test_block_swap_shares_the_blocks_it_keeps_in_host_memory(request, family, m
 def decisions(run, *flags, processes=2):
     """``{pattern: SharedLoad}`` for the models of a Wan2.2 A14B run that load into the shared copy, or None."""
     from diffsynth.core.loader import parse_model_configs
-    from diffsynth.pipelines.wan_video import WanVideoPipeline
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
     from diffsynth.training.config.parsers import parse_args
     from diffsynth.training.placement.shared_host_weights import shared_loads
 
@@ -155,7 +155,7 @@ def decisions(run, *flags, processes=2):
 
 
 def test_what_each_placement_shares(base):
-    from diffsynth.core.loader.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
+    from diffsynth.testing.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
 
     patterns = {name: WAN22_A14B_PATTERNS[name] for name in ("dit", "dit2", "text_encoder")}
     run = ["--model_id_with_origin_paths", ",".join(f"{WAN22_T2V_MODEL_ID}:{p}" for p in patterns.values()),

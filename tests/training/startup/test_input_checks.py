@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
-from diffsynth.pipelines.wan_video import WanVideoPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main

@@ -28,7 +28,7 @@ from PIL import Image
 
 from diffsynth.core import ModelConfig, parse_model_id_with_origin_paths
 from diffsynth.lora import load_lora
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
 MODEL_ID_WITH_ORIGIN_PATHS = (
     "Qwen/Qwen-Image-Edit:transformer/diffusion_pytorch_model*.safetensors,"

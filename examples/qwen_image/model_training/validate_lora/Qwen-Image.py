@@ -20,7 +20,7 @@ import torch
 from diffsynth.core import parse_model_id_with_origin_paths
 from diffsynth.lora import load_lora
 from diffsynth.lora.before_after import save_before_after
-from diffsynth.pipelines.qwen_image import QwenImagePipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 
 MODEL_ID_WITH_ORIGIN_PATHS = (
     "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors,"

@@ -8,7 +8,7 @@ without a LoRA; only reloading the model takes them out again. ``--lora_alpha_sc
 the same seed, for a side-by-side comparison. The models wait on the CPU and visit the device one at a time.
 
 Sampling uses this package's flow-matching Euler schedule (shift 5), the one the trainer trains with; diffusers'
-``WanPipeline`` uses UniPC with shift 3 instead (see ``diffsynth.pipelines.wan_video``). At the defaults (81 frames,
+``WanPipeline`` uses UniPC with shift 3 instead (see ``diffsynth.pipelines.wan_video.pipeline``). At the defaults (81 frames,
 832 x 480, 50 steps, guidance doubling the work) a clip takes minutes on one consumer GPU; lower --num_frames and --steps
 for a quick look.
 """
@@ -23,7 +23,7 @@ import torch
 
 from diffsynth.core import parse_model_id_with_origin_paths
 from diffsynth.lora import load_lora
-from diffsynth.pipelines.wan_video import WanVideoPipeline, save_video
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline, save_video
 
 # The original release files, as lora/Wan2.1-T2V-1.3B.sh trains on them (the tokenizer: google/umt5-xxl/ beside them).
 MODEL_ID = "Wan-AI/Wan2.1-T2V-1.3B"

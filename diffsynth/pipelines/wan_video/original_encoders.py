@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .errors import ModelLoadError
+from ...core.loader.errors import ModelLoadError
 
 UMT5_MAX_DISTANCE = 128
 CLIP_NUM_HEADS = 16

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.data.cells import real
-from ..core.loader import ModelConfig, SharedLoad, resolve_files
-from ..diffusion.base_pipeline import PipelineUnit
-from ..diffusion.flow_match import PRESETS, FlowMatchScheduler
-from .common import (
+from ...core.data.cells import real
+from ...core.loader import ModelConfig, SharedLoad, resolve_files
+from ...diffusion.base_pipeline import PipelineUnit
+from ...diffusion.flow_match import PRESETS, FlowMatchScheduler
+from ..common import (
     ImageNoiseUnit,
     InputImageEmbedderUnit,
     LatentsUnit,
@@ -41,7 +41,7 @@ from .common import (
     round_size,
     tensor_to_images,
 )
-from .z_image_omni import (
+from .omni import (
     OmniConditionEmbedderUnit,
     default_siglip_processor_config,
     encode_omni_prompt,

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_to_tensor, preprocessor_folder
+from ...core.loader import ModelConfig, ModelLoadError
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import image_to_tensor, preprocessor_folder
 
 if TYPE_CHECKING:
-    from .wan_video import WanVideoPipeline
+    from .pipeline import WanVideoPipeline
 
 # Channels of the first-frame mask in ``y``: one per pixel frame folded into a latent frame.
 MASK_CHANNELS = 4
@@ -145,7 +145,7 @@ def clip_image_processor(image_encoder: torch.nn.Module) -> Any:
     original layout, whose CLIP file comes without a processor."""
     from transformers import CLIPImageProcessor
 
-    from ..core.loader.original_wan_encoders import clip_image_processor_config
+    from .original_encoders import clip_image_processor_config
 
     config = clip_image_processor_config(image_encoder.config.image_size)
     config.pop("image_processor_type")

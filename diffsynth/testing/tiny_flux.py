@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .original_flux import FLUX1_LATENT_CHANNELS, FLUX1_VAE_CONFIG, transformer_to_original, vae_to_original
+from ..pipelines.flux.original import FLUX1_LATENT_CHANNELS, FLUX1_VAE_CONFIG, transformer_to_original, vae_to_original
 from .tiny_common import link_or_copy, model_index, padded, prepare_repo, seeded, write_json
 from .tiny_wan import build_t5_tokenizer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diffsynth.core.loader import ModelConfig, load_model, load_tokenizer
-from diffsynth.core.loader.tiny_models import (
+from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_EDIT_2509_MODEL_ID,
     QWEN_IMAGE_EDIT_2511_MODEL_ID,
     QWEN_IMAGE_EDIT_MODEL_ID,
@@ -19,7 +19,7 @@ from diffsynth.core.loader.tiny_models import (
     main,
 )
 
-from .conftest import QWEN, WAN
+from tests.core.loader.conftest import QWEN, WAN
 
 
 def test_qwen_image_repo_has_the_real_layout(tiny_root):

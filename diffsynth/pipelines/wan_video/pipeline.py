@@ -35,11 +35,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.data.cells import positive_integer
-from ..core.loader import ModelConfig, SharedLoad
-from ..core.loader.original_wan import UMT5_TOKENIZER_FOLDER
-from .common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, check_call_inputs, round_size, tensor_to_images
-from .wan_image import (
+from ...core.data.cells import positive_integer
+from ...core.loader import ModelConfig, SharedLoad
+from .original import UMT5_TOKENIZER_FOLDER
+from ..common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, check_call_inputs, round_size, tensor_to_images
+from .image import (
     ImageConditionUnit,
     ImageEmbedderUnit,
     clip_image_processor,
@@ -47,7 +47,7 @@ from .wan_image import (
     load_image_processor,
     sibling_folder,
 )
-from .wan_units import (
+from .units import (
     VAE_TEMPORAL_SCALE,
     FrameCountUnit,
     InputVideoEmbedderUnit,
@@ -83,7 +83,7 @@ def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, q
         fps: Frames per second.
         quality: For H.264, 0 (smallest file) to 10 (best); mapped to the encoder's CRF.
     """
-    from ..core.files import atomic_write
+    from ...core.files import atomic_write
 
     path = Path(path)
     if path.suffix.lower() == ".gif":

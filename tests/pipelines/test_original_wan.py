@@ -9,12 +9,12 @@ from accelerate import init_empty_weights
 
 from diffsynth.core.loader import ModelConfig, ModelLoadError, load_model, load_skeleton, load_tokenizer, resolve
 from diffsynth.core.loader.loading import model_class_name
-from diffsynth.core.loader.original_wan import dit_config, dit_model_keys, dit_original_keys, original_dit_config_json
-from diffsynth.core.loader.original_wan_encoders import (clip_config, clip_model_keys, clip_original_state_dict,
+from diffsynth.pipelines.wan_video.original import dit_config, dit_model_keys, dit_original_keys, original_dit_config_json
+from diffsynth.pipelines.wan_video.original_encoders import (clip_config, clip_model_keys, clip_original_state_dict,
                                                          umt5_config, umt5_model_keys, umt5_original_state_dict)
-from diffsynth.core.loader.original_wan_vae import (WAN22_LATENTS_MEAN, vae_config, vae_original_keys,
+from diffsynth.pipelines.wan_video.original_vae import (WAN22_LATENTS_MEAN, vae_config, vae_original_keys,
                                                     wan21_vae_model_keys, wan22_vae_model_keys)
-from diffsynth.core.loader import tiny_wan as tiny
+from diffsynth.testing import tiny_wan as tiny
 
 ORIGINAL, DIFFUSERS = tiny.WAN_ORIGINAL_MODEL_ID, tiny.WAN_MODEL_ID
 I2V_ORIGINAL, I2V_DIFFUSERS = tiny.WAN_I2V_ORIGINAL_MODEL_ID, tiny.WAN_I2V_MODEL_ID

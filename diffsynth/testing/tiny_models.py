@@ -15,7 +15,7 @@ video preprocessing settings, written as JSON: building the video processor itse
 
 CLI::
 
-    python -m diffsynth.core.loader.tiny_models --output ./models
+    python -m diffsynth.testing.tiny_models --output ./models
 """
 
 from __future__ import annotations

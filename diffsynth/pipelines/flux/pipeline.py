@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.data.cells import real
-from ..core.loader import ModelConfig, SharedLoad, load_tokenizer
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import (
+from ...core.data.cells import real
+from ...core.loader import ModelConfig, SharedLoad, load_tokenizer
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import (
     SIZE_MULTIPLE,
     ImageNoiseUnit,
     InputImageEmbedderUnit,
@@ -48,7 +48,7 @@ from .common import (
     round_size,
     tensor_to_images,
 )
-from .qwen_image import pack_latents, unpack_latents
+from ..qwen_image.pipeline import pack_latents, unpack_latents
 
 __all__ = ["FluxPipeline", "kontext_size"]
 

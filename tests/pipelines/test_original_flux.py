@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from diffsynth.core.loader import ModelConfig, ModelLoadError, load_model, load_model_from_files, load_skeleton
 from diffsynth.core.loader.loading import model_class_name
-from diffsynth.core.loader.original_flux import (
+from diffsynth.pipelines.flux.original import (
     FLUX1_VAE_CONFIG,
     identify,
     transformer_config,

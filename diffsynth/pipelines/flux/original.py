@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
-from .errors import ModelLoadError
-from .original_wan import OriginalModel, converted_entries
-from .state_dict import read_headers
+from ...core.loader.errors import ModelLoadError
+from ...core.loader.original_layout import OriginalModel, converted_entries
+from ...core.loader.state_dict import read_headers
 
 # vae/config.json of black-forest-labs/FLUX.1-dev, less what the weights' shapes give.
 FLUX1_VAE_CONFIG = {

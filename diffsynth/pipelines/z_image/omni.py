@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_list, load_if_on_disk, preprocessor_folder
+from ...core.loader import ModelConfig, ModelLoadError
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import image_list, load_if_on_disk, preprocessor_folder
 
 if TYPE_CHECKING:
-    from .z_image import ZImagePipeline
+    from .pipeline import ZImagePipeline
 
 # diffusers shrinks a condition image above this many pixels before both encoders read it.
 CONDITION_MAX_PIXELS = 1024 * 1024

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..file_memo import read_json
-from .errors import ModelLoadError
-from .original_wan_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
-from .original_wan_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
-from .pth import PTH_SUFFIX
-from .state_dict import CheckpointEntry, read_headers
+from ...core.file_memo import read_json
+from ...core.loader.errors import ModelLoadError
+from ...core.loader.original_layout import OriginalModel, converted_entries, renamed_entries
+from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
+from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
+from ...core.loader.pth import PTH_SUFFIX
+from ...core.loader.state_dict import CheckpointEntry, read_headers
 
 ORIGINAL_DIT_CLASS = "WanModel"
 # The tokenizer folder every original Wan repository ships beside the T5 file (t5_tokenizer in wan/configs/*.py).
@@ -64,27 +65,6 @@ _DIT_BLOCK = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class OriginalModel:
-    """One original-layout checkpoint, described as the diffusers / transformers model it loads into.
-
-    Attributes:
-        kind: ``"dit"``, ``"umt5"``, ``"vae"`` or ``"clip"``.
-        library: ``"diffusers"`` or ``"transformers"``.
-        class_name: The class to build, e.g. ``"WanTransformer3DModel"``.
-        config: The class's config (``from_config`` arguments for diffusers, the config class's for transformers).
-        entries: ``{model key: where its tensor is}``, ready for ``plan_keys``.
-        source: The file or folder, for messages.
-    """
-
-    kind: str
-    library: str
-    class_name: str
-    config: dict[str, Any]
-    entries: dict[str, CheckpointEntry] = field(repr=False)
-    source: Path
-
-
 def identify(files: list[Path]) -> OriginalModel | None:
     """The original Wan model ``files`` hold, or None when they are not an original layout (a diffusers or
     transformers folder, a tokenizer).
@@ -112,7 +92,7 @@ def identify(files: list[Path]) -> OriginalModel | None:
     return OriginalModel(
         kind="dit", library="diffusers", class_name="WanTransformer3DModel",
         config=dit_config(config, shapes, folder / "config.json"),
-        entries=_renamed(entries, dit_model_keys(list(entries))), source=folder,
+        entries=renamed_entries(entries, dit_model_keys(list(entries))), source=folder,
     )  # fmt: skip
 
 
@@ -145,24 +125,6 @@ def _identify_pth(file: Path) -> OriginalModel:
                              "the pattern at the right file, or convert this one to a diffusers folder")
     return OriginalModel(kind=kind, library=library, class_name=name, config=config,
                             entries=converted_entries(entries, sources), source=file)
-
-
-def _renamed(entries: dict[str, CheckpointEntry], keys: dict[str, str]) -> dict[str, CheckpointEntry]:
-    return converted_entries(entries, {model_key: (key, None) for model_key, key in keys.items()})
-
-
-def converted_entries(entries: dict[str, CheckpointEntry], sources: dict[str, tuple[str, Any]]) -> dict[str, CheckpointEntry]:
-    """Entries under the model's names, each with the shape it has after its conversion (worked out on meta)."""
-    import torch
-
-    converted = {}
-    for model_key, (key, convert) in sources.items():
-        entry = entries[key]
-        shape = entry.shape
-        if convert is not None:
-            shape = tuple(convert(torch.empty(entry.shape, device="meta")).shape)
-        converted[model_key] = CheckpointEntry(file=entry.file, checkpoint_key=key, shape=shape, convert=convert)
-    return converted
 
 
 def dit_model_keys(checkpoint_keys: list[str]) -> dict[str, str]:

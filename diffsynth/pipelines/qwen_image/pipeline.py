@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, SharedLoad, model_class_name
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import (
+from ...core.loader import ModelConfig, SharedLoad, model_class_name
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import (
     ImageNoiseUnit,
     InputImageEmbedderUnit,
     LatentsUnit,
@@ -33,7 +33,7 @@ from .common import (
     round_size,
     tensor_to_images,
 )
-from .qwen_image_edit import (
+from .edit import (
     EDIT_CONDITION_PIXELS,
     EDIT_IMAGE_PIXELS,
     EDIT_TEMPLATE_DROP_TOKENS,

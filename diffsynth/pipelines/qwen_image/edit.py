@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, ModelLoadError
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import image_list, image_to_tensor, load_if_on_disk, preprocessor_folder
+from ...core.loader import ModelConfig, ModelLoadError
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import image_list, image_to_tensor, load_if_on_disk, preprocessor_folder
 
 if TYPE_CHECKING:
-    from .qwen_image import QwenImagePipeline
+    from .pipeline import QwenImagePipeline
 
 # Chat templates of Qwen-Image-Edit (one image inside the user turn) and Edit-2509 (pictures listed before the prompt).
 EDIT_SYSTEM_PROMPT = (

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from diffsynth.core.loader.tiny_models import BUILDERS
-from diffsynth.core.loader.tiny_z_image import (
+from diffsynth.testing.tiny_models import BUILDERS
+from diffsynth.testing.tiny_z_image import (
     Z_IMAGE_BUILDERS,
     Z_IMAGE_MODEL_ID,
     Z_IMAGE_OMNI_MODEL_ID,

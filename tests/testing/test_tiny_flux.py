@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from diffsynth.core.loader import ModelConfig, load_model, load_tokenizer
-from diffsynth.core.loader.tiny_flux import (
+from diffsynth.testing.tiny_flux import (
     CLIP_MAX_LENGTH,
     FLUX1_BUILDERS,
     FLUX1_DEV_MODEL_ID,
@@ -22,9 +22,9 @@ from diffsynth.core.loader.tiny_flux import (
     build_clip_tokenizer,
     build_tiny_flux1,
 )
-from diffsynth.core.loader.tiny_models import BUILDERS, main
+from diffsynth.testing.tiny_models import BUILDERS, main
 
-from .test_original_flux import assert_same_model
+from tests.pipelines.test_original_flux import assert_same_model
 
 PATTERNS = {FLUX1_DEV_MODEL_ID: FLUX1_PATTERNS, FLUX1_KONTEXT_MODEL_ID: FLUX1_KONTEXT_PATTERNS,
             FLUX1_KREA_MODEL_ID: FLUX1_KREA_PATTERNS}  # fmt: skip

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import torch
 from PIL import Image
 
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import draw_noise, image_to_tensor
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import draw_noise, image_to_tensor
 
 if TYPE_CHECKING:
-    from .wan_video import WanVideoPipeline
+    from .pipeline import WanVideoPipeline
 
 logger = logging.getLogger(__name__)
 

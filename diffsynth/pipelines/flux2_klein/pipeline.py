@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..core.loader import ModelConfig, SharedLoad, resolve_files
-from ..diffusion.base_pipeline import PipelineUnit
-from .common import (
+from ...core.loader import ModelConfig, SharedLoad, resolve_files
+from ...diffusion.base_pipeline import PipelineUnit
+from ..common import (
     ImageNoiseUnit,
     InputImageEmbedderUnit,
     LatentsUnit,

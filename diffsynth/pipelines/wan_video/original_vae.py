@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import ModelLoadError
+from ...core.loader.errors import ModelLoadError
 
 # Wan2_2_VAE in wan/modules/vae2_2.py of Wan-Video/Wan2.2 (the same values as diffusers' conversion script).
 WAN22_LATENTS_MEAN = [

@@ -39,7 +39,7 @@ def prepare_repo(root: Path, model_id: str) -> Path:
             )
         shutil.rmtree(repo)
     repo.mkdir(parents=True)
-    (repo / TINY_MARKER).write_text("random-weight test model written by diffsynth.core.loader.tiny_models\n")
+    (repo / TINY_MARKER).write_text("random-weight test model written by diffsynth.testing.tiny_models\n")
     return repo
 
 

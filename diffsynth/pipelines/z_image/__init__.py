@@ -1,0 +1,15 @@
+"""Z-Image, Z-Image-Turbo and Z-Image-Omni-Base: the family's room (its spec, pipeline, units and original-layout readers).
+
+The pipeline's public names are imported on first use, so that reading the family's spec imports no model library.
+"""
+
+from typing import TYPE_CHECKING
+
+from ...core.lazy_exports import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]})
+
+if TYPE_CHECKING:
+    from .pipeline import ModelConfig, ZImagePipeline, ZImageScheduler
+
+__all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
