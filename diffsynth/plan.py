@@ -11,7 +11,7 @@
 
 Takes the trainer's flags (the model files' configs are read, no weight is loaded, nothing is downloaded;
 ``--architecture`` plans a released model without its files, and so does a command whose files are not on disk when
-its model ids name a release: ``RELEASED_MODEL_IDS``), predicts every placement on the profile and prints the table,
+its model ids name a release: the families' ``releases``), predicts every placement on the profile and prints the table,
 the plan the trainer would choose within ``--vram_budget`` (default: the profile's memory) and ``--ram_budget``
 (default: unbounded), and the flags that select it; a full fine-tune is planned with its optimizer's state
 (``--customized_optimizer``), ``--ema_decay`` and ``--fused_optimizer_step``. Exits 1 when no plan fits, saying what
@@ -32,19 +32,18 @@ from .core.loader.resolve import local_repo_dir
 from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
 from .core.unused_libraries import keep_out
+from .pipelines.registry import family_of_plan_name, plan_names, released_architecture, releases
 from .training.config import RunConfig, build_parser
 from .training.config.parsers import parse_namespace, uses_bitsandbytes
 from .training.errors import FlagError
 from .training.exit_codes import BAD_INPUT, debug_requested
 from .training.placement.planner import (
-    ARCHITECTURES,
     DEVICE_MARGIN_BYTES,
     budget_bytes,
     build_architecture,
     build_workload,
     denoiser_skeleton,
     plan_workload,
-    released_architecture,
     repo_files_missing,
     sample_shape,
 )
@@ -52,23 +51,19 @@ from .training.placement.planner import (
 if TYPE_CHECKING:
     from torch import nn
 
-PIPELINES = {"qwen-image": ("diffsynth.pipelines.qwen_image.pipeline", "QwenImagePipeline", False),
-             "wan": ("diffsynth.pipelines.wan_video.pipeline", "WanVideoPipeline", True),
-             "z-image": ("diffsynth.pipelines.z_image.pipeline", "ZImagePipeline", False),
-             "flux": ("diffsynth.pipelines.flux.pipeline", "FluxPipeline", False),
-             "flux2-klein": ("diffsynth.pipelines.flux2_klein.pipeline", "Flux2KleinPipeline", False)}
-
+DEFAULT_PIPELINE = "qwen-image"
+"""The ``--pipeline`` planned when none is given (the README's first command)."""
 
 def build_plan_parser(pipeline: str) -> argparse.ArgumentParser:
     """The trainer's parser for ``pipeline`` plus the planner's own options."""
     parser = build_parser("Predict the memory and step time of every placement of a training run.",
-                          video=PIPELINES[pipeline][2])
+                          video=family_of_plan_name(pipeline).video)
     group = parser.add_argument_group("Plan")
-    group.add_argument("--pipeline", choices=sorted(PIPELINES), default="qwen-image",
+    group.add_argument("--pipeline", choices=plan_names(), default=DEFAULT_PIPELINE,
                        help="The model family the training flags are for.")
     group.add_argument("--device_profile", choices=sorted(PROFILES), required=True,
                        help="The device to plan for (see docs Low_VRAM for the figures and their sources).")
-    group.add_argument("--architecture", choices=sorted(ARCHITECTURES), default=None,
+    group.add_argument("--architecture", choices=sorted(releases()), default=None,
                        help="Plan this released denoiser without its files instead of the model flags' one.")
     group.add_argument("--processes_per_machine", type=int, default=1,
                        help="GPUs (processes) training on one machine: host memory is planned for all of them, with "
@@ -101,8 +96,7 @@ def _plan(argv: list[str], own_command_line: bool) -> int:
     run = RunConfig.from_namespace(args, runnable=False)  # a run to plan: no dataset or model files needed
     if args.processes_per_machine < 1:
         raise FlagError([f"--processes_per_machine {args.processes_per_machine} must be at least 1"])
-    module, class_name, _ = PIPELINES[pipeline]
-    pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
+    pipeline_class = family_of_plan_name(pipeline).pipeline_class()
     run = run.with_pipeline_defaults(pipeline_class)
     model, others, fp8, name = _denoiser(args.architecture, run, pipeline, pipeline_class)
     height, width, frames = sample_shape(run)
@@ -151,7 +145,7 @@ def _denoiser(architecture: str | None, run: RunConfig, pipeline: str,
         named_by = f"--model_id_with_origin_paths names the release {architecture}, which"
         note = (f"the files of {ids} are not on disk (under {folders}): planned from the released {architecture} "
                 "config, the denoiser alone (as when training from a stage-1 cache)")
-    if ARCHITECTURES[architecture][0] not in pipeline_class.model_roles:
+    if releases()[architecture][0].denoiser_class not in pipeline_class.model_roles:
         other = (f"{named_by} is not a {pipeline} model; for --pipeline {pipeline} choose one of {choices}, or pass "
                  f"the --pipeline of {architecture}")
         raise FlagError([other])
@@ -162,12 +156,12 @@ def _denoiser(architecture: str | None, run: RunConfig, pipeline: str,
 
 
 def _architectures_of(pipeline_class: type) -> list[str]:
-    return sorted(name for name, (cls, _) in ARCHITECTURES.items() if cls in pipeline_class.model_roles)
+    return sorted(name for name, (spec, _) in releases().items() if spec.denoiser_class in pipeline_class.model_roles)
 
 
 def _pipeline_of(argv: Sequence[str]) -> str:
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--pipeline", choices=sorted(PIPELINES), default="qwen-image")
+    pre.add_argument("--pipeline", choices=plan_names(), default=DEFAULT_PIPELINE)
     return pre.parse_known_args(argv)[0].pipeline
 
 

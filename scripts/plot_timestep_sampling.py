@@ -21,6 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffsynth.core.files import atomic_write
 from diffsynth.diffusion.flow_match import FlowMatchScheduler
+from diffsynth.pipelines.common import scheduler_from_preset
 from diffsynth.training.objective.timestep_sampling import TimestepSampling
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def curves(title: str, named: Sequence[tuple[str, str, Callable[[float], float]]
 def figure(draws: int) -> Image.Image:
     """The whole figure: a histogram per rule and the weights, five panels a row."""
     font = ImageFont.load_default()
-    scheduler = FlowMatchScheduler.from_preset("qwen_image")
+    scheduler = scheduler_from_preset("qwen_image")
     panels = [histogram(title, sigmas(sampling, scheduler, draws), font) for title, sampling in RULES]
     reference, cosmap = TimestepSampling(), TimestepSampling(weighting_scheme="cosmap")
 

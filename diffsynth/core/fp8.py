@@ -427,24 +427,21 @@ def enable_fp8_storage(module: torch.nn.Module, compute_dtype: torch.dtype | Non
     return Fp8Storage(module, config, converted, bytes_before, bytes_after)
 
 
-# Layers of a model class whose forward casts their input to the layer's weight dtype without declaring them in
-# ``_keep_in_fp32_modules``: Z-Image's TimestepEmbedder casts the sinusoidal embedding to ``mlp[0].weight.dtype``.
-CASTS_INPUT_TO_WEIGHT_DTYPE: dict[str, tuple[str, ...]] = {"ZImageTransformer2DModel": ("t_embedder",)}
-
-
 def store_model_in_fp8(model: torch.nn.Module) -> list[str]:
     """Stores a frozen model's Linear and convolution weights in fp8 (in place); returns a summary line per kind.
 
     What the model class keeps in float32 (``_keep_in_fp32_modules``) stays out, since its code casts inputs to those
-    layers' weight dtype (UMT5's ``wo``), as do the layers ``CASTS_INPUT_TO_WEIGHT_DTYPE`` lists; so do embeddings,
+    layers' weight dtype (UMT5's ``wo``), as do the layers its family registers
+    (``model_traits.input_casting_layers``); so do embeddings,
     norms and biases (small, or read by index). Works on a model built on the meta device too, as the shared loader
     converts it before its weights exist.
     """
     from .fp8_conv import CONV_TYPES, enable_fp8_conv_storage
+    from .model_traits import input_casting_layers
 
     modules = dict(model.named_modules())
     keep = (*(getattr(model, "_keep_in_fp32_modules", None) or ()),
-            *CASTS_INPUT_TO_WEIGHT_DTYPE.get(type(model).__name__, ()))
+            *input_casting_layers(type(model).__name__))
     summaries = []
     for kinds, enable in ((torch.nn.Linear, enable_fp8_storage), (CONV_TYPES, enable_fp8_conv_storage)):
         paths = [f".{path}." for path, module in modules.items() if isinstance(module, kinds)]

@@ -2,23 +2,12 @@
 
 A sample at noise level ``sigma`` is ``x_t = (1 - sigma) * x_0 + sigma * noise``; the model predicts the velocity
 ``noise - x_0``; the timestep the model sees is ``sigma * num_train_timesteps``. Models differ only in how a linear
-sigma grid is bent ("shifted") towards high noise:
-
-* ``"qwen_image"``: resolution-dependent exponential shift, ``mu`` interpolated linearly in the image sequence length,
-  then the schedule is stretched to end at ``shift_terminal``. Values from Qwen/Qwen-Image
-  ``scheduler/scheduler_config.json`` (FlowMatchEulerDiscreteScheduler). Inference matches diffusers' QwenImagePipeline,
-  which passes ``sigmas=linspace(1, 1/N, N)`` and ``mu=calculate_shift(image_seq_len, ...)``.
-* ``"wan"``: plain shift 5 on ``linspace(1, 0, N + 1)[:-1]``, as DiffSynth-Studio trains and samples Wan. The
-  diffusers Wan repos ship ``UniPCMultistepScheduler(flow_shift=3.0)`` instead; for output parity with diffusers'
-  WanPipeline wrap that scheduler in :class:`DiffusersScheduler`, which offers the same inference interface.
-* ``"z_image"``: plain shift 3, the reference trainer's Z-Image schedule and Z-Image-Turbo's
-  ``scheduler_config.json``; ``pipelines.z_image.ZImageScheduler`` samples with a release's own shift.
-* ``"flux"``: FLUX.1's resolution-dependent exponential shift (``mu`` from the token count on the line of the
-  released ``scheduler_config.json``) on ``linspace(1, 1/N, N)``, as diffusers' FluxPipeline samples; training draws
-  from the grid bent by the static shift 3, the reference trainer's FLUX.1 schedule (``training_shift``).
-* ``"flux2"``: exponential shift with FLUX.2's empirical ``mu`` (a function of the token count and the number of
-  steps, which the pipeline computes and passes as ``mu``) on ``linspace(1, 1/N, N)``, as diffusers'
-  Flux2KleinPipeline samples.
+sigma grid is bent ("shifted") towards high noise: a plain static ``shift``; a resolution-dependent exponential
+shift (``dynamic_shift``, ``mu`` interpolated linearly in the image sequence length, optionally stretched to end at
+``shift_terminal``); or an exponential shift with a ``mu`` the pipeline computes and passes. Each family declares its
+settings as named presets in its spec (``FamilySpec.scheduler_presets``; ``pipelines.common.scheduler_from_preset``
+builds one). Where output parity with a diffusers pipeline needs diffusers' own scheduler (UniPC for the diffusers Wan
+repos), :class:`DiffusersScheduler` wraps it behind the same inference interface.
 
 Training samples timesteps from a 1000-step grid bent with the same shift (dynamic presets use a fixed
 ``training_mu``, since one run mixes resolutions) and weights the loss with a Gaussian bump over timesteps.
@@ -31,21 +20,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "qwen_image": dict(
-        dynamic_shift=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192,
-        shift_terminal=0.02,
-    ),
-    "wan": dict(shift=5.0),
-    "z_image": dict(shift=3.0),
-    "flux": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096,
-                 training_shift=3.0),
-    # FLUX.2: the released scheduler config's line; inference passes its own (empirical) mu and training bends the
-    # grid at training_mu 0.8, as the reference trainer does.
-    "flux2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096),
-}
-
 
 class FlowMatchScheduler:
     """Sigma/timestep schedule with an Euler sampler and the flow-matching training helpers.
@@ -92,14 +66,6 @@ class FlowMatchScheduler:
             _, self.training_timesteps = self._bend(grid, training_mu if dynamic_shift else None)
         # Normalising on the grid itself makes the expected weight of a uniformly drawn grid index exactly 1.
         self._weight_norm = self._gaussian(self.training_timesteps).mean()
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> FlowMatchScheduler:
-        """Builds the schedule of a model family: ``"qwen_image"`` or ``"wan"`` (see the module docstring)."""
-        key = name.lower().replace("-", "_")
-        if key not in PRESETS:
-            raise ValueError(f"scheduler preset {name!r} is unknown; choose one of {sorted(PRESETS)}")
-        return cls(**{**PRESETS[key], **overrides})
 
     @classmethod
     def from_diffusers_config(cls, config: Mapping[str, Any]) -> FlowMatchScheduler:

@@ -9,11 +9,11 @@ rewrites a file in another layout.
 from .formats import LAYOUTS, LoRALayer, LoRAWeights, from_peft_state_dict, to_state_dict
 from .inspect import Inspection, inspect_lora
 from .merge import check_lora, load_lora
-from .naming import WAN_NAMING, ModuleNaming, lora_layer_names, naming_for
+from .naming import ModuleNaming, lora_layer_names, naming_for
 from .reading import read_file, read_lora
 
 __all__ = [
-    "LAYOUTS", "Inspection", "LoRALayer", "LoRAWeights", "ModuleNaming", "WAN_NAMING", "check_lora",
+    "LAYOUTS", "Inspection", "LoRALayer", "LoRAWeights", "ModuleNaming", "check_lora",
     "from_peft_state_dict", "inspect_lora", "load_lora", "lora_layer_names", "naming_for", "read_file", "read_lora",
     "to_state_dict",
 ]

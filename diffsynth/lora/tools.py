@@ -9,14 +9,14 @@ keys and the model's layer names; none needs the tool installed except diffusers
   names the embedders and the final layer without ``transformer.``, so they are dropped, and splits
   ``single_blocks.N.linear1`` at the released widths, failing on any other.)
 * ComfyUI (``comfy/lora.py``): for FLUX.1 and FLUX.2 its Flux key map (diffusers names bare or under
-  ``transformer.``, see ``_COMFY_FLUX_LAYERS``), and for FLUX.1 also its own BFL names, ``diffusion_model.<bfl>`` and
+  ``transformer.``, see ``_COMFY_BFL_LAYERS``), and for FLUX.1 also its own BFL names, ``diffusion_model.<bfl>`` and
   ``lora_unet_<bfl with _>``, each patching a whole fused layer; otherwise ``diffusion_model.<native>`` and
   ``lora_unet_<native with _>`` (plus, for Qwen-Image and Z-Image, ``<native>`` and ``transformer.<native>``; Z-Image's
   diffusers names land on NextDiT's fused ``attention.qkv`` as slices, and its ``lora_unet_`` keys follow NextDiT's
   names); factors ``lora_up/down``, ``lora_B/A`` (also ``.default``); scale ``<key>.alpha`` / rank, else 1.
 * DiffSynth-Studio (``GeneralLoRALoader``): every ``lora_B``/``lora_up`` key, adapter name and one leading
   ``diffusion_model`` dropped, must name a module of its model (native names); scale ``alpha`` / rank, else 1. For
-  FLUX.1 its ``FluxLoRALoader`` instead (``_diffsynth_studio_flux``).
+  FLUX.1 its ``FluxLoRALoader`` instead (``_diffsynth_studio_bfl``).
 * musubi-tuner (its Wan, Qwen-Image and FLUX.1 Kontext generate scripts and network merge): only
   ``lora_unet_<native with _>`` keys with ``lora_down``/``lora_up`` and ``.alpha`` are read (for FLUX.1, BFL's fused
   layers inside its double and single blocks); any other file must first go through its ``convert_lora.py --target
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..pipelines.registry import LoraTools, family_of_class
 from .formats import LoRALayer, LoRAWeights
 from .naming import FusedLayer, ModuleNaming
 from .reading import read_lora
@@ -89,6 +90,7 @@ class _Model:
     class_name: str
     weights: dict[str, torch.Size]  # LoRA-able layer (diffusers name) -> weight shape
     naming: ModuleNaming
+    tools: LoraTools | None  # how the real tools load the family's files; None for a class no family trains
 
     def native_names(self) -> dict[str, str]:
         """native name -> diffusers name, for the layers the native code has."""
@@ -121,7 +123,8 @@ def check_tools(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
             skeleton has them).
         naming: The model's original-release naming.
     """
-    model = _Model(class_name, dict(weight_shapes), naming)
+    spec = family_of_class(class_name)
+    model = _Model(class_name, dict(weight_shapes), naming, spec.lora_tools if spec else None)
     reference = read_lora(dict(tensors), model.weights, naming, metadata, strict=False)
     emulations: dict[str, Emulation] = {"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
                                         "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi}
@@ -186,18 +189,9 @@ def _diffsynth(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
 
 
 def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    from diffusers.loaders.lora_pipeline import (
-        Flux2LoraLoaderMixin,
-        FluxLoraLoaderMixin,
-        QwenImageLoraLoaderMixin,
-        WanLoraLoaderMixin,
-        ZImageLoraLoaderMixin,
-    )
+    import diffusers.loaders.lora_pipeline as lora_pipeline
 
-    mixins = {"QwenImageTransformer2DModel": QwenImageLoraLoaderMixin, "WanTransformer3DModel": WanLoraLoaderMixin,
-              "ZImageTransformer2DModel": ZImageLoraLoaderMixin, "Flux2Transformer2DModel": Flux2LoraLoaderMixin,
-              "FluxTransformer2DModel": FluxLoraLoaderMixin}
-    mixin = mixins.get(model.class_name)
+    mixin = getattr(lora_pipeline, model.tools.diffusers_loader) if model.tools else None
     if mixin is None:
         raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
     converted = mixin.lora_state_dict({key: value.clone() for key, value in tensors.items()})
@@ -231,8 +225,8 @@ _COMFY_FACTORS = ((".lora_up.weight", ".lora_down.weight"), ("_lora.up.weight", 
                   (".lora_B.default.weight", ".lora_A.default.weight"))
 
 
-def _comfy_z_image_native(name: str) -> str | None:
-    """The name of diffusers Z-Image layer ``name`` in ComfyUI's NextDiT, None for to_q/to_k/to_v (fused there into
+def _comfy_lumina2_native(name: str) -> str | None:
+    """The name of diffusers layer ``name`` (Z-Image) in ComfyUI's NextDiT, None for to_q/to_k/to_v (fused there into
     ``attention.qkv``, which only diffusers-named keys reach, as slices)."""
     if re.search(r"\.attention\.to_[qkv]$", name):
         return None
@@ -243,21 +237,21 @@ def _comfy_z_image_native(name: str) -> str | None:
 # The diffusers FLUX.1 / FLUX.2 layers comfy/utils.flux_to_diffusers maps onto BFL's layout (ComfyUI 09708ea):
 # fused q/k/v and FLUX.2's fused single-block projections as slices or whole, the embedders and the final layer.
 # FLUX.2's shared modulation layers and its time_guidance_embed have no entry there, so ComfyUI skips them.
-_COMFY_FLUX_LAYERS = re.compile(
+_COMFY_BFL_LAYERS = re.compile(
     r"^(transformer_blocks\.\d+\.(attn\.(to_[qkv]|add_[qkv]_proj|to_out\.0|to_add_out)"
     r"|(ff|ff_context)\.(linear_in|linear_out|net\.0\.proj|net\.2)|norm1(_context)?\.linear)"
     r"|single_transformer_blocks\.\d+\.(attn\.(to_[qkv]|to_qkv_mlp_proj|to_out)|proj_mlp|proj_out|norm\.linear)"
     r"|x_embedder|context_embedder|proj_out|norm_out\.linear|time_text_embed\..+)$")
 
 
-def _comfy_flux_key_map(model: _Model) -> dict[str, Target]:
+def _comfy_bfl_key_map(model: _Model) -> dict[str, Target]:
     """ComfyUI's Flux branch: diffusers names bare (DiffSynth-Studio's files; ComfyUI a125cd84 lacks these), under
     ``transformer.``, and its underscore forms; for FLUX.1 also the generic keys of its own module names (BFL's),
     ``diffusion_model.<bfl>`` and ``lora_unet_<bfl with _>``, each patching a whole fused layer. (Its
     ``diffusion_model.single_blocks.N.linear1_qkv``, the q/k/v rows of ``linear1``, no file here names.)"""
     key_map: dict[str, Target] = {}
     for name in model.weights:
-        if _COMFY_FLUX_LAYERS.match(name):
+        if _COMFY_BFL_LAYERS.match(name):
             key_map[name] = key_map[f"transformer.{name}"] = name
             key_map["lycoris_" + name.replace(".", "_")] = key_map["lora_transformer_" + name.replace(".", "_")] = name
     if model.naming.fused is not None:
@@ -267,20 +261,21 @@ def _comfy_flux_key_map(model: _Model) -> dict[str, Target]:
 
 
 def _comfy_native_key_map(model: _Model) -> dict[str, str]:
-    """ComfyUI's generic key map of the model's native names, with the Qwen-Image and Lumina2 (Z-Image) additions."""
-    key_map = {}
+    """ComfyUI's generic key map of the model's native names, with the additions of its Qwen-Image branch
+    (``native_bare``) and its Lumina2 branch (``lumina2``, Z-Image)."""
+    key_map, key_maps = {}, model.tools.comfyui_key_map if model.tools else "native"
     for native, name in model.native_names().items():
         key_map[f"diffusion_model.{native}"] = name
-        if model.class_name == "ZImageTransformer2DModel":
+        if key_maps == "lumina2":
             # Lumina2's key map: diffusers names under these prefixes; lora_unet_ keys follow NextDiT's own names.
             key_map[native] = key_map[f"transformer.{native}"] = name
             key_map["lycoris_" + native.replace(".", "_")] = name
-            comfy_native = _comfy_z_image_native(name)
+            comfy_native = _comfy_lumina2_native(name)
             if comfy_native is not None:
                 key_map["lora_unet_" + comfy_native.replace(".", "_")] = name
             continue
         key_map["lora_unet_" + native.replace(".", "_")] = name
-        if model.class_name == "QwenImageTransformer2DModel":
+        if key_maps == "native_bare":
             key_map[native] = name
             key_map[f"transformer.{native}"] = name
             key_map["lycoris_" + native.replace(".", "_")] = name
@@ -288,8 +283,8 @@ def _comfy_native_key_map(model: _Model) -> dict[str, str]:
 
 
 def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    flux = model.class_name in ("FluxTransformer2DModel", "Flux2Transformer2DModel")
-    key_map: Mapping[str, Target] = _comfy_flux_key_map(model) if flux else _comfy_native_key_map(model)
+    bfl = model.tools is not None and model.tools.comfyui_key_map == "bfl"
+    key_map: Mapping[str, Target] = _comfy_bfl_key_map(model) if bfl else _comfy_native_key_map(model)
     applied, used = {}, set()
     for prefix, target in key_map.items():
         for up_suffix, down_suffix in _COMFY_FACTORS:
@@ -304,8 +299,8 @@ def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
 
 
 def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    if model.class_name == "FluxTransformer2DModel":
-        return _diffsynth_studio_flux(tensors, model)
+    if model.tools is not None and model.tools.diffsynth_studio_loader == "bfl":
+        return _diffsynth_studio_bfl(tensors, model)
     natives = model.native_names()
     applied, used = {}, set()
     for key in tensors:
@@ -354,16 +349,16 @@ def _musubi(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
 # DiffSynth-Studio's FluxLoRALoader (diffsynth/utils/lora/flux.py): the keys its diffusers_rename_dict renames
 # (diffusers names under transformer.) and those of its civitai_rename_dict (BFL's, lora_unet_ with lora_down/up). Its
 # FluxDiT names the embedders and the final layer otherwise, and neither dict maps them: they stay unused.
-_DSS_FLUX_DIFFUSERS = re.compile(
+_DSS_BFL_DIFFUSERS = re.compile(
     r"^transformer\.(?P<layer>transformer_blocks\.\d+\.(?:attn\.(?:to_[qkv]|add_[qkv]_proj|to_out\.0|to_add_out)"
     r"|(?:ff|ff_context)\.net\.(?:0\.proj|2)|norm1(?:_context)?\.linear)"
     r"|single_transformer_blocks\.\d+\.(?:attn\.to_[qkv]|proj_mlp|proj_out|norm\.linear))"
     r"\.lora_(?P<part>[AB])\.weight$")
-_DSS_FLUX_BFL = re.compile(
+_DSS_BFL_BFL = re.compile(
     r"^lora_unet_(?P<stem>double_blocks_\d+_(?:img|txt)_(?:mod_lin|attn_qkv|attn_proj|mlp_0|mlp_2)"
     r"|single_blocks_\d+_(?:modulation_lin|linear1|linear2))\.lora_(?P<part>up|down)\.weight$")
 # The q/k/v projections it stacks into one of FluxDiT's fused layers (a_to_qkv, b_to_qkv, to_qkv_mlp).
-_DSS_FLUX_FUSED = re.compile(r"^(?P<block>(?:single_)?transformer_blocks\.\d+\.attn\.)(?P<kind>to_|add_)[qkv]")
+_DSS_BFL_FUSED = re.compile(r"^(?P<block>(?:single_)?transformer_blocks\.\d+\.attn\.)(?P<kind>to_|add_)[qkv]")
 
 
 def _dss_first_alpha(tensors: Mapping[str, torch.Tensor], present: set[str]) -> float | None:
@@ -377,7 +372,7 @@ def _dss_first_alpha(tensors: Mapping[str, torch.Tensor], present: set[str]) -> 
     return None
 
 
-def _dss_flux_scale(tensors: Mapping[str, torch.Tensor], renamed: set[str]) -> float:
+def _dss_bfl_scale(tensors: Mapping[str, torch.Tensor], renamed: set[str]) -> float:
     """The one scale its loader gives every layer. ``guess_alpha`` multiplies every tensor (alphas too) by the square
     root of the first alpha / rank; ``fuse_lora_to_base_model`` converts the result once more, where the alphas of
     layers it did not rename still find their down and scale everything again."""
@@ -387,15 +382,15 @@ def _dss_flux_scale(tensors: Mapping[str, torch.Tensor], renamed: set[str]) -> f
     return first * (1.0 if kept is None else kept * math.sqrt(first))
 
 
-def _diffsynth_studio_flux(tensors: Mapping[str, torch.Tensor], model: _Model) -> tuple[Applied, list[str]]:
+def _diffsynth_studio_bfl(tensors: Mapping[str, torch.Tensor], model: _Model) -> tuple[Applied, list[str]]:
     """DiffSynth-Studio's FLUX.1 loader: the first key holding ``lora_unet_`` or starting with ``transformer.`` decides
     which of its two renamings applies to the whole file; a file with neither is taken under FluxDiT's own names,
     which no layout here writes."""
     resource = next(("civitai" if "lora_unet_" in key else "diffusers" for key in tensors
                      if "lora_unet_" in key or key.startswith("transformer.")), None)
-    pattern = {"civitai": _DSS_FLUX_BFL, "diffusers": _DSS_FLUX_DIFFUSERS}.get(resource)
+    pattern = {"civitai": _DSS_BFL_BFL, "diffusers": _DSS_BFL_DIFFUSERS}.get(resource)
     renamed = {key for key in tensors if pattern is not None and pattern.match(key)}
-    scale = _dss_flux_scale(tensors, renamed)
+    scale = _dss_bfl_scale(tensors, renamed)
     applied: Applied = {}
     used: set[str] = set()
     if resource == "civitai":
@@ -403,18 +398,18 @@ def _diffsynth_studio_flux(tensors: Mapping[str, torch.Tensor], model: _Model) -
         for key in sorted(renamed):
             if key.endswith(".lora_up.weight"):
                 down_key = key.replace(".lora_up.", ".lora_down.")  # its loader fails on a missing down too
-                target = fused.parts(fused.from_underscored(_DSS_FLUX_BFL.match(key)["stem"]))
+                target = fused.parts(fused.from_underscored(_DSS_BFL_BFL.match(key)["stem"]))
                 if _land(applied, target, LoRALayer(tensors[down_key], tensors[key], scale)):
                     used.update({key, down_key, key.replace(".lora_up.weight", ".alpha")})
     elif resource == "diffusers":
         factors: dict[str, dict[str, torch.Tensor]] = {}
         for key in renamed:
-            match = _DSS_FLUX_DIFFUSERS.match(key)
+            match = _DSS_BFL_DIFFUSERS.match(key)
             factors.setdefault(match["layer"], {})[match["part"]] = tensors[key]
         for name, parts in factors.items():
             if set(parts) != {"A", "B"}:
                 raise KeyError(f"{name}: its loader needs both lora_A and lora_B")
-            fused = _DSS_FLUX_FUSED.match(name)
+            fused = _DSS_BFL_FUSED.match(name)
             if fused is not None:
                 # q/k/v (add_q/k/v) become one layer when q is there, which then needs k and v of the same rank;
                 # without q they keep names FluxDiT lacks. A single block's proj_mlp joins (zeros where absent).

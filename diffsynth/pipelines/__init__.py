@@ -8,7 +8,7 @@ original-layout readers with the loader.
 from typing import TYPE_CHECKING
 
 from ..core.lazy_exports import lazy_exports
-from .registry import register_original_layouts
+from .registry import register_traits
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".flux": ("FluxPipeline",), ".flux2_klein": ("Flux2KleinPipeline",), ".qwen_image": ("QwenImagePipeline",),
@@ -22,6 +22,6 @@ if TYPE_CHECKING:
     from .wan_video import WanVideoPipeline
     from .z_image import ZImagePipeline
 
-register_original_layouts()
+register_traits()
 
 __all__ = ["Flux2KleinPipeline", "FluxPipeline", "QwenImagePipeline", "WanVideoPipeline", "ZImagePipeline"]

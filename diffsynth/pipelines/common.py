@@ -17,6 +17,7 @@ from ..core.files import atomic_write
 from ..core.loader import ModelConfig, ModelLoadError, resolve_files
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
 from ..diffusion.flow_match import FlowMatchScheduler
+from .registry import scheduler_preset
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,16 @@ def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, ran
     generator = None if seed is None else torch.Generator(rand_device).manual_seed(seed)
     noise = torch.randn(shape, generator=generator, device=rand_device, dtype=pipe.torch_dtype)
     return noise.to(pipe.device)
+
+
+def scheduler_from_preset(name: str, **overrides: Any) -> FlowMatchScheduler:
+    """The flow-match schedule of a family's preset ``name`` (``FamilySpec.scheduler_presets``; case and ``-`` / ``_``
+    ignored), with ``overrides``.
+
+    Raises:
+        ValueError: No family declares the preset.
+    """
+    return FlowMatchScheduler(**{**scheduler_preset(name.replace("-", "_")), **overrides})
 
 
 class ShapeCheckUnit(PipelineUnit):
@@ -175,7 +186,7 @@ class TextToLatentPipeline(BasePipeline):
         self.vae: torch.nn.Module | None = None
         self.text_encoder: torch.nn.Module | None = None
         self.tokenizer: Any = None
-        self.scheduler = FlowMatchScheduler.from_preset(self.scheduler_preset)
+        self.scheduler = scheduler_from_preset(self.scheduler_preset)
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:
         """An image as the state's normalised latents, from the VAE's distribution mode rather than a sample, so a

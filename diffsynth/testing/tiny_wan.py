@@ -21,7 +21,11 @@ from pathlib import Path
 import torch
 
 from ..pipelines.wan_video.original import dit_original_keys, original_dit_config_json
-from ..pipelines.wan_video.original_encoders import clip_image_processor_config, clip_original_state_dict, umt5_original_state_dict
+from ..pipelines.wan_video.original_encoders import (
+    clip_image_processor_config,
+    clip_original_state_dict,
+    umt5_original_state_dict,
+)
 from ..pipelines.wan_video.original_vae import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD, vae_original_keys
 from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, save_sharded_safetensors, seeded, write_json
 

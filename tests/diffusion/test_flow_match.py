@@ -9,6 +9,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
 from diffsynth.testing.tiny_models import QWEN_IMAGE_SCHEDULER_CONFIG
 from diffsynth.diffusion.flow_match import DiffusersScheduler, FlowMatchScheduler
+from diffsynth.pipelines.common import scheduler_from_preset
 
 # scheduler/scheduler_config.json of the Wan-AI/Wan2.1-*-Diffusers repos (the parts that matter for sampling).
 WAN_DIFFUSERS_SCHEDULER_CONFIG = {
@@ -39,7 +40,7 @@ def diffusers_qwen_schedule(num_steps: int, height: int, width: int) -> FlowMatc
 @pytest.mark.parametrize("height,width", IMAGE_SIZES)
 def test_qwen_image_inference_schedule_matches_diffusers(num_steps, height, width):
     reference = diffusers_qwen_schedule(num_steps, height, width)
-    ours = FlowMatchScheduler.from_preset("qwen_image")
+    ours = scheduler_from_preset("qwen_image")
     ours.set_timesteps(num_steps, image_seq_len=(height // 16) * (width // 16))
     assert ours.sigmas.dtype == torch.float32 and len(ours.sigmas) == num_steps
     torch.testing.assert_close(ours.sigmas, reference.sigmas[:-1], atol=1e-6, rtol=0)
@@ -63,7 +64,7 @@ def test_step_matches_diffusers_over_a_whole_loop(num_steps, height, width):
 
 
 def test_wan_preset_is_a_plain_shift_of_five():
-    ours = FlowMatchScheduler.from_preset("Wan")
+    ours = scheduler_from_preset("Wan")
     ours.set_timesteps(30)
     grid = torch.linspace(1.0, 0.0, 31, dtype=torch.float64)[:-1]
     torch.testing.assert_close(ours.sigmas, (5 * grid / (1 + 4 * grid)).float())
@@ -73,14 +74,14 @@ def test_wan_preset_is_a_plain_shift_of_five():
 
 
 def test_denoising_strength_starts_lower_on_the_same_curve():
-    ours = FlowMatchScheduler.from_preset("wan")
+    ours = scheduler_from_preset("wan")
     ours.set_timesteps(10, denoising_strength=0.5)
     assert ours.sigmas[0].item() == pytest.approx(5 * 0.5 / (1 + 4 * 0.5))
     assert torch.all(ours.sigmas[1:] < ours.sigmas[:-1])
 
 
 def test_euler_with_the_true_velocity_walks_the_straight_path_to_the_data():
-    ours = FlowMatchScheduler.from_preset("qwen_image")
+    ours = scheduler_from_preset("qwen_image")
     ours.set_timesteps(8, image_seq_len=4096)
     generator = torch.Generator().manual_seed(1)
     data, noise = torch.randn(2, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
@@ -96,7 +97,7 @@ def test_euler_with_the_true_velocity_walks_the_straight_path_to_the_data():
 
 
 def test_add_noise_takes_one_timestep_per_sample_and_keeps_the_dtype():
-    ours = FlowMatchScheduler.from_preset("wan")
+    ours = scheduler_from_preset("wan")
     data, noise = torch.zeros(3, 2, 4, dtype=torch.bfloat16), torch.ones(3, 2, 4, dtype=torch.bfloat16)
     noisy = ours.add_noise(data, noise, torch.tensor([0.0, 500.0, 1000.0]))
     assert noisy.dtype == torch.bfloat16
@@ -106,7 +107,7 @@ def test_add_noise_takes_one_timestep_per_sample_and_keeps_the_dtype():
 
 
 def test_qwen_training_grid_is_the_diffusers_schedule_at_mu_0_8():
-    ours = FlowMatchScheduler.from_preset("qwen_image")
+    ours = scheduler_from_preset("qwen_image")
     reference = FlowMatchEulerDiscreteScheduler.from_config(QWEN_IMAGE_SCHEDULER_CONFIG)
     reference.set_timesteps(sigmas=np.linspace(1.0, 1 / 1000, 1000), mu=0.8)
     assert len(ours.training_timesteps) == 1000
@@ -114,7 +115,7 @@ def test_qwen_training_grid_is_the_diffusers_schedule_at_mu_0_8():
 
 
 def test_sample_training_timestep_respects_boundaries_and_the_generator():
-    ours = FlowMatchScheduler.from_preset("wan")
+    ours = scheduler_from_preset("wan")
     first = ours.sample_training_timestep(torch.Generator().manual_seed(3), batch_size=64)
     again = ours.sample_training_timestep(torch.Generator().manual_seed(3), batch_size=64)
     assert first.shape == (64,) and first.dtype == torch.float32 and torch.equal(first, again)
@@ -131,7 +132,7 @@ def test_sample_training_timestep_respects_boundaries_and_the_generator():
 
 @pytest.mark.parametrize("preset", ["qwen_image", "wan"])
 def test_training_weight_is_a_positive_centred_bump_of_mean_one(preset):
-    ours = FlowMatchScheduler.from_preset(preset)
+    ours = scheduler_from_preset(preset)
     weights = ours.training_weight(ours.training_timesteps)
     assert torch.all(weights > 0)
     assert weights.mean().item() == pytest.approx(1.0, abs=1e-5)
@@ -164,14 +165,14 @@ def test_diffusers_adapter_reproduces_the_wan_pipeline_loop():
 
 def test_diffusers_adapter_passes_the_qwen_arguments_through():
     adapter = DiffusersScheduler(FlowMatchEulerDiscreteScheduler.from_config(QWEN_IMAGE_SCHEDULER_CONFIG))
-    ours = FlowMatchScheduler.from_preset("qwen_image")
+    ours = scheduler_from_preset("qwen_image")
     adapter.set_timesteps(20, sigmas=np.linspace(1.0, 1 / 20, 20), mu=ours.compute_mu(4096))
     ours.set_timesteps(20, image_seq_len=4096)
     torch.testing.assert_close(ours.timesteps, adapter.timesteps, atol=1e-3, rtol=0)
 
 
 def test_errors_name_the_value_and_the_fix():
-    ours = FlowMatchScheduler.from_preset("qwen_image")
+    ours = scheduler_from_preset("qwen_image")
     with pytest.raises(RuntimeError, match="set_timesteps"):
         ours.step(torch.zeros(1), 1000.0, torch.zeros(1))
     with pytest.raises(ValueError, match="image_seq_len"):
@@ -182,7 +183,7 @@ def test_errors_name_the_value_and_the_fix():
     with pytest.raises(ValueError, match="denoising_strength=0"):
         ours.set_timesteps(10, 0, image_seq_len=1024)
     with pytest.raises(ValueError, match="'sdxl'"):
-        FlowMatchScheduler.from_preset("sdxl")
+        scheduler_from_preset("sdxl")
     with pytest.raises(ValueError, match="use_karras_sigmas"):
         FlowMatchScheduler.from_diffusers_config({**QWEN_IMAGE_SCHEDULER_CONFIG, "use_karras_sigmas": True})
     with pytest.raises(ValueError, match="UniPCMultistepScheduler"):

@@ -13,7 +13,7 @@ from diffsynth.lora import inspect_lora, lora_layer_names
 from diffsynth.lora.base_layers import LAYERS_KEY, BaseLayers
 from diffsynth.lora.formats import MODEL_CONFIG_KEY
 from diffsynth.training.outputs.logger import ModelLogger
-from diffsynth.training.placement.planner import ARCHITECTURES
+from diffsynth.pipelines.registry import releases
 from tests.core.offload_training.test_diffusers_models import tiny_qwen_image
 from tests.lora.test_tools import RANK
 
@@ -21,9 +21,9 @@ from tests.lora.test_tools import RANK
 def released(architecture):
     import diffusers
 
-    class_name, config = ARCHITECTURES[architecture]
+    family, release = releases()[architecture]
     with init_empty_weights(include_buffers=False):
-        return getattr(diffusers, class_name).from_config(config)
+        return getattr(diffusers, family.denoiser_class).from_config(dict(release.config))
 
 
 @pytest.mark.parametrize("architecture", ["qwen-image", "wan2.1-t2v-14b", "flux.1-dev", "flux.2-klein-4b", "z-image"])

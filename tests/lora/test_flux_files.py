@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 from diffsynth.lora import inspect_lora, load_lora, naming_for, read_lora
 from diffsynth.lora.formats import LoRALayer, LoRAWeights, from_peft_state_dict, write_lora
-from diffsynth.lora.naming import FLUX1_BFL_NAMING, lora_layer_names
+from diffsynth.lora.naming import lora_layer_names
+from diffsynth.pipelines.flux.naming import BFL_NAMING as FLUX1_BFL_NAMING
 
 RANK, ALPHA = 4, 2  # scale 0.5: a file read without its scale is off by 2x
 TOP_LAYERS = {"x_embedder", "context_embedder", "norm_out.linear", "proj_out",

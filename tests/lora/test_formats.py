@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from diffsynth.lora import LAYOUTS, WAN_NAMING, LoRALayer, LoRAWeights, read_lora, to_state_dict
+from diffsynth.lora import LAYOUTS, LoRALayer, LoRAWeights, read_lora, to_state_dict
+from diffsynth.pipelines.wan_video.naming import NAMING as WAN_NAMING
 from diffsynth.lora.formats import FOLDED_SCALE_KEY, write_lora
 
 WAN_LAYERS = {"blocks.0.attn1.to_q": (4, 6), "blocks.1.attn2.add_k_proj": (4, 6), "proj_out": (3, 4)}

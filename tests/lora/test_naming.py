@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
-from diffsynth.lora import WAN_NAMING, ModuleNaming, lora_layer_names, naming_for
+from diffsynth.lora import ModuleNaming, lora_layer_names, naming_for
+from diffsynth.pipelines.wan_video.naming import NAMING as WAN_NAMING
 
 
 @pytest.mark.parametrize("model_id", [WAN_MODEL_ID, WAN_I2V_MODEL_ID])
@@ -46,7 +47,7 @@ def test_peft_wrappers_are_seen_through_and_a_naming_must_be_one_to_one():
 def test_every_bfl_flux1_name_is_the_one_diffusers_kohya_converter_reads():
     from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin
 
-    from diffsynth.lora.naming import FLUX1_BFL_NAMING
+    from diffsynth.pipelines.flux.naming import BFL_NAMING as FLUX1_BFL_NAMING
 
     model_names = lora_layer_names_of_flux1()
     assert {FLUX1_BFL_NAMING.locate(name) is not None for name in model_names} == {True}

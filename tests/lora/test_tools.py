@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_I2V_MODEL_ID, WAN_MODEL_ID
-from diffsynth.lora import WAN_NAMING, from_peft_state_dict, inspect_lora, to_state_dict
+from diffsynth.lora import from_peft_state_dict, inspect_lora, to_state_dict
+from diffsynth.pipelines.wan_video.naming import NAMING as WAN_NAMING
 from diffsynth.lora.__main__ import main as lora_cli
 from diffsynth.training.outputs.logger import ModelLogger
 

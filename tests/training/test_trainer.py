@@ -431,7 +431,9 @@ def test_lora_targets_the_original_code_cannot_name_fail_before_the_weights_load
     # A model whose original code names only the attention projections: a LoRA on its MLP could not be loaded by
     # ComfyUI or DiffSynth-Studio, so the run is refused before minutes of loading.
     partial = naming.ModuleNaming("original partial", block_layers={"attn.to_q": "attn.q"})
-    monkeypatch.setitem(naming.NAMINGS, "QwenImageTransformer2DModel", partial)
+    from diffsynth.pipelines.qwen_image import naming as qwen_naming
+
+    monkeypatch.setattr(qwen_naming, "NAMING", partial)
     monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
     argv = [*raw(dataset), *COMMON, "--output_path", str(tmp_path / "out")]
     with pytest.raises(ValueError, match=r"entries \[.*'img_mlp.net.2'.*\] select layers of dit that the original "

@@ -1,8 +1,7 @@
 """Builds the diffusers / transformers class a folder's ``config.json`` names and loads its safetensors shards.
 
-The original release layouts load into the same classes: Wan's (a ``WanModel`` config, ``.pth`` encoders and VAEs)
-and FLUX.1's single files (``flux1-dev.safetensors``, ``ae.safetensors``). ``original_wan.identify`` and
-``original_flux.identify`` say which class and config they make and where each tensor comes from.
+Original (non-diffusers) release layouts load into the same classes: the readers the families register
+(``core.model_traits``) say which class and config they make and where each tensor comes from.
 
 The model is built with its parameters on the meta device (``accelerate.init_empty_weights``), so building costs no
 memory, then every shard is assigned into it in the requested dtype and on the requested device: the weights are
@@ -23,9 +22,9 @@ import torch
 
 from ..device import resolve_device
 from ..file_memo import one_load, read_json
+from ..model_traits import identify_original
 from .config import ModelConfig
 from .errors import ModelLoadError
-from ..original_layouts import identify_original
 from .original_layout import OriginalModel
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files

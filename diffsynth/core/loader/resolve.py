@@ -120,8 +120,8 @@ def incomplete_reason(files: list[Path], need_config: bool = True) -> str | None
 
 def _is_single_file_release(files: list[Path]) -> bool:
     """Whether ``files`` are one safetensors file in a release's single-file layout, which carries no config."""
+    from ..model_traits import identify_original
     from .errors import ModelLoadError
-    from ..original_layouts import identify_original
 
     if len(files) != 1 or not files[0].is_file():
         return False

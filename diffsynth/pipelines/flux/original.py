@@ -60,6 +60,7 @@ import torch
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, converted_entries
 from ...core.loader.state_dict import read_headers
+from ...diffusion.module_naming import swap_halves
 
 # vae/config.json of black-forest-labs/FLUX.1-dev, less what the weights' shapes give.
 FLUX1_VAE_CONFIG = {
@@ -238,13 +239,6 @@ def _transformer_pairs(num_layers: int, num_single_layers: int, guidance: bool) 
 def _rows(start: int, stop: int | None, tensor: torch.Tensor) -> torch.Tensor:
     # A copy, not a view: a view would keep the whole fused tensor alive behind each of its parts.
     return tensor[start:stop].clone()
-
-
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` with the two halves of its rows exchanged (BFL's final modulation against diffusers'); its own
-    inverse."""
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first])
 
 
 def bfl_linear_layers() -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]:

@@ -18,17 +18,16 @@ always diffusers' or transformers' (``WanTransformer3DModel``, ``AutoencoderKLWa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...core.file_memo import read_json
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, converted_entries, renamed_entries
+from ...core.loader.pth import PTH_SUFFIX
+from ...core.loader.state_dict import read_headers
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
 from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
-from ...core.loader.pth import PTH_SUFFIX
-from ...core.loader.state_dict import CheckpointEntry, read_headers
 
 ORIGINAL_DIT_CLASS = "WanModel"
 # The tokenizer folder every original Wan repository ships beside the T5 file (t5_tokenizer in wan/configs/*.py).
@@ -199,3 +198,18 @@ def original_dit_config_json(config: dict[str, Any], model_type: str) -> dict[st
         "num_heads": config["num_attention_heads"], "num_layers": config["num_layers"],
         "out_dim": config["out_channels"], "text_len": 512,
     }  # fmt: skip
+
+
+def dit_to_original(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A ``WanTransformer3DModel`` state dict under the original release's names (a full fine-tune's original layout)."""
+    names = dit_original_keys(list(state_dict))
+    return {names[key]: tensor for key, tensor in state_dict.items()}
+
+
+def dit_original_config(model: Any) -> dict[str, Any]:
+    """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
+    ``model_type`` is informational: loaders read the weights' shapes."""
+    config = dict(model.config)
+    model_type = "i2v" if config.get("image_dim") or config.get("in_channels") == 36 else (
+        "ti2v" if config.get("in_channels") == 48 else "t2v")
+    return original_dit_config_json(config, model_type)

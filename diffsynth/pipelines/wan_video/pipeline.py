@@ -37,7 +37,6 @@ from PIL import Image
 
 from ...core.data.cells import positive_integer
 from ...core.loader import ModelConfig, SharedLoad
-from .original import UMT5_TOKENIZER_FOLDER
 from ..common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, check_call_inputs, round_size, tensor_to_images
 from .image import (
     ImageConditionUnit,
@@ -47,6 +46,7 @@ from .image import (
     load_image_processor,
     sibling_folder,
 )
+from .original import UMT5_TOKENIZER_FOLDER
 from .units import (
     VAE_TEMPORAL_SCALE,
     FrameCountUnit,

@@ -29,7 +29,7 @@ from PIL import Image
 from ...core.data.cells import real
 from ...core.loader import ModelConfig, SharedLoad, resolve_files
 from ...diffusion.base_pipeline import PipelineUnit
-from ...diffusion.flow_match import PRESETS, FlowMatchScheduler
+from ...diffusion.flow_match import FlowMatchScheduler
 from ..common import (
     ImageNoiseUnit,
     InputImageEmbedderUnit,
@@ -41,6 +41,7 @@ from ..common import (
     round_size,
     tensor_to_images,
 )
+from ..registry import scheduler_preset
 from .omni import (
     OmniConditionEmbedderUnit,
     default_siglip_processor_config,
@@ -62,6 +63,9 @@ TOKENIZER_MAX_LENGTH = 512
 # diffusers reads the caption from the encoder's second-to-last hidden states.
 CAPTION_HIDDEN_LAYER = -2
 
+# The reference trainer's schedule (the spec's preset), and Z-Image-Turbo's released one.
+TRAINING_SHIFT = scheduler_preset("z_image")["shift"]
+
 MODEL_ROLES = {
     "ZImageTransformer2DModel": "dit",
     "AutoencoderKL": "vae",
@@ -73,14 +77,14 @@ MODEL_ROLES = {
 
 class ZImageScheduler(FlowMatchScheduler):
     """Flow-match Euler whose inference schedule uses a release's static shift while training draws from the
-    reference trainer's grid (``PRESETS["z_image"]``, shift 3), so one run trains alike on Z-Image and Turbo.
+    reference trainer's grid (the ``z_image`` preset, shift 3), so one run trains alike on Z-Image and Turbo.
 
     Args:
         inference_shift: The static shift of the sampling schedule (the release's ``scheduler_config.json``).
     """
 
-    def __init__(self, inference_shift: float = PRESETS["z_image"]["shift"]) -> None:
-        super().__init__(**PRESETS["z_image"])
+    def __init__(self, inference_shift: float = TRAINING_SHIFT) -> None:
+        super().__init__(**scheduler_preset("z_image"))
         if inference_shift <= 0:
             raise ValueError(f"inference_shift={inference_shift} must be positive; use 3.0 (Z-Image-Turbo)")
         # The training grid was bent at construction; the shift read from here on is the sampling schedule's.
@@ -106,7 +110,7 @@ def release_shift(dit_config: ModelConfig | None) -> float | None:
     config = json.loads(path.read_text())
     if config.get("use_dynamic_shifting"):
         logger.warning("%s asks for dynamic shifting, which Z-Image releases do not use; using its static shift", path)
-    return float(config.get("shift", PRESETS["z_image"]["shift"]))
+    return float(config.get("shift", TRAINING_SHIFT))
 
 
 

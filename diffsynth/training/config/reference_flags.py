@@ -14,6 +14,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ...pipelines.registry import refused_model_ids
+
 # Flag -> where the reference defines it.
 REFERENCE_FLAGS: dict[str, str] = {
     **dict.fromkeys(["--dataset_base_path", "--dataset_metadata_path", "--dataset_repeat", "--dataset_num_workers",
@@ -111,47 +113,17 @@ def unsupported_flag_problems(flags: Mapping[str, Any]) -> list[str]:
 # --model_id_with_origin_paths or --template_model_id_or_path) or by its --task. Such a command is refused with that
 # one reason before anything else is checked, downloaded or loaded.
 UNSUPPORTED_MODELS: dict[str, str] = {
-    "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
-    "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
-    "black-forest-labs/FLUX.2-dev": "FLUX.2 [dev] (its Mistral-3 text encoder and 32B transformer) is not supported "
-                                    "here; train black-forest-labs/FLUX.2-klein-4B, -9B or their -base models",
-    "DiffSynth-Studio/Template-KleinBase4B": "the FLUX.2 [klein] template models (Template-KleinBase4B-*) are not "
-                                             "supported here",
-    "DiffSynth-Studio/KleinBase4B-i2L": "FLUX.2 [klein] image-to-LoRA (i2L) template models are not supported here",
-    "black-forest-labs/FLUX.1-Fill-dev": "FLUX.1 Fill (inpainting and outpainting; also Insert-Anything, which builds "
-                                         "on it) is not supported here; train FLUX.1-dev, -Krea-dev or -Kontext-dev",
-    "black-forest-labs/FLUX.1-Redux-dev": "FLUX.1 Redux (image-prompt adapter) is not supported here",
-    "ostris/Flex.2-preview": "Flex.2 (ostris' FLUX.1 derivative with inpainting and control inputs) is not "
-                            "supported here",
-    "InstantX/FLUX.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
-    "alimama-creative/FLUX.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
-    "jasperai/Flux.1-dev-Controlnet-": "the FLUX.1 ControlNets are not supported here",
-    "InstantX/FLUX.1-dev-IP-Adapter": "the FLUX.1 IP-Adapter is not supported here",
-    "ByteDance/InfiniteYou": "InfiniteYou (FLUX.1 identity ControlNet) is not supported here",
-    "DiffSynth-Studio/AttriCtrl-FLUX.1-Dev": "AttriCtrl (FLUX.1 attribute value control) is not supported here",
-    "DiffSynth-Studio/LoRA-Encoder-FLUX.1-Dev": "the FLUX.1 LoRA-Encoder is not supported here",
-    "DiffSynth-Studio/Nexus-Gen": "Nexus-Gen (Qwen2.5-VL with a FLUX.1 decoder) is not supported here",
     "stepfun-ai/Step1X-Edit": "Step1X-Edit (Qwen2.5-VL with a FLUX.1-style editing DiT) is not supported here",
-    "FireRedTeam/FireRed-Image-Edit-": "FireRed-Image-Edit is not supported here; train Qwen/Qwen-Image-Edit, -2509 "
-                                      "or -2511",
-    "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-": "the Qwen-Image Blockwise ControlNets are not supported here",
-    "Qwen/Qwen-Image-Layered": "Qwen-Image-Layered (image decomposition into RGBA layers) is not supported here",
-    "DiffSynth-Studio/Qwen-Image-Layered-Control": "Qwen-Image-Layered-Control is not supported here",
-    "Wan-AI/Wan2.1-VACE-": "Wan VACE (video editing and reference-to-video) is not supported here",
-    "iic/VACE-Wan2.1-": "Wan VACE (video editing and reference-to-video) is not supported here",
-    "PAI/Wan2.2-VACE-Fun-": "Wan VACE (video editing and reference-to-video) is not supported here",
-    "PAI/Wan2.1-Fun-": "the Wan Fun models (InP, Control, Control-Camera) are not supported here",
-    "PAI/Wan2.2-Fun-": "the Wan Fun models (InP, Control, Control-Camera) are not supported here",
-    "Wan-AI/Wan2.1-FLF2V-": "Wan2.1-FLF2V (first-last-frame-to-video) is not supported here",
-    "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
-    "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
-    "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
-    "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
     "ByteDance/Video-As-Prompt-": "Video-As-Prompt is not supported here",
     "meituan-longcat/LongCat-Video": "LongCat-Video is not supported here",
-    "krea/krea-realtime-video": "krea-realtime-video is not supported here; train "
-                                "Wan-AI/Wan2.1-T2V-14B",
 }
+"""The refused models of no family here; each family's own (``FamilySpec.refused_model_ids``) join them in
+``unsupported_models``."""
+
+
+def unsupported_models() -> dict[str, str]:
+    """Every refused repository id prefix and why: the families' and ``UNSUPPORTED_MODELS``."""
+    return {**refused_model_ids(), **UNSUPPORTED_MODELS}
 # Reference features named only by the --extra_inputs they feed: EliGen's models are FLUX.1-dev's own, and the
 # Qwen-Image Blockwise ControlNet commands may start a ControlNet from scratch, loading only Qwen-Image.
 UNSUPPORTED_INPUTS: dict[str, str] = {
@@ -170,11 +142,11 @@ def unsupported_feature_problems(flags: Mapping[str, Any]) -> list[str]:
     """The unsupported reference feature the command names first (by a model it loads, an ``--extra_inputs`` name
     only that feature feeds, or its ``--task``), as a one-item list; empty when there is none (``flags``: flag
     name -> value)."""
-    problems = []
+    problems, refused = [], unsupported_models()
     for flag in ("model_id_with_origin_paths", "template_model_id_or_path"):
         for entry in str(flags.get(flag) or "").split(","):
             model_id = entry.split(":", 1)[0].strip()
-            reason = next((why for prefix, why in UNSUPPORTED_MODELS.items() if model_id.startswith(prefix)), None)
+            reason = next((why for prefix, why in refused.items() if model_id.startswith(prefix)), None)
             if model_id and reason is not None:
                 problems.append(f"--{flag} loads {model_id}: {reason}")
     for name in str(flags.get("extra_inputs") or "").split(","):

@@ -44,10 +44,9 @@ import torch
 
 from ...core.files import atomic_write_json
 from ...core.finite import require_finite
-from ...pipelines.flux.original import transformer_to_original
-from ...pipelines.wan_video.original import dit_original_keys, original_dit_config_json
 from ...core.safetensors_stream import SafetensorsStream, planned_nbytes
 from ...core.written_files import record_written, record_written_tree
+from ...pipelines.registry import families, family_of_class, load
 from ..config.output import FULL_CHECKPOINT_FORMATS
 from ..placement.deepspeed import gathered_parameters
 
@@ -82,33 +81,31 @@ class _OriginalLayout:
     folder_config: Callable[[torch.nn.Module], dict[str, Any]] | None  # None: a single file without config
 
 
-def _wan_to_original(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    names = dit_original_keys(list(state_dict))
-    return {names[key]: tensor for key, tensor in state_dict.items()}
-
-
-def _wan_model_type(config: Mapping[str, Any]) -> str:
-    """The ``model_type`` a Wan release's config.json records (informational: loaders read the weights' shapes)."""
-    if config.get("image_dim") or config.get("in_channels") == 36:
-        return "i2v"
-    return "ti2v" if config.get("in_channels") == 48 else "t2v"
-
-
-_ORIGINAL_LAYOUTS = {
-    "FluxTransformer2DModel": _OriginalLayout(transformer_to_original, None),
-    "WanTransformer3DModel": _OriginalLayout(
-        _wan_to_original, lambda model: original_dit_config_json(dict(model.config), _wan_model_type(model.config))),
-}
+def _original_layout(model: torch.nn.Module) -> _OriginalLayout | None:
+    """The original layout of ``model``'s family (``FamilySpec.original_checkpoint``), or None where its release is a
+    diffusers folder."""
+    spec = family_of_class(type(model).__name__)
+    if spec is None or spec.original_checkpoint is None:
+        return None
+    written = spec.original_checkpoint
+    return _OriginalLayout(load(written.convert), load(written.folder_config) if written.folder_config else None)
 
 
 def original_layout_problem(model_name: str, model: torch.nn.Module) -> str | None:
     """Why ``--full_checkpoint_format original`` cannot write ``model``, or None when it can."""
-    class_name = type(model).__name__
-    if class_name in _ORIGINAL_LAYOUTS:
+    if _original_layout(model) is not None:
         return None
-    return (f"{FORMAT_FLAG} original: {model_name} is a {class_name}, whose original release is its diffusers folder "
-            f"(Qwen-Image, Z-Image and FLUX.2 ship diffusers folders; only FLUX.1's and Wan's transformers have a "
-            f"layout of their own); use {FORMAT_FLAG} diffusers, which is that layout")
+    own = [spec.title for spec in families() if spec.original_checkpoint is not None]
+    folders = [spec.title for spec in families() if spec.original_checkpoint is None]
+    return (f"{FORMAT_FLAG} original: {model_name} is a {type(model).__name__}, whose original release is its "
+            f"diffusers folder ({_joined(folders)} ship diffusers folders; only {_joined(own, possessive=True)} "
+            f"transformers have a layout of their own); use {FORMAT_FLAG} diffusers, which is that layout")
+
+
+def _joined(titles: Sequence[str], possessive: bool = False) -> str:
+    """``A, B and C`` (``A's and B's`` with ``possessive``)."""
+    names = [f"{title}'s" if possessive else title for title in titles]
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def full_checkpoint_paths(output_path: str | os.PathLike, name: str, model_name: str, model: torch.nn.Module,
@@ -118,7 +115,7 @@ def full_checkpoint_paths(output_path: str | os.PathLike, name: str, model_name:
     if DIFFUSERS in formats:
         paths[DIFFUSERS] = full_model_folder(output_path, name, model_name)
     if ORIGINAL in formats:
-        layout = _ORIGINAL_LAYOUTS.get(type(model).__name__)
+        layout = _original_layout(model)
         stem = Path(output_path) / f"{name}.{model_name}{ORIGINAL_SUFFIX}"
         paths[ORIGINAL] = stem if layout is None or layout.folder_config else stem.with_name(stem.name + ".safetensors")
     return paths
@@ -358,7 +355,7 @@ def _diffusers_writer(model: torch.nn.Module, source: _BlockSource, max_shard_si
 
 def _original_writer(model: torch.nn.Module, source: _BlockSource,
                      metadata: Mapping[str, str]) -> Callable[[Path | None], None]:
-    layout = _ORIGINAL_LAYOUTS[type(model).__name__]
+    layout = _original_layout(model)
     weights_name, _ = _library_files(model)
 
     def write(target: Path | None) -> None:

@@ -8,16 +8,15 @@ explicitly (``--enable_model_cpu_offload``, ``--blocks_to_swap``) win, and are o
 
 What the predictions assume about the data: ``--batch_size`` samples per micro-batch, each of the fixed ``--height``
 x ``--width`` or else the square of ``--max_pixels`` (no aspect-ratio bucket is larger); ``--num_frames`` for video;
-prompts of ``TEXT_TOKENS`` tokens.
+prompts of the family's ``prompt_tokens`` tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +53,7 @@ from ...core.planning.plans import (
 )
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
 from ...core.planning.training_state import TrainingSetup
+from ...pipelines.registry import families, family_of_class, load, releases
 from ..errors import FlagError
 from ..objective.training_module import TargetAliases, resolve_lora_targets
 from .config import PlacementConfig
@@ -63,69 +63,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TEXT_TOKENS = {"QwenImageTransformer2DModel": 256, "WanTransformer3DModel": 512, "ZImageTransformer2DModel": 256,
-               "Flux2Transformer2DModel": 512, "FluxTransformer2DModel": 512}
-"""Prompt tokens per sample: Qwen-Image and Z-Image keep a prompt's own tokens (256 is a long caption); Wan, FLUX.1
-(T5) and FLUX.2 pad to 512."""
-
-ARCHITECTURES = {
-    "qwen-image": ("QwenImageTransformer2DModel", dict(
-        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
-        joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
-    "wan2.1-t2v-14b": ("WanTransformer3DModel", dict(
-        patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-        text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
-    "wan2.1-t2v-1.3b": ("WanTransformer3DModel", dict(
-        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-        text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)),
-    # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer.
-    "z-image": ("ZImageTransformer2DModel", dict()),
-    # diffusers' defaults are FLUX.1's transformer but for the guidance embedding of the distilled releases.
-    "flux.1-dev": ("FluxTransformer2DModel", dict(guidance_embeds=True)),
-    "flux.2-klein-4b": ("Flux2Transformer2DModel", dict(
-        guidance_embeds=False, joint_attention_dim=7680, num_attention_heads=24, num_layers=5, num_single_layers=20)),
-    "flux.2-klein-9b": ("Flux2Transformer2DModel", dict(
-        guidance_embeds=False, joint_attention_dim=12288, num_attention_heads=32, num_layers=8, num_single_layers=24)),
-}
-"""Denoisers of the released models (their diffusers configs), to plan without their files."""
-
-RELEASED_MODEL_IDS = {
-    "Qwen/Qwen-Image*": "qwen-image",
-    "Wan-AI/Wan2.1-T2V-14B*": "wan2.1-t2v-14b",
-    "Wan-AI/Wan2.1-T2V-1.3B*": "wan2.1-t2v-1.3b",
-    "Tongyi-MAI/Z-Image": "z-image",
-    "Tongyi-MAI/Z-Image-Turbo": "z-image",
-    "black-forest-labs/FLUX.2-klein-4B": "flux.2-klein-4b",
-    "black-forest-labs/FLUX.2-klein-base-4B": "flux.2-klein-4b",
-    "black-forest-labs/FLUX.2-klein-9B": "flux.2-klein-9b",
-    "black-forest-labs/FLUX.2-klein-base-9B": "flux.2-klein-9b",
-    "black-forest-labs/FLUX.1-dev": "flux.1-dev",
-    "black-forest-labs/FLUX.1-Krea-dev": "flux.1-dev",
-    "black-forest-labs/FLUX.1-Kontext-dev": "flux.1-dev",
-}
-"""Repository ids of released models (shell patterns, matched ignoring case) and the ``ARCHITECTURES`` entry of their
-denoiser, to plan a command whose model files are not downloaded. Z-Image-Omni-Base is not among them: its transformer
-takes SigLIP features, which no released entry has."""
-
 HOST_MARGIN_BYTES = 2 * GIB
 """Host memory left to the system and other processes by ``--ram_budget auto``."""
 DEVICE_MARGIN_BYTES = GIB // 2
 """Device memory left free by ``--vram_budget auto``."""
-
-
-def released_architecture(model_ids: Iterable[str]) -> str | None:
-    """The ``ARCHITECTURES`` entry that the repository ids name together (``RELEASED_MODEL_IDS``); None when one of
-    them is no known release or they name different denoisers (a Wan2.2 transformer beside Wan2.1's VAE)."""
-    names = set()
-    for model_id in model_ids:
-        named = {name for pattern, name in RELEASED_MODEL_IDS.items()
-                 if fnmatch.fnmatchcase(model_id.lower(), pattern.lower())}
-        if not named:
-            return None
-        names |= named
-    return names.pop() if len(names) == 1 else None
 
 
 def repo_files_missing(run: RunConfig) -> list[ModelConfig]:
@@ -142,12 +83,12 @@ def repo_files_missing(run: RunConfig) -> list[ModelConfig]:
 
 
 def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
-    """The denoiser of a released model (``ARCHITECTURES``) on the meta device."""
+    """The denoiser of a released model (``pipelines.registry.releases()``) on the meta device."""
     import diffusers
 
-    class_name, config = ARCHITECTURES[name]
+    spec, release = releases()[name]
     with torch.device("meta"):
-        model = getattr(diffusers, class_name)(**config)
+        model = getattr(diffusers, spec.denoiser_class)(**release.config)
     return model.to(resolve_dtype(dtype)).eval()
 
 
@@ -163,53 +104,17 @@ def sample_shape(run: RunConfig) -> tuple[int, int, int]:
 def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype,
                     batch: int = 1) -> dict[str, Any]:
     """The keyword inputs the pipeline passes the denoiser for a batch of ``batch`` samples of this shape, on the meta
-    device.
+    device, as the denoiser's family declares them (``FamilySpec.planner_inputs``), with its prompt length.
 
     Raises:
-        ValueError: A denoiser class the planner has no inputs for.
+        ValueError: A denoiser class no family declares.
     """
-    name, config, meta = type(model).__name__, model.config, torch.device("meta")
-    text = TEXT_TOKENS.get(name, 0)
-    if name == "QwenImageTransformer2DModel":
-        rows, cols = height // 16, width // 16
-        return dict(hidden_states=torch.empty(batch, rows * cols, config.in_channels, dtype=dtype, device=meta),
-                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
-                                                      device=meta),
-                    encoder_hidden_states_mask=torch.ones(batch, text, device=meta),
-                    timestep=torch.empty(batch, device=meta), img_shapes=[[(1, rows, cols)]] * batch,
-                    return_dict=False)
-    if name == "WanTransformer3DModel":
-        inputs = dict(hidden_states=torch.empty(batch, config.in_channels, (frames - 1) // 4 + 1, height // 8,
-                                                width // 8, dtype=dtype, device=meta),
-                      encoder_hidden_states=torch.empty(batch, text, config.text_dim, dtype=dtype, device=meta),
-                      timestep=torch.empty(batch, device=meta), return_dict=False)
-        if config.image_dim:  # image-to-video: CLIP image tokens
-            inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype,
-                                                                device=meta)
-        return inputs
-    if name == "ZImageTransformer2DModel":  # one tensor per sample: (channels, frames, rows, cols) latents
-        latents = torch.empty(config.in_channels, 1, height // 8, width // 8, dtype=dtype, device=meta)
-        return dict(x=[latents] * batch, t=torch.empty(batch, device=meta),
-                    cap_feats=[torch.empty(text, config.cap_feat_dim, dtype=dtype, device=meta)] * batch,
-                    return_dict=False)
-    if name == "Flux2Transformer2DModel":
-        tokens = (height // 16) * (width // 16)
-        return dict(hidden_states=torch.empty(batch, tokens, config.in_channels, dtype=dtype, device=meta),
-                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
-                                                      device=meta),
-                    timestep=torch.empty(batch, device=meta), img_ids=torch.zeros(batch, tokens, 4, device=meta),
-                    txt_ids=torch.zeros(batch, text, 4, device=meta), return_dict=False)
-    if name == "FluxTransformer2DModel":
-        tokens = (height // 16) * (width // 16)
-        guidance = torch.empty(batch, device=meta) if config.guidance_embeds else None
-        return dict(hidden_states=torch.empty(batch, tokens, config.in_channels, dtype=dtype, device=meta),
-                    encoder_hidden_states=torch.empty(batch, text, config.joint_attention_dim, dtype=dtype,
-                                                      device=meta),
-                    pooled_projections=torch.empty(batch, config.pooled_projection_dim, dtype=dtype, device=meta),
-                    timestep=torch.empty(batch, device=meta), guidance=guidance,
-                    img_ids=torch.zeros(tokens, 3, device=meta), txt_ids=torch.zeros(text, 3, device=meta),
-                    return_dict=False)
-    raise ValueError(f"the memory planner has no inputs for {name}; it plans {', '.join(sorted(TEXT_TOKENS))}")
+    name = type(model).__name__
+    spec = family_of_class(name)
+    if spec is None:
+        planned = ", ".join(sorted(family.denoiser_class for family in families()))
+        raise ValueError(f"the memory planner has no inputs for {name}; it plans {planned}")
+    return load(spec.planner_inputs)(model, height, width, frames, dtype, batch, spec.prompt_tokens)
 
 
 def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence[int] = (),
@@ -250,11 +155,11 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
 
     def step() -> torch.Tensor:
         prediction = model(**inputs)[0]
-        if isinstance(prediction, list):  # Z-Image predicts one tensor per sample
+        if isinstance(prediction, list):  # a denoiser that predicts one tensor per sample
             prediction = torch.stack(prediction)
         return prediction.float().square().mean()
 
-    # Every block list block swap would swap (FLUX: double then single blocks), as one sequence.
+    # Every block list block swap would swap (double then single blocks, where there are two), as one sequence.
     training = TrainingSetup(run.training.customized_optimizer, run.training.ema_decay is not None,
                              run.training.fused_optimizer_step)
     folder = cache_folder()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from diffsynth.diffusion import BasePipeline
-from diffsynth.diffusion.flow_match import FlowMatchScheduler
+from diffsynth.pipelines.common import scheduler_from_preset
 from diffsynth.training.objective.loss import DirectDistillLoss, FlowMatchSFTLoss
 
 CLEAN = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(0))
@@ -17,7 +17,7 @@ class OraclePipeline(BasePipeline):
 
     def __init__(self, sign=1.0):
         super().__init__()
-        self.scheduler = FlowMatchScheduler.from_preset("wan")
+        self.scheduler = scheduler_from_preset("wan")
         self.sign = sign
         self.seen = []
 

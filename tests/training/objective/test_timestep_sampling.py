@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from diffsynth.diffusion.flow_match import FlowMatchScheduler
+from diffsynth.pipelines.common import scheduler_from_preset
 from diffsynth.training.objective.timestep_sampling import TimestepSampling, TimestepSamplingError
 
 DRAWS = 4000
@@ -67,7 +67,7 @@ CONTINUOUS = [
 @pytest.mark.parametrize("flags, cdf", CONTINUOUS, ids=[str(flags) for flags, _ in CONTINUOUS])
 def test_each_continuous_rule_draws_its_formula(flags, cdf):
     sampling = TimestepSampling(**flags)
-    scheduler = FlowMatchScheduler.from_preset("qwen_image")
+    scheduler = scheduler_from_preset("qwen_image")
     assert ks_distance(draws(sampling, scheduler), cdf) < KS_LIMIT
     # The formula is sharp enough to tell rules apart: uniform draws fail any other rule's test.
     if flags["timestep_sampling"] != "uniform":
@@ -76,7 +76,7 @@ def test_each_continuous_rule_draws_its_formula(flags, cdf):
 
 def test_the_resolution_shift_follows_the_token_count():
     sampling = TimestepSampling("qwen_shift")
-    scheduler = FlowMatchScheduler.from_preset("qwen_image")
+    scheduler = scheduler_from_preset("qwen_image")
     small, large = (1, 16, 16, 16), (1, 16, 256, 256)  # 64 and 16,384 tokens
     mean = {shape: sum(draws(sampling, scheduler, latents=shape)) / DRAWS for shape in (small, large)}
     assert mean[large] > mean[small] + 0.1  # more tokens, noisier steps
@@ -127,7 +127,7 @@ GRID = [
 @pytest.mark.parametrize("boundaries", [(0.0, 1.0), (0.25, 0.8)])
 @pytest.mark.parametrize("flags, index_cdf", GRID, ids=[str(flags) for flags, _ in GRID])
 def test_each_grid_rule_draws_its_formula(flags, index_cdf, boundaries):
-    scheduler = FlowMatchScheduler.from_preset("wan")
+    scheduler = scheduler_from_preset("wan")
     low, high = int(boundaries[0] * 1000), int(boundaries[1] * 1000)
     values = draws(TimestepSampling("grid", **flags), scheduler, boundaries)
     grid = set((scheduler.training_timesteps.double() / 1000).float().tolist())
@@ -136,7 +136,7 @@ def test_each_grid_rule_draws_its_formula(flags, index_cdf, boundaries):
 
 
 def test_the_default_rule_is_the_reference_draw_and_weight():
-    scheduler = FlowMatchScheduler.from_preset("qwen_image")
+    scheduler = scheduler_from_preset("qwen_image")
     for seed in range(20):
         timestep, weight = TimestepSampling().draw(scheduler, LATENTS, torch.Generator().manual_seed(seed))
         expected = scheduler.sample_training_timestep(torch.Generator().manual_seed(seed))
@@ -146,7 +146,7 @@ def test_the_default_rule_is_the_reference_draw_and_weight():
 @pytest.mark.parametrize("rule", ["uniform", "sigmoid", "logit_normal", "shift", "qwen_shift"])
 def test_boundaries_condition_a_continuous_rule_on_their_range(rule):
     """Inside the range the draw keeps its shape: its CDF is the rule's, renormalised over the range."""
-    scheduler = FlowMatchScheduler.from_preset("wan")
+    scheduler = scheduler_from_preset("wan")
     sampling = TimestepSampling(rule)
     full = [value for value in draws(sampling, scheduler)]
     low_sigma = scheduler.training_timesteps[800].item() / 1000
@@ -167,7 +167,7 @@ def test_boundaries_condition_a_continuous_rule_on_their_range(rule):
 def test_an_expert_split_keeps_each_expert_on_its_side_of_the_boundary_timestep():
     """Wan2.2 A14B: --max_timestep_boundary 0.417 is the high-noise expert's range, the grid down to its index 417
     (timestep 874.85, the release's 875 on the shift-5 grid)."""
-    scheduler = FlowMatchScheduler.from_preset("wan")
+    scheduler = scheduler_from_preset("wan")
     boundary = scheduler.training_timesteps[417].item() / 1000
     assert boundary == pytest.approx(0.875, abs=2e-4)
     for rule in ("shift", "logit_normal", "uniform"):
@@ -177,7 +177,7 @@ def test_an_expert_split_keeps_each_expert_on_its_side_of_the_boundary_timestep(
 
 
 def test_weights_follow_their_formulas():
-    scheduler = FlowMatchScheduler.from_preset("wan")
+    scheduler = scheduler_from_preset("wan")
     timestep = torch.tensor([300.0])
     sigma = 0.3
     assert TimestepSampling(weighting_scheme="cosmap").weight(scheduler, timestep).item() == pytest.approx(
@@ -210,7 +210,7 @@ def test_bad_flags_are_named_with_their_fix(flags, fragments):
 
 
 def test_the_draw_is_a_function_of_the_generator():
-    scheduler = FlowMatchScheduler.from_preset("qwen_image")
+    scheduler = scheduler_from_preset("qwen_image")
     sampling = TimestepSampling("logit_normal")
     first, again, other = (sampling.draw(scheduler, LATENTS, torch.Generator().manual_seed(seed))[0]
                            for seed in (4, 4, 5))

@@ -16,6 +16,7 @@ from diffsynth.plan import main as plan_main
 from diffsynth.training.config.parsers import parse_args
 from diffsynth.training.errors import FlagError
 from diffsynth.training.placement.config import PlacementConfig
+from diffsynth.pipelines.registry import released_architecture
 from diffsynth.training.placement.planner import (
     apply_plan,
     build_architecture,
@@ -23,7 +24,6 @@ from diffsynth.training.placement.planner import (
     denoiser_skeleton,
     explicit_plan,
     plan_workload,
-    released_architecture,
     repo_files_missing,
 )
 from tests.docs.test_readme import README, training_commands

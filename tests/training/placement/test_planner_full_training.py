@@ -11,7 +11,8 @@ from diffsynth.core.planning.training_state import OptimizerState, optimizer_sta
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.plan import main as plan_main
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.training.placement.planner import ARCHITECTURES, RELEASED_MODEL_IDS, build_workload, denoiser_skeleton
+from diffsynth.pipelines.registry import releases
+from diffsynth.training.placement.planner import build_workload, denoiser_skeleton
 
 FULL = ["--model_id_with_origin_paths", f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}", "--trainable_models",
         "dit", "--dataset_metadata_path", "unused.csv", "--height", "64", "--width", "64", "--task", "sft"]
@@ -98,17 +99,12 @@ def no_models(tmp_path, monkeypatch):
     return tmp_path / "models"
 
 
-PIPELINE_OF = {"QwenImageTransformer2DModel": "qwen-image", "WanTransformer3DModel": "wan",
-               "ZImageTransformer2DModel": "z-image", "FluxTransformer2DModel": "flux",
-               "Flux2Transformer2DModel": "flux2-klein"}
-
-
 @pytest.mark.slow  # a shallow dry run of each released denoiser
-@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", sorted(releases()))
 def test_plan_cli_plans_every_release_without_its_files_in_full(architecture, no_models, capsys):
-    model_id = next(pattern.rstrip("*") for pattern, name in RELEASED_MODEL_IDS.items() if name == architecture)
-    pipeline = PIPELINE_OF[ARCHITECTURES[architecture][0]]
-    frames = ["--num_frames", "5"] if pipeline == "wan" else []
+    family, release = releases()[architecture]
+    model_id, pipeline = release.model_ids[0].rstrip("*"), family.plan_name
+    frames = ["--num_frames", "5"] if family.video else []
     assert plan_main(["--pipeline", pipeline, "--model_id_with_origin_paths", f"{model_id}:transformer/*.safetensors",
                       "--trainable_models", "dit", "--height", "128", "--width", "128", *frames,
                       "--use_gradient_checkpointing", "--customized_optimizer", "bitsandbytes.optim.AdamW8bit",

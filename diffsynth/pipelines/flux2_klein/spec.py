@@ -1,0 +1,40 @@
+"""FLUX.2 [klein] 4B and 9B (and their -base models): the family's spec (data only; see ``pipelines.registry``)."""
+
+from ..registry import FamilySpec, LoraTools, Release
+
+SPEC = FamilySpec(
+    name="flux2_klein",
+    title="FLUX.2 [klein]",
+    pipeline="diffsynth.pipelines.flux2_klein:Flux2KleinPipeline",
+    plan_name="flux2-klein",
+    denoiser_class="Flux2Transformer2DModel",
+    releases=(
+        Release("flux.2-klein-4b", dict(guidance_embeds=False, joint_attention_dim=7680, num_attention_heads=24,
+                                        num_layers=5, num_single_layers=20),
+                ("black-forest-labs/FLUX.2-klein-4B", "black-forest-labs/FLUX.2-klein-base-4B")),
+        Release("flux.2-klein-9b", dict(guidance_embeds=False, joint_attention_dim=12288, num_attention_heads=32,
+                                        num_layers=8, num_single_layers=24),
+                ("black-forest-labs/FLUX.2-klein-9B", "black-forest-labs/FLUX.2-klein-base-9B")),
+    ),
+    # Qwen3 pads every prompt to 512 tokens.
+    prompt_tokens=512,
+    planner_inputs="diffsynth.pipelines.flux2_klein.planning:planner_inputs",
+    # The released scheduler config's line; inference passes its own (empirical) mu and training bends the grid at
+    # training_mu 0.8, as the reference trainer does.
+    scheduler_presets={"flux2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+                                     max_image_seq_len=4096)},
+    lora_naming="diffsynth.pipelines.flux2_klein.naming:NAMING",
+    # ComfyUI reads FLUX.2 files through its map onto BFL's layout, with diffusers' names bare.
+    lora_tools=LoraTools("Flux2LoraLoaderMixin", comfyui_key_map="bfl"),
+    refused_model_ids={
+        "black-forest-labs/FLUX.2-dev": "FLUX.2 [dev] (its Mistral-3 text encoder and 32B transformer) is not "
+                                        "supported here; train black-forest-labs/FLUX.2-klein-4B, -9B or their -base "
+                                        "models",
+        "DiffSynth-Studio/Template-KleinBase4B": "the FLUX.2 [klein] template models (Template-KleinBase4B-*) are not "
+                                                 "supported here",
+        "DiffSynth-Studio/KleinBase4B-i2L": "FLUX.2 [klein] image-to-LoRA (i2L) template models are not supported "
+                                            "here",
+    },
+    example_folder="examples/flux2/model_training",
+    docs_page="FLUX2.md",
+)

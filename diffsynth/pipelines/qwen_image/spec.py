@@ -1,0 +1,32 @@
+"""Qwen-Image and Qwen-Image-Edit (-2509, -2511): the family's spec (data only; see ``pipelines.registry``)."""
+
+from ..registry import FamilySpec, LoraTools, Release
+
+SPEC = FamilySpec(
+    name="qwen_image",
+    title="Qwen-Image",
+    pipeline="diffsynth.pipelines.qwen_image:QwenImagePipeline",
+    plan_name="qwen-image",
+    denoiser_class="QwenImageTransformer2DModel",
+    releases=(Release("qwen-image", dict(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
+        joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56)), ("Qwen/Qwen-Image*",)),),
+    # A prompt keeps its own tokens; 256 is a long caption.
+    prompt_tokens=256,
+    planner_inputs="diffsynth.pipelines.qwen_image.planning:planner_inputs",
+    scheduler_presets={"qwen_image": dict(dynamic_shift=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
+                                          max_image_seq_len=8192, shift_terminal=0.02)},
+    # The original release uses diffusers' names.
+    lora_naming="diffsynth.pipelines.qwen_image.naming:NAMING",
+    lora_tools=LoraTools("QwenImageLoraLoaderMixin", comfyui_key_map="native_bare"),
+    refused_model_ids={
+        "FireRedTeam/FireRed-Image-Edit-": "FireRed-Image-Edit is not supported here; train Qwen/Qwen-Image-Edit, -2509 "
+                                           "or -2511",
+        "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-": "the Qwen-Image Blockwise ControlNets are not supported "
+                                                             "here",
+        "Qwen/Qwen-Image-Layered": "Qwen-Image-Layered (image decomposition into RGBA layers) is not supported here",
+        "DiffSynth-Studio/Qwen-Image-Layered-Control": "Qwen-Image-Layered-Control is not supported here",
+    },
+    example_folder="examples/qwen_image/model_training",
+    docs_page="Qwen_Image.md",
+)

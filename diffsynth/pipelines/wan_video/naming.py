@@ -1,0 +1,27 @@
+"""The original Wan code's layer names (what ComfyUI, DiffSynth-Studio and musubi-tuner run) for LoRA files."""
+
+from ...diffusion.module_naming import ModuleNaming
+
+# From the original Wan code's module tree (its self_attn/cross_attn/ffn blocks and embedding Sequentials), as
+# diffusers' own Wan checkpoint converter maps them.
+NAMING = ModuleNaming(
+    "original Wan",
+    block_layers={
+        "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v",
+        "attn1.to_out.0": "self_attn.o",
+        "attn2.to_q": "cross_attn.q", "attn2.to_k": "cross_attn.k", "attn2.to_v": "cross_attn.v",
+        "attn2.to_out.0": "cross_attn.o", "attn2.add_k_proj": "cross_attn.k_img",
+        "attn2.add_v_proj": "cross_attn.v_img",
+        "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
+    },
+    top_layers={
+        "patch_embedding": "patch_embedding", "proj_out": "head.head",
+        "condition_embedder.text_embedder.linear_1": "text_embedding.0",
+        "condition_embedder.text_embedder.linear_2": "text_embedding.2",
+        "condition_embedder.time_embedder.linear_1": "time_embedding.0",
+        "condition_embedder.time_embedder.linear_2": "time_embedding.2",
+        "condition_embedder.time_proj": "time_projection.1",
+        "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
+        "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
+    },
+)  # fmt: skip

@@ -1,0 +1,22 @@
+"""The keyword inputs the Wan pipeline passes its denoiser, on the meta device, for the memory planner's dry run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def planner_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype, batch: int,
+                   prompt_tokens: int) -> dict[str, Any]:
+    """The denoiser's inputs for a batch of ``batch`` samples of ``height`` x ``width`` (x ``frames``) pixels with
+    ``prompt_tokens``-token prompts."""
+    config, meta, text = model.config, torch.device("meta"), prompt_tokens
+    inputs = dict(hidden_states=torch.empty(batch, config.in_channels, (frames - 1) // 4 + 1, height // 8, width // 8,
+                                            dtype=dtype, device=meta),
+                  encoder_hidden_states=torch.empty(batch, text, config.text_dim, dtype=dtype, device=meta),
+                  timestep=torch.empty(batch, device=meta), return_dict=False)
+    if config.image_dim:  # image-to-video: CLIP image tokens
+        inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype, device=meta)
+    return inputs

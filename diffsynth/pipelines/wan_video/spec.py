@@ -1,0 +1,47 @@
+"""Wan2.1 and Wan2.2 text-, image- and text-image-to-video: the family's spec (data only; see
+``pipelines.registry``)."""
+
+from ..registry import FamilySpec, LoraTools, OriginalCheckpoint, Release
+
+_WAN21_T2V = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
+                  freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+
+_VACE = "Wan VACE (video editing and reference-to-video) is not supported here"
+_FUN = "the Wan Fun models (InP, Control, Control-Camera) are not supported here"
+
+SPEC = FamilySpec(
+    name="wan_video",
+    title="Wan",
+    pipeline="diffsynth.pipelines.wan_video:WanVideoPipeline",
+    plan_name="wan",
+    denoiser_class="WanTransformer3DModel",
+    video=True,
+    releases=(
+        Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
+                ("Wan-AI/Wan2.1-T2V-14B*",)),
+        Release("wan2.1-t2v-1.3b", dict(_WAN21_T2V, num_attention_heads=12, ffn_dim=8960, num_layers=30),
+                ("Wan-AI/Wan2.1-T2V-1.3B*",)),
+    ),
+    layouts=("diffusers", "original Wan (WanModel folders, .pth encoders and VAEs)"),
+    original_readers=("diffsynth.pipelines.wan_video.original:identify",),
+    original_checkpoint=OriginalCheckpoint("diffsynth.pipelines.wan_video.original:dit_to_original",
+                                           "diffsynth.pipelines.wan_video.original:dit_original_config"),
+    # UMT5 pads every prompt to 512 tokens.
+    prompt_tokens=512,
+    planner_inputs="diffsynth.pipelines.wan_video.planning:planner_inputs",
+    scheduler_presets={"wan": dict(shift=5.0)},
+    lora_naming="diffsynth.pipelines.wan_video.naming:NAMING",
+    lora_tools=LoraTools("WanLoraLoaderMixin"),
+    refused_model_ids={
+        "Wan-AI/Wan2.1-VACE-": _VACE, "iic/VACE-Wan2.1-": _VACE, "PAI/Wan2.2-VACE-Fun-": _VACE,
+        "PAI/Wan2.1-Fun-": _FUN, "PAI/Wan2.2-Fun-": _FUN,
+        "Wan-AI/Wan2.1-FLF2V-": "Wan2.1-FLF2V (first-last-frame-to-video) is not supported here",
+        "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
+        "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
+        "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
+        "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
+        "krea/krea-realtime-video": "krea-realtime-video is not supported here; train Wan-AI/Wan2.1-T2V-14B",
+    },
+    example_folder="examples/wanvideo/model_training",
+    docs_page="Wan.md",
+)

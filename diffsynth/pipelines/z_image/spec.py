@@ -1,0 +1,29 @@
+"""Z-Image, Z-Image-Turbo and Z-Image-Omni-Base: the family's spec (data only; see ``pipelines.registry``)."""
+
+from ..registry import FamilySpec, LoraTools, Release
+
+SPEC = FamilySpec(
+    name="z_image",
+    title="Z-Image",
+    pipeline="diffsynth.pipelines.z_image:ZImagePipeline",
+    plan_name="z-image",
+    denoiser_class="ZImageTransformer2DModel",
+    # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer. Z-Image-Omni-Base is not among the
+    # releases: its transformer takes SigLIP features, which the planner's inputs do not give.
+    releases=(Release("z-image", {}, ("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo")),),
+    # A prompt keeps its own tokens; 256 is a long caption.
+    prompt_tokens=256,
+    planner_inputs="diffsynth.pipelines.z_image.planning:planner_inputs",
+    scheduler_presets={"z_image": dict(shift=3.0)},
+    # The released transformers use diffusers' names; ComfyUI reads them through its Lumina2 key map.
+    lora_naming="diffsynth.pipelines.z_image.naming:NAMING",
+    lora_tools=LoraTools("ZImageLoraLoaderMixin", comfyui_key_map="lumina2"),
+    # Its TimestepEmbedder casts the sinusoidal embedding to mlp[0].weight.dtype.
+    fp8_input_casting_layers=("t_embedder",),
+    refused_model_ids={
+        "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
+        "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
+    },
+    example_folder="examples/z_image/model_training",
+    docs_page="Z_Image.md",
+)
