@@ -5,7 +5,13 @@
 
 The rules, which ``tests/test_house.py`` asserts with the functions below: no module over
 :data:`MAX_MODULE_LINES` lines, no function over :data:`MAX_FUNCTION_LINES`, no function outside
-:data:`NAMESPACE_FOLDER` reads an ``argparse.Namespace``, and no import circle.
+:data:`NAMESPACE_FOLDER` reads an ``argparse.Namespace``, no import circle, and code outside the families' rooms
+(:data:`FAMILY_ROOMS`) names a model family at most :data:`MAX_FAMILY_MENTIONS` times in
+:data:`MAX_FAMILY_FILES` files.
+
+A family is named by an identifier, an import or a short string key (a string of one word, up to 60 characters) that
+holds one of the families' name roots (:data:`FAMILY_NAMES`, case ignored); prose (docstrings, comments, strings
+with spaces) does not count.
 
 A function reads a Namespace when a parameter is annotated ``argparse.Namespace`` (alone or in a union), or when a
 parameter named ``args`` (whatever its annotation) is used as ``args.<name>``, ``vars(args)``, ``getattr(args, ...)``,
@@ -23,7 +29,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
+import re
 import sys
+import tokenize
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +43,13 @@ MAX_FUNCTION_LINES = 80
 # The one folder (relative to the package's parent) whose functions may read the trainer's argparse Namespace.
 NAMESPACE_FOLDER = "diffsynth/training/config"
 LONGEST_SHOWN = 10
+# Where a family may be named: its room and the tiny builders.
+FAMILY_ROOMS = ("diffsynth/pipelines", "diffsynth/testing")
+MAX_FAMILY_MENTIONS = 15
+MAX_FAMILY_FILES = 5
+# The name roots of the registered families (Qwen-Image, Wan, Z-Image, FLUX.1, FLUX.2 [klein]); a new family adds its.
+FAMILY_NAMES = re.compile(r"qwen|wan(?![a-z])|z[_-]?image|flux|klein", re.IGNORECASE)
+_SHORT_KEY = 60
 _NAMESPACE_CALLS = ("vars", "getattr", "hasattr")
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -78,6 +94,7 @@ class HouseMetrics:
         functions: Every function, longest first.
         long_modules: The modules over :data:`MAX_MODULE_LINES` lines, longest first.
         import_circles: The modules of each import circle, sorted.
+        family_mentions: The modules outside the families' rooms that name a family, with how often, most first.
     """
 
     folder_sizes: dict[Path, int]
@@ -85,6 +102,7 @@ class HouseMetrics:
     functions: list[FunctionInfo]
     long_modules: list[SourceModule]
     import_circles: list[list[str]]
+    family_mentions: dict[Path, int]
 
     @property
     def long_functions(self) -> list[FunctionInfo]:
@@ -299,6 +317,40 @@ def import_circles(graph: Mapping[str, Collection[str]]) -> list[list[str]]:
     return sorted(component for component in strongly_connected_components(graph) if len(component) > 1)
 
 
+def _docstring_lines(tree: ast.Module) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                    first.value.value, str):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def family_mentions(source: str, tree: ast.Module) -> int:
+    """How often ``source`` names a family in code: identifiers and one-word string keys, not prose."""
+    docstrings, count = _docstring_lines(tree), 0
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME:
+            count += bool(FAMILY_NAMES.search(token.string))
+        elif token.type == tokenize.STRING and token.start[0] not in docstrings and len(token.string) <= _SHORT_KEY:
+            count += bool(FAMILY_NAMES.search(token.string)) and " " not in token.string
+    return count
+
+
+def family_mentions_outside_rooms(package_dir: Path, modules: Mapping[str, SourceModule]) -> dict[Path, int]:
+    """The modules outside :data:`FAMILY_ROOMS` that name a family, with how often."""
+    found = {}
+    for module in modules.values():
+        if module.path.as_posix().startswith(FAMILY_ROOMS):
+            continue
+        count = family_mentions((package_dir.parent / module.path).read_text(encoding="utf-8"), module.tree)
+        if count:
+            found[module.path] = count
+    return dict(sorted(found.items(), key=lambda item: -item[1]))
+
+
 # ---- the report ------------------------------------------------------------------------------------------------
 
 
@@ -313,6 +365,7 @@ def house_metrics(package_dir: Path) -> HouseMetrics:
         long_modules=sorted((module for module in modules.values() if module.line_count > MAX_MODULE_LINES),
                             key=lambda module: -module.line_count),
         import_circles=import_circles(import_graph(modules)),
+        family_mentions=family_mentions_outside_rooms(package_dir, modules),
     )
 
 
@@ -331,6 +384,10 @@ def format_report(metrics: HouseMetrics) -> str:
     lines += [f"  {module.line_count:4d}  {module.path.as_posix()}" for module in metrics.long_modules]
     lines += ["", f"import circles: {len(metrics.import_circles)}"]
     lines += [f"  {' <-> '.join(circle)}" for circle in metrics.import_circles]
+    mentions = metrics.family_mentions
+    lines += ["", f"family names outside {', '.join(FAMILY_ROOMS)}: {sum(mentions.values())} in {len(mentions)} "
+                  f"file(s) (limits {MAX_FAMILY_MENTIONS} and {MAX_FAMILY_FILES})"]
+    lines += [f"  {count:4d}  {path.as_posix()}" for path, count in mentions.items()]
     return "\n".join(lines)
 
 

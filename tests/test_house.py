@@ -4,6 +4,7 @@ imported by the package), importing the pipelines loads no trainer, no import ci
 no module over 500 lines, no function over 80, and only ``diffsynth/training/config/`` reads the argparse Namespace.
 """
 
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -76,6 +77,24 @@ def test_no_module_is_over_the_limit(metrics):
 def test_no_function_is_over_the_limit(metrics):
     assert [f"{info.path.as_posix()}:{info.line} {info.name}: {info.line_count} lines"
             for info in metrics.long_functions] == []
+
+
+def test_code_outside_the_families_rooms_hardly_names_a_family(metrics):
+    mentions = metrics.family_mentions
+    assert sum(mentions.values()) <= house.MAX_FAMILY_MENTIONS and len(mentions) <= house.MAX_FAMILY_FILES, mentions
+
+
+def test_family_mentions_count_code_not_prose():
+    source = textwrap.dedent('''
+        """Wan and FLUX.1 in a docstring do not count."""
+        import diffsynth.pipelines.wan_video  # a comment on Wan does not count
+        PRESET = "z_image"
+        MESSAGE = "Qwen-Image is prose"
+        def shift():
+            """Nor FLUX here."""
+            return "flux.1-dev"
+    ''')
+    assert house.family_mentions(source, ast.parse(source)) == 3  # the import, "z_image", "flux.1-dev"
 
 
 def test_only_the_config_folder_reads_the_namespace(metrics):

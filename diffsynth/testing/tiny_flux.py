@@ -4,7 +4,7 @@ in the released layout: BFL's single files and the diffusers folders beside them
 Each repo holds what the released one does:
 
 - ``flux1-dev.safetensors`` (``flux1-kontext-dev.safetensors``, ``flux1-krea-dev.safetensors``): the transformer in
-  BFL's layout, and ``ae.safetensors``: the VAE in the LDM layout (``original_flux.py`` writes both);
+  BFL's layout, and ``ae.safetensors``: the VAE in the LDM layout (``pipelines/flux/original.py`` writes both);
 - ``transformer/`` (``FluxTransformer2DModel``, sharded with an index) holding the same weights as the single file,
   ``vae/`` (``AutoencoderKL``) the same as ``ae.safetensors``;
 - ``text_encoder/`` (``CLIPTextModel``, one ``model.safetensors``), ``text_encoder_2/`` (``T5EncoderModel``, sharded

@@ -6,7 +6,7 @@ Typical use::
     dit = load_model(ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern=pattern), torch.bfloat16, "cpu")
 
 The original Wan release layouts (``Wan-AI/Wan2.1-T2V-1.3B`` and the like: a ``WanModel`` config, ``.pth`` encoders
-and VAEs) load into the same diffusers / transformers classes (``original_wan.py``); ``.pth`` files are read only with
+and VAEs) load into the same diffusers / transformers classes (``pipelines/wan_video/original.py``, a reader the family registers); ``.pth`` files are read only with
 PyTorch's restricted loader (``pth.py``).
 
 The tiny-model builders live in ``diffsynth.testing.tiny_models`` (imported on demand: tests and scripts only).

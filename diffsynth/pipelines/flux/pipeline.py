@@ -4,7 +4,7 @@ diffusers / transformers models.
 Models, by pipeline name: ``dit`` (``FluxTransformer2DModel``), ``vae`` (``AutoencoderKL``, 16 latent channels),
 ``text_encoder`` (``CLIPTextModel``), ``text_encoder_2`` (``T5EncoderModel``), ``tokenizer`` (CLIP) and
 ``tokenizer_2`` (T5). The released single files (``flux1-dev.safetensors``, ``ae.safetensors``) load into the same
-classes (``core.loader.original_flux``). The computation follows diffusers' ``FluxPipeline`` and
+classes (``original.py``). The computation follows diffusers' ``FluxPipeline`` and
 ``FluxKontextPipeline`` step for step:
 
 - the prompt goes through CLIP (77 tokens, padded; its pooled output conditions the modulation) and T5 (padded to

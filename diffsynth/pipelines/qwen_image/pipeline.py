@@ -6,7 +6,7 @@ Models, by pipeline name: ``dit`` (``QwenImageTransformer2DModel``), ``vae`` (``
 Qwen2.5-VL processor). The computation follows diffusers' ``QwenImagePipeline`` step for step (prompt template, latent
 packing, flow-matching schedule with Qwen-Image's resolution-dependent shift, CFG with norm rescaling, latent
 de-normalisation), so both produce the same image from the same weights and seed; with ``edit_image`` it follows
-``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``qwen_image_edit.py``). Latents live in the state
+``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``edit.py``). Latents live in the state
 unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn`` packs them into 2x2 patches for the transformer and
 unpacks its prediction.
 """
@@ -304,7 +304,7 @@ class QwenImagePipeline(TextToLatentPipeline):
             input_image: Start from this image instead of pure noise (image-to-image).
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
             edit_image: The image to edit (Qwen-Image-Edit), or a list of images, even of one (Edit-2509 / 2511); see
-                ``qwen_image_edit.py``.
+                ``edit.py``.
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does.
             width: Output width in pixels, rounded to a multiple of 16; unset as ``height``.

@@ -3,13 +3,13 @@
 Models, by pipeline name: ``dit`` (``WanTransformer3DModel``), ``vae`` (``AutoencoderKLWan``), ``text_encoder``
 (``UMT5EncoderModel``) and ``tokenizer``, loaded from a diffusers-layout repository such as
 ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers`` or from an original release such as ``Wan-AI/Wan2.1-T2V-1.3B`` (a ``WanModel``
-config and ``.pth`` encoders, read by ``core/loader/original_wan.py`` into the same classes; the tokenizer is then the
+config and ``.pth`` encoders, read by ``original.py`` into the same classes; the tokenizer is then the
 repository's ``google/umt5-xxl/``). The computation follows diffusers' ``WanPipeline`` (prompt cleaning, UMT5
 embeddings zero-padded to ``max_sequence_length``, latents ``(1, C, (frames - 1) / 4 + 1, height / s, width / s)``
 with the VAE's channels ``C`` and spatial compression ``s``, plain CFG, latent de-normalisation), so with the same
 scheduler both produce the same video.
 
-The units of the other inputs (frame count, noise, input video, prompt) are in ``wan_units.py``. Image
+The units of the other inputs (frame count, noise, input video, prompt) are in ``units.py``. Image
 conditioning (``wan_image.py``) follows diffusers' ``WanImageToVideoPipeline``: ``y`` for Wan2.1 / Wan2.2
 image-to-video (with CLIP features, ``image_encoder`` and ``image_processor``, for Wan2.1), and for Wan2.2 TI2V-5B
 (48 latent channels, the 16x Wan2.2 VAE) the image's latents as the first latent frame with per-token timesteps (zero

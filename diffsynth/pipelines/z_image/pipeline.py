@@ -13,7 +13,7 @@ diffusers' ``guidance_scale + 1``; ``cfg_normalization`` and ``cfg_truncation`` 
 names. Training draws timesteps from the reference's grid (shift 3) whatever the release's inference shift.
 
 Z-Image-Omni-Base (a transformer with ``siglip_feat_dim``) adds a ``siglip`` model (``Siglip2VisionModel``) and
-condition images, ``edit_image``; it follows diffusers' ``ZImageOmniPipeline`` (see ``z_image_omni.py``).
+condition images, ``edit_image``; it follows diffusers' ``ZImageOmniPipeline`` (see ``omni.py``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class PromptEmbedderUnit(PipelineUnit):
 
     Outputs the second-to-last hidden states of the first ``max_sequence_length`` tokens and a mask that is ``None``
     (one prompt has no padding; batches pad through ``padded_inputs``). For an Omni transformer the prompt is cut
-    into segments around the condition images instead (``z_image_omni.encode_omni_prompt``), and
+    into segments around the condition images instead (``omni.encode_omni_prompt``), and
     ``prompt_emb_lengths`` holds their token counts (None otherwise).
     """
 
@@ -249,7 +249,7 @@ class ZImagePipeline(TextToLatentPipeline):
 
         The transformer reads one latent ``(16, 1, h, w)`` and one caption of its real tokens per sample and the
         timestep as ``(1000 - t) / 1000``; it predicts the negated velocity. An Omni transformer runs in omni mode,
-        with the condition images' latents and SigLIP grids (``z_image_omni.omni_model_fn``). Extra state keys are
+        with the condition images' latents and SigLIP grids (``omni.omni_model_fn``). Extra state keys are
         ignored.
         """
         batch = latents.shape[0]

@@ -11,9 +11,9 @@ for every model trained in full (``dit``, ``dit2``, ``vae``, ...); ``<name>`` is
   into ``-0000i-of-0000n`` shards with the standard ``*.safetensors.index.json`` above ``max_shard_size``. diffusers'
   and transformers' ``from_pretrained`` and this package's ``--model_paths`` load the folder as it is.
 - ``original``: the layout of the model's original release, for ComfyUI: FLUX.1's transformer as BFL's single file
-  ``<name>.<model>.original.safetensors`` (``original_flux.transformer_to_original``), Wan's DiT as the Wan release
+  ``<name>.<model>.original.safetensors`` (``pipelines/flux/original.py``), Wan's DiT as the Wan release
   folder ``<name>.<model>.original/`` (``config.json`` naming ``WanModel`` and one
-  ``diffusion_pytorch_model.safetensors`` under the original names, ``original_wan.dit_original_keys``): ComfyUI loads
+  ``diffusion_pytorch_model.safetensors`` under the original names, ``pipelines/wan_video/original.py``): ComfyUI loads
   that file, this package loads the folder. Qwen-Image, Z-Image and FLUX.2 are released as diffusers folders, so
   ``original`` is refused for them (``diffusers`` is their original layout).
 
