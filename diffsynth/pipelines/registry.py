@@ -112,6 +112,8 @@ class FamilySpec:
         lora_formats: The LoRA layouts its files can be written in (for the families table).
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
+        reference_flags: The reference trainer's flags that only this family's ``train.py`` defines (all parse; the
+            trainer's config says what it does with each).
         example_folder: Its ``examples/<folder>/model_training`` folder (the reference's scripts).
         docs_page: Its page under ``docs/en/``.
     """
@@ -136,6 +138,7 @@ class FamilySpec:
     lora_formats: tuple[str, ...] = ("diffusers",)
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
+    reference_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for label, reference in (("pipeline", self.pipeline), ("planner_inputs", self.planner_inputs),

@@ -39,6 +39,7 @@ SPEC = FamilySpec(
         "DiffSynth-Studio/LoRA-Encoder-FLUX.1-Dev": "the FLUX.1 LoRA-Encoder is not supported here",
         "DiffSynth-Studio/Nexus-Gen": "Nexus-Gen (Qwen2.5-VL with a FLUX.1 decoder) is not supported here",
     },
+    reference_flags=("--tokenizer_1_path", "--tokenizer_2_path", "--align_to_opensource_format"),
     example_folder="examples/flux/model_training",
     docs_page="FLUX.md",
 )

@@ -27,6 +27,7 @@ SPEC = FamilySpec(
         "Qwen/Qwen-Image-Layered": "Qwen-Image-Layered (image decomposition into RGBA layers) is not supported here",
         "DiffSynth-Studio/Qwen-Image-Layered-Control": "Qwen-Image-Layered-Control is not supported here",
     },
+    reference_flags=("--tokenizer_path", "--processor_path", "--zero_cond_t", "--initialize_model_on_cpu"),
     example_folder="examples/qwen_image/model_training",
     docs_page="Qwen_Image.md",
 )

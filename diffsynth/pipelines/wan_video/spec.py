@@ -42,6 +42,8 @@ SPEC = FamilySpec(
         "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
         "krea/krea-realtime-video": "krea-realtime-video is not supported here; train Wan-AI/Wan2.1-T2V-14B",
     },
+    reference_flags=("--audio_processor_path", "--min_timestep_boundary", "--max_timestep_boundary",
+                     "--framewise_decoding"),
     example_folder="examples/wanvideo/model_training",
     docs_page="Wan.md",
 )

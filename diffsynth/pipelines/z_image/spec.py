@@ -24,6 +24,7 @@ SPEC = FamilySpec(
         "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
         "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
     },
+    reference_flags=("--enable_npu_patch",),
     example_folder="examples/z_image/model_training",
     docs_page="Z_Image.md",
 )

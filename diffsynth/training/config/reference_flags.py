@@ -11,10 +11,11 @@ drift.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from ...pipelines.registry import refused_model_ids
+from ...pipelines.registry import families, refused_model_ids
 
 # Flag -> where the reference defines it.
 REFERENCE_FLAGS: dict[str, str] = {
@@ -38,12 +39,8 @@ REFERENCE_FLAGS: dict[str, str] = {
                      "--dmd2_gan_r1_reg_alpha", "--dmd2_fake_score_learning_rate",
                      "--dmd2_discriminator_learning_rate", "--dmd2_feature_indices", "--dmd2_teacher_cfg_scale",
                      "--dmd2_student_grad_clip_norm"], "diffusion/parsers.py (DMD2)"),
-    **dict.fromkeys(["--tokenizer_path", "--processor_path", "--zero_cond_t", "--initialize_model_on_cpu"],
-                    "qwen_image train.py"),
-    **dict.fromkeys(["--audio_processor_path", "--min_timestep_boundary", "--max_timestep_boundary",
-                     "--framewise_decoding"], "wanvideo train.py"),
-    "--enable_npu_patch": "z_image train.py",
-    **dict.fromkeys(["--tokenizer_1_path", "--tokenizer_2_path", "--align_to_opensource_format"], "flux train.py"),
+    # The flags only one family's train.py defines, where it is the reference's examples/<folder>/model_training.
+    **{flag: f"{Path(spec.example_folder).parts[1]} train.py" for spec in families() for flag in spec.reference_flags},
 }
 
 _DMD2 = "DMD2 distillation (the reference's DMD2 trainer) is not supported here; --task direct_distill distills"
