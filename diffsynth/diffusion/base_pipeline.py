@@ -3,18 +3,25 @@
 A concrete pipeline (Qwen-Image, Wan) subclasses ``BasePipeline`` and provides:
 
 - its models as attributes named ``dit``, ``vae``, ``text_encoder``, ... (``None`` while not loaded);
-- ``self.units``: the units (``PipelineUnit``) that turn user inputs into the denoiser's inputs, in run order;
+- ``unit_classes``: the units (``PipelineUnit``) that turn user inputs into the denoiser's inputs, in run order
+  (``__init__`` builds ``self.units`` from them);
 - ``model_fn(**inputs)``: one denoiser prediction from the merged state and ``timestep``;
 - ``self.scheduler``: an object with ``timesteps`` and ``step(model_output, timestep, sample) -> sample``;
 - ``decode(inputs_shared, inputs_posi, inputs_nega)``: turns the final latents into the output.
 
-``denoise`` then runs the whole inference loop with classifier-free guidance, and training runs ``run_units`` and
+The shared ``__init__`` makes every slot of ``model_roles`` (and ``tokenizer``) and each of ``extra_attributes``,
+then calls ``_after_init``; ``from_pretrained`` loads the models into their slots, then calls ``_after_load`` with
+the pipeline's own options; ``training_inputs`` builds a sample's state from ``training_media``, ``training_state``
+and ``derived_training_inputs``. A pipeline overrides those hooks rather than the three methods.
+
+``denoise`` runs the whole inference loop with classifier-free guidance, and training runs ``run_units`` and
 ``model_fn`` through the same code, so the two cannot drift apart. The classes the pipeline is built from live in
 ``pipeline_unit.py`` and ``unit_graph.py`` and are re-exported here.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -48,7 +55,7 @@ class BasePipeline(torch.nn.Module):
 
     Args:
         device: The compute device; intermediate tensors and onloaded models go here.
-        torch_dtype: The dtype for intermediate tensors.
+        torch_dtype: The dtype for intermediate tensors; None: the class's ``default_torch_dtype``.
         offload_device: Where models not in use wait (normally the CPU).
         manage_model_devices: Let ``load_models_to_device`` move models. Turn it off when something else owns
             placement (an ``OffloadTrainingManager``, or everything fits and should stay put): moving whole models
@@ -88,28 +95,54 @@ class BasePipeline(torch.nn.Module):
     #: the state holds latents already patchified (FLUX.2). Resolution-dependent timestep shifts count tokens by it.
     latent_patch_size: int = 2
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32,
+    #: The dtype a pipeline built without ``torch_dtype`` computes in.
+    default_torch_dtype: torch.dtype = torch.float32
+    #: The units, in run order; each pipeline builds its own instances (``build_units``).
+    unit_classes: tuple[type[PipelineUnit], ...] = ()
+    #: Attributes besides the model slots that a pipeline starts with, and their initial values (immutable ones:
+    #: every instance gets the same object), e.g. a processor loaded later.
+    extra_attributes: dict[str, Any] = {}
+    #: What a training sample's state holds besides its media and columns (``training_inputs``), e.g. no CFG.
+    training_state: dict[str, Any] = {}
+
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype | None = None,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
         super().__init__()
         self.device = resolve_device(device, "device")
         self.offload_device = resolve_device(offload_device, "offload_device")
+        torch_dtype = self.default_torch_dtype if torch_dtype is None else torch_dtype
         if not isinstance(torch_dtype, torch.dtype):
             raise TypeError(f"torch_dtype={torch_dtype!r} is not a torch.dtype; use e.g. torch.bfloat16")
         self.torch_dtype = torch_dtype
         self.manage_model_devices = manage_model_devices
-        self.units: list[PipelineUnit] = []
+        self.units: list[PipelineUnit] = self.build_units()
         self.unit_runner = PipelineUnitRunner()
         #: The config each slot was loaded from (flags that name models by config map to slots through it).
         self.model_configs: dict[str, ModelConfig] = {}
         self.scheduler: Any = None
+        # Every slot exists before loading, empty; ``_assign`` puts any model without a slot's class in "tokenizer".
+        for name in (*dict.fromkeys(self.model_roles.values()), "tokenizer"):
+            setattr(self, name, None)
+        for name, value in self.extra_attributes.items():
+            setattr(self, name, value)
+        self._after_init()
+
+    def build_units(self) -> list[PipelineUnit]:
+        """The pipeline's units, in run order: one instance of each of ``unit_classes``."""
+        return [unit_class() for unit_class in self.unit_classes]
+
+    def _after_init(self) -> None:
+        """Sets what a pipeline needs beyond its slots and ``extra_attributes`` (a scheduler); by default nothing."""
 
     @classmethod
     def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
                         model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
                         offload_device: str | torch.device = "cpu",
                         skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None) -> BasePipeline:
-        """Loads the models the configs name and puts each in its slot by class (``model_roles``).
+                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
+                        **options: Any) -> BasePipeline:
+        """Loads the models the configs name and puts each in its slot by class (``model_roles``), then lets the
+        pipeline finish with ``_after_load(**options)``.
 
         Models are loaded onto ``offload_device`` and moved to ``device`` only while a unit computes with them, so
         the device never holds the text encoder and the transformer at once; pass ``offload_device=device`` to keep
@@ -127,10 +160,18 @@ class BasePipeline(torch.nn.Module):
             shared_weights: For each config, how to load its weights once per machine into host memory the run's
                 processes share (``SharedLoad``), or None for this process's own copy; None: no sharing. Every
                 process of the run must then load the same configs.
+            options: The keyword arguments of the pipeline's ``_after_load`` (Qwen-Image: ``processor_config``,
+                ``zero_cond_t``); see there.
 
         Raises:
+            TypeError: An option ``_after_load`` does not take.
             ValueError: A config loads a model class this pipeline has no slot for, or two configs fill one slot.
         """
+        taken = list(inspect.signature(cls._after_load).parameters)[1:]
+        unknown = sorted(set(options) - set(taken))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected keyword arguments {unknown}; besides the "
+                            f"shared ones it takes {taken}")
         dtype = resolve_dtype(torch_dtype)
         pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
         for config in model_configs:
@@ -143,7 +184,13 @@ class BasePipeline(torch.nn.Module):
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
             pipe._assign(load_component(tokenizer), tokenizer)
+        pipe._after_load(**options)
         return pipe
+
+    def _after_load(self) -> None:
+        """Finishes a pipeline ``from_pretrained`` has loaded the models of (a companion folder, a setting read from
+        the release); its keyword arguments are ``from_pretrained``'s options beyond the shared ones. By default
+        nothing."""
 
     @classmethod
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
@@ -205,6 +252,25 @@ class BasePipeline(torch.nn.Module):
         """The metadata columns a training sample must have: ``training_columns`` and the ``--extra_inputs`` that
         cannot be derived from them."""
         return [*cls.training_columns, *(name for name in extra_inputs if name not in cls.derived_inputs)]
+
+    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
+        """The unit state for one dataset sample: its media (``training_media``), then ``training_state``, then the
+        ``extra_inputs`` columns (which may override that state), then what the pipeline derives
+        (``derived_training_inputs``); the prompt is the positive branch's, the negative one stays empty."""
+        inputs_shared = {
+            **self.training_media(sample), **self.training_state,
+            **{name: sample[name] for name in extra_inputs if name not in self.derived_inputs},
+            **self.derived_training_inputs(sample, extra_inputs),
+        }  # fmt: skip
+        return inputs_shared, {"prompt": sample["prompt"]}, {}
+
+    def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """The state of a sample's media columns (an image pipeline: ``input_image`` and its size)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement training_media(sample) to train")
+
+    def derived_training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str]) -> dict[str, Any]:
+        """The ``derived_inputs`` of a sample, which ``training_inputs`` puts last; by default none."""
+        return {}
 
     def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
         """The part of the latents a training loss compares (an index into them); None for all of it. Pipelines

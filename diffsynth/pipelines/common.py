@@ -162,13 +162,62 @@ class LatentsUnit(PipelineUnit):
         return {"latents": pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.timesteps[0])}
 
 
-class TextToLatentPipeline(BasePipeline):
-    """The shape Qwen-Image and Wan share: a ``dit``, a ``vae`` with normalised latents, a text encoder and tokenizer.
+class PromptUnit(PipelineUnit):
+    """The shape of every family's prompt unit: it encodes the prompt and, with CFG, the negative prompt, each in its
+    own pass (``separate_cfg``). Subclasses set the class attributes and implement ``process(pipe, prompt, ...)``."""
 
-    Subclasses set ``scheduler_preset`` and ``self.units``.
+    #: Shared inputs ``process`` reads besides the prompt.
+    shared_inputs: tuple[str, ...] = ("max_sequence_length",)
+    #: The keys it writes.
+    outputs: tuple[str, ...] = ("prompt_emb",)
+    #: The models it encodes with.
+    encoders: tuple[str, ...] = ("text_encoder",)
+    #: The model configs entry that loads the text encoder, named when it is missing.
+    text_encoder_entry = "<model_id>:text_encoder/*.safetensors"
+
+    def __init__(self) -> None:
+        super().__init__(separate_cfg=True, input_params=self.shared_inputs,
+                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
+                         output_params=self.outputs, onload_model_names=self.encoders)
+
+    def require_text_encoder(self, pipe: BasePipeline) -> None:
+        """Raises ValueError naming ``text_encoder_entry`` when the text encoder or its tokenizer is not loaded."""
+        if pipe.text_encoder is None or pipe.tokenizer is None:
+            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
+                             f"'{self.text_encoder_entry}' to the model configs")
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """``(B, C, H, W)`` latents to ``(B, H/2 * W/2, C * 4)`` tokens of 2x2 patches, as the transformer reads them."""
+    batch, channels, height, width = latents.shape
+    patches = latents.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of ``pack_latents`` for a latent grid of ``height x width``."""
+    batch, _, features = tokens.shape
+    channels = features // 4
+    patches = tokens.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, channels, height, width)
+
+
+def image_units(condition_unit: type[PipelineUnit], prompt_unit: type[PipelineUnit]) -> tuple[type[PipelineUnit], ...]:
+    """An image family's ``unit_classes``: the size check, the noise, the input image's latents, the family's
+    condition images (encoded next to the input image, so the VAE is onloaded once for both), the starting latents
+    and the prompt."""
+    return ShapeCheckUnit, ImageNoiseUnit, InputImageEmbedderUnit, condition_unit, LatentsUnit, prompt_unit
+
+
+class TextToLatentPipeline(BasePipeline):
+    """The shape every family shares: a ``dit``, a ``vae`` with normalised latents, a text encoder and tokenizer,
+    trained on images (``training_media``) unless a family says otherwise.
+
+    Subclasses set ``scheduler_preset``, ``model_roles`` and ``unit_classes``.
     """
 
     scheduler_preset = ""
+    default_torch_dtype = torch.bfloat16
     latent_channels = 16
     #: Pixels per latent cell side of the state's latents (the VAE's compression, times a patchify done in the state).
     pixels_per_latent = 8
@@ -177,16 +226,23 @@ class TextToLatentPipeline(BasePipeline):
         "denoising_strength": real, "max_sequence_length": positive_integer, "height": positive_integer,
         "width": positive_integer,
     }  # fmt: skip
+    #: Dataset columns a training sample needs; ``image`` is a file column.
+    training_columns = ("image", "prompt")
+    #: Training runs without CFG, from pure noise, with the prompt cut as inference cuts it by default.
+    training_state = {
+        "cfg_scale": 1, "seed": None, "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": 512,
+    }  # fmt: skip
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
-        self.dit: torch.nn.Module | None = None
-        self.vae: torch.nn.Module | None = None
-        self.text_encoder: torch.nn.Module | None = None
-        self.tokenizer: Any = None
+    def _after_init(self) -> None:
         self.scheduler = scheduler_from_preset(self.scheduler_preset)
+
+    def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """The sample's ``image`` (the first, given a list) as ``input_image``, at its own size (the dataset already
+        cropped it to a multiple of 16)."""
+        image = sample["image"]
+        if isinstance(image, list):
+            image = image[0]
+        return {"input_image": image, "height": image.height, "width": image.width}
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:
         """An image as the state's normalised latents, from the VAE's distribution mode rather than a sample, so a
@@ -202,12 +258,46 @@ class TextToLatentPipeline(BasePipeline):
         """Pixels per latent token side (VAE compression times the 2x2 patch); heights and widths are rounded to it."""
         return SIZE_MULTIPLE
 
+    def image_latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """The latents of one image of ``height x width`` pixels, each first rounded as ``ShapeCheckUnit`` rounds it
+        (to a multiple of 16)."""
+        scale = self.pixels_per_latent
+        return 1, self.latent_channels, round_size(height) // scale, round_size(width) // scale
+
+    @staticmethod
+    def image_output(images: torch.Tensor, output_type: str) -> Image.Image | torch.Tensor:
+        """What ``__call__`` returns for the decoded ``(1, 3, H, W)`` ``images``: a PIL image for ``"pil"``, else the
+        tensor as it is (``"pt"``, or ``"latent"`` where ``decode`` skipped the VAE)."""
+        return tensor_to_images(images)[0] if output_type == "pil" else images
+
     def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's per-channel latent ``mean`` and ``1 / std``, shaped to broadcast over ``like``."""
         shape = (1, -1) + (1,) * (like.dim() - 2)
         mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
         inverse_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
         return mean, inverse_std
+
+
+class ScaledLatentPipeline(TextToLatentPipeline):
+    """The families whose VAE (``AutoencoderKL``) normalises latents with its config's ``shift_factor`` and
+    ``scaling_factor``: FLUX.1 and Z-Image."""
+
+    def encode_image(self, image: Image.Image) -> torch.Tensor:
+        """An image as normalised latents ``(1, 16, H/8, W/8)``, from the VAE's distribution mode."""
+        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
+        return self.normalise_latents(self.vae.encode(pixels).latent_dist.mode()).to(self.torch_dtype)
+
+    def normalise_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE latents to the transformer's scale: ``(latents - shift_factor) * scaling_factor``."""
+        return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
+        """The final latents de-normalised and decoded by the VAE, as ``(B, 3, H, W)`` in ``[0, 1]``."""
+        self.load_models_to_device(["vae"])
+        latents = inputs_shared["latents"].to(self.vae.dtype)
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        images = self.vae.decode(latents, return_dict=False)[0]
+        return (images / 2 + 0.5).clamp(0, 1)
 
 
 def load_if_on_disk(config: ModelConfig | None, load: Callable[[ModelConfig], Any]) -> Any:
@@ -222,6 +312,34 @@ def load_if_on_disk(config: ModelConfig | None, load: Callable[[ModelConfig], An
     except FileNotFoundError:
         return None
     return load(config)
+
+
+def sibling_folder(config: ModelConfig, folder: str, beside_suffix: str | None = None) -> ModelConfig | None:
+    """``folder`` in the repository (or local folder tree) ``config`` came from: the same repository for a repository
+    config; for local paths, beside the model's own folder, or beside a file ending in ``beside_suffix`` (an
+    original release's ``.pth``) itself; None when absent."""
+    if config.model_id is not None:
+        return ModelConfig(model_id=config.model_id, origin_file_pattern=folder.rstrip("/") + "/")
+    first = Path(config.path if isinstance(config.path, str) else config.path[0])
+    beside_file = beside_suffix is not None and first.is_file() and first.suffix == beside_suffix
+    parent = first.parent if beside_file else (first if first.is_dir() else first.parent).parent
+    candidate = parent / folder
+    return ModelConfig(path=str(candidate)) if candidate.is_dir() else None
+
+
+def load_preprocessor(config: ModelConfig, load: Callable[[str], Any], fix: str, what: str, restore: str) -> Any:
+    """``load(folder)`` of the folder among ``config``'s files (downloaded when missing) that holds a
+    ``preprocessor_config.json``.
+
+    Raises:
+        ModelLoadError: None does (the message ends with ``fix``), or ``load`` fails: "cannot load ``what``",
+            ending with ``restore``.
+    """
+    folder = preprocessor_folder(config, fix)
+    try:
+        return load(str(folder))
+    except Exception as error:  # noqa: BLE001 - processor errors come in many types
+        raise ModelLoadError(f"cannot load {what} in {folder} ({type(error).__name__}: {error}); {restore}") from error
 
 
 def preprocessor_folder(config: ModelConfig, fix: str) -> Path:

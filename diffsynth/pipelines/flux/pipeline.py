@@ -26,35 +26,31 @@ the static shift 3, and Kontext's reference images (``kontext_images``) at the s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from PIL import Image
 
 from ...core.data.cells import real
-from ...core.loader import ModelConfig, SharedLoad, load_tokenizer
+from ...core.loader import ModelConfig, load_tokenizer
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import (
     SIZE_MULTIPLE,
-    ImageNoiseUnit,
-    InputImageEmbedderUnit,
-    LatentsUnit,
-    ShapeCheckUnit,
+    PromptUnit,
+    ScaledLatentPipeline,
     TextToLatentPipeline,
     check_call_inputs,
     image_list,
-    image_to_tensor,
-    round_size,
-    tensor_to_images,
+    image_units,
+    pack_latents,
+    unpack_latents,
 )
-from ..qwen_image.pipeline import pack_latents, unpack_latents
 
 __all__ = ["FluxPipeline", "kontext_size"]
 
 logger = logging.getLogger(__name__)
 
-VAE_SCALE = 8
 DEFAULT_SIZE = 1024
 T5_MAX_LENGTH = 512
 DEFAULT_GUIDANCE = 3.5
@@ -141,18 +137,15 @@ class KontextImageEmbedderUnit(PipelineUnit):
         return {"kontext_latents": latents}
 
 
-class PromptEmbedderUnit(PipelineUnit):
+class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with CLIP and T5.
 
     Outputs ``prompt_emb`` ``(1, max_sequence_length, T5 width)``, T5's hidden states of the padded prompt, and
     ``pooled_prompt_emb`` ``(1, CLIP width)``, CLIP's pooled output of the prompt padded to 77 tokens.
     """
 
-    def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
-                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb", "pooled_prompt_emb"),
-                         onload_model_names=("text_encoder", "text_encoder_2"))
+    outputs = ("prompt_emb", "pooled_prompt_emb")
+    encoders = ("text_encoder", "text_encoder_2")
 
     def process(self, pipe: FluxPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
         missing = [name for name in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
@@ -171,14 +164,13 @@ class PromptEmbedderUnit(PipelineUnit):
         return {"prompt_emb": hidden.to(pipe.torch_dtype), "pooled_prompt_emb": pooled.to(pipe.torch_dtype)}
 
 
-class FluxPipeline(TextToLatentPipeline):
+class FluxPipeline(ScaledLatentPipeline):
     """FLUX.1 [dev] / Krea / Kontext generation and the computation its training shares.
 
     Build it with ``from_pretrained``; call it with a prompt (and, for Kontext, ``kontext_images``) to get an image.
     ``model_fn`` is also what training calls, on the state the units produce.
     """
 
-    denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="black-forest-labs/FLUX.1-dev", origin_file_pattern="tokenizer/")
     default_tokenizer_2_config = ModelConfig(model_id="black-forest-labs/FLUX.1-dev",
@@ -188,54 +180,32 @@ class FluxPipeline(TextToLatentPipeline):
                                    "norm1_a.linear,norm1_b.linear,to_qkv_mlp")
     load_options = ("tokenizer_2_config",)
     model_fn_params = ("prompt_emb", "pooled_prompt_emb", "embedded_guidance", "kontext_latents")
-    #: Dataset columns a training sample needs; ``image`` is a file column.
-    training_columns = ("image", "prompt")
     #: Kontext's reference images.
     image_inputs = ("kontext_images",)
     #: Every prompt embedding is ``max_sequence_length`` tokens long (padding included), so batches need no padding.
     padded_inputs: dict[str, str] = {}
     scheduler_preset = "flux"
     input_types = {**TextToLatentPipeline.input_types, "embedded_guidance": real}
+    #: As the reference trains: no CFG, ``embedded_guidance`` 1 (a column may set it), Kontext images at their own
+    #: size.
+    training_state = {**TextToLatentPipeline.training_state, "embedded_guidance": TRAINING_GUIDANCE,
+                      "kontext_auto_resize": False}
+    #: T5's tokenizer.
+    extra_attributes = {"tokenizer_2": None}
+    unit_classes = image_units(KontextImageEmbedderUnit, PromptEmbedderUnit)
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
-        self.text_encoder_2: torch.nn.Module | None = None
-        self.tokenizer_2: Any = None
-        # The VAE encodes the reference images next to the training image, so it is onloaded once for both.
-        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), KontextImageEmbedderUnit(),
-                      LatentsUnit(), PromptEmbedderUnit()]
-
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
-                        tokenizer_2_config: ModelConfig | None = None) -> FluxPipeline:
-        """Loads the models as ``BasePipeline.from_pretrained`` does, and T5's tokenizer beside T5.
+    def _after_load(self, tokenizer_2_config: ModelConfig | None = None) -> None:
+        """Loads T5's tokenizer beside T5.
 
         Args:
-            torch_dtype: Weight and activation dtype.
-            device: The compute device.
-            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``,
-                ``text_encoder_2``).
-            tokenizer_config: CLIP's tokenizer folder (the reference's ``--tokenizer_1_path``); default: the
-                ``tokenizer/`` folder of CLIP's repository, else ``black-forest-labs/FLUX.1-dev:tokenizer/``.
-            offload_device: Where models wait while not in use.
-            skeleton_configs: Entries of ``model_configs`` to build without weights.
-            shared_weights: How each model loads into host memory shared by the machine's processes.
             tokenizer_2_config: T5's tokenizer folder (``--tokenizer_2_path``); default: ``tokenizer_2/`` of T5's
-                repository, else ``black-forest-labs/FLUX.1-dev:tokenizer_2/``.
+                repository, else ``black-forest-labs/FLUX.1-dev:tokenizer_2/``. (``tokenizer_config`` is CLIP's, the
+                reference's ``--tokenizer_1_path``.)
         """
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
-        config = cls._t5_tokenizer(pipe.model_configs, tokenizer_2_config)
+        config = self._t5_tokenizer(self.model_configs, tokenizer_2_config)
         if config is not None:
-            pipe.tokenizer_2 = load_tokenizer(config)
-            pipe.model_configs["tokenizer_2"] = config
-        return pipe
+            self.tokenizer_2 = load_tokenizer(config)
+            self.model_configs["tokenizer_2"] = config
 
     @classmethod
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
@@ -258,27 +228,6 @@ class FluxPipeline(TextToLatentPipeline):
         if text_encoder_2.model_id is not None:
             return ModelConfig(model_id=text_encoder_2.model_id, origin_file_pattern="tokenizer_2/")
         return cls.default_tokenizer_2_config
-
-    def encode_image(self, image: Image.Image) -> torch.Tensor:
-        """An image as normalised latents ``(1, 16, H/8, W/8)``, from the VAE's distribution mode."""
-        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
-        latents = self.vae.encode(pixels).latent_dist.mode()
-        return ((latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor).to(self.torch_dtype)
-
-    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
-        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns such as
-        ``kontext_images``). As the reference trains: no CFG, ``embedded_guidance`` 1 (a column may set it), the
-        image's own size (a multiple of 16), Kontext images at their own size."""
-        image = sample["image"]
-        if isinstance(image, list):
-            image = image[0]
-        inputs_shared = {
-            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
-            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": T5_MAX_LENGTH,
-            "embedded_guidance": TRAINING_GUIDANCE, "kontext_auto_resize": False,
-            **{name: sample[name] for name in extra_inputs},
-        }  # fmt: skip
-        return inputs_shared, {"prompt": sample["prompt"]}, {}
 
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
                                 latent_shape: tuple[int, ...]) -> None:
@@ -313,14 +262,6 @@ class FluxPipeline(TextToLatentPipeline):
                               txt_ids=torch.zeros(prompt_emb.shape[1], 3, device=device), img_ids=torch.cat(ids),
                               return_dict=False)[0]
         return unpack_latents(prediction[:, :tokens[0].shape[1]], height, width)
-
-    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
-        """The final latents de-normalised and decoded by the VAE, as ``(B, 3, H, W)`` in ``[0, 1]``."""
-        self.load_models_to_device(["vae"])
-        latents = inputs_shared["latents"].to(self.vae.dtype)
-        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        images = self.vae.decode(latents, return_dict=False)[0]
-        return (images / 2 + 0.5).clamp(0, 1)
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """FLUX.1 renders from a prompt and, for Kontext, reference images (``kontext_images``)."""
@@ -365,8 +306,8 @@ class FluxPipeline(TextToLatentPipeline):
         """
         check_call_inputs(prompt, output_type, max_sequence_length, T5_MAX_LENGTH)
         height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
-        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
-        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength,
+                                     latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
             "cfg_scale": cfg_scale, "embedded_guidance": embedded_guidance, "input_image": input_image,
             "denoising_strength": denoising_strength, "kontext_images": kontext_images,
@@ -375,4 +316,4 @@ class FluxPipeline(TextToLatentPipeline):
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
-        return images if output_type == "pt" else tensor_to_images(images)[0]
+        return self.image_output(images, output_type)

@@ -26,25 +26,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, SharedLoad, resolve_files
+from ...core.loader import ModelConfig, resolve_files
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import (
-    ImageNoiseUnit,
-    InputImageEmbedderUnit,
-    LatentsUnit,
-    ShapeCheckUnit,
-    TextToLatentPipeline,
-    check_call_inputs,
-    image_list,
-    image_to_tensor,
-    tensor_to_images,
-)
+from ..common import PromptUnit, TextToLatentPipeline, check_call_inputs, image_list, image_to_tensor, image_units
 
 __all__ = ["Flux2KleinPipeline", "flux2_empirical_mu"]
 
@@ -169,22 +159,17 @@ class EditImageEmbedderUnit(PipelineUnit):
         return {"edit_latents": [pipe.encode_image(prepare_edit_image(image)) for image in images]}
 
 
-class PromptEmbedderUnit(PipelineUnit):
+class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3 through its chat template.
 
     Outputs ``prompt_emb``, ``(1, max_sequence_length, 3 * hidden)``: the hidden states of layers 9, 18 and 27 side by
     side per token, padding tokens included (diffusers passes them all to the transformer, unmasked).
     """
 
-    def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
-                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb",), onload_model_names=("text_encoder",))
+    text_encoder_entry = "black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors"
 
     def process(self, pipe: Flux2KleinPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
-        if pipe.text_encoder is None or pipe.tokenizer is None:
-            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
-                             "'black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors' to the model configs")
+        self.require_text_encoder(pipe)
         messages = [{"role": "user", "content": prompt or ""}]
         text = pipe.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                   enable_thinking=False)
@@ -206,7 +191,6 @@ class Flux2KleinPipeline(TextToLatentPipeline):
     on the state the units produce.
     """
 
-    denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="black-forest-labs/FLUX.2-klein-4B",
                                            origin_file_pattern="tokenizer/")
@@ -215,8 +199,6 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
         *(f"single_transformer_blocks.{index}.attn.to_out" for index in range(20))])
     model_fn_params = ("prompt_emb", "edit_latents")
-    #: Dataset columns a training sample needs; ``image`` is a file column.
-    training_columns = ("image", "prompt")
     #: Extra inputs that must hold loaded images: the reference images of Edit training.
     image_inputs = ("edit_image",)
     #: Every prompt embedding is ``max_sequence_length`` tokens long (padding included), so batches need no padding.
@@ -227,44 +209,19 @@ class Flux2KleinPipeline(TextToLatentPipeline):
     #: The state holds patchified latents: one cell is one transformer token.
     latent_patch_size = 1
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
-        #: Step-distilled (klein-4B / 9B: few steps, no CFG) or base (CFG); see ``from_pretrained``.
-        self.is_distilled = False
-        # The VAE encodes the reference images next to the training image, so it is onloaded once for both.
-        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), EditImageEmbedderUnit(),
-                      LatentsUnit(), PromptEmbedderUnit()]
+    #: Step-distilled (klein-4B / 9B: few steps, no CFG) or base (CFG); see ``_after_load``.
+    extra_attributes = {"is_distilled": False}
+    unit_classes = image_units(EditImageEmbedderUnit, PromptEmbedderUnit)
 
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
-                        is_distilled: bool | None = None) -> Flux2KleinPipeline:
-        """Loads the models as ``BasePipeline.from_pretrained`` does and decides whether the transformer is distilled.
+    def _after_load(self, is_distilled: bool | None = None) -> None:
+        """Decides whether the transformer is distilled.
 
         Args:
-            torch_dtype: Weight and activation dtype.
-            device: The compute device.
-            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``).
-            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder.
-            offload_device: Where models wait while not in use.
-            skeleton_configs: Entries of ``model_configs`` to build without weights.
-            shared_weights: How each model loads into host memory shared by the machine's processes.
             is_distilled: Whether the transformer is step-distilled (no CFG). None: the ``is_distilled`` of the
                 ``model_index.json`` beside its ``transformer/`` folder, else whether its repository id names a klein
                 model that is not a base model (``FLUX.2-klein-4B`` yes, ``FLUX.2-klein-base-4B`` no).
-
-        Raises:
-            ValueError: As ``BasePipeline.from_pretrained``.
         """
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
-        pipe.is_distilled = is_distilled if is_distilled is not None else _is_distilled(pipe.model_configs.get("dit"))
-        return pipe
+        self.is_distilled = is_distilled if is_distilled is not None else _is_distilled(self.model_configs.get("dit"))
 
     def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's batch-norm ``running_mean`` and ``1 / sqrt(running_var + eps)`` over the 128 patchified
@@ -274,19 +231,6 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         mean = bn.running_mean.view(shape).to(like.device, like.dtype)
         std = torch.sqrt(bn.running_var.view(shape) + self.vae.config.batch_norm_eps).to(like.device, like.dtype)
         return mean, 1.0 / std
-
-    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
-        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns such as
-        ``edit_image``). Training runs without CFG and at the image's own size (a multiple of 16)."""
-        image = sample["image"]
-        if isinstance(image, list):
-            image = image[0]
-        inputs_shared = {
-            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
-            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": TOKENIZER_MAX_LENGTH,
-            **{name: sample[name] for name in extra_inputs},
-        }  # fmt: skip
-        return inputs_shared, {"prompt": sample["prompt"]}, {}
 
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
                                 latent_shape: tuple[int, ...]) -> None:
@@ -384,7 +328,7 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
-        return images if output_type == "pt" else tensor_to_images(images)[0]
+        return self.image_output(images, output_type)
 
     def _effective_cfg_scale(self, cfg_scale: float | None) -> float:
         """The scale the loop uses: 1 (no CFG) for a distilled model or a scale of at most 1, as diffusers does."""

@@ -27,15 +27,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, ModelLoadError
+from ...core.loader import ModelConfig
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import image_list, image_to_tensor, load_if_on_disk, preprocessor_folder
+from ..common import image_list, image_to_tensor, load_if_on_disk, load_preprocessor, sibling_folder
 
 if TYPE_CHECKING:
     from .pipeline import QwenImagePipeline
@@ -150,11 +149,7 @@ def default_processor_config(dit_config: ModelConfig | None) -> ModelConfig:
     the reference's default, ``Qwen/Qwen-Image-Edit:processor/``."""
     if dit_config is None:
         return DEFAULT_PROCESSOR_CONFIG
-    if dit_config.model_id is not None:
-        return ModelConfig(model_id=dit_config.model_id, origin_file_pattern="processor/")
-    first = Path(dit_config.path if isinstance(dit_config.path, str) else dit_config.path[0])
-    folder = (first if first.is_dir() else first.parent).parent / "processor"
-    return ModelConfig(path=str(folder)) if folder.is_dir() else DEFAULT_PROCESSOR_CONFIG
+    return sibling_folder(dit_config, "processor") or DEFAULT_PROCESSOR_CONFIG
 
 
 def processor_if_present(config: ModelConfig) -> Any:
@@ -168,17 +163,13 @@ def load_processor(config: ModelConfig) -> Any:
     Raises:
         ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
     """
-    folder = preprocessor_folder(config, "point --processor_path (processor_config) at a Qwen-Image-Edit "
-                                         "repository's processor/ folder")
     from transformers import Qwen2VLProcessor
     from transformers.utils import is_torchvision_available
 
     processor_class = Qwen2VLProcessor if is_torchvision_available() else _image_text_processor_class()
-    try:
-        return processor_class.from_pretrained(str(folder))
-    except Exception as error:  # noqa: BLE001 - processor errors come in many types
-        raise ModelLoadError(f"cannot load the Qwen2.5-VL processor in {folder} ({type(error).__name__}: {error}); "
-                             "restore the repository's processor/ folder") from error
+    return load_preprocessor(config, processor_class.from_pretrained, "point --processor_path (processor_config) at "
+                             "a Qwen-Image-Edit repository's processor/ folder", "the Qwen2.5-VL processor",
+                             "restore the repository's processor/ folder")
 
 
 @functools.cache

@@ -14,24 +14,21 @@ unpacks its prediction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, SharedLoad, model_class_name
-from ...diffusion.base_pipeline import PipelineUnit
+from ...core.loader import ModelConfig, model_class_name
 from ..common import (
-    ImageNoiseUnit,
-    InputImageEmbedderUnit,
-    LatentsUnit,
-    ShapeCheckUnit,
+    PromptUnit,
     TextToLatentPipeline,
     check_call_inputs,
     image_to_tensor,
-    round_size,
-    tensor_to_images,
+    image_units,
+    pack_latents,
+    unpack_latents,
 )
 from .edit import (
     EDIT_CONDITION_PIXELS,
@@ -46,7 +43,7 @@ from .edit import (
     set_zero_cond_t,
 )
 
-__all__ = ["ModelConfig", "QwenImagePipeline"]
+__all__ = ["ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +55,6 @@ PROMPT_TEMPLATE = (
 )
 PROMPT_TEMPLATE_DROP_TOKENS = 34
 TOKENIZER_MAX_LENGTH = 1024
-VAE_SCALE = 8
 DEFAULT_SIZE = 1328
 
 # Pipeline name of each model class.
@@ -69,24 +65,7 @@ MODEL_ROLES = {
 }
 
 
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """``(B, C, H, W)`` latents to ``(B, H/2 * W/2, C * 4)`` tokens of 2x2 patches, as the transformer reads them."""
-    batch, channels, height, width = latents.shape
-    patches = latents.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
-
-
-def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Inverse of ``pack_latents`` for a latent grid of ``height x width``."""
-    batch, _, features = tokens.shape
-    channels = features // 4
-    patches = tokens.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return patches.reshape(batch, channels, height, width)
-
-
-
-
-class PromptEmbedderUnit(PipelineUnit):
+class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen2.5-VL through the chat template.
 
     With ``edit_image`` the edit images are encoded with the prompt, in the Edit template (see
@@ -95,16 +74,13 @@ class PromptEmbedderUnit(PipelineUnit):
     turn and a mask that is ``None`` when no token is padding (always, for one prompt).
     """
 
-    def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length", "edit_image"),
-                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb", "prompt_emb_mask"), onload_model_names=("text_encoder",))
+    shared_inputs = ("max_sequence_length", "edit_image")
+    outputs = ("prompt_emb", "prompt_emb_mask")
+    text_encoder_entry = "Qwen/Qwen-Image:text_encoder/model*.safetensors"
 
     def process(self, pipe: QwenImagePipeline, prompt: str | None, max_sequence_length: int | None,
                 edit_image: Image.Image | Sequence[Image.Image] | None) -> dict:
-        if pipe.text_encoder is None or pipe.tokenizer is None:
-            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
-                             "'Qwen/Qwen-Image:text_encoder/model*.safetensors' to the model configs")
+        self.require_text_encoder(pipe)
         if edit_image is not None:
             hidden, mask = encode_edit_prompt(pipe, prompt or "", edit_image)
             drop, limit = EDIT_TEMPLATE_DROP_TOKENS, None
@@ -131,14 +107,11 @@ class QwenImagePipeline(TextToLatentPipeline):
     calls, on the state the units produce.
     """
 
-    denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents")
-    #: Dataset columns a training sample needs; ``image`` is a file column.
-    training_columns = ("image", "prompt")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
     image_inputs = ("edit_image",)
     load_options = ("processor_config", "zero_cond_t")
@@ -149,36 +122,14 @@ class QwenImagePipeline(TextToLatentPipeline):
     #: Edit-2509 / 2511 show the encoder; diffusers' values, which the models were trained at.
     edit_image_pixels = EDIT_IMAGE_PIXELS
     edit_condition_pixels = EDIT_CONDITION_PIXELS
+    #: The Qwen2.5-VL processor that reads edit images, and its folder; loaded on first use if unset.
+    extra_attributes = {"processor": None, "processor_config": None}
+    unit_classes = image_units(EditImageEmbedderUnit, PromptEmbedderUnit)
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
-        #: The Qwen2.5-VL processor that reads edit images; loaded from ``processor_config`` on first use if unset.
-        self.processor: Any = None
-        self.processor_config: ModelConfig | None = None
-        # The VAE encodes the edit images next to the training image, so it is onloaded once for both.
-        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), EditImageEmbedderUnit(),
-                      LatentsUnit(), PromptEmbedderUnit()]
-
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
-                        processor_config: ModelConfig | None = None,
-                        zero_cond_t: bool | None = None) -> QwenImagePipeline:
-        """Loads the models as ``BasePipeline.from_pretrained`` does, plus what editing needs.
+    def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
+        """What editing needs, after the models: the processor and Edit-2511's switch.
 
         Args:
-            torch_dtype: Weight and activation dtype.
-            device: The compute device.
-            model_configs: One config per model (any subset of ``dit``, ``vae``, ``text_encoder``).
-            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder.
-            offload_device: Where models wait while not in use.
-            skeleton_configs: Entries of ``model_configs`` to build without weights.
-            shared_weights: How each model loads into host memory shared by the machine's processes (see
-                ``BasePipeline.from_pretrained``).
             processor_config: The Qwen2.5-VL processor folder (``--processor_path``), loaded now. Unset: the
                 ``processor/`` folder of the transformer's repository (see
                 ``qwen_image_edit.default_processor_config``), loaded now when it is on disk, else downloaded on the
@@ -186,20 +137,15 @@ class QwenImagePipeline(TextToLatentPipeline):
             zero_cond_t: Edit-2511's ``zero_cond_t`` (``--zero_cond_t``); ``None`` keeps the transformer config's.
 
         Raises:
-            ValueError: As ``BasePipeline.from_pretrained``.
             ModelLoadError: The processor folder holds no readable processor.
         """
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
         if processor_config is not None:
-            pipe.processor_config, pipe.processor = processor_config, load_processor(processor_config)
+            self.processor_config, self.processor = processor_config, load_processor(processor_config)
         else:
-            pipe.processor_config = default_processor_config(pipe.model_configs.get("dit"))
-            pipe.processor = processor_if_present(pipe.processor_config)
-        if zero_cond_t is not None and pipe.dit is not None:
-            set_zero_cond_t(pipe.dit, zero_cond_t)
-        return pipe
+            self.processor_config = default_processor_config(self.model_configs.get("dit"))
+            self.processor = processor_if_present(self.processor_config)
+        if zero_cond_t is not None and self.dit is not None:
+            set_zero_cond_t(self.dit, zero_cond_t)
 
     @classmethod
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
@@ -218,21 +164,6 @@ class QwenImagePipeline(TextToLatentPipeline):
         if self.processor is None:
             self.processor = load_processor(self.processor_config or default_processor_config(None))
         return self.processor
-
-    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
-        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).
-
-        Training runs without CFG and at the image's own size (the dataset already cropped it to a multiple of 16).
-        """
-        image = sample["image"]
-        if isinstance(image, list):
-            image = image[0]
-        inputs_shared = {
-            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
-            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": 512,
-            **{name: sample[name] for name in extra_inputs},
-        }  # fmt: skip
-        return inputs_shared, {"prompt": sample["prompt"]}, {}
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:
         """An image as normalised latents ``(1, 16, H/8, W/8)``: one frame through the 3D VAE (distribution mode)."""
@@ -319,8 +250,8 @@ class QwenImagePipeline(TextToLatentPipeline):
         default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else \
             output_size(self, edit_image)
         height, width = height or default_height, width or default_width
-        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
-        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength,
+                                     latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "height": height, "width": width, "seed": seed, "rand_device": rand_device,
@@ -328,4 +259,4 @@ class QwenImagePipeline(TextToLatentPipeline):
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
-        return images if output_type == "pt" else tensor_to_images(images)[0]
+        return self.image_output(images, output_type)

@@ -13,15 +13,14 @@ Which one a model takes is read from its transformer (see ``WanVideoPipeline.ima
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, ModelLoadError
+from ...core.loader import ModelConfig
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import image_to_tensor, preprocessor_folder
+from ..common import image_to_tensor, load_preprocessor
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -128,18 +127,6 @@ def is_original_layout(config: ModelConfig) -> bool:
     return any(str(name).endswith(".pth") for name in names)
 
 
-def sibling_folder(config: ModelConfig, folder: str) -> ModelConfig | None:
-    """``folder`` in the repository (or local folder tree) ``config`` came from: the same repository for a repository
-    config; for local paths, beside a ``.pth`` file, or beside the model's own folder (``None`` when absent)."""
-    if config.model_id is not None:
-        return ModelConfig(model_id=config.model_id, origin_file_pattern=folder.rstrip("/") + "/")
-    first = Path(config.path if isinstance(config.path, str) else config.path[0])
-    parent = first.parent if first.is_file() and first.suffix == ".pth" else (first if first.is_dir() else
-                                                                               first.parent).parent
-    candidate = parent / folder
-    return ModelConfig(path=str(candidate)) if candidate.is_dir() else None
-
-
 def clip_image_processor(image_encoder: torch.nn.Module) -> Any:
     """The CLIP preprocessing the Wan2.1 image-to-video repositories ship, at the encoder's image size; for the
     original layout, whose CLIP file comes without a processor."""
@@ -158,11 +145,8 @@ def load_image_processor(config: ModelConfig) -> Any:
     Raises:
         ModelLoadError: The folder holds no ``preprocessor_config.json``, or transformers cannot read it.
     """
-    folder = preprocessor_folder(config, "point it at the repository's image_processor/ folder")
     from transformers import CLIPImageProcessor
 
-    try:
-        return CLIPImageProcessor.from_pretrained(str(folder))
-    except Exception as error:  # noqa: BLE001 - processor errors come in many types
-        raise ModelLoadError(f"cannot load the image processor in {folder} ({type(error).__name__}: {error}); "
-                             "restore the repository's preprocessor_config.json") from error
+    return load_preprocessor(config, CLIPImageProcessor.from_pretrained,
+                             "point it at the repository's image_processor/ folder", "the image processor",
+                             "restore the repository's preprocessor_config.json")

@@ -28,7 +28,7 @@ The schedule differs by default: this pipeline samples and trains with the flow-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +36,17 @@ import torch
 from PIL import Image
 
 from ...core.data.cells import positive_integer
-from ...core.loader import ModelConfig, SharedLoad
-from ..common import LatentsUnit, ShapeCheckUnit, TextToLatentPipeline, check_call_inputs, round_size, tensor_to_images
-from .image import (
-    ImageConditionUnit,
-    ImageEmbedderUnit,
-    clip_image_processor,
-    is_original_layout,
-    load_image_processor,
+from ...core.loader import ModelConfig
+from ..common import (
+    LatentsUnit,
+    ShapeCheckUnit,
+    TextToLatentPipeline,
+    check_call_inputs,
+    round_size,
     sibling_folder,
+    tensor_to_images,
 )
+from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
 from .original import UMT5_TOKENIZER_FOLDER
 from .units import (
     VAE_TEMPORAL_SCALE,
@@ -114,7 +115,6 @@ def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, q
 class WanVideoPipeline(TextToLatentPipeline):
     """Wan video generation and the computation its training shares; see the module docstring."""
 
-    denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio")
     training_columns = ("video", "prompt")
@@ -126,55 +126,29 @@ class WanVideoPipeline(TextToLatentPipeline):
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
+    #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
+    extra_attributes = {"dit2": None, "image_processor": None}
+    # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, LatentsUnit,
+                    PromptEmbedderUnit, ImageEmbedderUnit)
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
-        self.dit2: torch.nn.Module | None = None
-        self.image_encoder: torch.nn.Module | None = None
-        self.image_processor: Any = None
-        # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
-        self.units = [ShapeCheckUnit(), FrameCountUnit(), NoiseUnit(), InputVideoEmbedderUnit(), ImageConditionUnit(),
-                      LatentsUnit(), PromptEmbedderUnit(), ImageEmbedderUnit()]
-
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None,
-                        image_processor_config: ModelConfig | None = None) -> WanVideoPipeline:
-        """Loads the models as ``BasePipeline.from_pretrained`` does, plus the CLIP image processor.
+    def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
+        """Loads the CLIP image processor after the models.
 
         Args:
-            torch_dtype: Weight and activation dtype.
-            device: The compute device.
-            model_configs: One config per model (any subset of ``dit``, ``dit2``, ``vae``, ``text_encoder``,
-                ``image_encoder``); a second transformer becomes ``dit2``, the low-noise expert.
-            tokenizer_config: The tokenizer folder; default: ``tokenizer/`` beside the text encoder, or
-                ``google/umt5-xxl/`` beside an original-layout T5 file.
-            offload_device: Where models wait while not in use.
-            skeleton_configs: Entries of ``model_configs`` to build without weights.
-            shared_weights: How each model loads into host memory shared by the machine's processes (see
-                ``BasePipeline.from_pretrained``).
             image_processor_config: The ``CLIPImageProcessor`` folder. When an image encoder is loaded and this is
                 ``None``, the ``image_processor/`` folder of the image encoder's repository is used (for local
                 paths, the ``image_processor`` folder beside the image encoder's folder, if there is one); an
                 original-layout CLIP file gets the released preprocessing at its image size.
 
         Raises:
-            ValueError: As ``BasePipeline.from_pretrained``.
             ModelLoadError: The image processor folder holds no readable ``preprocessor_config.json``.
         """
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
-        config = image_processor_config or cls._companions(pipe.model_configs, tokenizer_config).get("image_processor")
+        config = image_processor_config or self._image_processor_config(self.model_configs)
         if config is not None:
-            pipe.image_processor = load_image_processor(config)
-        elif pipe.image_encoder is not None:
-            pipe.image_processor = clip_image_processor(pipe.image_encoder)
-        return pipe
+            self.image_processor = load_image_processor(config)
+        elif self.image_encoder is not None:
+            self.image_processor = clip_image_processor(self.image_encoder)
 
     @classmethod
     def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
@@ -183,16 +157,22 @@ class WanVideoPipeline(TextToLatentPipeline):
         text_encoder = roles.get("text_encoder")
         if text_encoder is not None and "tokenizer" not in roles and tokenizer_config is None \
                 and is_original_layout(text_encoder):
-            companions = {"tokenizer": sibling_folder(text_encoder, UMT5_TOKENIZER_FOLDER)}
+            companions = {"tokenizer": sibling_folder(text_encoder, UMT5_TOKENIZER_FOLDER, beside_suffix=".pth")}
             companions = {name: config for name, config in companions.items() if config is not None}
         else:
             companions = super()._companions(roles, tokenizer_config)
-        encoder = roles.get("image_encoder")
-        if encoder is not None and not is_original_layout(encoder):
-            processor = sibling_folder(encoder, "image_processor")
-            if processor is not None:
-                companions["image_processor"] = processor
+        processor = cls._image_processor_config(roles)
+        if processor is not None:
+            companions["image_processor"] = processor
         return companions
+
+    @staticmethod
+    def _image_processor_config(roles: dict[str, ModelConfig]) -> ModelConfig | None:
+        """The ``image_processor`` folder beside a diffusers-layout image encoder (an original CLIP file ships none)."""
+        encoder = roles.get("image_encoder")
+        if encoder is None or is_original_layout(encoder):
+            return None
+        return sibling_folder(encoder, "image_processor", beside_suffix=".pth")
 
     @classmethod
     def slots_of(cls, class_names: Sequence[str | None]) -> list[str | None]:
@@ -262,30 +242,26 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     # ---- training -------------------------------------------------------------------------------------------------
 
-    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
-        """The unit state for one dataset sample (``video`` frames, ``prompt``, and the ``extra_inputs`` columns).
+    def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """The sample's ``video`` frames as ``input_video``, at their own size and count."""
+        frames = sample["video"]
+        return {"input_video": frames, "height": frames[0].height, "width": frames[0].width, "num_frames": len(frames)}
 
-        The condition image is the sample's ``input_image`` column when it has one, else the video's first frame
+    def derived_training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str]) -> dict[str, Any]:
+        """The condition image: the sample's ``input_image`` column when it has one, else the video's first frame
         (what the model is trained to continue) when ``--extra_inputs`` names ``input_image`` or the transformer
         needs an image (image-to-video), as the reference trainer takes it.
 
         Raises:
             ValueError: ``input_image`` is a path that was not loaded.
         """
-        frames = sample["video"]
         input_image = sample.get("input_image")
         if isinstance(input_image, str):
             raise ValueError(f"the input_image column holds the path {input_image!r}, not an image; add input_image "
                              "to --data_file_keys (e.g. --data_file_keys video,input_image) so it is loaded")
         if input_image is None and ("input_image" in extra_inputs or self.image_conditioning() == "channels"):
-            input_image = frames[0]
-        inputs_shared = {
-            "input_video": frames, "height": frames[0].height, "width": frames[0].width, "num_frames": len(frames),
-            "cfg_scale": 1, "seed": None, "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": 512,
-            **{name: sample[name] for name in extra_inputs if name not in self.derived_inputs},
-            "input_image": input_image,
-        }  # fmt: skip
-        return inputs_shared, {"prompt": sample["prompt"]}, {}
+            input_image = sample["video"][0]
+        return {"input_image": input_image}
 
     def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
         """With a first-frame condition (TI2V) the first latent frame is given, not predicted: the loss skips it."""

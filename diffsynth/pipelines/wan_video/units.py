@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import draw_noise, image_to_tensor
+from ..common import PromptUnit, draw_noise, image_to_tensor
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -100,21 +100,16 @@ class InputVideoEmbedderUnit(PipelineUnit):
         return {"input_latents": ((latents - mean) * inverse_std).to(pipe.torch_dtype)}
 
 
-class PromptEmbedderUnit(PipelineUnit):
+class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with UMT5.
 
     The embeddings of the real tokens are kept and zero-padded to ``max_sequence_length``, as the model was trained.
     """
 
-    def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length",),
-                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb",), onload_model_names=("text_encoder",))
+    text_encoder_entry = "<model_id>:text_encoder/model*.safetensors"
 
     def process(self, pipe: WanVideoPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
-        if pipe.text_encoder is None or pipe.tokenizer is None:
-            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
-                             "'<model_id>:text_encoder/model*.safetensors' to the model configs")
+        self.require_text_encoder(pipe)
         length = max_sequence_length or 512
         tokens = pipe.tokenizer([clean_prompt(prompt or "")], padding="max_length", max_length=length,
                                 truncation=True, add_special_tokens=True, return_attention_mask=True,

@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, ModelLoadError
+from ...core.loader import ModelConfig
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import image_list, load_if_on_disk, preprocessor_folder
+from ..common import image_list, load_if_on_disk, load_preprocessor, sibling_folder
 
 if TYPE_CHECKING:
     from .pipeline import ZImagePipeline
@@ -192,13 +191,7 @@ def omni_model_fn(pipe: ZImagePipeline, latents: torch.Tensor, timestep: torch.T
 def default_siglip_processor_config(siglip_config: ModelConfig | None) -> ModelConfig | None:
     """Where the SigLIP2 image processor comes from: the ``siglip_processor/`` folder of the SigLIP model's
     repository (for local files, the ``siglip_processor`` folder beside the model's folder); None without one."""
-    if siglip_config is None:
-        return None
-    if siglip_config.model_id is not None:
-        return ModelConfig(model_id=siglip_config.model_id, origin_file_pattern="siglip_processor/")
-    first = Path(siglip_config.path if isinstance(siglip_config.path, str) else siglip_config.path[0])
-    folder = (first if first.is_dir() else first.parent).parent / "siglip_processor"
-    return ModelConfig(path=str(folder)) if folder.is_dir() else None
+    return None if siglip_config is None else sibling_folder(siglip_config, "siglip_processor")
 
 
 def siglip_processor_if_present(config: ModelConfig | None) -> Any:
@@ -214,9 +207,6 @@ def load_siglip_processor(config: ModelConfig) -> Any:
     """
     from transformers import Siglip2ImageProcessor
 
-    folder = preprocessor_folder(config, "the Z-Image-Omni-Base repository's siglip_processor/ folder holds it")
-    try:
-        return Siglip2ImageProcessor.from_pretrained(str(folder))
-    except Exception as error:  # processor errors come in many types
-        raise ModelLoadError(f"cannot load the SigLIP2 image processor in {folder} ({type(error).__name__}: "
-                             f"{error}); restore the repository's siglip_processor/ folder") from error
+    return load_preprocessor(config, Siglip2ImageProcessor.from_pretrained,
+                             "the Z-Image-Omni-Base repository's siglip_processor/ folder holds it",
+                             "the SigLIP2 image processor", "restore the repository's siglip_processor/ folder")

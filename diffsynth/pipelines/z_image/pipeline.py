@@ -20,28 +20,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from PIL import Image
 
 from ...core.data.cells import real
-from ...core.loader import ModelConfig, SharedLoad, resolve_files
-from ...diffusion.base_pipeline import PipelineUnit
+from ...core.loader import ModelConfig, resolve_files
 from ...diffusion.flow_match import FlowMatchScheduler
-from ..common import (
-    ImageNoiseUnit,
-    InputImageEmbedderUnit,
-    LatentsUnit,
-    ShapeCheckUnit,
-    TextToLatentPipeline,
-    check_call_inputs,
-    image_to_tensor,
-    round_size,
-    tensor_to_images,
-)
 from ..registry import scheduler_preset
+from ..common import PromptUnit, ScaledLatentPipeline, TextToLatentPipeline, check_call_inputs, image_units
 from .omni import (
     OmniConditionEmbedderUnit,
     default_siglip_processor_config,
@@ -57,7 +46,6 @@ __all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
 
 logger = logging.getLogger(__name__)
 
-VAE_SCALE = 8
 DEFAULT_SIZE = 1024
 TOKENIZER_MAX_LENGTH = 512
 # diffusers reads the caption from the encoder's second-to-last hidden states.
@@ -115,7 +103,7 @@ def release_shift(dit_config: ModelConfig | None) -> float | None:
 
 
 
-class PromptEmbedderUnit(PipelineUnit):
+class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3 through its chat template.
 
     Outputs the second-to-last hidden states of the first ``max_sequence_length`` tokens and a mask that is ``None``
@@ -124,17 +112,13 @@ class PromptEmbedderUnit(PipelineUnit):
     ``prompt_emb_lengths`` holds their token counts (None otherwise).
     """
 
-    def __init__(self) -> None:
-        super().__init__(separate_cfg=True, input_params=("max_sequence_length", "edit_image"),
-                         input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
-                         output_params=("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths"),
-                         onload_model_names=("text_encoder",))
+    shared_inputs = ("max_sequence_length", "edit_image")
+    outputs = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths")
+    text_encoder_entry = "Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors"
 
     def process(self, pipe: ZImagePipeline, prompt: str | None, max_sequence_length: int | None,
                 edit_image: Image.Image | Sequence[Image.Image] | None = None) -> dict:
-        if pipe.text_encoder is None or pipe.tokenizer is None:
-            raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
-                             "'Tongyi-MAI/Z-Image-Turbo:text_encoder/*.safetensors' to the model configs")
+        self.require_text_encoder(pipe)
         if is_omni(pipe.dit):
             count = 0 if edit_image is None else len(edit_image) if isinstance(edit_image, (list, tuple)) else 1
             emb, lengths = encode_omni_prompt(pipe, prompt or "", count, max_sequence_length or TOKENIZER_MAX_LENGTH,
@@ -150,55 +134,40 @@ class PromptEmbedderUnit(PipelineUnit):
         return {"prompt_emb": hidden.to(pipe.torch_dtype), "prompt_emb_mask": None, "prompt_emb_lengths": None}
 
 
-class ZImagePipeline(TextToLatentPipeline):
+class ZImagePipeline(ScaledLatentPipeline):
     """Z-Image / Z-Image-Turbo generation and the computation its training shares.
 
     Build it with ``from_pretrained``; call it with a prompt to get an image. ``model_fn`` is also what training
     calls, on the state the units produce.
     """
 
-    denoising_model_names = ("dit",)
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Tongyi-MAI/Z-Image-Turbo", origin_file_pattern="tokenizer/")
     default_lora_target_modules = "to_q,to_k,to_v,to_out.0,w1,w2,w3"
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths", "edit_latents", "edit_siglip")
-    #: Dataset columns a training sample needs; ``image`` is a file column.
-    training_columns = ("image", "prompt")
     #: Z-Image-Omni-Base's condition images.
     image_inputs = ("edit_image",)
     #: A batch pads prompt embeddings to its longest prompt; ``model_fn`` cuts each back to its real tokens.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "z_image"
     input_types = {**TextToLatentPipeline.input_types, "cfg_normalization": real, "cfg_truncation": real}
+    #: Z-Image-Omni-Base's SigLIP2 image processor (loaded on first use if unset).
+    extra_attributes = {"siglip_processor": None}
+    unit_classes = image_units(OmniConditionEmbedderUnit, PromptEmbedderUnit)
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.bfloat16,
-                 offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
-        super().__init__(device=device, torch_dtype=torch_dtype, offload_device=offload_device,
-                         manage_model_devices=manage_model_devices)
+    def _after_init(self) -> None:
+        super()._after_init()
         self.scheduler = ZImageScheduler()
-        #: Z-Image-Omni-Base's SigLIP2 vision model and image processor (loaded on first use if unset).
-        self.siglip: torch.nn.Module | None = None
-        self.siglip_processor: Any = None
-        self.units = [ShapeCheckUnit(), ImageNoiseUnit(), InputImageEmbedderUnit(), OmniConditionEmbedderUnit(),
-                      LatentsUnit(), PromptEmbedderUnit()]
 
-    @classmethod
-    def from_pretrained(cls, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-                        model_configs: Sequence[ModelConfig] = (), tokenizer_config: ModelConfig | None = None,
-                        offload_device: str | torch.device = "cpu", skeleton_configs: Sequence[ModelConfig] = (),
-                        shared_weights: Callable[[ModelConfig], SharedLoad | None] | None = None) -> ZImagePipeline:
-        """Loads the models as ``BasePipeline.from_pretrained`` does; the sampling schedule takes the shift of the
-        transformer's release (``scheduler/scheduler_config.json`` beside ``transformer/``, when on disk). With a
-        SigLIP model, its ``siglip_processor/`` folder is loaded too when on disk (else downloaded on first use)."""
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       tokenizer_config=tokenizer_config, offload_device=offload_device,
-                                       skeleton_configs=skeleton_configs, shared_weights=shared_weights)
-        shift = release_shift(pipe.model_configs.get("dit"))
+    def _after_load(self) -> None:
+        """The sampling schedule takes the shift of the transformer's release (``scheduler/scheduler_config.json``
+        beside ``transformer/``, when on disk). With a SigLIP model, its ``siglip_processor/`` folder is loaded too
+        when on disk (else downloaded on first use)."""
+        shift = release_shift(self.model_configs.get("dit"))
         if shift is not None:
-            pipe.scheduler = ZImageScheduler(inference_shift=shift)
-        pipe.siglip_processor = siglip_processor_if_present(default_siglip_processor_config(
-            pipe.model_configs.get("siglip")))
-        return pipe
+            self.scheduler = ZImageScheduler(inference_shift=shift)
+        self.siglip_processor = siglip_processor_if_present(default_siglip_processor_config(
+            self.model_configs.get("siglip")))
 
     @classmethod
     def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
@@ -216,30 +185,6 @@ class ZImagePipeline(TextToLatentPipeline):
                 model_id="Tongyi-MAI/Z-Image-Omni-Base", origin_file_pattern="siglip_processor/")
             self.siglip_processor = load_siglip_processor(config)
         return self.siglip_processor
-
-    def encode_image(self, image: Image.Image) -> torch.Tensor:
-        """An image as normalised latents ``(1, 16, H/8, W/8)`` (the VAE's distribution mode)."""
-        pixels = image_to_tensor(image).to(self.device, self.vae.dtype)
-        return self.normalise_latents(self.vae.encode(pixels).latent_dist.mode()).to(self.torch_dtype)
-
-    def normalise_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """VAE latents to the transformer's scale: ``(latents - shift_factor) * scaling_factor``."""
-        return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
-
-    def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
-        """The unit state for one dataset sample (``image``, ``prompt``, and the ``extra_inputs`` columns).
-
-        Training runs without CFG and at the image's own size (the dataset already cropped it to a multiple of 16).
-        """
-        image = sample["image"]
-        if isinstance(image, list):
-            image = image[0]
-        inputs_shared = {
-            "input_image": image, "height": image.height, "width": image.width, "cfg_scale": 1, "seed": None,
-            "rand_device": "cpu", "denoising_strength": 1.0, "max_sequence_length": TOKENIZER_MAX_LENGTH,
-            **{name: sample[name] for name in extra_inputs},
-        }  # fmt: skip
-        return inputs_shared, {"prompt": sample["prompt"]}, {}
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, prompt_emb_lengths: torch.Tensor | None = None,
@@ -293,11 +238,7 @@ class ZImagePipeline(TextToLatentPipeline):
         ``output_type`` is ``"latent"``."""
         if inputs_shared.get("output_type") == "latent":
             return inputs_shared["latents"]
-        self.load_models_to_device(["vae"])
-        latents = inputs_shared["latents"].to(self.vae.dtype)
-        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        images = self.vae.decode(latents, return_dict=False)[0]
-        return (images / 2 + 0.5).clamp(0, 1)
+        return super().decode(inputs_shared, inputs_posi, inputs_nega)
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """Z-Image renders from a prompt; condition images (``edit_image``) need Z-Image-Omni-Base's transformer."""
@@ -347,8 +288,8 @@ class ZImagePipeline(TextToLatentPipeline):
             raise ValueError(f"cfg_normalization={cfg_normalization} must be 0 (off) or positive, e.g. 1.0")
         default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else output_size(edit_image)
         height, width = height or default_height, width or default_width
-        latent_shape = (1, self.latent_channels, round_size(height) // VAE_SCALE, round_size(width) // VAE_SCALE)
-        self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
+        self.set_inference_timesteps(num_inference_steps, denoising_strength,
+                                     latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
             "cfg_scale": cfg_scale, "cfg_normalization": cfg_normalization, "cfg_truncation": cfg_truncation,
             "input_image": input_image, "edit_image": edit_image, "denoising_strength": denoising_strength,
@@ -358,4 +299,4 @@ class ZImagePipeline(TextToLatentPipeline):
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
-        return tensor_to_images(images)[0] if output_type == "pil" else images
+        return self.image_output(images, output_type)
