@@ -33,8 +33,8 @@ from .core.planning.plans import NoPlanFits
 from .core.planning.profiles import GIB, PROFILES, profile_named
 from .core.unused_libraries import keep_out
 from .training.config import RunConfig, build_parser
+from .training.config.errors import FlagError
 from .training.config.parsers import parse_namespace, uses_bitsandbytes
-from .training.errors import FlagError
 from .training.exit_codes import BAD_INPUT, debug_requested
 from .training.placement.planner import (
     ARCHITECTURES,

@@ -18,9 +18,9 @@ from ..core.library_notices import quiet_library_notices
 from ..core.shared_weights import LocalGroup
 from ..diffusion.base_pipeline import BasePipeline
 from .config import RunConfig, parse_args
+from .config.errors import FlagError
 from .config.files import save_run_config
 from .config.training import optimizer_placement_problems
-from .errors import FlagError
 from .exit_codes import debug_requested
 from .loop import launch_data_process_task, launch_training_task
 from .loop.fused_step import process_problems as fused_step_process_problems

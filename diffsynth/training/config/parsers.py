@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from ..errors import FlagError
+from .errors import FlagError
 from .files import add_config_file_argument, read_config_file
 from .reference_flags import add_unsupported_config
 from .sections import SECTIONS

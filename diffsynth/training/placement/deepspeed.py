@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 
 if TYPE_CHECKING:

@@ -54,9 +54,9 @@ from ...core.planning.plans import (
 )
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
 from ...core.planning.training_state import TrainingSetup
-from ..errors import FlagError
+from ..config.errors import FlagError
+from ..config.placement import PlacementConfig
 from ..objective.training_module import TargetAliases, resolve_lora_targets
-from .config import PlacementConfig
 
 if TYPE_CHECKING:
     from ..config import RunConfig

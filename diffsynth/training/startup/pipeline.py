@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from ...diffusion.base_pipeline import BasePipeline
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.deepspeed import without_zero3_init
 from ..placement.quant_options import quantized_models

@@ -11,17 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.core.offload_training import OffloadTrainingManager
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.training.config.errors import FlagError
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.config.training import TrainingSection, optimizer_placement_problems
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.loop.ema import WeightEMA
 from diffsynth.training.loop.fused_step import FusedOptimizerStep
 from diffsynth.training.loop.optimizer import make_optimizer
 from diffsynth.training.outputs.checkpoint import load_training_state, save_training_state
-from diffsynth.training.placement.config import PlacementConfig
 from tests.training.conftest import max_difference
 
 STEPS = 3

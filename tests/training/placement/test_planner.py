@@ -7,15 +7,15 @@ import re
 import pytest
 
 from diffsynth.core.loader import resolve
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.core.planning.plans import NoPlanFits, Plan, predict
 from diffsynth.core.planning.profiles import GIB, DeviceProfile
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.plan import main as plan_main
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.training.errors import FlagError
-from diffsynth.training.placement.config import PlacementConfig
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.placement.planner import (
     apply_plan,
     build_architecture,

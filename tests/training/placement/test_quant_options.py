@@ -10,14 +10,10 @@ from diffsynth.core.loader import load_skeleton, parse_model_id_with_origin_path
 from diffsynth.core.quant import QuantConfig, bitsandbytes_available
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config import RunConfig
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import build_parser, parse_args
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
-from diffsynth.training.placement.quant_options import (
-    parse_quant_options,
-    quant_model_problems,
-    quant_package_problems,
-)
+from diffsynth.training.placement.quant_options import parse_quant_options, quant_model_problems, quant_package_problems
 from tests.core.test_quant import REFERENCE_EXCLUDE, needs_bitsandbytes
 from tests.training.test_trainer import ALL_MODELS, COMMON, PATTERN, raw
 
@@ -78,12 +74,12 @@ def test_model_problems_are_found_on_skeletons(base):
     dit = load_skeleton(slots["dit"])
     args = run_config(["--quant_options", f"{NF4};Qwen/Qwen-Image:nothing/*:bitsandbytes_nf4",
                        "--trainable_models", "dit", "--fp8_models", PATTERN["dit"]])
-    problems = quant_model_problems(args, configs, slots, True, {"dit": dit})
+    problems = quant_model_problems(args.model, args.training.trainable, configs, slots, True, {"dit": dit})
     assert any("entry 'Qwen/Qwen-Image:nothing/*' is not among the models loaded" in p for p in problems)
     assert any("quantizes ['dit'], which --trainable_models trains in full" in p for p in problems)
     assert any("--quant_options and --fp8_models both name ['dit']" in p for p in problems)
     args = run_config(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4/img_mod.9"])
-    assert quant_model_problems(args, configs, slots, True, {"dit": dit}) == [
+    assert quant_model_problems(args.model, args.training.trainable, configs, slots, True, {"dit": dit}) == [
         "--quant_options for dit: exclude entries ['img_mod.9'] match no Linear layer of QwenImageTransformer2DModel; "
         "name layers by their dotted path or its end, e.g. ['time_text_embed.timestep_embedder.linear_1', "
         "'time_text_embed.timestep_embedder.linear_2']"]
