@@ -45,14 +45,15 @@ def test_entries_parse_as_in_the_reference():
 
 
 def test_flag_problems_name_the_fix(capsys):
-    from diffsynth.training.placement.deepspeed import refuse_with_deepspeed
+    from diffsynth.training.startup.launch_checks import launch_problems
+    from tests.training.startup.test_launch_checks import FakeAccelerator
 
     problems = flag_problems(["--quant_options", NF4, "--enable_model_cpu_offload"])
     assert "--quant_options and --enable_model_cpu_offload cannot be combined" in problems[0]
     planned = flag_problems(["--quant_options", NF4, "--vram_budget", "24"])
     assert "--quant_options and --vram_budget cannot be combined" in planned[0]
-    with pytest.raises(FlagError, match="--quant_options and DeepSpeed cannot be combined"):
-        refuse_with_deepspeed(run_config(["--quant_options", NF4]))
+    (refused,) = launch_problems(run_config(["--quant_options", NF4]), FakeAccelerator(deepspeed={}))
+    assert "--quant_options and DeepSpeed cannot be combined" in refused
     with pytest.raises(SystemExit):
         parse_args(["--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit", "--dataset_metadata_path",
                     "m.csv", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_int8"])
