@@ -105,7 +105,7 @@ def _plan(argv: list[str], own_command_line: bool) -> int:
     pipeline_class = getattr(__import__(module, fromlist=[class_name]), class_name)
     run = run.with_pipeline_defaults(pipeline_class)
     model, others, fp8, name = _denoiser(args.architecture, run, pipeline, pipeline_class)
-    height, width, frames = sample_shape(run)
+    height, width, frames = sample_shape(run.dataset)
     batch_size = run.dataset.batch_size
     workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
                               f"{name}{' fp8' if fp8 else ''} at {width}x{height}x{frames}"
@@ -135,7 +135,7 @@ def _denoiser(architecture: str | None, run: RunConfig, pipeline: str,
     model files on disk, else from the released architecture that ``--architecture`` or the model ids name."""
     named_by, note, choices = f"--architecture {architecture}", None, ", ".join(_architectures_of(pipeline_class))
     if architecture is None:
-        missing = repo_files_missing(run)
+        missing = repo_files_missing(run.model)
         if not missing:
             model, others, fp8 = denoiser_skeleton(run, pipeline_class, download=False)
             return model, others, fp8, type(model).__name__

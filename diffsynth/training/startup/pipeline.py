@@ -89,8 +89,8 @@ def load_pipeline(config: RunConfig, pipeline_class: type[BasePipeline], acceler
     load_device = "cpu" if model.initialize_model_on_cpu or placement.weights_on_host else device
     with without_zero3_init(accelerator):
         check_model_flags(config, pipeline_class, configs)
-        shared = shared_loads(config, pipeline_class, [entry for entry in configs if entry not in skeletons],
-                              accelerator.num_processes)
+        shared = shared_loads(placement, model, config.training, pipeline_class,
+                              [entry for entry in configs if entry not in skeletons], accelerator.num_processes)
         return pipeline_class.from_pretrained(torch_dtype=model.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
                                               skeleton_configs=skeletons, shared_weights=shared, **options)

@@ -213,10 +213,10 @@ def test_model_ids_name_their_released_architecture(ids, architecture):
 
 def test_missing_repo_files_are_found_without_downloading(base, no_models):
     args = parse_args(COMMAND[:1] + [f"{QWEN},{TEXT_ENCODER}"] + COMMAND[2:])
-    assert [config.model_id for config in repo_files_missing(args)] == [QWEN_IMAGE_MODEL_ID] * 2
+    assert [config.model_id for config in repo_files_missing(args.model)] == [QWEN_IMAGE_MODEL_ID] * 2
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(resolve.BASE_PATH_ENV, str(base))  # the tiny repos
-        assert repo_files_missing(args) == []
+        assert repo_files_missing(args.model) == []
 
 
 def test_plan_cli_for_wan_video_and_a_budget_nothing_fits(base, capsys):
