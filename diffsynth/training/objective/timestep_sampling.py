@@ -27,8 +27,8 @@ levels (the grid's sigma at ``min`` down to the one at ``max``), keeping the dis
 Wan2.2 A14B expert split by boundaries trains each expert on its own timesteps with any rule. Every draw is a
 function of the ``generator`` alone (one uniform number per sample), which the runner seeds per sample.
 
-The flags are a section of the trainer's parser, which answers a flag error before torch is imported; so torch is
-imported by the methods that draw, not by this module.
+The flags and their checks are a section of the trainer's parser, ``config.timesteps.TimestepFlags``, which
+:class:`TimestepSampling` extends with the draws; torch is imported by the methods that draw, not by this module.
 """
 
 from __future__ import annotations
