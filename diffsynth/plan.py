@@ -34,8 +34,8 @@ from .core.planning.profiles import GIB, PROFILES, profile_named
 from .core.unused_libraries import keep_out
 from .pipelines.registry import family_of_plan_name, plan_names, released_architecture, releases
 from .training.config import RunConfig, build_parser
+from .training.config.errors import FlagError
 from .training.config.parsers import parse_namespace, uses_bitsandbytes
-from .training.errors import FlagError
 from .training.exit_codes import BAD_INPUT, debug_requested
 from .training.placement.planner import (
     DEVICE_MARGIN_BYTES,
@@ -99,7 +99,7 @@ def _plan(argv: list[str], own_command_line: bool) -> int:
     pipeline_class = family_of_plan_name(pipeline).pipeline_class()
     run = run.with_pipeline_defaults(pipeline_class)
     model, others, fp8, name = _denoiser(args.architecture, run, pipeline, pipeline_class)
-    height, width, frames = sample_shape(run)
+    height, width, frames = sample_shape(run.dataset)
     batch_size = run.dataset.batch_size
     workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
                               f"{name}{' fp8' if fp8 else ''} at {width}x{height}x{frames}"
@@ -129,7 +129,7 @@ def _denoiser(architecture: str | None, run: RunConfig, pipeline: str,
     model files on disk, else from the released architecture that ``--architecture`` or the model ids name."""
     named_by, note, choices = f"--architecture {architecture}", None, ", ".join(_architectures_of(pipeline_class))
     if architecture is None:
-        missing = repo_files_missing(run)
+        missing = repo_files_missing(run.model)
         if not missing:
             model, others, fp8 = denoiser_skeleton(run, pipeline_class, download=False)
             return model, others, fp8, type(model).__name__

@@ -10,7 +10,10 @@ which is printed beside it. Cases:
 - ``flag error``: ``examples/qwen_image/model_training/train.py --lora_rnak 4`` (exit 2, one line);
 - ``first step``: a tiny Qwen-Image LoRA run in the released layout, built here, stopped after one optimizer step
   (``--max_train_steps 1``): flags, loading, LoRA, dataset, accelerate and the step;
-- ``lora inspect``: ``python -m diffsynth.lora inspect`` of the LoRA file that run wrote (``step-1.safetensors``).
+- ``lora inspect``: ``python -m diffsynth.lora inspect`` of the LoRA file that run wrote (``step-1.safetensors``);
+- ``offline``: the first step's run with no models on disk and the hubs' addresses on a closed local port (exit 2,
+  one message): how long a user without a network waits for the answer. The tests count that run's network
+  attempts instead of timing it (``tests/training/test_trainer_downloads.py``).
 
 With ``--baseline``, every case also runs against that checkout (its ``diffsynth`` first on ``PYTHONPATH``), in the
 same process order, and the ratio of CPU times is printed.
@@ -50,8 +53,12 @@ def cases(work: Path, label: str) -> dict[str, list[str]]:
            str(work / "dataset" / "metadata.csv"), "--model_id_with_origin_paths", QWEN, "--lora_base_model", "dit",
            "--remove_prefix_in_ckpt", "pipe.dit.", "--torch_dtype", "float32", "--max_pixels", "4096",
            "--max_train_steps", "1", "--output_path", str(output), "--overwrite_output"]
+    hub = "http://127.0.0.1:9"  # the discard port, closed on any machine that runs no discard service
+    offline = ["env", f"DIFFSYNTH_MODEL_BASE_PATH={work / f'no-models-{label}'}", f"MODELSCOPE_ENDPOINT={hub}",
+               f"HF_ENDPOINT={hub}", *run[:-3], "--output_path", str(work / f"offline-{label}")]
     return {"flag error": [*train, "--lora_rnak", "4"], "first step": run,
-            "lora inspect": [sys.executable, "-m", "diffsynth.lora", "inspect", str(output / "step-1.safetensors")]}
+            "lora inspect": [sys.executable, "-m", "diffsynth.lora", "inspect", str(output / "step-1.safetensors")],
+            "offline": offline}
 
 
 def main() -> None:

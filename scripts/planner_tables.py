@@ -40,7 +40,7 @@ from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.config import RunConfig
 from diffsynth.training.config.parsers import build_parser
-from diffsynth.training.placement.config import PlacementConfig
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.placement.planner import (
     DEVICE_MARGIN_BYTES,
     PlanReport,

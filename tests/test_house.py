@@ -1,7 +1,8 @@
 """The house rules of diffsynth, measured by ``scripts/house_report.py``: arrows point down (testing -> training ->
 pipelines -> diffusion -> core, lora below training and above core; the tiny builders of ``testing`` are never
 imported by the package), importing the pipelines loads no trainer, no import circle,
-no module over 500 lines, no function over 80, and only ``diffsynth/training/config/`` reads the argparse Namespace.
+no module over 500 lines, no function over 80, and only ``diffsynth/training/config/`` reads the argparse Namespace
+(and it imports nothing else of the trainer).
 """
 
 import ast
@@ -63,6 +64,19 @@ def test_no_layer_imports_a_layer_above_it(layer):
     upward = sorted(f"{module} -> {target}" for module, targets in graph.items()
                     if module.startswith(f"diffsynth.{layer}.") or module == f"diffsynth.{layer}"
                     for target in targets if target.startswith(above))
+    assert upward == []
+
+
+def test_the_trainer_config_imports_nothing_else_of_the_trainer():
+    # The config sits at the bottom of the trainer: every other folder reads it, it reads none of them (lazily or
+    # under TYPE_CHECKING neither), so its flags parse and check without the rest of the trainer.
+    graph = house.import_graph(house.load_modules(PACKAGE), run_time_only=False)
+    config = "diffsynth.training.config"
+    upward = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                    if module == config or module.startswith(f"{config}.")
+                    for target in targets
+                    if (target == "diffsynth.training" or target.startswith("diffsynth.training."))
+                    and not (target == config or target.startswith(f"{config}.")))
     assert upward == []
 
 

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 from ..core.lazy_exports import lazy_exports
 
 # Lazy, so that the flag parser below (diffsynth.training.config) answers a flag error before torch is imported.
-__getattr__, __dir__ = lazy_exports(__name__, {".command_line": ("cli",), ".entry": ("main",), ".errors": ("FlagError",)})
+__getattr__, __dir__ = lazy_exports(__name__, {".command_line": ("cli",), ".entry": ("main",),
+                                               ".config.errors": ("FlagError",)})
 
 if TYPE_CHECKING:
     from .command_line import cli
+    from .config.errors import FlagError
     from .entry import main
-    from .errors import FlagError
 
 __all__ = ["FlagError", "cli", "main"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ..core.unused_libraries import keep_out
-from .config.parsers import parse_flags, uses_bitsandbytes
+from .config.parsers import read_flags
 
 if TYPE_CHECKING:
     from ..diffusion.base_pipeline import BasePipeline
@@ -31,11 +31,11 @@ def cli(pipeline: type[BasePipeline] | str, argv: Sequence[str] | None = None, v
         argv: The arguments without the program name; None reads ``sys.argv``.
         video: Train on videos (the parser adds ``--num_frames``).
     """
-    flags = parse_flags(argv, video=video)  # exits with 2 on a flag error, before torch is imported
+    flags = read_flags(argv, video=video)  # exits with 2 on a flag error, before torch is imported; parsed once
     # This process's own command line, training a pipeline of this package: its flags are all it will do (a user's
     # pipeline module may import bitsandbytes for itself).
     ours = isinstance(pipeline, str) and pipeline.startswith("diffsynth.")
-    if argv is None and ours and not uses_bitsandbytes(flags):
+    if argv is None and ours and not flags.uses_bitsandbytes():
         keep_out("bitsandbytes")
     from .entry import main
     from .exit_codes import debug_requested, run_with_exit_code
@@ -44,4 +44,4 @@ def cli(pipeline: type[BasePipeline] | str, argv: Sequence[str] | None = None, v
     if isinstance(pipeline, str):
         module_name, _, class_name = pipeline.partition(":")
         pipeline = getattr(importlib.import_module(module_name), class_name)
-    exit_process(run_with_exit_code(main, pipeline, argv, video=video, debug=debug_requested(argv)))
+    exit_process(run_with_exit_code(main, pipeline, argv, video=video, debug=debug_requested(argv), flags=flags))

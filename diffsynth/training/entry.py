@@ -17,20 +17,21 @@ from ..core.data import UnifiedDataset
 from ..core.library_notices import quiet_library_notices
 from ..core.shared_weights import LocalGroup
 from ..diffusion.base_pipeline import BasePipeline
-from .config import RunConfig, parse_args
+from .config import RunConfig
+from .config.errors import FlagError
 from .config.files import save_run_config
+from .config.parsers import ParsedFlags, read_flags
 from .config.training import optimizer_placement_problems
-from .errors import FlagError
 from .exit_codes import debug_requested
 from .loop import launch_data_process_task, launch_training_task
-from .loop.fused_step import process_problems as fused_step_process_problems
 from .objective.training_module import DiffusionTrainingModule
 from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_training_state
 from .outputs.initial_weights import load_initial_weights
-from .placement.deepspeed import deepspeed_config, match_gradient_clipping, refuse_with_deepspeed
+from .placement.deepspeed import deepspeed_config, match_gradient_clipping
 from .placement.quant_options import quant_package_problems
 from .startup import build_dataset, build_training_module, check_inputs_used, load_pipeline
 from .startup.accelerator import agree_on_seed, make_accelerator
+from .startup.launch_checks import launch_problems
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,12 @@ def rerun_command(argv: Sequence[str] | None) -> str:
     return shlex.join(["accelerate", "launch", sys.argv[0], *flags])
 
 
-def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False) -> dict:
+def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, video: bool = False,
+         flags: ParsedFlags | None = None) -> dict:
     """Runs the task the flags describe with ``pipeline_class``, holding ``--output_path`` for the whole run.
+
+    ``flags`` are ``argv`` already parsed (by the command line, before torch was imported); without them ``argv`` is
+    parsed here. ``argv`` is otherwise read only for the rerun command and ``--debug``.
 
     Returns:
         For training: ``{"global_step", "losses", "skipped_samples", "module"}`` (the trained
@@ -51,17 +56,17 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     quiet_library_notices(debug_requested(argv))  # before the libraries load, which is when most of them log
     # Flags and environment: everything cheap is checked before the models load.
-    config = parse_args(argv, video=video).with_pipeline_defaults(pipeline_class)
+    flags = flags or read_flags(argv, video=video)
+    config = flags.run_config().with_pipeline_defaults(pipeline_class)
     check_inputs_used(config, pipeline_class)
     missing = quant_package_problems(config.model.quant_options)
     if missing:
         raise FlagError(missing)
     accelerator = make_accelerator(config.training)
-    if (zero_config := deepspeed_config(accelerator)) is not None:
-        refuse_with_deepspeed(config)
-        match_gradient_clipping(zero_config, config.training.max_grad_norm)
-    if problems := fused_step_process_problems(config.training, accelerator.num_processes):
+    if problems := launch_problems(config, accelerator):
         raise FlagError(problems)
+    if (zero_config := deepspeed_config(accelerator)) is not None:
+        match_gradient_clipping(zero_config, config.training.max_grad_norm)  # an auto norm becomes the flag's
     claim = claim_output_folder(config, accelerator, pipeline_class.lora_target_aliases)
     try:
         return run_task(pipeline_class, config, accelerator, claim, rerun_command(argv))

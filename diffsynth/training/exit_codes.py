@@ -47,7 +47,7 @@ from ..core.data.errors import CacheError, DataFileNotFoundError, DatasetError
 from ..core.disk_full import DiskFullError
 from ..core.finite import NonFiniteTensorError
 from ..core.loader.errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
-from .errors import FlagError
+from .config.errors import FlagError
 from .loop.nonfinite_guard import TrainingDivergedError
 from .loop.preemption import RunPreempted
 from .outputs.checkpoint import CheckpointError

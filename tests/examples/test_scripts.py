@@ -16,7 +16,7 @@ import pytest
 
 from diffsynth.core.loader import parse_model_id_with_origin_paths
 from diffsynth.training.config import RunConfig, build_parser
-from diffsynth.training.errors import FlagError
+from diffsynth.training.config.errors import FlagError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "examples").rglob("*.sh"))

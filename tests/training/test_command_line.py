@@ -77,3 +77,17 @@ def test_a_users_own_pipeline_module_may_import_bitsandbytes(tmp_path):
         "import bitsandbytes\nfrom diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline as UserPipeline\n")
     (tmp_path / "train.py").write_text("from diffsynth.training import cli\ncli('user_pipeline:UserPipeline')\n")
     assert not probe_bitsandbytes(tmp_path / "train.py", [], cwd=tmp_path)  # imported, and past it to main()
+
+
+def test_the_flags_are_parsed_once(monkeypatch, capsys):
+    # The command line parses them before torch is imported; the entry builds its config from that parse.
+    from diffsynth.training import command_line
+    from diffsynth.training.config import parsers
+
+    parsed, parse_namespace = [], parsers.parse_namespace
+    monkeypatch.setattr(parsers, "parse_namespace",
+                        lambda parser, argv=None: (parsed.append(list(argv)), parse_namespace(parser, argv))[1])
+    with pytest.raises(SystemExit) as exited:
+        command_line.cli("diffsynth.pipelines.qwen_image.pipeline:QwenImagePipeline", FAILING_IN_MAIN)
+    assert exited.value.code == 2 and "--dataset_metadata_path is unset" in capsys.readouterr().err
+    assert parsed == [FAILING_IN_MAIN]

@@ -15,10 +15,10 @@ from diffsynth.core.data import CacheError, DataFileNotFoundError, DatasetError
 from diffsynth.core.finite import NonFiniteTensorError
 from diffsynth.core.folder_lock import FolderLock
 from diffsynth.core.loader import ModelConfigError, ModelFilesNotFoundError, ModelLoadError, resolve
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.training import cli, exit_codes
-from diffsynth.training.errors import FlagError
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.loop.nonfinite_guard import TrainingDivergedError
 from diffsynth.training.outputs.checkpoint import CheckpointError, resolve_checkpoint
 from tests.core.test_disk_full import fill_disk_in_save_file

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
 from tests.training.conftest import lora, max_difference
 

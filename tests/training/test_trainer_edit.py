@@ -15,6 +15,8 @@ from PIL import Image, ImageOps
 
 from diffsynth.core.data import DataFileNotFoundError, DatasetError
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.lora import read_lora
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_EDIT_2509_MODEL_ID,
     QWEN_IMAGE_EDIT_2511_MODEL_ID,
@@ -22,10 +24,8 @@ from diffsynth.testing.tiny_models import (
     QWEN_IMAGE_MODEL_ID,
     QWEN_IMAGE_PATTERNS,
 )
-from diffsynth.lora import read_lora
-from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
 from tests.pipelines.edit_reference import diffusers_edit_pipeline, shrink_reference_sizes
 from tests.training.conftest import lora, max_difference
@@ -216,8 +216,8 @@ def test_a_bad_edit_image_is_named_with_its_row(pair_dataset, tmp_path, monkeypa
 
 def test_pipeline_flags_are_refused_where_they_do_nothing(tmp_path, monkeypatch):
     from diffsynth.core.data.example_dataset import build_example_video_dataset
-    from diffsynth.testing.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
     from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+    from diffsynth.testing.tiny_models import WAN_MODEL_ID, WAN_PATTERNS
 
     fail_before_loading(monkeypatch)
     metadata = build_example_video_dataset(tmp_path / "videos", num_videos=1, num_frames=5)

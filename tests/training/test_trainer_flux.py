@@ -9,11 +9,11 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.pipelines.flux.pipeline import FluxPipeline
 from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID as DEV
 from diffsynth.testing.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
-from diffsynth.pipelines.flux.pipeline import FluxPipeline
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
 from tests.training.conftest import lora, max_difference

@@ -8,12 +8,12 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
 from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID as SHARED
 from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID as BASE
 from diffsynth.testing.tiny_flux2 import FLUX2_PATTERNS
-from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
 from tests.training.conftest import lora, max_difference

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer import COMMON, PATTERN, raw

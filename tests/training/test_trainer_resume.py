@@ -6,8 +6,8 @@ refused (exit code 2) instead of "resuming" and training nothing."""
 import pytest
 
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.exit_codes import BAD_INPUT, exit_code_for
 from tests.conftest import reset_accelerate_state
 from tests.training.test_trainer import COMMON, raw

@@ -12,14 +12,14 @@ from PIL import Image
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import ModelConfig
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.lora import load_lora
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import parse_args
+from diffsynth.training.config.validation_prompts import ValidationConfig
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
-from diffsynth.training.loop.validation_prompts import ValidationConfig
 from tests.training.conftest import lora, max_difference
 from tests.training.test_trainer import COMMON, PATTERN, cache, raw  # noqa: F401 - cache is a fixture
 

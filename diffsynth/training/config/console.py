@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..section import Section
+from .section import Section
 
 
 @dataclasses.dataclass(frozen=True)

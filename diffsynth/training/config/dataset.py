@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any
 
 from ...core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
-from ..errors import split_csv
-from ..section import Section
+from .errors import split_csv
+from .section import Section
 
 # VAE downsampling (8) times the transformer's 2x2 patching, for both Qwen-Image and Wan.
 SIZE_MULTIPLE = 16

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ...core.files import atomic_write_text
-from ..errors import FlagError
+from .errors import FlagError
 
 if TYPE_CHECKING:
     from .run_config import RunConfig

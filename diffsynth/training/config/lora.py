@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..errors import split_csv
-from ..section import Section
+from .errors import split_csv
+from .section import Section
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..errors import split_csv
-from ..section import Section
+from .errors import split_csv
+from .section import Section
 
 TORCH_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -90,7 +90,7 @@ class ModelSection(Section):
     def problems(self) -> list[str]:
         problems = super().problems()
         if self.quant_options:
-            from ..placement.quant_options import parse_quant_options
+            from .quant_flags import parse_quant_options
 
             try:
                 parse_quant_options(self.quant_options)

@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ..errors import split_csv
-from ..section import Section
+from .errors import split_csv
+from .section import Section
 
 # The layouts of a model trained in full (outputs/full_model.py writes them; named here, where the flag is parsed).
 FULL_CHECKPOINT_FORMATS = ("flat", "diffusers", "original")

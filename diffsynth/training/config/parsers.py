@@ -20,12 +20,13 @@ instead of argparse's usage, which for the trainer is some 95 lines above the li
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from ..errors import FlagError
+from .errors import FlagError
 from .files import add_config_file_argument, read_config_file
 from .reference_flags import add_unsupported_config
 from .sections import SECTIONS
@@ -119,6 +120,43 @@ def build_parser(description: str = "Train a LoRA or fine-tune a diffusion model
     return parser
 
 
+@dataclasses.dataclass(frozen=True)
+class ParsedFlags:
+    """The trainer flags parsed once (over a ``--config`` file's values), before torch is imported; the command line
+    parses them, and the entry turns them into its ``RunConfig`` without parsing again.
+
+    Attributes:
+        namespace: The parsed values, read only by this package.
+        parser: The parser that read them, which reports the problems found across sections.
+    """
+
+    namespace: argparse.Namespace
+    parser: argparse.ArgumentParser
+
+    def run_config(self) -> RunConfig:
+        """The run's config, checked across sections (importing torch); on a problem prints every problem, one a
+        line, then exits (status 2; :class:`FlagParser`)."""
+        # Imported now: its checks across sections import torch, which a misspelled flag is answered without.
+        from .run_config import RunConfig
+
+        try:
+            return RunConfig.from_namespace(self.namespace)
+        except FlagError as error:
+            self.parser.error("\n".join(error.problems))
+
+    def uses_bitsandbytes(self) -> bool:
+        """Whether the flags may need bitsandbytes (:func:`uses_bitsandbytes`)."""
+        return uses_bitsandbytes(self.namespace)
+
+
+def read_flags(argv: Sequence[str] | None = None, video: bool = False,
+               parser: argparse.ArgumentParser | None = None) -> ParsedFlags:
+    """Parses the trainer flags without the checks across sections, importing no torch (:func:`parse_flags`); on a
+    problem prints every problem, one a line, then exits (status 2)."""
+    parser = parser or build_parser(video=video)
+    return ParsedFlags(parse_flags(argv, parser=parser), parser)
+
+
 def parse_args(argv: Sequence[str] | None = None, video: bool = False,
                parser: argparse.ArgumentParser | None = None) -> RunConfig:
     """Parses and checks the trainer flags (over a ``--config`` file's values, :func:`parse_namespace`); on a problem
@@ -132,15 +170,7 @@ def parse_args(argv: Sequence[str] | None = None, video: bool = False,
     Returns:
         The run's config.
     """
-    parser = parser or build_parser(video=video)
-    namespace = parse_flags(argv, parser=parser)
-    # Imported now: its checks across sections import torch, which a misspelled flag is answered without.
-    from .run_config import RunConfig
-
-    try:
-        return RunConfig.from_namespace(namespace)
-    except FlagError as error:
-        parser.error("\n".join(error.problems))
+    return read_flags(argv, video=video, parser=parser).run_config()
 
 
 def parse_flags(argv: Sequence[str] | None = None, video: bool = False,

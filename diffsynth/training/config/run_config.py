@@ -16,20 +16,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FlagError
-from ..loop.validation_prompts import ValidationConfig, ValidationError
-from ..objective.timestep_sampling import TimestepSampling
-from ..placement.config import PlacementConfig
-from ..section import Section
+from .timesteps import TimestepFlags
 from .console import ConsoleSection
 from .dataset import DatasetSection
+from .errors import FlagError
 from .lora import LoraSection
 from .model import ModelSection
 from .output import OutputSection
+from .placement import PlacementConfig
 from .reference_flags import unsupported_feature_problems, unsupported_flag_problems
+from .section import Section
 from .sections import SECTIONS
 from .training import TrainingSection, optimizer_placement_problems
 from .validation import ValidationSection
+from .validation_prompts import ValidationConfig, ValidationError
 
 if TYPE_CHECKING:
     from ...diffusion.base_pipeline import BasePipeline
@@ -101,7 +101,7 @@ def _quant_problems(model: ModelSection, placement: PlacementConfig) -> list[str
     return problems
 
 
-def _timestep_problems(training: TrainingSection, timesteps: TimestepSampling) -> list[str]:
+def _timestep_problems(training: TrainingSection, timesteps: TimestepFlags) -> list[str]:
     if training.family != "sft" and not timesteps.is_reference:
         return [f"--timestep_sampling {timesteps.timestep_sampling} / --weighting_scheme {timesteps.weighting_scheme} "
                 f"shape the sft loss; --task {training.task} runs whole denoising loops and draws no timesteps; drop "
@@ -170,7 +170,7 @@ class RunConfig:
     dataset: DatasetSection
     model: ModelSection
     training: TrainingSection
-    timesteps: TimestepSampling
+    timesteps: TimestepFlags
     output: OutputSection
     validation: ValidationSection
     lora: LoraSection

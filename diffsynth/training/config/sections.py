@@ -6,19 +6,19 @@ alone: none of them imports torch, and a flag error is answered before it loads.
 
 from __future__ import annotations
 
-from ..objective.timestep_sampling import TimestepSampling
-from ..placement.config import PlacementConfig
-from ..section import Section
+from .timesteps import TimestepFlags
 from .console import ConsoleSection
 from .dataset import DatasetSection
 from .lora import LoraSection
 from .model import ModelSection
 from .output import OutputSection
+from .placement import PlacementConfig
+from .section import Section
 from .training import TrainingSection
 from .validation import ValidationSection
 
 SECTIONS: dict[str, type[Section]] = {
-    "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepSampling,
+    "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepFlags,
     "output": OutputSection, "validation": ValidationSection, "lora": LoraSection, "placement": PlacementConfig,
     "console": ConsoleSection,
 }

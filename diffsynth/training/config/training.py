@@ -8,12 +8,13 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import TASKS, split_csv, task_stage
-from ..section import Section
+from .errors import TASKS, split_csv, task_stage
+from .optimizer_names import is_paged_optimizer, resolve_optimizer_class, unpaged_optimizer
 from .reference_flags import UNSUPPORTED_TASKS
+from .section import Section
 
 if TYPE_CHECKING:
-    from ..placement.config import PlacementConfig
+    from .placement import PlacementConfig
 
 LR_SCHEDULERS = ("constant", "linear", "cosine", "constant_with_warmup")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -223,8 +224,6 @@ class TrainingSection(Section):
         for the planner, which may plan for another machine)."""
         import torch
 
-        from ..loop.optimizer import is_paged_optimizer, unpaged_optimizer
-
         path = self.customized_optimizer
         if self.trains and path and is_paged_optimizer(path) and not torch.cuda.is_available():
             return [f"--customized_optimizer {path} pages the optimizer state between GPU and host memory and needs "
@@ -236,8 +235,6 @@ class TrainingSection(Section):
         """The optimizer class must import now, not after the models loaded."""
         if not self.customized_optimizer:
             return []
-        from ..loop.optimizer import resolve_optimizer_class
-
         try:
             resolve_optimizer_class(self.customized_optimizer)
         except ValueError as error:
@@ -251,8 +248,6 @@ class TrainingSection(Section):
 def optimizer_placement_problems(training: TrainingSection, placement: PlacementConfig) -> list[str]:
     """The optimizer flags against where the weights train: a paged optimizer has nothing to page when the weights
     train in host memory, and block swap moves trained weights the fused step would update mid-backward."""
-    from ..loop.optimizer import is_paged_optimizer, unpaged_optimizer
-
     problems = []
     path = training.customized_optimizer
     if path and is_paged_optimizer(path) and placement.enable_optimizer_cpu_offload:

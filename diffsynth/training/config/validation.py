@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import math
 
-from ..section import Section
+from .section import Section
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Dataset
 
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, nothing_left_message
 from ..outputs.logger import ModelLogger

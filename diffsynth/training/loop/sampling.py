@@ -34,10 +34,10 @@ from ...core.device import peak_memory_bytes, reset_peak_memory
 from ...core.loader import load_component
 from ...core.offload_training import OffloadTrainingManager, ResidencyMeter
 from ...diffusion.base_pipeline import BasePipeline
+from ..config.placement import PlacementConfig
+from ..config.validation_prompts import DEFAULT_FPS, ValidationConfig
 from ..outputs.logger import SAMPLES_DIR, ModelLogger
-from ..placement.config import PlacementConfig
 from ..placement.placers import Placer
-from .validation_prompts import DEFAULT_FPS, ValidationConfig
 
 logger = logging.getLogger(__name__)
 

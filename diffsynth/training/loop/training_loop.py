@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.data.bad_samples import pop_skipped
 from ...core.finite import is_finite
+from ..config.validation_prompts import ValidationConfig
 from ..objective.batches import batch_sampler
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, save_training_state, training_flags
@@ -40,7 +41,6 @@ from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignor
 from .progress import ProgressReport
 from .sampling import SampleRenderer
 from .stage_one import signal_name
-from .validation_prompts import ValidationConfig
 
 if TYPE_CHECKING:
     from ..config import RunConfig

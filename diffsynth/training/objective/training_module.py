@@ -33,7 +33,8 @@ from ...diffusion.base_pipeline import (
     split_pipeline_units,
     stage_one_units,
 )
-from ..errors import FlagError, task_stage
+from ..config.errors import FlagError, task_stage
+from ..config.timesteps import TimestepFlags
 from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss
 from .timestep_sampling import TimestepSampling
@@ -155,12 +156,12 @@ class DiffusionTrainingModule(torch.nn.Module):
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
                  preset_lora: tuple[str, str | Path] | None = None,
                  quant_models: Mapping[str, QuantConfig] | None = None,
-                 timestep_sampling: TimestepSampling | None = None) -> None:
+                 timestep_sampling: TimestepFlags | None = None) -> None:
         super().__init__()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, timestep_sampling or TimestepSampling())
+        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, TimestepSampling.of(timestep_sampling or TimestepFlags()))
                      if self.family == "sft" else LOSSES[self.family]())
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)

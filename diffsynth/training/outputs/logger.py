@@ -42,8 +42,8 @@ from ...lora.base_layers import LAYERS_KEY, BaseLayers
 from ...lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
 from ...lora.inspect import base_layers_from_metadata, inspect_lora
 from ...lora.naming import naming_for
+from ..config.errors import FlagError
 from ..config.output import AUTO
-from ..errors import FlagError
 from .full_model import DEFAULT_MAX_SHARD_SIZE, DIFFUSERS, FLAT, original_layout_problem, write_full_model
 from .loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
 from .metrics_log import METRICS_FILE, MetricsLogging

@@ -30,8 +30,8 @@ from ...core.files import missing_folders, remove_empty_folders
 from ...core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
 from ...core.loader import model_base_path
 from ...core.written_files import WrittenFiles, start_recording
+from ..config.errors import FlagError
 from ..config.files import RUN_CONFIG_FILE
-from ..errors import FlagError
 from .checkpoint import (
     CHECKPOINTS_DIR,
     CheckpointNotFoundError,

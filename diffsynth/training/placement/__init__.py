@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 from ...core.lazy_exports import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    ".config": ("PlacementConfig", "PlacementError"),
+    "..config.placement": ("PlacementConfig", "PlacementError"),
 })
 
 if TYPE_CHECKING:
-    from .config import PlacementConfig, PlacementError
+    from ..config.placement import PlacementConfig, PlacementError
 
 __all__ = ["PlacementConfig", "PlacementError"]

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from ..config.model import ModelSection
+    from ..config.placement import PlacementConfig
+    from ..config.training import TrainingSection
+    from ..config.validation import ValidationSection
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +53,27 @@ def match_gradient_clipping(config: dict, max_grad_norm: float | None) -> None:
     the reference's DeepSpeed runs, and is logged, since a run without DeepSpeed clips nothing by default.
 
     Raises:
-        FlagError: The config gives a number other than ``--max_grad_norm``.
+        FlagError: The config gives a number other than ``--max_grad_norm`` (:func:`gradient_clipping_problems`).
     """
-    configured = config.get("gradient_clipping", "auto")
-    if configured == "auto":
+    if problems := gradient_clipping_problems(config, max_grad_norm):
+        raise FlagError(problems)
+    if config.get("gradient_clipping", "auto") == "auto":
         if max_grad_norm is None:
             logger.info("DeepSpeed clips gradients at norm 1.0 (gradient_clipping auto in its config); pass "
                         "--max_grad_norm to choose the norm, or set gradient_clipping to 0 to clip nothing")
         else:
             config["gradient_clipping"] = max_grad_norm
-    elif max_grad_norm is not None and float(configured) != max_grad_norm:
-        raise FlagError([f"--max_grad_norm {max_grad_norm:g} but the DeepSpeed config sets gradient_clipping "
-                         f"{configured}, and DeepSpeed clips by its config; set gradient_clipping to \"auto\" (or "
-                         f"{max_grad_norm:g}) in the config, or drop --max_grad_norm"])
+
+
+def gradient_clipping_problems(config: dict, max_grad_norm: float | None) -> list[str]:
+    """``--max_grad_norm`` against the DeepSpeed config's ``gradient_clipping``: a number other than the flag's is
+    refused, since DeepSpeed clips by its config."""
+    configured = config.get("gradient_clipping", "auto")
+    if configured == "auto" or max_grad_norm is None or float(configured) == max_grad_norm:
+        return []
+    return [f"--max_grad_norm {max_grad_norm:g} but the DeepSpeed config sets gradient_clipping {configured}, and "
+            f"DeepSpeed clips by its config; set gradient_clipping to \"auto\" (or {max_grad_norm:g}) in the config, "
+            "or drop --max_grad_norm"]
 
 
 def initialize_deepspeed_gradient_checkpointing(accelerator: Any) -> bool:
@@ -142,13 +153,10 @@ def without_zero3_init(accelerator: Any) -> Iterator[None]:
         plugin.set_deepspeed_weakref()
 
 
-def refuse_with_deepspeed(config: RunConfig) -> None:
-    """Flags that cannot work when accelerate runs DeepSpeed, each with its fix.
-
-    Raises:
-        FlagError: Every such flag given.
-    """
-    placement, problems = config.placement, []
+def deepspeed_problems(placement: PlacementConfig, model: ModelSection, validation: ValidationSection,
+                       training: TrainingSection) -> list[str]:
+    """The flags that cannot work when accelerate runs DeepSpeed, each with its fix."""
+    problems = []
     if placement.enable_model_cpu_offload:
         problems.append("--enable_model_cpu_offload and DeepSpeed both decide where the weights live; drop "
                         "--enable_model_cpu_offload (ZeRO-3's offload_param keeps the weights in CPU memory), or "
@@ -159,24 +167,22 @@ def refuse_with_deepspeed(config: RunConfig) -> None:
     if placement.planned:
         problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
                         "them (ZeRO-3 partitions and offloads by its config)")
-    if config.model.quant_options:
+    if model.quant_options:
         problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
                         "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
-    if config.validation.validation_prompts:
-        problems.append(f"--validation_prompts {config.validation.validation_prompts}: ZeRO-3 partitions the weights "
+    if validation.validation_prompts:
+        problems.append(f"--validation_prompts {validation.validation_prompts}: ZeRO-3 partitions the weights "
                         "over the processes, so one process cannot render with them; drop it (render from the LoRA "
                         "files with the validate_lora scripts), or launch without the DeepSpeed accelerate config")
-    if config.training.fused_optimizer_step:
+    if training.fused_optimizer_step:
         problems.append("--fused_optimizer_step cannot run under DeepSpeed, which applies the update itself inside "
                         "backward; drop --fused_optimizer_step or launch without the DeepSpeed config")
-    if config.training.ema_decay is not None:
-        problems.append(f"--ema_decay {config.training.ema_decay:g} cannot run under DeepSpeed, whose weights are "
+    if training.ema_decay is not None:
+        problems.append(f"--ema_decay {training.ema_decay:g} cannot run under DeepSpeed, whose weights are "
                         "partitioned and whose runs write no training-state checkpoint; drop --ema_decay or launch "
                         "without the DeepSpeed config")
-    if config.training.resume_checkpoint:
-        problems.append(f"--resume_from_checkpoint {config.training.resume_checkpoint}: training-state checkpoints "
+    if training.resume_checkpoint:
+        problems.append(f"--resume_from_checkpoint {training.resume_checkpoint}: training-state checkpoints "
                         "are not written under DeepSpeed (ZeRO partitions the optimizer state); continue from a LoRA "
                         "file with --lora_checkpoint instead")
-    if problems:
-        raise FlagError(problems)
-
+    return problems

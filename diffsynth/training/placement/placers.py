@@ -17,8 +17,8 @@ from ...core.offload_training import OffloadTrainingManager, ResidencyMeter, cre
 from ...core.offload_training.grad_sync import GradientSynchronizer, distributed_world_size
 
 if TYPE_CHECKING:
+    from ..config.placement import PlacementConfig
     from ..objective.training_module import DiffusionTrainingModule
-    from .config import PlacementConfig
 
 
 class Placer(Protocol):

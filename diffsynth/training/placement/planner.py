@@ -54,12 +54,14 @@ from ...core.planning.plans import (
 from ...core.planning.profiles import GIB, DeviceProfile, measure_device
 from ...core.planning.training_state import TrainingSetup
 from ...pipelines.registry import families, family_of_class, load, releases
-from ..errors import FlagError
+from ..config.errors import FlagError
+from ..config.placement import PlacementConfig
 from ..objective.training_module import TargetAliases, resolve_lora_targets
-from .config import PlacementConfig
 
 if TYPE_CHECKING:
     from ..config import RunConfig
+    from ..config.dataset import DatasetSection
+    from ..config.model import ModelSection
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +71,12 @@ DEVICE_MARGIN_BYTES = GIB // 2
 """Device memory left free by ``--vram_budget auto``."""
 
 
-def repo_files_missing(run: RunConfig) -> list[ModelConfig]:
+def repo_files_missing(model: ModelSection) -> list[ModelConfig]:
     """The entries of ``--model_id_with_origin_paths`` whose files are not on disk, found without downloading."""
-    if not run.model.model_id_with_origin_paths:
+    if not model.model_id_with_origin_paths:
         return []
     missing = []
-    for config in parse_model_id_with_origin_paths(run.model.model_id_with_origin_paths):
+    for config in parse_model_id_with_origin_paths(model.model_id_with_origin_paths):
         try:
             resolve_files(dataclasses.replace(config, skip_download=True))
         except ModelFilesNotFoundError:
@@ -92,13 +94,13 @@ def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     return model.to(resolve_dtype(dtype)).eval()
 
 
-def sample_shape(run: RunConfig) -> tuple[int, int, int]:
+def sample_shape(dataset: DatasetSection) -> tuple[int, int, int]:
     """``(height, width, frames)`` of the largest sample the flags allow (frames 1 for images)."""
-    if run.dataset.height is not None:
-        height, width = run.dataset.height, run.dataset.width
+    if dataset.height is not None:
+        height, width = dataset.height, dataset.width
     else:
-        height = width = max(16, int(math.sqrt(run.dataset.max_pixels)) // 16 * 16)
-    return height, width, run.dataset.num_frames or 1
+        height = width = max(16, int(math.sqrt(dataset.max_pixels)) // 16 * 16)
+    return height, width, dataset.num_frames or 1
 
 
 def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtype: torch.dtype,
@@ -145,7 +147,7 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
         model.requires_grad_(True)
     if fp8:
         enable_fp8_storage(model)
-    inputs = denoiser_inputs(model, *sample_shape(run), dtype, batch=run.dataset.batch_size)
+    inputs = denoiser_inputs(model, *sample_shape(run.dataset), dtype, batch=run.dataset.batch_size)
 
     def set_checkpointing(enabled: bool) -> None:
         if enabled:

@@ -17,37 +17,11 @@ import torch
 
 from ...core.loader import ModelConfig
 from ...core.quant import QuantConfig, bitsandbytes_available, quantizable_layers
-from ..errors import split_csv
+from ..config.errors import split_csv
+from ..config.quant_flags import FLAG, parse_quant_options
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
-
-FLAG = "--quant_options"
-EXAMPLE = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4/img_mod.1,proj_out"
-
-
-def parse_quant_options(value: str | None) -> dict[str, QuantConfig]:
-    """The entries of ``--quant_options`` by model string.
-
-    Raises:
-        ValueError: An entry has no ``:<method>``, names an unknown method, or a model twice.
-    """
-    options: dict[str, QuantConfig] = {}
-    for entry in (part.strip() for part in (value or "").split(";")):
-        if not entry:
-            continue
-        model, colon, spec = entry.rpartition(":")
-        if not colon or not model or not spec:
-            raise ValueError(f"{FLAG}: entry {entry!r} is not <model>:<method>[/<excluded layers>]; e.g. {EXAMPLE}")
-        method, _, excluded = spec.partition("/")
-        if model in options:
-            raise ValueError(f"{FLAG} names {model} twice; give each model one entry")
-        try:
-            options[model] = QuantConfig(method, split_csv(excluded))
-        except ValueError as error:
-            raise ValueError(f"{FLAG}: entry {entry!r}: {error}") from None
-    return options
-
+    from ..config.model import ModelSection
 
 def _model_string(config: ModelConfig) -> str:
     """How an entry of the model flags names ``config``."""
@@ -65,33 +39,36 @@ def quant_package_problems(quant_options: str | None) -> list[str]:
             "-c constraints.txt bitsandbytes, or drop the flag"]
 
 
-def quant_model_problems(run: RunConfig, configs: Sequence[ModelConfig], slots: Mapping[str, ModelConfig],
-                         trains: bool, skeletons: Mapping[str, torch.nn.Module]) -> list[str]:
+def quant_model_problems(model: ModelSection, trainable: Sequence[str], configs: Sequence[ModelConfig],
+                         slots: Mapping[str, ModelConfig], trains: bool,
+                         skeletons: Mapping[str, torch.nn.Module]) -> list[str]:
     """The entries must name loaded models that stay frozen and are not fp8, and their exclusions real layers.
 
     Args:
+        model: The run's model flags (``--quant_options``, ``--fp8_models``).
+        trainable: The models ``--trainable_models`` trains in full.
         configs: The loaded models' configs.
         slots: The pipeline slot of each config whose model class the pipeline knows.
         trains: Whether this stage trains (stage 1 trains nothing, so any model may be quantized there).
         skeletons: Weightless builds of the quantized models, for the exclusions.
     """
-    options = parse_quant_options(run.model.quant_options)
+    options = parse_quant_options(model.quant_options)
     loaded = {_model_string(config) for config in configs}
     problems = [f"{FLAG} entry {model!r} is not among the models loaded; copy it exactly from "
                 "--model_id_with_origin_paths (or --model_paths)" for model in options if model not in loaded]
-    named = quantized_models(run.model.quant_options, slots)
-    full = [slot for slot in named if slot in run.training.trainable]
+    named = quantized_models(model.quant_options, slots)
+    full = [slot for slot in named if slot in trainable]
     if trains and full:
         problems.append(f"{FLAG} quantizes {full}, which --trainable_models trains in full; 4-bit storage is for "
                         "frozen weights: drop one of the two (a LoRA on a quantized model trains)")
-    fp8 = [slot for slot, config in slots.items() if slot in named and run.model.fp8_models
-           and _model_string(config) in split_csv(run.model.fp8_models)]
+    fp8 = [slot for slot, config in slots.items() if slot in named and model.fp8_models
+           and _model_string(config) in split_csv(model.fp8_models)]
     if fp8:
         problems.append(f"{FLAG} and --fp8_models both name {fp8}; store each model one way")
-    for slot, model in skeletons.items():
+    for slot, skeleton in skeletons.items():
         if slot in named:
             try:
-                quantizable_layers(model, named[slot])
+                quantizable_layers(skeleton, named[slot])
             except ValueError as error:
                 problems.append(f"{FLAG} for {slot}: {error}")
     return problems

@@ -23,14 +23,17 @@ from ...core.shared_weights import LocalGroup
 
 if TYPE_CHECKING:
     from ...diffusion.base_pipeline import BasePipeline
-    from ..config import RunConfig
+    from ..config.model import ModelSection
+    from ..config.placement import PlacementConfig
+    from ..config.training import TrainingSection
 
 
 SharedLoads = Callable[[ModelConfig], SharedLoad | None]
 """What ``BasePipeline.from_pretrained`` asks of each model it loads: how to share it, or None for a private copy."""
 
 
-def shared_loads(run: RunConfig, pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig],
+def shared_loads(placement: PlacementConfig, model: ModelSection, training: TrainingSection,
+                 pipeline_class: type[BasePipeline], configs: Sequence[ModelConfig],
                  num_processes: int) -> SharedLoads | None:
     """How each of ``configs`` loads, or None when nothing is shared (one process, ``--shared_host_weights off``, or
     weights that stay on the GPU).
@@ -38,12 +41,11 @@ def shared_loads(run: RunConfig, pipeline_class: type[BasePipeline], configs: Se
     With sharing, every process of the run must call it (it finds the processes of each machine) and then load the
     same models in the same order; a machine with one process of the run then loads as usual.
     """
-    placement = run.placement
     if not placement.shares_host_weights(num_processes):
         return None
     group = LocalGroup.of_this_process()
-    trained = set(run.training.trainable)
-    fp8 = parse_model_id_with_origin_paths(run.model.fp8_models) if run.model.fp8_models else []
+    trained = set(training.trainable)
+    fp8 = parse_model_id_with_origin_paths(model.fp8_models) if model.fp8_models else []
     slots = pipeline_class.slots_of([_class_name(config) for config in configs])
     swap_select = host_parameters(placement.block_swap) if placement.blocks_to_swap else None
 

@@ -10,7 +10,7 @@ from ...core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ...core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ...core.data.errors import DatasetError, MissingColumnsError
 from ...diffusion.base_pipeline import BasePipeline
-from ..errors import FlagError
+from ..config.errors import FlagError
 from .input_checks import warn_about_unread_columns
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ...diffusion.base_pipeline import BasePipeline, PipelineUnit, StateKey, unit_access
 from ...diffusion.unit_graph import expand_keys
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.loss import LOSSES
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from ...core.loader import (
 )
 from ...core.offload_training.block_swap import find_block_sequence
 from ...diffusion.base_pipeline import BasePipeline
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import resolve_lora_targets
 from ..outputs.initial_weights import initial_weights_problems, target_model
 from ..placement.quant_options import quant_model_problems, quantized_models
@@ -184,7 +184,7 @@ def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
     skeletons = _skeletons({preset, *quantized}, slots, run.model.torch_dtype)
     problems += _preset_lora_problems(run, slots, trains, skeletons.get(preset))
     if run.model.quant_options:
-        problems += quant_model_problems(run, configs, slots, trains,
+        problems += quant_model_problems(run.model, run.training.trainable, configs, slots, trains,
                                          {name: skeletons[name] for name in quantized if name in skeletons})
     if trains:
         trainable = run.training.trainable

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from ...diffusion.base_pipeline import BasePipeline
-from ..errors import FlagError
+from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.deepspeed import without_zero3_init
 from ..placement.quant_options import quantized_models
@@ -89,8 +89,8 @@ def load_pipeline(config: RunConfig, pipeline_class: type[BasePipeline], acceler
     load_device = "cpu" if model.initialize_model_on_cpu or placement.weights_on_host else device
     with without_zero3_init(accelerator):
         check_model_flags(config, pipeline_class, configs)
-        shared = shared_loads(config, pipeline_class, [entry for entry in configs if entry not in skeletons],
-                              accelerator.num_processes)
+        shared = shared_loads(placement, model, config.training, pipeline_class,
+                              [entry for entry in configs if entry not in skeletons], accelerator.num_processes)
         return pipeline_class.from_pretrained(torch_dtype=model.torch_dtype, device=device, model_configs=configs,
                                               tokenizer_config=tokenizer, offload_device=load_device,
                                               skeleton_configs=skeletons, shared_weights=shared, **options)

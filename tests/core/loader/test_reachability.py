@@ -2,7 +2,6 @@
 
 import socket
 import threading
-import time
 
 import pytest
 
@@ -35,20 +34,29 @@ def test_a_listening_host_is_reachable_and_a_closed_port_is_not():
 
 
 def test_a_lookup_that_hangs_is_given_up_after_the_timeout(monkeypatch):
-    # As with no DNS server in reach: the system's lookup blocks, longer than any connection timeout.
-    release = threading.Event()
+    # As with no DNS server in reach: the system's lookup blocks, longer than any connection timeout. Nothing is
+    # timed: the answer must come while the lookup still hangs, and the join waits the timeout and no more.
+    release, attempts, joins = threading.Event(), [], []
 
     def hang(address, timeout):
+        attempts.append((address, timeout))
         release.wait(30)
         raise socket.gaierror("released by the test")  # the abandoned thread ends quietly, not in a later test
 
+    original_join = threading.Thread.join
+
+    def join(self, timeout=None):
+        joins.append(timeout)
+        return original_join(self, timeout)
+
     monkeypatch.setattr(socket, "create_connection", hang)
-    started = time.monotonic()
+    monkeypatch.setattr(threading.Thread, "join", join)
     try:
         reason = unreachable_reason("https://modelscope.cn", timeout=0.2)
+        still_hanging = not release.is_set()
     finally:
         release.set()
-    assert time.monotonic() - started < 2
+    assert still_hanging and attempts == [(("modelscope.cn", 443), 0.2)] and joins == [0.2 + 0.5]
     assert reason == "no answer from modelscope.cn:443 within 0.2 s (name lookup still pending)"
 
 

@@ -9,7 +9,7 @@ import pytest
 from diffsynth.core.planning import dry_run_cache
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.training.placement.config import PlacementConfig
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.placement.planner import build_workload, denoiser_skeleton, plan_workload
 from tests.training.placement.test_planner import COMMAND, PROFILE
 

@@ -12,9 +12,9 @@ import yaml
 
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config import RunConfig, build_parser, parse_args
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.files import read_config_file, save_run_config, write_config_file
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.outputs.output_folder import RUN_CONFIG_FILE, TRAINING_OUTPUTS, previous_outputs
 from tests.conftest import reset_accelerate_state
 from tests.examples.test_scripts import launch_commands, trainer_argv

@@ -6,10 +6,10 @@ import logging
 import pytest
 
 from diffsynth.training.config import RunConfig, build_parser, parse_args
+from diffsynth.training.config.errors import TASKS, FlagError, split_csv, task_stage
 from diffsynth.training.config.flag_docs import flag_table
 from diffsynth.training.config.parsers import closest_flags, parse_flags, uses_bitsandbytes
 from diffsynth.training.config.reference_flags import SWITCHES, UNSUPPORTED
-from diffsynth.training.errors import TASKS, FlagError, split_csv, task_stage
 from diffsynth.training.loop import stage_one
 
 # The reference trainer's flags and defaults; a reference command must mean the same here.

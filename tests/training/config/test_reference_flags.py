@@ -2,10 +2,10 @@
 
 import pytest
 
-from diffsynth.training.config.flag_docs import reference_flag_table
 from diffsynth.training.config import RunConfig, build_parser, parse_args
+from diffsynth.training.config.errors import FlagError
+from diffsynth.training.config.flag_docs import reference_flag_table
 from diffsynth.training.config.reference_flags import REFERENCE_FLAGS, UNSUPPORTED
-from diffsynth.training.errors import FlagError
 
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

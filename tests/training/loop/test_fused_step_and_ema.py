@@ -11,17 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.core.offload_training import OffloadTrainingManager
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.training.config.errors import FlagError
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.config.training import TrainingSection, optimizer_placement_problems
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.loop.ema import WeightEMA
 from diffsynth.training.loop.fused_step import FusedOptimizerStep
 from diffsynth.training.loop.optimizer import make_optimizer
 from diffsynth.training.outputs.checkpoint import load_training_state, save_training_state
-from diffsynth.training.placement.config import PlacementConfig
 from tests.training.conftest import max_difference
 
 STEPS = 3
@@ -193,7 +193,8 @@ def test_paged_optimizers_and_the_fused_step_are_refused_where_they_cannot_work(
 def test_the_launch_the_fused_step_and_the_ema_cannot_run_under_is_refused_before_loading():
     from diffsynth.training.config import parse_args
     from diffsynth.training.loop.fused_step import process_problems
-    from diffsynth.training.placement.deepspeed import refuse_with_deepspeed
+    from diffsynth.training.startup.launch_checks import launch_problems
+    from tests.training.startup.test_launch_checks import FakeAccelerator
 
     fused = TrainingSection(fused_optimizer_step=True)
     (problem,) = process_problems(fused, 2)
@@ -202,10 +203,9 @@ def test_the_launch_the_fused_step_and_the_ema_cannot_run_under_is_refused_befor
     models = ",".join(f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae"))
     config = parse_args(["--model_id_with_origin_paths", models, "--dataset_metadata_path", "m.csv",
                          "--trainable_models", "dit", "--fused_optimizer_step", "--ema_decay", "0.9"])
-    with pytest.raises(FlagError) as refused:
-        refuse_with_deepspeed(config)
-    assert "--fused_optimizer_step cannot run under DeepSpeed" in str(refused.value)
-    assert "--ema_decay 0.9 cannot run under DeepSpeed" in str(refused.value)
+    refused = "\n".join(launch_problems(config, FakeAccelerator(deepspeed={})))
+    assert "--fused_optimizer_step cannot run under DeepSpeed" in refused
+    assert "--ema_decay 0.9 cannot run under DeepSpeed" in refused
 
 
 @pytest.mark.gpu

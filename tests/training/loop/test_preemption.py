@@ -19,7 +19,7 @@ from diffsynth.core.finite import NonFiniteTensorError, nonfinite_names
 from diffsynth.core.loader import ModelLoadError
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import cli, exit_codes, main
-from diffsynth.training.errors import FlagError
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.loop.nonfinite_guard import TrainingDivergedError
 from diffsynth.training.loop.preemption import CheckpointClock, PreemptionListener, RunPreempted
 from diffsynth.training.outputs.checkpoint import read_progress, resolve_checkpoint

@@ -3,6 +3,11 @@
 import pytest
 
 from diffsynth.core.loader import ModelConfig, load_skeleton
+from diffsynth.pipelines.flux.pipeline import FluxPipeline
+from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
+from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_KLEIN_BASE_9B_MODEL_ID, FLUX2_PATTERNS
 from diffsynth.testing.tiny_models import (
     FLUX1_DEV_MODEL_ID,
@@ -20,12 +25,7 @@ from diffsynth.testing.tiny_models import (
     WAN_PATTERNS,
 )
 from diffsynth.testing.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS
-from diffsynth.pipelines.flux.pipeline import FluxPipeline
-from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
-from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
-from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
-from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
-from diffsynth.training.errors import split_csv
+from diffsynth.training.config.errors import split_csv
 from diffsynth.training.objective.training_module import resolve_lora_targets
 
 # One release of each layout a pipeline trains: its denoiser and what its targets must select at the least.

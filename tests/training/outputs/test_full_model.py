@@ -16,7 +16,7 @@ from diffsynth.core.loader.loading import load_model_from_files
 from diffsynth.pipelines.flux.original import transformer_to_original
 from diffsynth.testing.tiny_flux import TRANSFORMER_CONFIG
 from diffsynth.testing.tiny_wan import tiny_wan_transformer
-from diffsynth.training.errors import FlagError
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.outputs import full_model
 from diffsynth.training.outputs.full_model import FullCheckpointError, write_full_model
 from diffsynth.training.outputs.logger import ModelLogger

@@ -20,9 +20,9 @@ from diffsynth.core.folder_lock import LOCK_FILE, LockHolder
 from diffsynth.core.loader import loading
 from diffsynth.core.written_files import start_recording
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.outputs.checkpoint import CheckpointError
 from diffsynth.training.outputs.earlier_outputs import earlier_outputs
 from diffsynth.training.outputs.logger import ModelLogger

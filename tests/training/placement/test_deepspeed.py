@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from diffsynth.training.errors import FlagError
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.placement.deepspeed import match_gradient_clipping
 
 pytest.importorskip("deepspeed")

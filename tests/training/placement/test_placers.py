@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from diffsynth.core.offload_training import BlockSwap, OffloadTrainingManager
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.objective.training_module import DiffusionTrainingModule
-from diffsynth.training.placement.config import PlacementConfig
 from diffsynth.training.placement.placers import Placer, ResidentModel, place_models
 from tests.training.objective.test_training_module import TARGETS, load
 

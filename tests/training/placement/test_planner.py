@@ -7,16 +7,16 @@ import re
 import pytest
 
 from diffsynth.core.loader import resolve
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
 from diffsynth.core.planning.plans import NoPlanFits, Plan, predict
 from diffsynth.core.planning.profiles import GIB, DeviceProfile
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.plan import main as plan_main
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS, WAN_MODEL_ID, WAN_PATTERNS
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.training.errors import FlagError
-from diffsynth.training.placement.config import PlacementConfig
 from diffsynth.pipelines.registry import released_architecture
+from diffsynth.training.config.placement import PlacementConfig
 from diffsynth.training.placement.planner import (
     apply_plan,
     build_architecture,
@@ -213,10 +213,10 @@ def test_model_ids_name_their_released_architecture(ids, architecture):
 
 def test_missing_repo_files_are_found_without_downloading(base, no_models):
     args = parse_args(COMMAND[:1] + [f"{QWEN},{TEXT_ENCODER}"] + COMMAND[2:])
-    assert [config.model_id for config in repo_files_missing(args)] == [QWEN_IMAGE_MODEL_ID] * 2
+    assert [config.model_id for config in repo_files_missing(args.model)] == [QWEN_IMAGE_MODEL_ID] * 2
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(resolve.BASE_PATH_ENV, str(base))  # the tiny repos
-        assert repo_files_missing(args) == []
+        assert repo_files_missing(args.model) == []
 
 
 def test_plan_cli_for_wan_video_and_a_budget_nothing_fits(base, capsys):

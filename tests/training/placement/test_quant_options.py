@@ -10,14 +10,10 @@ from diffsynth.core.loader import load_skeleton, parse_model_id_with_origin_path
 from diffsynth.core.quant import QuantConfig, bitsandbytes_available
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.config import RunConfig
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import build_parser, parse_args
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
-from diffsynth.training.placement.quant_options import (
-    parse_quant_options,
-    quant_model_problems,
-    quant_package_problems,
-)
+from diffsynth.training.placement.quant_options import parse_quant_options, quant_model_problems, quant_package_problems
 from tests.core.test_quant import REFERENCE_EXCLUDE, needs_bitsandbytes
 from tests.training.test_trainer import ALL_MODELS, COMMON, PATTERN, raw
 
@@ -49,14 +45,15 @@ def test_entries_parse_as_in_the_reference():
 
 
 def test_flag_problems_name_the_fix(capsys):
-    from diffsynth.training.placement.deepspeed import refuse_with_deepspeed
+    from diffsynth.training.startup.launch_checks import launch_problems
+    from tests.training.startup.test_launch_checks import FakeAccelerator
 
     problems = flag_problems(["--quant_options", NF4, "--enable_model_cpu_offload"])
     assert "--quant_options and --enable_model_cpu_offload cannot be combined" in problems[0]
     planned = flag_problems(["--quant_options", NF4, "--vram_budget", "24"])
     assert "--quant_options and --vram_budget cannot be combined" in planned[0]
-    with pytest.raises(FlagError, match="--quant_options and DeepSpeed cannot be combined"):
-        refuse_with_deepspeed(run_config(["--quant_options", NF4]))
+    (refused,) = launch_problems(run_config(["--quant_options", NF4]), FakeAccelerator(deepspeed={}))
+    assert "--quant_options and DeepSpeed cannot be combined" in refused
     with pytest.raises(SystemExit):
         parse_args(["--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit", "--dataset_metadata_path",
                     "m.csv", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_int8"])
@@ -78,12 +75,12 @@ def test_model_problems_are_found_on_skeletons(base):
     dit = load_skeleton(slots["dit"])
     args = run_config(["--quant_options", f"{NF4};Qwen/Qwen-Image:nothing/*:bitsandbytes_nf4",
                        "--trainable_models", "dit", "--fp8_models", PATTERN["dit"]])
-    problems = quant_model_problems(args, configs, slots, True, {"dit": dit})
+    problems = quant_model_problems(args.model, args.training.trainable, configs, slots, True, {"dit": dit})
     assert any("entry 'Qwen/Qwen-Image:nothing/*' is not among the models loaded" in p for p in problems)
     assert any("quantizes ['dit'], which --trainable_models trains in full" in p for p in problems)
     assert any("--quant_options and --fp8_models both name ['dit']" in p for p in problems)
     args = run_config(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4/img_mod.9"])
-    assert quant_model_problems(args, configs, slots, True, {"dit": dit}) == [
+    assert quant_model_problems(args.model, args.training.trainable, configs, slots, True, {"dit": dit}) == [
         "--quant_options for dit: exclude entries ['img_mod.9'] match no Linear layer of QwenImageTransformer2DModel; "
         "name layers by their dotted path or its end, e.g. ['time_text_embed.timestep_embedder.linear_1', "
         "'time_text_embed.timestep_embedder.linear_2']"]

@@ -148,7 +148,7 @@ def decisions(run, *flags, processes=2):
 
     config = parse_args([*run, *flags], video=True)
     configs = parse_model_configs(config.model.model_paths, config.model.model_id_with_origin_paths)
-    how = shared_loads(config, WanVideoPipeline, configs, processes)
+    how = shared_loads(config.placement, config.model, config.training, WanVideoPipeline, configs, processes)
     if how is None:
         return None
     return {config.origin_file_pattern: how(config) for config in configs if how(config) is not None}

@@ -7,9 +7,9 @@ import pytest
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.training.config import RunConfig
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from diffsynth.training.objective.loss import DirectDistillLoss, FlowMatchSFTLoss
 from diffsynth.training.startup.input_checks import (
     check_inputs_used,

@@ -3,10 +3,10 @@
 import pytest
 
 from diffsynth.core.loader import ModelConfig, load_skeleton
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.errors import FlagError
 from tests.training.test_trainer import COMMON, PATTERN, raw
 
 
@@ -65,8 +65,8 @@ def test_empty_lora_targets_are_reported(dataset, tmp_path):
 
 def test_the_second_wan22_expert_is_dit2_as_loading_names_it(base):
     from diffsynth.core.loader import parse_model_configs
-    from diffsynth.testing.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
     from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+    from diffsynth.testing.tiny_models import WAN22_A14B_PATTERNS, WAN22_T2V_MODEL_ID
     from diffsynth.training.config.parsers import parse_args
     from diffsynth.training.startup.model_checks import check_model_flags
 

@@ -13,8 +13,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FlagError
-from ..section import Section
+from .errors import FlagError
+from .section import Section
 
 if TYPE_CHECKING:
     from ...core.offload_training import BlockSwapConfig

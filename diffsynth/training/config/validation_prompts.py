@@ -32,11 +32,11 @@ from ...core.data.buckets import bucket_sizes, nearest_bucket
 from ...core.data.errors import DatasetError
 from ...core.data.image_modes import check_mode, upright_rgb, upright_size
 from ...core.data.video import is_valid_frame_count
-from ..errors import FlagError
+from .errors import FlagError
 
 if TYPE_CHECKING:
-    from ..config.dataset import DatasetSection
-    from ..config.validation import ValidationSection
+    from .dataset import DatasetSection
+    from .validation import ValidationSection
 
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
                "input_image")

@@ -6,7 +6,7 @@ import pytest
 
 from diffsynth.core.offload_training import BlockSwapConfig
 from diffsynth.training.config.parsers import build_parser, parse_args
-from diffsynth.training.placement.config import PlacementConfig, PlacementError
+from diffsynth.training.config.placement import PlacementConfig, PlacementError
 
 VALID = ["--model_id_with_origin_paths", "Qwen/Qwen-Image:transformer/*.safetensors", "--lora_base_model", "dit",
          "--dataset_metadata_path", "data/metadata.csv"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from diffsynth.training.loop.validation_prompts import ValidationConfig, ValidationError, read_validation_prompts
+from diffsynth.training.config.validation_prompts import ValidationConfig, ValidationError, read_validation_prompts
 
 
 def prompt_file(tmp_path, **images):
