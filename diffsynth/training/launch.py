@@ -1,6 +1,7 @@
 """``accelerate launch`` that ends with the training process's message and exit code, not a launcher traceback.
 
     diffsynth-launch [accelerate launch options] examples/<model>/model_training/train.py [flags]
+    diffsynth-launch families [--format text|markdown]
     python -m diffsynth.training.launch [the same]
 
 ``diffsynth-launch`` is the console script of :func:`main` (``pyproject.toml``), the command the README gives.
@@ -16,6 +17,10 @@ training process fails, it prints one line naming the script and the process's e
 preempted run that a rerun resumes), so a scheduler can tell them apart. accelerate's notice of the defaults it used
 for the options left out is kept out of the console too (``core.library_notices.LIBRARY_NOTICES``). ``--debug`` among
 the trainer's flags, or ``DIFFSYNTH_DEBUG=1``, shows the launcher's traceback and that notice as well.
+
+``families`` as the first argument prints the table of the model families instead
+(:mod:`diffsynth.pipelines.families_table`) and launches nothing; it imports no torch, so this module imports the
+trainer's exit codes (which do) only when launching.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import sys
 from collections.abc import Sequence
 
 from ..core.library_notices import quiet_library_notices
-from .exit_codes import FAILED, SUCCESS, debug_requested
+
+FAMILIES = "families"
 
 
 def failed_process_code(error: BaseException) -> int | None:
@@ -34,6 +40,8 @@ def failed_process_code(error: BaseException) -> int | None:
 
     A process killed by a signal reports minus the signal's number; it becomes 128 + the number, as a shell says.
     """
+    from .exit_codes import FAILED
+
     code = None
     if isinstance(error, subprocess.CalledProcessError):
         code = error.returncode
@@ -48,8 +56,16 @@ def failed_process_code(error: BaseException) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs ``accelerate launch`` with ``argv`` (None reads ``sys.argv``); returns the exit code of the run."""
+    """Runs ``accelerate launch`` with ``argv`` (None reads ``sys.argv``); returns the exit code of the run.
+    ``families [--format ...]`` prints the families table instead."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [FAMILIES]:
+        from ..pipelines.families_table import main as print_families
+
+        return print_families(argv[1:])
     from accelerate.commands.launch import launch_command, launch_command_parser
+
+    from .exit_codes import SUCCESS, debug_requested
 
     args = launch_command_parser().parse_args(argv)
     debug = debug_requested(args.training_script_args)

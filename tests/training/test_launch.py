@@ -157,3 +157,36 @@ def test_the_demo_trains_through_the_launcher_with_every_option_accelerate_would
     args = launch_command_parser().parse_args([*words[3:], str(TRAIN_PY)])
     # accelerate reports a default for each of these left unset (one process: not the GPU count).
     assert (args.num_processes, args.num_machines, args.mixed_precision, args.dynamo_backend) == (1, 1, "no", "no")
+
+
+def test_families_prints_the_table_without_importing_a_model_library():
+    from diffsynth.pipelines.families_table import family_rows, markdown_table, text_table
+
+    code = ("import sys; from diffsynth.training.launch import main; code = main(sys.argv[1:]); "
+            "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers', 'accelerate') if m in sys.modules); "
+            "print(f'exit {code}, heavy {heavy}')")
+    for flags, table in (([], text_table), (["--format", "markdown"], markdown_table)):
+        done = subprocess.run([sys.executable, "-c", code, "families", *flags], cwd=REPO, capture_output=True,
+                              text=True, check=True)
+        assert done.stdout == table(family_rows()) + "exit 0, heavy []\n" and done.stderr == ""
+
+
+def test_the_module_entry_prints_the_families_and_rejects_a_bad_option():
+    done = subprocess.run([sys.executable, "-m", "diffsynth.training.launch", "families", "--format", "markdown"],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("| family | pipeline |")
+    bad = subprocess.run([sys.executable, "-m", "diffsynth.training.launch", "families", "--format", "html"],
+                         cwd=REPO, capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "diffsynth-launch families: error" in bad.stderr
+
+
+def test_anything_else_is_accelerate_launch(monkeypatch):
+    import accelerate.commands.launch as accelerate_launch
+
+    launched = []
+    monkeypatch.setattr(accelerate_launch, "launch_command", launched.append)
+    # "families" after the script is one of the script's own arguments, launched as before.
+    assert launch_module.main(["--num_processes", "1", str(TRAIN_PY), "families", "--lr", "1"]) == 0
+    [args] = launched
+    assert args.training_script == str(TRAIN_PY) and args.training_script_args == ["families", "--lr", "1"]
+    assert args.num_processes == 1
