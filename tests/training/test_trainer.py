@@ -19,7 +19,7 @@ from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
 from tests.conftest import reset_accelerate_state
-from tests.training.conftest import lora, max_difference
+from tests.training.conftest import lora, max_difference, run_once
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
@@ -64,12 +64,7 @@ def two_stage(dataset, output, *extra):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain training: the LoRA every other way of training must reproduce."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        output = tmp_path_factory.mktemp("reference") / "out"
-        result = one_stage(dataset, output)
-    reset_accelerate_state()
-    return output, result
+    return run_once(tiny_root, tmp_path_factory.mktemp("reference"), lambda output: one_stage(dataset, output))
 
 
 def test_one_stage_writes_a_lora_per_epoch_and_the_run_record(reference):

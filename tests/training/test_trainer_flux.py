@@ -13,9 +13,8 @@ from diffsynth.testing.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
 from diffsynth.pipelines.flux.pipeline import FluxPipeline
 from diffsynth.training.entry import main
 from diffsynth.training.errors import FlagError
-from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora
+from tests.training.conftest import lora, run_once
 
 PATTERN = {"dit": f"{DEV}:flux1-dev.safetensors", "text_encoder": f"{DEV}:text_encoder/model.safetensors",
            "text_encoder_2": f"{DEV}:text_encoder_2/*.safetensors", "vae": f"{DEV}:ae.safetensors"}
@@ -46,12 +45,7 @@ def one_stage(dataset, output, *extra):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain LoRA training: what the other ways of training must reproduce."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        output = tmp_path_factory.mktemp("flux_reference") / "out"
-        result = one_stage(dataset, output)
-    reset_accelerate_state()
-    return output, result
+    return run_once(tiny_root, tmp_path_factory.mktemp("flux_reference"), lambda output: one_stage(dataset, output))
 
 
 def block_counts(result):

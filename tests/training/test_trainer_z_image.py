@@ -14,7 +14,7 @@ from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora, max_difference
+from tests.training.conftest import lora, max_difference, run_once
 from tests.training.test_trainer_batches import write_same_ratio_dataset
 
 PATTERN = {name: f"{Z_IMAGE_TURBO_MODEL_ID}:{Z_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}
@@ -42,12 +42,7 @@ def train(dataset, output, *extra):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain LoRA training: what the other ways of training must reproduce."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        output = tmp_path_factory.mktemp("reference") / "out"
-        result = train(dataset, output)
-    reset_accelerate_state()
-    return output, result
+    return run_once(tiny_root, tmp_path_factory.mktemp("reference"), lambda output: train(dataset, output))
 
 
 def test_a_lora_trains(reference):
