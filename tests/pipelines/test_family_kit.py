@@ -222,7 +222,9 @@ def test_the_lora_names_load_in_diffusers(spec, tiny, runs, theirs):
     assert len([key for key in state if "lora_B" in key or "lora_up" in key]) == layers
     before = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
     try:
-        assert load_lora_into_diffusers(theirs, file, "kit") == []
+        warnings = load_lora_into_diffusers(theirs, file, "kit")
+        # FLUX.1's pipeline says its text encoder has no LoRA keys: the file trains the transformer alone.
+        assert [warning for warning in warnings if not warning.startswith("No LoRA keys associated to")] == []
         loaded = [name for name, _ in theirs.transformer.named_parameters() if "lora_A" in name]
         assert len(loaded) == layers
         with_lora = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
