@@ -39,3 +39,15 @@ def train_lora(pipeline_class: type, metadata: Path, models: str, output: Path, 
     finally:
         reset_accelerate_state()
     return output / "epoch-0.safetensors"
+
+
+def linked_model_root(tiny_root: Path, root: Path, aliases: dict[str, str]) -> Path:
+    """``root`` holding links to every tiny repo, plus ``{release id: tiny repo id}`` aliases: releases that share a
+    tiny repo's layout under their own ids."""
+    for owner in tiny_root.iterdir():
+        (root / owner.name).mkdir()
+        for repo in owner.iterdir():
+            (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
+    for release, tiny in aliases.items():
+        (root / release).symlink_to(tiny_root / tiny, target_is_directory=True)
+    return root

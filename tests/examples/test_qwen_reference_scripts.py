@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.loader import resolve
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import build_parser
+from tests.examples.helpers import linked_model_root
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
 
@@ -76,20 +76,8 @@ def run_in_process(argv: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def model_root(tiny_root, tmp_path_factory) -> Path:
     """The tiny repos, plus ``Qwen/Qwen-Image-2512`` (the tiny Qwen-Image repo under the 2512 id)."""
-    root = tmp_path_factory.mktemp("model_root")
-    for owner in tiny_root.iterdir():
-        (root / owner.name).mkdir()
-        for repo in owner.iterdir():
-            (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
-    (root / "Qwen" / "Qwen-Image-2512").symlink_to(tiny_root / QWEN_IMAGE_MODEL_ID, target_is_directory=True)
-    return root
-
-
-@pytest.fixture
-def workdir(model_root, tmp_path, monkeypatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(model_root))
-    return tmp_path
+    return linked_model_root(tiny_root, tmp_path_factory.mktemp("model_root"),
+                             {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID})
 
 
 def lora_update(path: Path) -> float:

@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.core.loader import resolve
 from diffsynth.testing.tiny_models import WAN_MODEL_ID
 from diffsynth.lora import read_lora
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
@@ -59,13 +58,6 @@ def run_script(relative: str, sizes: dict[str, str]) -> list[dict]:
         finally:
             reset_accelerate_state()
     return results
-
-
-@pytest.fixture
-def workdir(tiny_root, tmp_path, monkeypatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tiny_root))
-    return tmp_path
 
 
 def lora_keys(path: Path) -> set[str]:

@@ -7,23 +7,15 @@ import pytest
 import torch
 from PIL import Image
 
-from diffsynth.core.loader import ModelConfig
 from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_KONTEXT_MODEL_ID, FLUX1_KREA_MODEL_ID
-from diffsynth.pipelines.flux.pipeline import REFERENCE_TARGETS, FluxPipeline, kontext_size
+from diffsynth.pipelines.flux.pipeline import REFERENCE_TARGETS, kontext_size
+from diffsynth.testing.families import tiny_family
 from diffsynth.training.objective.training_module import resolve_lora_targets
+from tests.pipelines.family_helpers import load_ours, load_theirs
 
 PROMPT = "a red cube on a blue table"
 SINGLE_FILES = {FLUX1_DEV_MODEL_ID: "flux1-dev.safetensors", FLUX1_KONTEXT_MODEL_ID: "flux1-kontext-dev.safetensors",
                 FLUX1_KREA_MODEL_ID: "flux1-krea-dev.safetensors"}
-
-
-def reference_configs(model_id: str) -> list[ModelConfig]:
-    """The models as the reference's scripts name them: the release's single-file transformer, FLUX.1-dev's CLIP,
-    T5 and ae.safetensors."""
-    return [ModelConfig(model_id=model_id, origin_file_pattern=SINGLE_FILES[model_id]),
-            ModelConfig(model_id=FLUX1_DEV_MODEL_ID, origin_file_pattern="text_encoder/model.safetensors"),
-            ModelConfig(model_id=FLUX1_DEV_MODEL_ID, origin_file_pattern="text_encoder_2/*.safetensors"),
-            ModelConfig(model_id=FLUX1_DEV_MODEL_ID, origin_file_pattern="ae.safetensors")]
 
 
 def reference_image(seed, width, height):
@@ -35,18 +27,13 @@ def pipes(tiny_root):
     from diffusers import FluxKontextPipeline as DiffusersKontext
     from diffusers import FluxPipeline as DiffusersFlux
 
-    loaded = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        for model_id, reference_class in ((FLUX1_DEV_MODEL_ID, DiffusersFlux), (FLUX1_KREA_MODEL_ID, DiffusersFlux),
-                                          (FLUX1_KONTEXT_MODEL_ID, DiffusersKontext)):
-            ours = FluxPipeline.from_pretrained(torch.float32, "cpu", reference_configs(model_id))
-            # diffusers loads the repo's diffusers folders; the Kontext and Krea repos ship their own copies of
-            # FLUX.1-dev's encoders and VAE, as the released ones do.
-            theirs = reference_class.from_pretrained(str(tiny_root / model_id), dtype=torch.float32)
-            theirs.set_progress_bar_config(disable=True)
-            loaded[model_id] = ours, theirs
-    return loaded
+    # diffusers loads the repo's diffusers folders; the Kontext and Krea repos ship their own copies of FLUX.1-dev's
+    # encoders and VAE, as the released ones do.
+    return {model_id: (load_ours(tiny_root, "flux", [f"{model_id}:{SINGLE_FILES[model_id]}",
+                                                     *list(tiny_family("flux").models.values())[1:]]),
+                       load_theirs(tiny_root, reference_class, model_id))
+            for model_id, reference_class in ((FLUX1_DEV_MODEL_ID, DiffusersFlux), (FLUX1_KREA_MODEL_ID, DiffusersFlux),
+                                              (FLUX1_KONTEXT_MODEL_ID, DiffusersKontext))}
 
 
 def ours_image(pipe, seed=7, **options):

@@ -15,6 +15,7 @@ from diffsynth.testing.tiny_flux2 import (
     FLUX2_PATTERNS,
 )
 from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline, flux2_empirical_mu, patchify, unpatchify
+from tests.pipelines.family_helpers import load_ours, load_theirs
 
 PROMPT = "a red cube on a blue table"
 # Each base model reads the text encoder and VAE of its distilled sibling, as the reference's scripts load them.
@@ -36,16 +37,10 @@ def reference_image(seed, width, height):
 def pipes(tiny_root):
     from diffusers import Flux2KleinPipeline as DiffusersFlux2KleinPipeline
 
-    loaded = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        for model_id in (FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_KLEIN_BASE_9B_MODEL_ID):
-            ours = Flux2KleinPipeline.from_pretrained(torch.float32, "cpu", configs(model_id, "dit", "text_encoder",
-                                                                                     "vae"))
-            theirs = DiffusersFlux2KleinPipeline.from_pretrained(str(tiny_root / model_id), dtype=torch.float32)
-            theirs.set_progress_bar_config(disable=True)
-            loaded[model_id] = ours, theirs
-    return loaded
+    return {model_id: (load_ours(tiny_root, "flux2_klein", [f"{config.model_id}:{config.origin_file_pattern}" for config
+                                                            in configs(model_id, "dit", "text_encoder", "vae")]),
+                       load_theirs(tiny_root, DiffusersFlux2KleinPipeline, model_id))
+            for model_id in (FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_KLEIN_BASE_9B_MODEL_ID)}
 
 
 def render_both(pipes, model_id, cfg_scale, images, seed=7, **size):

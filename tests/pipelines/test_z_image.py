@@ -11,6 +11,7 @@ from diffsynth.testing.tiny_z_image import (
     Z_IMAGE_TURBO_MODEL_ID,
 )
 from diffsynth.pipelines.z_image.pipeline import ModelConfig, ZImagePipeline, ZImageScheduler
+from tests.pipelines.family_helpers import load_ours, load_theirs
 
 PROMPT, NEGATIVE = "a red cube on a blue table", "blurry, low quality"
 SIZE = dict(height=48, width=80)
@@ -24,15 +25,13 @@ def configs(model_id, *names):
 def pipes(tiny_root):
     from diffusers import ZImagePipeline as DiffusersZImagePipeline
 
-    loaded = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        for model_id in (Z_IMAGE_MODEL_ID, Z_IMAGE_TURBO_MODEL_ID):
-            ours = ZImagePipeline.from_pretrained(torch.float32, "cpu", configs(model_id, "dit", "text_encoder", "vae"))
-            theirs = DiffusersZImagePipeline.from_pretrained(str(tiny_root / model_id), dtype=torch.float32)
-            theirs.set_progress_bar_config(disable=True)
-            loaded[model_id] = ours, theirs
-    return loaded
+    return {model_id: (load_ours(tiny_root, "z_image", [entry(model_id, n) for n in ("dit", "text_encoder", "vae")]),
+                       load_theirs(tiny_root, DiffusersZImagePipeline, model_id))
+            for model_id in (Z_IMAGE_MODEL_ID, Z_IMAGE_TURBO_MODEL_ID)}
+
+
+def entry(model_id, name):
+    return f"{model_id}:{Z_IMAGE_PATTERNS[name]}"
 
 
 def render_ours(pipe, seed=7, **kwargs):
@@ -47,8 +46,8 @@ def render_theirs(pipe, seed=7, **kwargs):
 # (release, steps, diffusers' guidance_scale, cfg_normalization, cfg_truncation): Turbo's few steps without
 # guidance, the base model's CFG, and CFG with each of diffusers' options (shift 6 keeps the progress
 # (1000 - t) / 1000 of 4 steps below 0.15, so truncation at 0.05 drops CFG from the second step on).
+# Turbo without guidance is the family kit's case (tests/pipelines/test_family_kit.py).
 CASES = [
-    (Z_IMAGE_TURBO_MODEL_ID, 3, 0.0, False, 1.0),
     (Z_IMAGE_MODEL_ID, 4, 0.0, False, 1.0),
     (Z_IMAGE_MODEL_ID, 4, 3.0, False, 1.0),
     (Z_IMAGE_MODEL_ID, 4, 3.0, True, 1.0),

@@ -1,7 +1,6 @@
 """The trainer end to end on the tiny FLUX.1 repos, loaded from the released single files as the reference's scripts
-name them: LoRA on the reference's module names and full runs, Kontext training, the two-stage split, offloaded and
-block-swapped training giving the plain LoRA, fp8 and NF4, the fused BFL layout of ``--align_to_opensource_format``,
-and the LoRA in diffusers' own ``load_lora_weights``."""
+name them, beyond the family kit's checks (``tests/pipelines/test_family_kit.py``): LoRA on the reference's module
+names, Kontext training, fp8 and NF4, samples, and the fused BFL layout of ``--align_to_opensource_format``."""
 
 import pytest
 import torch
@@ -14,9 +13,8 @@ from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID as DEV
 from diffsynth.testing.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora, max_difference
+from tests.training.conftest import lora, run_once
 
 PATTERN = {"dit": f"{DEV}:flux1-dev.safetensors", "text_encoder": f"{DEV}:text_encoder/model.safetensors",
            "text_encoder_2": f"{DEV}:text_encoder_2/*.safetensors", "vae": f"{DEV}:ae.safetensors"}
@@ -47,12 +45,7 @@ def one_stage(dataset, output, *extra):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain LoRA training: what the other ways of training must reproduce."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        output = tmp_path_factory.mktemp("flux_reference") / "out"
-        result = one_stage(dataset, output)
-    reset_accelerate_state()
-    return output, result
+    return run_once(tiny_root, tmp_path_factory.mktemp("flux_reference"), lambda output: one_stage(dataset, output))
 
 
 def block_counts(result):
@@ -68,56 +61,6 @@ def test_a_lora_run_trains_every_target_of_the_reference_names(reference):
     # 14 layers per double block and 6 per single block (its fused to_qkv_mlp is to_q, to_k, to_v and proj_mlp).
     assert len(weights) == 2 * (14 * double + 6 * single)
     assert max(value.abs().max().item() for key, value in weights.items() if "lora_B" in key) > 1e-4
-
-
-@pytest.mark.parametrize("mode", [["--enable_model_cpu_offload"], ["--blocks_to_swap", "3"],
-                                  ["--blocks_to_swap", "2", "--block_swap_h2d_only"]], ids=" ".join)
-def test_offload_and_block_swap_give_the_plain_lora(reference, dataset, tmp_path, mode):
-    one_stage(dataset, tmp_path / "out", *mode)
-    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
-
-
-def test_two_stage_training_gives_the_one_stage_lora(reference, dataset, tmp_path):
-    cache = tmp_path / "cache"
-    encoders = ",".join(PATTERN[name] for name in ("text_encoder", "text_encoder_2", "vae"))
-    stage_one = main(FluxPipeline, [*raw(dataset, encoders), *COMMON, "--output_path", str(cache), "--task",
-                                    "sft:data_process"])
-    assert stage_one["cached"] == 3
-    main(FluxPipeline, ["--dataset_base_path", str(cache), "--model_id_with_origin_paths", PATTERN["dit"], *COMMON,
-                        "--output_path", str(tmp_path / "out"), "--task", "sft:train", "--num_epochs", "1"])
-    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
-
-
-def test_the_lora_loads_fully_into_diffusers_and_equals_the_merged_weights(reference, tiny_root):
-    from diffusers import FluxPipeline as DiffusersFluxPipeline
-
-    from diffsynth.lora import load_lora
-
-    def render(pipe):
-        return pipe(prompt="a shape", height=32, width=32, num_inference_steps=2,
-                    generator=torch.Generator().manual_seed(0), output_type="pt").images
-
-    pipe = DiffusersFluxPipeline.from_pretrained(str(tiny_root / DEV), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    before = render(pipe)
-    file = reference[0] / "epoch-0.safetensors"
-    pipe.load_lora_weights(str(file))
-    loaded = {name for name, _ in pipe.transformer.named_parameters() if "lora_A" in name}
-    assert len(loaded) == len([key for key in load_file(str(file)) if "lora_A" in key or "lora_down" in key])
-    with_lora = render(pipe)
-    pipe.unload_lora_weights()
-    load_lora(pipe.transformer, file)  # merged into the weights at strength 1.0
-    assert (with_lora - before).abs().max() > 1e-4
-    assert (render(pipe) - with_lora).abs().max() < 1e-4
-
-
-def test_full_training_updates_the_transformer(dataset, tmp_path):
-    result = main(FluxPipeline, [*raw(dataset), "--trainable_models", "dit", "--learning_rate", "1e-3",
-                                 "--torch_dtype", "float32", "--max_pixels", "1024", "--output_path",
-                                 str(tmp_path / "out"), "--num_epochs", "1", "--remove_prefix_in_ckpt", "pipe.dit."])
-    weights = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
-    _, single = block_counts(result)
-    assert result["global_step"] == 3 and f"single_transformer_blocks.{single - 1}.proj_out.weight" in weights
 
 
 def test_kontext_training_reads_the_reference_images(tmp_path):

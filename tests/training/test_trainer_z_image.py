@@ -1,5 +1,5 @@
-"""The CLI trainer on the tiny Z-Image-Turbo: LoRA and full training, two stages, the placement modes, batches with
-padded prompts, samples while training, fp8 and NF4 storage.
+"""The CLI trainer on the tiny Z-Image-Turbo: what the family kit (``tests/pipelines/test_family_kit.py``) does not
+check: the LoRA's layers, batches with padded prompts, samples while training, fp8 and NF4 storage, Omni-Base.
 
 Runs go through ``trainer.main`` with a real argv (the entry ``examples/z_image/model_training/train.py`` calls).
 """
@@ -9,13 +9,12 @@ import json
 import pytest
 import torch
 
-from diffsynth.core.loader import ModelConfig, load_model
 from diffsynth.testing.tiny_z_image import Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
 from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora, max_difference
+from tests.training.conftest import lora, max_difference, run_once
 from tests.training.test_trainer_batches import write_same_ratio_dataset
 
 PATTERN = {name: f"{Z_IMAGE_TURBO_MODEL_ID}:{Z_IMAGE_PATTERNS[name]}" for name in ("dit", "text_encoder", "vae")}
@@ -25,9 +24,6 @@ COMMON = [
     "--remove_prefix_in_ckpt", "pipe.dit.", "--num_epochs", "1", "--dataset_repeat", "2",
 ]  # fmt: skip
 LORA = ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", "--lora_rank", "4"]
-# Two blocks in ``layers`` (the refiners stay resident under block swap).
-PLACEMENTS = {"offload": ["--enable_model_cpu_offload"], "block_swap": ["--blocks_to_swap", "1"],
-              "h2d_streaming": ["--blocks_to_swap", "2", "--block_swap_h2d_only"]}
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +42,7 @@ def train(dataset, output, *extra):
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory, tiny_root):
     """One-stage plain LoRA training: what the other ways of training must reproduce."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-        output = tmp_path_factory.mktemp("reference") / "out"
-        result = train(dataset, output)
-    reset_accelerate_state()
-    return output, result
+    return run_once(tiny_root, tmp_path_factory.mktemp("reference"), lambda output: train(dataset, output))
 
 
 def test_a_lora_trains(reference):
@@ -62,34 +53,6 @@ def test_a_lora_trains(reference):
     assert len(weights) == 7 * 4 * 2 and all(key.startswith("diffusion_model.") for key in weights)
     assert any(key.startswith("diffusion_model.layers.1.attention.to_q.") for key in weights)
     assert max(weights[key].abs().max().item() for key in weights if "lora_B" in key) > 1e-4
-
-
-def test_full_training_changes_the_transformer(dataset, tmp_path, tiny_root):
-    result = main(ZImagePipeline, [*raw(dataset), *COMMON, "--trainable_models", "dit", "--output_path",
-                                   str(tmp_path / "full")])
-    assert all(torch.isfinite(torch.tensor(result["losses"])))
-    trained = result["module"].pipe.dit.state_dict()
-    original = load_model(ModelConfig(model_id=Z_IMAGE_TURBO_MODEL_ID, origin_file_pattern=Z_IMAGE_PATTERNS["dit"]),
-                          torch.float32).state_dict()
-    assert max((trained[key] - original[key]).abs().max().item() for key in original) > 1e-4
-    saved = lora(tmp_path / "full", "epoch-0")
-    assert "layers.0.attention.to_q.weight" in saved and len(saved) == len(original)
-
-
-def test_two_stage_training_gives_the_one_stage_lora(reference, dataset, tmp_path):
-    cache = tmp_path / "cache"
-    stage_one = main(ZImagePipeline, [*raw(dataset), *COMMON, *LORA, "--output_path", str(cache), "--task",
-                                      "sft:data_process", "--offload_models", PATTERN["dit"]])
-    assert stage_one["cached"] == 3
-    main(ZImagePipeline, ["--dataset_base_path", str(cache), *COMMON, *LORA, "--output_path", str(tmp_path / "out"),
-                          "--task", "sft:train", "--offload_models", f"{PATTERN['text_encoder']},{PATTERN['vae']}"])
-    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
-
-
-@pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_placement_modes_give_the_plain_lora(reference, dataset, tmp_path, placement):
-    train(dataset, tmp_path / "out", *PLACEMENTS[placement])
-    assert max_difference(lora(tmp_path / "out", "epoch-0"), lora(reference[0], "epoch-0")) < 1e-6
 
 
 def test_a_batch_of_padded_prompts_trains_what_accumulation_trains(tmp_path, caplog):

@@ -1,17 +1,15 @@
 """The planner's full-training rows: gradients, optimizer state by class, the EMA and the fused step, on the device
-and in host memory, per placement; and the CLI without model files for every released architecture."""
+and in host memory, per placement (the family kit plans
+every released architecture without its files)."""
 
 import pytest
 
-from diffsynth.core.loader import resolve
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.core.planning.plans import NoPlanFits, Plan, candidate_plans, choose, predict
 from diffsynth.core.planning.profiles import GIB, DeviceProfile
 from diffsynth.core.planning.training_state import OptimizerState, optimizer_state
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
-from diffsynth.plan import main as plan_main
 from diffsynth.training.config.parsers import parse_args
-from diffsynth.pipelines.registry import releases
 from diffsynth.training.placement.planner import build_workload, denoiser_skeleton
 
 FULL = ["--model_id_with_origin_paths", f"{QWEN_IMAGE_MODEL_ID}:{QWEN_IMAGE_PATTERNS['dit']}", "--trainable_models",
@@ -88,28 +86,3 @@ def test_no_full_training_plan_fitting_names_the_smallest_host_memory_and_the_le
     assert f"needs {needed / GIB:.1f} GiB of host memory; raise --ram_budget to that" in message
     assert "--customized_optimizer bitsandbytes.optim.AdamW8bit" in message and "--fused_optimizer_step" in message
     assert choose(predictions, least_device, needed, full_training=True).host_bytes <= needed
-
-
-@pytest.fixture
-def no_models(tmp_path, monkeypatch):
-    """An empty model folder, and a planner that fails the test if it tries to download."""
-    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path / "models"))
-    for downloader in ("download_from_modelscope", "download_from_huggingface"):
-        monkeypatch.setattr(resolve, downloader, lambda *a, **k: pytest.fail("the planner downloaded"))
-    return tmp_path / "models"
-
-
-@pytest.mark.slow  # a shallow dry run of each released denoiser
-@pytest.mark.parametrize("architecture", sorted(releases()))
-def test_plan_cli_plans_every_release_without_its_files_in_full(architecture, no_models, capsys):
-    family, release = releases()[architecture]
-    model_id, pipeline = release.model_ids[0].rstrip("*"), family.plan_name
-    frames = ["--num_frames", "5"] if family.video else []
-    assert plan_main(["--pipeline", pipeline, "--model_id_with_origin_paths", f"{model_id}:transformer/*.safetensors",
-                      "--trainable_models", "dit", "--height", "128", "--width", "128", *frames,
-                      "--use_gradient_checkpointing", "--customized_optimizer", "bitsandbytes.optim.AdamW8bit",
-                      "--device_profile", "h200-141gb"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert f"planned from the released {architecture} config" in out[0]
-    assert out[1].startswith(f"{architecture} at 128x128x{5 if frames else 1}")
-    assert out[-1].startswith("chosen: ") and not no_models.exists()

@@ -1,0 +1,277 @@
+"""The family test kit: the checks every registered family gets, parametrized over ``registry.families()``.
+
+Per family, on its tiny repo (``diffsynth.testing.families``, one ``TinyFamily`` row each):
+
+- load: its pipeline class loads every model into its slot;
+- inference: its output equals diffusers' own pipeline's (slow);
+- training: a LoRA step and a full step through the trainer; offload, block swap and H2D block streaming give the
+  plain LoRA; the split run (``sft:data_process`` then ``sft:train``) gives the one-stage LoRA (slow);
+- LoRA names: the trained file reads with the family's diffusers LoRA loader and loads fully into diffusers'
+  pipeline, changing its output (slow);
+- the planner: its table for the tiny files (fast), and for every release without files (slow);
+- refusals: each ``refused_model_ids`` prefix stops the trainer before loading, with its reason.
+
+A family's trainer runs happen once (module-scoped fixtures, one family after the other).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
+from diffsynth.diffusion.flow_match import DiffusersScheduler
+from diffsynth.pipelines.registry import FamilySpec, families
+from diffsynth.plan import main as plan_main
+from diffsynth.testing.families import TINY_FAMILIES, tiny_family
+from diffsynth.training import entry
+from tests.conftest import reset_accelerate_state
+from tests.pipelines.family_helpers import (
+    assert_same_output,
+    load_ours,
+    load_theirs,
+    refused_before_loading,
+    render_ours,
+    render_theirs,
+)
+
+FAMILIES = families()
+
+
+def test_the_table_covers_every_registered_family():
+    assert sorted(TINY_FAMILIES) == sorted(spec.name for spec in FAMILIES)
+    for spec in FAMILIES:
+        assert tiny_family(spec.name).video == spec.video, spec.name
+    with pytest.raises(KeyError, match="no TinyFamily row"):
+        tiny_family("no_such_family")
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[spec.name for spec in FAMILIES])
+def spec(request) -> FamilySpec:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny(spec):
+    return tiny_family(spec.name)
+
+
+@pytest.fixture(scope="module")
+def ours(spec, tiny, tiny_root):
+    return load_ours(tiny_root, tiny)
+
+
+@pytest.fixture(scope="module")
+def theirs(tiny, tiny_root):
+    import diffusers
+
+    return load_theirs(tiny_root, getattr(diffusers, tiny.diffusers_pipeline), tiny.model_id)
+
+
+def test_every_model_lands_in_its_slot(spec, tiny, ours):
+    assert type(ours) is spec.pipeline_class()
+    for slot in tiny.models:
+        model = getattr(ours, slot)
+        assert isinstance(model, torch.nn.Module), f"{slot} is {model!r}"
+        assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}, slot
+    assert set(tiny.models) <= set(ours.model_names())
+    assert type(ours.dit).__name__ == spec.denoiser_class
+
+
+@pytest.mark.slow  # diffusers' whole pipeline
+def test_inference_equals_diffusers(tiny, ours, theirs):
+    if tiny.diffusers_scheduler:
+        ours.scheduler = DiffusersScheduler(type(theirs.scheduler).from_config(theirs.scheduler.config))
+    try:
+        image = render_ours(ours, **tiny.call)
+        reference = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
+        assert_same_output(image, reference, lambda: render_ours(ours, seed=8, **tiny.call))
+    finally:
+        ours.scheduler = type(ours)().scheduler if tiny.diffusers_scheduler else ours.scheduler
+
+
+# Training: a tiny dataset per family, the runs cached by name.
+@pytest.fixture(scope="module")
+def data(tiny, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"{tiny.name}_data")
+    if tiny.video:
+        build_example_video_dataset(folder, num_videos=2, num_frames=6)
+    else:
+        build_example_dataset(folder, num_images=3)
+    return folder
+
+
+class Runs:
+    """The trainer's runs of one family, each run once: ``runs.output(name, *flags)`` is its output folder."""
+
+    def __init__(self, spec, tiny, data, folder, tiny_root):
+        self.spec, self.tiny, self.data, self.folder, self.tiny_root = spec, tiny, data, folder, tiny_root
+        self.results = {}
+
+    def lora_flags(self):
+        return ["--lora_base_model", "dit", "--lora_target_modules", self.tiny.lora_targets, "--lora_rank", "4"]
+
+    def argv(self, output, dataset, models, *extra):
+        return ["--dataset_base_path", str(dataset), "--model_id_with_origin_paths", models, "--torch_dtype",
+                "float32", "--seed", "3", "--learning_rate", "1e-3", "--height", "32", "--width", "32",
+                "--use_gradient_checkpointing", "--remove_prefix_in_ckpt", "pipe.dit.", "--num_epochs", "1",
+                *self.tiny.train_flags, "--output_path", str(output), *extra]
+
+    def run(self, name, argv):
+        if name not in self.results:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(self.tiny_root))
+                try:
+                    self.results[name] = entry.main(self.spec.pipeline_class(), argv, video=self.spec.video)
+                finally:
+                    reset_accelerate_state()
+        return self.results[name]
+
+    def lora(self, name, *extra):
+        """A one-stage LoRA run with ``extra`` flags; returns its output folder."""
+        output = self.folder / name
+        self.run(name, self.argv(output, self.data, self.tiny.model_flag, *self.lora_flags(), "--dataset_metadata_path",
+                                 str(self.data / "metadata.csv"), *extra))
+        return output
+
+    def full(self):
+        output = self.folder / "full"
+        result = self.run("full", self.argv(output, self.data, self.tiny.model_flag, "--trainable_models", "dit",
+                                            "--dataset_metadata_path", str(self.data / "metadata.csv")))
+        return output, result
+
+    def split(self):
+        """The split run: stage one caches the encoders' outputs, stage two trains from the cache alone."""
+        cache, output = self.folder / "cache", self.folder / "split"
+        stage_one = self.run("stage_one", self.argv(cache, self.data, self.tiny.encoders_flag(), *self.lora_flags(),
+                                                    "--dataset_metadata_path", str(self.data / "metadata.csv"),
+                                                    "--task", "sft:data_process"))
+        self.run("stage_two", self.argv(output, cache, self.tiny.models["dit"], *self.lora_flags(), "--task",
+                                        "sft:train"))
+        return stage_one, output
+
+
+@pytest.fixture(scope="module")
+def runs(spec, tiny, data, tmp_path_factory, tiny_root):
+    return Runs(spec, tiny, data, tmp_path_factory.mktemp(f"{spec.name}_runs"), tiny_root)
+
+
+def lora_file(output):
+    return load_file(str(output / "epoch-0.safetensors"))
+
+
+def max_difference(first, second):
+    assert first.keys() == second.keys()
+    return max((first[key] - second[key]).abs().max().item() for key in first)
+
+
+def up_factors(weights):
+    return [value for key, value in weights.items() if "lora_B" in key or "lora_up" in key]
+
+
+@pytest.mark.slow
+def test_a_lora_step_trains_the_denoiser(runs):
+    weights = lora_file(runs.lora("plain"))
+    result = runs.results["plain"]
+    assert result["global_step"] > 0 and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert up_factors(weights) and max(value.abs().max().item() for value in up_factors(weights)) > 1e-4
+
+
+@pytest.mark.slow
+def test_a_full_step_updates_every_weight_of_the_denoiser(runs, ours):
+    output, result = runs.full()
+    saved, original = lora_file(output), ours.dit.state_dict()
+    assert result["global_step"] > 0 and set(saved) == set(original)
+    assert max((saved[key] - original[key]).abs().max().item() for key in original) > 1e-4
+
+
+PLACEMENTS = {"offload": lambda tiny: ["--enable_model_cpu_offload"],
+              "block_swap": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap)],
+              "h2d_streaming": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap + 1), "--block_swap_h2d_only"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_offload_and_block_swap_give_the_plain_lora(runs, tiny, placement):
+    placed = runs.lora(placement, *PLACEMENTS[placement](tiny))
+    assert max_difference(lora_file(placed), lora_file(runs.lora("plain"))) < tiny.lora_tolerance
+
+
+@pytest.mark.slow
+def test_split_training_gives_the_one_stage_lora(runs):
+    stage_one, output = runs.split()
+    assert stage_one["cached"] == len(list(runs.data.glob("*.*"))) - 1  # every sample but metadata.csv
+    assert max_difference(lora_file(output), lora_file(runs.lora("plain"))) < 1e-6
+
+
+@pytest.mark.slow
+def test_the_lora_names_load_in_diffusers(spec, tiny, runs, theirs):
+    import diffusers
+
+    from tests.conftest import load_lora_into_diffusers
+
+    output = runs.lora("plain")
+    # A family whose universal file names its layers as ComfyUI does writes diffusers' names in a twin beside it.
+    twin = output / "epoch-0.diffusers.safetensors"
+    file = twin if twin.is_file() else output / "epoch-0.safetensors"
+    layers = len(up_factors(load_file(str(file))))
+    loader = getattr(diffusers.loaders, spec.lora_tools.diffusers_loader)
+    state = loader.lora_state_dict(str(file))
+    state = state[0] if isinstance(state, tuple) else state
+    assert len([key for key in state if "lora_B" in key or "lora_up" in key]) == layers
+    before = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
+    try:
+        warnings = load_lora_into_diffusers(theirs, file, "kit")
+        # FLUX.1's pipeline says its text encoder has no LoRA keys: the file trains the transformer alone.
+        assert [warning for warning in warnings if not warning.startswith("No LoRA keys associated to")] == []
+        loaded = [name for name, _ in theirs.transformer.named_parameters() if "lora_A" in name]
+        assert len(loaded) == layers
+        with_lora = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
+    finally:
+        theirs.unload_lora_weights()
+    assert (with_lora - before).abs().max() > 1e-5
+
+
+# The planner.
+@pytest.mark.slow  # a dry run of the tiny denoiser: seconds each
+def test_the_planner_plans_the_tiny_files(spec, tiny, tiny_root, monkeypatch, capsys):
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+    frames = ["--num_frames", "5"] if spec.video else []
+    assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths", tiny.model_flag,
+                      "--lora_base_model", "dit", "--lora_target_modules", tiny.lora_targets, "--height", "32",
+                      "--width", "32", *frames, *tiny.train_flags, "--device_profile", "rtx4090-24gb"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{spec.denoiser_class} at 32x32x{5 if spec.video else 1}"), out[0]
+    assert out[-1].startswith("chosen: ")
+
+
+@pytest.mark.slow  # a shallow dry run of each released denoiser
+def test_the_planner_plans_every_release_without_its_files(spec, tmp_path, monkeypatch, capsys):
+    from diffsynth.core.loader import resolve
+
+    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path / "models"))
+    frames = ["--num_frames", "5"] if spec.video else []
+    for release in spec.releases:
+        model_id = release.model_ids[0].rstrip("*")
+        assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths",
+                          f"{model_id}:transformer/*.safetensors", "--trainable_models", "dit", "--height", "128",
+                          "--width", "128", *frames, "--use_gradient_checkpointing", "--customized_optimizer",
+                          "bitsandbytes.optim.AdamW8bit", "--device_profile", "h200-141gb"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert f"planned from the released {release.architecture} config" in out[0]
+        assert out[1].startswith(f"{release.architecture} at 128x128x{5 if frames else 1}")
+        assert out[-1].startswith("chosen: ") and not (tmp_path / "models").exists()
+
+
+# The reference scripts' refusals.
+@pytest.mark.fast  # refused before any model loads
+def test_each_refused_model_is_refused_with_its_reason(spec, tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert spec.refused_model_ids, f"{spec.name} refuses nothing: drop this check's row or declare a refusal"
+    for prefix, reason in spec.refused_model_ids.items():
+        models = ",".join([tiny.models["dit"], f"{prefix}:model.safetensors"])
+        problem = refused_before_loading(spec.pipeline_class(), [
+            "--dataset_base_path", "data", "--model_id_with_origin_paths", models, "--lora_base_model", "dit",
+            *tiny.train_flags], tmp_path, capsys, video=spec.video)
+        assert prefix in problem and reason in problem, problem
