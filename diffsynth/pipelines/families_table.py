@@ -41,7 +41,7 @@ class FamilyRow:
         folder: ``spec.name``, the room ``diffsynth/pipelines/<folder>/``.
         docs_page: ``spec.docs_page`` (under ``docs/en/``).
         pipeline: ``spec.pipeline``, as ``train.py`` passes it to ``cli``.
-        release_ids: The repository ids (shell patterns) of every release the planner knows without files.
+        release_ids: ``spec.model_ids``, the released repositories the family trains.
         layouts: ``spec.layouts``, the released layouts the family reads.
         lora_formats: The LoRA layouts its files are written in (:data:`LORA_LAYOUTS`).
         architectures: The planner's names of its releases (``--architecture``).
@@ -79,7 +79,7 @@ def family_row(spec: FamilySpec, repo: Path = REPO) -> FamilyRow:
     """The table's row of one family."""
     return FamilyRow(
         title=spec.title, folder=spec.name, docs_page=spec.docs_page, pipeline=spec.pipeline,
-        release_ids=tuple(model_id for release in spec.releases for model_id in release.model_ids),
+        release_ids=tuple(spec.model_ids),
         layouts=tuple(spec.layouts), lora_formats=LORA_LAYOUTS, architectures=tuple(spec.architectures),
         scripts=reference_scripts(spec, repo), refused=tuple(spec.refused_model_ids))
 

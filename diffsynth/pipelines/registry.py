@@ -97,6 +97,7 @@ class FamilySpec:
         plan_name: The planner's ``--pipeline`` value.
         denoiser_class: The diffusers class of its denoiser (what a LoRA trains).
         video: Whether it trains on videos (``cli(..., video=True)``).
+        model_ids: The released repositories it trains (their ids as the reference's scripts name them).
         releases: The released denoisers the planner knows without files.
         layouts: The released layouts it reads (for the families table).
         original_readers: ``"module:function"`` readers of its original layouts (``core.model_traits``).
@@ -109,7 +110,6 @@ class FamilySpec:
         lora_naming: ``"module:attribute"`` of its ``ModuleNaming`` (original-release layer names); None keeps
             diffusers' names.
         lora_tools: How the real tools load its LoRA files.
-        lora_formats: The LoRA layouts its files can be written in (for the families table).
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
         reference_flags: The reference trainer's flags that only this family's ``train.py`` defines (all parse; the
@@ -128,6 +128,7 @@ class FamilySpec:
     example_folder: str
     docs_page: str
     video: bool = False
+    model_ids: tuple[str, ...] = ()
     releases: tuple[Release, ...] = ()
     layouts: tuple[str, ...] = ("diffusers",)
     original_readers: tuple[str, ...] = ()
@@ -135,7 +136,6 @@ class FamilySpec:
     prompt_tokens: int = 512
     scheduler_presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     lora_naming: str | None = None
-    lora_formats: tuple[str, ...] = ("diffusers",)
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()

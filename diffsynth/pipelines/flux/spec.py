@@ -11,6 +11,8 @@ SPEC = FamilySpec(
     plan_name="flux",
     denoiser_class="FluxTransformer2DModel",
     # diffusers' defaults are FLUX.1's transformer but for the guidance embedding of the distilled releases.
+    model_ids=("black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-Krea-dev",
+               "black-forest-labs/FLUX.1-Kontext-dev"),
     releases=(Release("flux.1-dev", dict(guidance_embeds=True), (
         "black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-Krea-dev", "black-forest-labs/FLUX.1-Kontext-dev")),),
     layouts=("diffusers", "BFL single files (flux1-*.safetensors, ae.safetensors)"),

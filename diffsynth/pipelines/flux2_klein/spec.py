@@ -8,6 +8,8 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.flux2_klein:Flux2KleinPipeline",
     plan_name="flux2-klein",
     denoiser_class="Flux2Transformer2DModel",
+    model_ids=("black-forest-labs/FLUX.2-klein-4B", "black-forest-labs/FLUX.2-klein-9B",
+               "black-forest-labs/FLUX.2-klein-base-4B", "black-forest-labs/FLUX.2-klein-base-9B"),
     releases=(
         Release("flux.2-klein-4b", dict(guidance_embeds=False, joint_attention_dim=7680, num_attention_heads=24,
                                         num_layers=5, num_single_layers=20),

@@ -8,6 +8,7 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.qwen_image:QwenImagePipeline",
     plan_name="qwen-image",
     denoiser_class="QwenImageTransformer2DModel",
+    model_ids=("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511"),
     releases=(Release("qwen-image", dict(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
         joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56)), ("Qwen/Qwen-Image*",)),),

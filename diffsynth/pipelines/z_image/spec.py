@@ -10,6 +10,7 @@ SPEC = FamilySpec(
     denoiser_class="ZImageTransformer2DModel",
     # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer. Z-Image-Omni-Base is not among the
     # releases: its transformer takes SigLIP features, which the planner's inputs do not give.
+    model_ids=("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo", "Tongyi-MAI/Z-Image-Omni-Base"),
     releases=(Release("z-image", {}, ("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo")),),
     # A prompt keeps its own tokens; 256 is a long caption.
     prompt_tokens=256,
