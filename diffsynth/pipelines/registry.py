@@ -181,7 +181,7 @@ def families() -> tuple[FamilySpec, ...]:
 def _check_unique(specs: Iterable[FamilySpec]) -> None:
     seen: dict[tuple[str, str], str] = {}
     for spec in specs:
-        keys = [("plan name", spec.plan_name), ("pipeline", spec.pipeline),
+        keys = [("plan name", spec.plan_name), ("pipeline", spec.pipeline), ("denoiser class", spec.denoiser_class),
                 *(("architecture", name) for name in spec.architectures),
                 *(("scheduler preset", name) for name in spec.scheduler_presets)]
         for key in keys:

@@ -111,7 +111,10 @@ def test_two_families_may_not_claim_one_name(monkeypatch):
     first = _spec(releases=(Release("toy-1b"),))
     with pytest.raises(ValueError, match="families 'toy' and 'twin' both declare the architecture 'toy-1b'"):
         registry._check_unique([first, _spec(name="twin", plan_name="twin", pipeline="diffsynth.pipelines.twin:T",
-                                             releases=(Release("toy-1b"),))])
+                                             denoiser_class="TwinTransformer", releases=(Release("toy-1b"),))])
+    # One class, one family: LoRA naming, the planner's inputs and full-model writing look a family up by its class.
+    with pytest.raises(ValueError, match="both declare the denoiser class 'ToyTransformer'"):
+        registry._check_unique([first, _spec(name="twin", plan_name="twin", pipeline="diffsynth.pipelines.twin:T")])
 
 
 def test_lookups_name_what_there_is():
