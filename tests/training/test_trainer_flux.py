@@ -3,6 +3,7 @@ name them, beyond the family kit's checks (``tests/pipelines/test_family_kit.py`
 names, Kontext training, fp8 and NF4, samples, and the fused BFL layout of ``--align_to_opensource_format``."""
 
 import pytest
+import torch
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -12,8 +13,7 @@ from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID as DEV
 from diffsynth.testing.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from tests.training.conftest import (assert_samples_while_training, assert_trained, dataset_args, quant_cases,
-                                     reference_lora, run_once)
+from tests.training.conftest import assert_samples_while_training, dataset_args, quant_cases, reference_lora, run_once
 
 PATTERN = {"dit": f"{DEV}:flux1-dev.safetensors", "text_encoder": f"{DEV}:text_encoder/model.safetensors",
            "text_encoder_2": f"{DEV}:text_encoder_2/*.safetensors", "vae": f"{DEV}:ae.safetensors"}
@@ -84,7 +84,8 @@ def test_unknown_reference_names_are_refused_before_loading(dataset, tmp_path):
 
 @pytest.mark.parametrize("quant", quant_cases(PATTERN["dit"]))
 def test_fp8_and_nf4_train(dataset, tmp_path, quant):
-    assert_trained(one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant), 3)
+    result = one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant)
+    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
 
 
 def test_samples_while_training(dataset, tmp_path):

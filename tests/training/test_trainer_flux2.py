@@ -3,6 +3,7 @@
 and NF4."""
 
 import pytest
+import torch
 from PIL import Image
 
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
@@ -12,8 +13,7 @@ from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID as BASE
 from diffsynth.testing.tiny_flux2 import FLUX2_PATTERNS
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from tests.training.conftest import (assert_samples_while_training, assert_trained, dataset_args, quant_cases,
-                                     reference_lora, run_once)
+from tests.training.conftest import assert_samples_while_training, dataset_args, quant_cases, reference_lora, run_once
 
 PATTERN = {"dit": f"{BASE}:{FLUX2_PATTERNS['dit']}", "text_encoder": f"{SHARED}:{FLUX2_PATTERNS['text_encoder']}",
            "vae": f"{SHARED}:{FLUX2_PATTERNS['vae']}"}
@@ -81,4 +81,5 @@ def test_batches_from_buckets_and_samples_while_training(dataset, tmp_path):
 
 @pytest.mark.parametrize("quant", quant_cases(PATTERN["dit"]))
 def test_fp8_and_nf4_train(dataset, tmp_path, quant):
-    assert_trained(one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant), 3)
+    result = one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant)
+    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
