@@ -1,6 +1,7 @@
 """Suite-wide rules and fixtures: slow tests marked ``slow``, GPU tests skipped without CUDA, the tiny model repos,
 no network access, and temporary files only under pytest's temporary folder."""
 
+import importlib.util
 import logging
 import multiprocessing
 import shutil
@@ -20,6 +21,7 @@ from diffsynth.core.loader import resolve
 from diffsynth.testing.tiny_models import build_tiny_models
 from diffsynth.training import command_line, entry
 
+REPO = Path(__file__).resolve().parents[1]
 
 @pytest.hookimpl(trylast=True)  # after pytest's own set-up of its temporary folder
 def pytest_configure(config):
@@ -249,3 +251,20 @@ def scratch_base(tiny_root, tmp_path, monkeypatch):
 
     copy.root = tmp_path
     return copy
+
+
+def load_script(relative_path: str, module_name: str, register: bool = False) -> types.ModuleType:
+    """Imports the script at ``relative_path`` (from the repository root) as module ``module_name``, without running
+    its main; ``register`` enters it in ``sys.modules`` first, for a script whose dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(module_name, REPO / relative_path)
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def python_output(code: str) -> str:
+    """What ``python -c code``, a fresh interpreter in the repository root, prints (stripped); it must succeed."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()

@@ -6,13 +6,12 @@ no module over 500 lines, no function over 80, and only ``diffsynth/training/con
 """
 
 import ast
-import importlib.util
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script, python_output
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "diffsynth"
@@ -26,15 +25,7 @@ LAYERS_ABOVE = {
 }
 
 
-def _load_house_report():
-    spec = importlib.util.spec_from_file_location("house_report", REPO / "scripts" / "house_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-house = _load_house_report()
+house = load_script("scripts/house_report.py", "house_report", register=True)  # its dataclasses look it up
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +44,7 @@ def _write_package(root: Path, files: dict[str, str]) -> Path:
 def test_importing_the_pipelines_loads_nothing_of_the_trainer():
     code = ("import diffsynth.pipelines, sys; "
             "print(sorted(m for m in sys.modules if m.startswith('diffsynth.training')))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
+    assert python_output(code) == "[]"
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS_ABOVE))

@@ -3,24 +3,12 @@ markdown``), so the docs cannot drift from the families' specs."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from diffsynth.pipelines.families_table import family_rows, markdown_table
+from tests.conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "update_family_docs.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("update_family_docs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-UPDATE = load_script()
+UPDATE = load_script("scripts/update_family_docs.py", "update_family_docs")
 
 
 @pytest.mark.parametrize("page", UPDATE.PAGES, ids=lambda page: f"{page.parent.name}/{page.name}")

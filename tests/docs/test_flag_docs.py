@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from diffsynth.training.config.flag_docs import flag_table
 from diffsynth.training.config.parsers import build_parser
+from tests.conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "update_flag_docs.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("update_flag_docs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-UPDATE = load_script()
+UPDATE = load_script("scripts/update_flag_docs.py", "update_flag_docs")
 
 
 @pytest.mark.parametrize("page", UPDATE.PAGES, ids=lambda page: f"{page.parent.name}/{page.name}")

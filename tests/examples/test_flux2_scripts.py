@@ -16,16 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
-from diffsynth.training import entry as trainer
-from diffsynth.training.config.parsers import build_parser
-from tests.conftest import reset_accelerate_state
+from tests.examples.helpers import draw_dataset, run_command, script_commands
 from tests.pipelines.family_helpers import refused_before_loading
 
-from .test_qwen_reference_scripts import small
-from .test_scripts import REPO, launch_commands, trainer_argv
+from .test_scripts import REPO
 
 FLUX2 = REPO / "examples" / "flux2" / "model_training"
 RELEASES = ("FLUX.2-klein-4B", "FLUX.2-klein-9B", "FLUX.2-klein-base-4B", "FLUX.2-klein-base-9B")
@@ -38,31 +33,12 @@ def commands(relative: str, edit: bool) -> list[list[str]]:
     plain, _, edit_section = text.partition("\n# Edit\n")
     if edit:
         plain = re.sub(r"^# ?", "", edit_section, flags=re.MULTILINE)
-    found = []
-    for words in launch_commands(plain):
-        train_py, argv = trainer_argv(words)
-        assert train_py == FLUX2 / "train.py"
-        found.append(small(argv))
-    return found
-
-
-def draw_dataset(argv: list[str]) -> None:
-    """Draws a two-sample dataset (with two reference images per sample for an Edit command) where it is expected."""
-    args = build_parser().parse_args(argv)
-    if args.task.endswith(":train") or Path(args.dataset_metadata_path).is_file():
-        return
-    if args.extra_inputs:
-        build_example_edit_dataset(args.dataset_base_path, num_samples=2, num_edit_images=2)
-    else:
-        build_example_dataset(args.dataset_base_path, num_images=2)
+    return [argv for _, argv in script_commands(FLUX2, relative, text=plain)]
 
 
 def run_in_process(argv: list[str]) -> dict:
-    draw_dataset(argv)
-    try:
-        return trainer.main(Flux2KleinPipeline, argv)
-    finally:
-        reset_accelerate_state()
+    """A command's run, on a two-sample dataset (two reference images per sample for an Edit command) where it expects one."""
+    return run_command(Flux2KleinPipeline, argv, lambda argv: draw_dataset(argv, "edit_image", num_edit_images=2))
 
 
 def trained(path: Path, lora: bool) -> float:

@@ -9,23 +9,17 @@ are checked to be accepted by accelerate's own config reader; their commands tra
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffsynth.core.data.example_dataset import build_example_dataset
-from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.pipelines.flux.pipeline import FluxPipeline
-from diffsynth.training import entry as trainer
-from diffsynth.training.config.parsers import build_parser
-from tests.conftest import reset_accelerate_state
+from tests.examples.helpers import assert_deepspeed_config, draw_dataset, run_command, script_commands
 from tests.pipelines.family_helpers import refused_before_loading
 
-from .test_qwen_reference_scripts import config_file, small
-from .test_scripts import REPO, launch_commands, trainer_argv
+from .test_scripts import REPO
 
 FLUX = REPO / "examples" / "flux" / "model_training"
 RELEASES = ("FLUX.1-dev", "FLUX.1-Kontext-dev", "FLUX.1-Krea-dev")
@@ -33,25 +27,12 @@ RELEASES = ("FLUX.1-dev", "FLUX.1-Kontext-dev", "FLUX.1-Krea-dev")
 
 def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
     """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
-    found = []
-    for words in launch_commands((FLUX / relative).read_text()):
-        train_py, argv = trainer_argv(words)
-        assert train_py == FLUX / "train.py", shlex.join(words)
-        found.append((config_file(words), small(argv, {"--height": "32", "--width": "48"})))
-    return found
+    return script_commands(FLUX, relative, {"--height": "32", "--width": "48"})
 
 
 def run_in_process(argv: list[str]) -> dict:
-    args = build_parser().parse_args(argv)
-    if not Path(args.dataset_metadata_path).is_file():
-        if args.extra_inputs == "kontext_images":
-            build_example_edit_dataset(args.dataset_base_path, num_samples=2, column="kontext_images")
-        else:
-            build_example_dataset(args.dataset_base_path, num_images=2)
-    try:
-        return trainer.main(FluxPipeline, argv)
-    finally:
-        reset_accelerate_state()
+    """A command's run, on a two-sample dataset (a Kontext image per sample for a Kontext command) where it expects one."""
+    return run_command(FluxPipeline, argv, lambda argv: draw_dataset(argv, "kontext_images", column="kontext_images"))
 
 
 def trained(path: Path, lora: bool) -> float:
@@ -97,12 +78,7 @@ def test_npu_scripts_are_the_full_commands_with_the_offload_config(workdir, rele
                                                         ("accelerate_config_zero2offload.yaml", 2, "cpu"),
                                                         ("accelerate_config_zero3.yaml", 3, "none")])
 def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage, offload):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    config = ClusterConfig.from_yaml_file(str(FLUX / "full" / name))
-    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8
-    assert config.deepspeed_config["zero_stage"] == stage and config.mixed_precision == "bf16"
-    assert config.deepspeed_config["offload_optimizer_device"] == offload
+    assert_deepspeed_config(FLUX / "full" / name, stage, offload)
 
 
 DEV = "black-forest-labs/FLUX.1-dev"

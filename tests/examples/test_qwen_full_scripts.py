@@ -12,7 +12,6 @@ with accelerate's own config reader; their commands train here in-process, as on
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,13 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
-from diffsynth.core.loader import resolve
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
-from diffsynth.training import entry as trainer
 from diffsynth.training.config.parsers import build_parser
-from tests.examples.helpers import linked_model_root
-from tests.conftest import reset_accelerate_state
+from tests.examples.helpers import assert_deepspeed_config, config_file, linked_model_root, run_command, script_commands
 from tests.pipelines.family_helpers import refused_before_loading
 
-from .test_qwen_reference_scripts import config_file, small
-from .test_scripts import REPO, launch_commands, trainer_argv
+from .test_scripts import REPO, launch_commands
 
 QWEN = REPO / "examples" / "qwen_image" / "model_training"
 FULL = QWEN / "full"
@@ -78,26 +73,23 @@ def transformer_weights(repo: Path) -> dict[str, torch.Tensor]:
 
 def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
     """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
-    found = []
-    for words in launch_commands((QWEN / relative).read_text()):
-        train_py, argv = trainer_argv(words)
-        assert train_py == QWEN / "train.py", shlex.join(words)
-        found.append((config_file(words), small(argv)))
-    return found
+    return script_commands(QWEN, relative)
 
 
-def run_in_process(argv: list[str]) -> dict:
+def draw_dataset(argv: list[str]) -> None:
+    """Draws a two-sample dataset where a command expects one: one edit image per sample in a CSV (Edit), a list in
+    JSON (2509+) for an Edit command."""
     args = build_parser().parse_args(argv)
     if not Path(args.dataset_metadata_path).is_file():
-        if args.extra_inputs == "edit_image":  # one edit image per sample in a CSV (Edit), a list in JSON (2509+)
+        if args.extra_inputs == "edit_image":
             build_example_edit_dataset(args.dataset_base_path, num_samples=2,
                                        num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
         else:
             build_example_dataset(args.dataset_base_path, num_images=2)
-    try:
-        return trainer.main(QwenImagePipeline, argv)
-    finally:
-        reset_accelerate_state()
+
+
+def run_in_process(argv: list[str]) -> dict:
+    return run_command(QwenImagePipeline, argv, draw_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +106,12 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def workdir(model_root, tmp_path, monkeypatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(model_root))
+def workdir(workdir, monkeypatch) -> Path:
+    """The examples' scratch working folder, with Edit's images made small."""
     # 64 x 64 edit images instead of the release's 1024 x 1024, which would cost the tiny VAE seconds per sample
     monkeypatch.setattr(QwenImagePipeline, "edit_image_pixels", 64 * 64)
     monkeypatch.setattr(QwenImagePipeline, "edit_condition_pixels", 64 * 64)
-    return tmp_path
+    return workdir
 
 
 def test_the_reference_scripts_and_configs_exist():
@@ -146,13 +137,7 @@ def test_script_trains_every_weight_of_the_transformer(workdir, model_root, rele
 
 @pytest.mark.parametrize(("name", "stage_and_offload"), list(CONFIGS.items()))
 def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage_and_offload):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    config = ClusterConfig.from_yaml_file(str(FULL / name))
-    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8 and config.mixed_precision == "bf16"
-    stage, offload = stage_and_offload
-    assert config.deepspeed_config["zero_stage"] == stage
-    assert config.deepspeed_config["offload_optimizer_device"] == offload
+    assert_deepspeed_config(FULL / name, *stage_and_offload)
 
 
 FAMILY_FOLDERS = {"Qwen-Image": "qwen_image", "Wan": "wanvideo", "Z-Image": "z_image", "FLUX.1": "flux",

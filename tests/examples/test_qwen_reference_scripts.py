@@ -10,67 +10,29 @@ accelerate runs DeepSpeed with on a machine without GPUs.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
-from diffsynth.training import entry as trainer
-from diffsynth.training.config.parsers import build_parser
-from tests.examples.helpers import linked_model_root
-from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
+from tests.examples.helpers import linked_model_root, lora_update, run_command, script_commands, small
 
-from .test_scripts import REPO, launch_commands, trainer_argv
+from .test_scripts import REPO
 
 QWEN = REPO / "examples" / "qwen_image" / "model_training"
-SMALL = {"--num_epochs": "1", "--dataset_repeat": "1", "--max_pixels": "4096", "--height": "32", "--width": "32"}
-
-
-def small(argv: list[str], changes: dict[str, str] | None = None) -> list[str]:
-    """``argv`` with the sizes, epochs and repeat count (and ``changes``) replaced where the command has them."""
-    changes = {**SMALL, **(changes or {})}
-    argv = list(argv)
-    for index, word in enumerate(argv[:-1]):
-        if word in changes:
-            argv[index + 1] = changes[word]
-    return argv
-
-
-def config_file(words: list[str]) -> Path | None:
-    """The ``--config_file`` of an ``accelerate launch`` command, or None."""
-    launcher = words[:words.index(next(word for word in words if word.endswith("train.py")))]
-    return REPO / launcher[launcher.index("--config_file") + 1] if "--config_file" in launcher else None
 
 
 def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
     """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
-    found = []
-    for words in launch_commands((QWEN / relative).read_text()):
-        train_py, argv = trainer_argv(words)
-        assert train_py == QWEN / "train.py", shlex.join(words)
-        found.append((config_file(words), small(argv)))
-    return found
-
-
-def draw_dataset(argv: list[str]) -> None:
-    """Draws a two-image dataset where a raw-data command expects one (stage 2 reads the cache instead)."""
-    args = build_parser().parse_args(argv)
-    if not args.task.endswith(":train") and not Path(args.dataset_metadata_path).is_file():
-        build_example_dataset(args.dataset_base_path, num_images=2)
+    return script_commands(QWEN, relative)
 
 
 def run_in_process(argv: list[str]) -> dict:
-    draw_dataset(argv)
-    try:
-        return trainer.main(QwenImagePipeline, argv)
-    finally:
-        reset_accelerate_state()
+    return run_command(QwenImagePipeline, argv)
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +40,6 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     """The tiny repos, plus ``Qwen/Qwen-Image-2512`` (the tiny Qwen-Image repo under the 2512 id)."""
     return linked_model_root(tiny_root, tmp_path_factory.mktemp("model_root"),
                              {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID})
-
-
-def lora_update(path: Path) -> float:
-    """The largest ``lora_B`` entry of a LoRA file (0 for an untrained LoRA)."""
-    return max(value.abs().max().item() for key, value in load_file(str(path)).items() if "lora_B" in key)
 
 
 def test_low_vram_script_trains_under_its_deepspeed_config(workdir, model_root):

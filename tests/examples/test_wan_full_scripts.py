@@ -20,7 +20,7 @@ from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffu
 
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.testing.tiny_models import WAN_I2V_ORIGINAL_MODEL_ID, WAN_ORIGINAL_MODEL_ID
-from tests.examples.helpers import linked_model_root
+from tests.examples.helpers import assert_deepspeed_config, linked_model_root
 from tests.pipelines.family_helpers import refused_before_loading
 
 from .test_qwen_full_scripts import changed_weights, checkpoint_weights, transformer_weights
@@ -80,13 +80,7 @@ def test_script_trains_every_weight_of_the_transformer(workdir, model_root, rele
 
 @pytest.mark.parametrize(("name", "stage_and_offload"), list(CONFIGS.items()))
 def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage_and_offload):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    config = ClusterConfig.from_yaml_file(str(FULL / name))
-    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8 and config.mixed_precision == "bf16"
-    stage, offload = stage_and_offload
-    assert config.deepspeed_config["zero_stage"] == stage
-    assert config.deepspeed_config["offload_optimizer_device"] == offload
+    assert_deepspeed_config(FULL / name, *stage_and_offload)
 
 
 def wan_files(repo: str, clip: bool = False, dit: str = "diffusion_pytorch_model*.safetensors") -> str:

@@ -11,7 +11,6 @@ build of half a minute; their commands train here in-process, as one process.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,11 @@ import torch
 from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
 from diffsynth.lora.naming import naming_for
 from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
-from diffsynth.training import entry as trainer
-from tests.conftest import reset_accelerate_state
 from tests.core.test_quant import needs_bitsandbytes
+from tests.examples.helpers import assert_deepspeed_config, lora_update, run_command, script_commands
 from tests.pipelines.family_helpers import refused_before_loading
 
-from .test_qwen_reference_scripts import config_file, draw_dataset, lora_update, small
-from .test_scripts import REPO, launch_commands, trainer_argv
+from .test_scripts import REPO
 
 Z_IMAGE = REPO / "examples" / "z_image" / "model_training"
 PRESET = "models/ostris/zimage_turbo_training_adapter/zimage_turbo_training_adapter_v1.safetensors"
@@ -34,20 +31,11 @@ PRESET = "models/ostris/zimage_turbo_training_adapter/zimage_turbo_training_adap
 
 def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
     """``(accelerate config or None, trainer argv)`` of each launch command of a script, sizes made small."""
-    found = []
-    for words in launch_commands((Z_IMAGE / relative).read_text()):
-        train_py, argv = trainer_argv(words)
-        assert train_py == Z_IMAGE / "train.py", shlex.join(words)
-        found.append((config_file(words), small(argv)))
-    return found
+    return script_commands(Z_IMAGE, relative)
 
 
 def run_in_process(argv: list[str]) -> dict:
-    draw_dataset(argv)
-    try:
-        return trainer.main(ZImagePipeline, argv)
-    finally:
-        reset_accelerate_state()
+    return run_command(ZImagePipeline, argv)
 
 
 @pytest.mark.parametrize(("script", "output"), [
@@ -82,10 +70,8 @@ def omni_commands(relative: str) -> list[list[str]]:
     plain, _, edit = text.partition("# Image(s) to image training\n")
     found = []
     for section in (plain, re.sub(r"^# ?", "", edit, flags=re.MULTILINE)):
-        [words] = launch_commands(section)
-        train_py, argv = trainer_argv(words)
-        assert train_py == Z_IMAGE / "train.py"
-        found.append(small(argv))
+        [(_, argv)] = script_commands(Z_IMAGE, relative, text=section)
+        found.append(argv)
     return found
 
 
@@ -113,11 +99,7 @@ def test_omni_base_scripts_train_from_text_and_from_condition_images(workdir, sc
 
 @pytest.mark.parametrize(("name", "stage"), [("accelerate_config.yaml", 2), ("accelerate_config_zero3.yaml", 3)])
 def test_the_deepspeed_configs_are_accepted_by_accelerate(name, stage):
-    from accelerate.commands.config.config_args import ClusterConfig
-
-    config = ClusterConfig.from_yaml_file(str(Z_IMAGE / "full" / name))
-    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8
-    assert config.deepspeed_config["zero_stage"] == stage and config.mixed_precision == "bf16"
+    assert_deepspeed_config(Z_IMAGE / "full" / name, stage)
 
 
 def write_preset_lora(workdir: Path, tiny_root: Path) -> Path:

@@ -19,6 +19,7 @@ from diffsynth.lora import inspect_lora, load_lora, naming_for, read_lora
 from diffsynth.lora.formats import LoRALayer, LoRAWeights, from_peft_state_dict, write_lora
 from diffsynth.lora.naming import lora_layer_names
 from diffsynth.pipelines.flux.naming import BFL_NAMING as FLUX1_BFL_NAMING
+from tests.lora.conftest import random_lora_model
 
 RANK, ALPHA = 4, 2  # scale 0.5: a file read without its scale is off by 2x
 TOP_LAYERS = {"x_embedder", "context_embedder", "norm_out.linear", "proj_out",
@@ -40,15 +41,7 @@ def model():
 
 def trained(model, targets, seed=0) -> LoRAWeights:
     """A peft LoRA of rank 4, alpha 2 on ``targets`` with random (trained-looking) factors, as the trainer saves it."""
-    from peft import LoraConfig, inject_adapter_in_model
-
-    adapted = inject_adapter_in_model(LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets),
-                                      copy.deepcopy(model))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in adapted.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.1)
+    adapted = random_lora_model(model, targets, RANK, ALPHA, seed)
     return from_peft_state_dict({k: v for k, v in adapted.named_parameters() if ".lora_" in k}, ALPHA)
 
 

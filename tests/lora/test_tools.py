@@ -8,12 +8,10 @@ loaders read none of a ``diffusion_model.`` file and all of its kohya conversion
 file.
 """
 
-import copy
 import json
 
 import pytest
 import torch
-from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import load_file, save_file
 
 from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID
@@ -22,20 +20,14 @@ from diffsynth.lora import from_peft_state_dict, inspect_lora, to_state_dict
 from diffsynth.pipelines.wan_video.naming import NAMING as WAN_NAMING
 from diffsynth.lora.__main__ import main as lora_cli
 from diffsynth.training.outputs.logger import ModelLogger
+from tests.lora.conftest import random_lora_model
 
 RANK = 8
 
 
 def lora_model(cls, folder, targets, seed=0):
     base = cls.from_pretrained(folder).eval()
-    adapted = inject_adapter_in_model(LoraConfig(r=RANK, lora_alpha=RANK, target_modules=targets),
-                                      copy.deepcopy(base))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in adapted.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.1)
-    return base, adapted
+    return base, random_lora_model(base, targets, RANK, RANK, seed)
 
 
 @pytest.fixture(scope="module")

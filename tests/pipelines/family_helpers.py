@@ -70,3 +70,37 @@ def refused_before_loading(pipeline_class, argv, workdir, capsys, video=False) -
     assert len(problems) == 1, problems
     assert not (workdir / "out").exists()
     return problems[0]
+
+
+def public_config(model) -> dict:
+    """The model's config without bookkeeping fields (library versions, dtype, the class it was saved from); tuples
+    as lists, as a config.json holds them."""
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    bookkeeping = {"dtype", "transformers_version", "architectures", "name_or_path", "torch_dtype"}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()
+            if not key.startswith("_") and key not in bookkeeping}
+
+
+def assert_same_model(actual, expected):
+    """Two models of one class with the same public config and equal weights under the same names."""
+    assert type(actual) is type(expected)
+    assert public_config(actual) == public_config(expected)
+    actual_state, expected_state = actual.state_dict(), expected.state_dict()
+    assert actual_state.keys() == expected_state.keys()
+    for key, tensor in expected_state.items():
+        assert torch.equal(actual_state[key], tensor), key
+
+
+def noised_input_image(pipe, prompt=PROMPT) -> tuple[torch.Tensor, dict]:
+    """Runs ``pipe``'s units on a 32 x 32 input image at denoising strength 0.5 (seed 3; the caller sets the
+    scheduler's timesteps) and checks that the start latents are the input's latents noised to the first sigma;
+    returns ``(first sigma, shared state)``."""
+    from PIL import Image
+
+    image = Image.new("RGB", (32, 32), (200, 30, 90))
+    shared, _, _ = pipe.run_units({"height": 32, "width": 32, "seed": 3, "input_image": image,
+                                   "denoising_strength": 0.5}, {"prompt": prompt}, {})
+    sigma = pipe.scheduler.sigmas[0]
+    expected = (1 - sigma) * shared["input_latents"] + sigma * shared["noise"]
+    assert torch.allclose(shared["latents"], expected, atol=1e-6)
+    return sigma, shared

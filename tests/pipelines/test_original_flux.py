@@ -20,6 +20,7 @@ from diffsynth.pipelines.flux.original import (
     vae_sources,
     vae_to_original,
 )
+from tests.pipelines.family_helpers import assert_same_model, public_config
 
 # black-forest-labs/FLUX.1-dev's transformer/config.json and vae/config.json (sizes; the rest is FLUX1_VAE_CONFIG).
 RELEASED_TRANSFORMER = {
@@ -59,21 +60,6 @@ def tiny_vae(widths=(32, 32, 64, 64), layers: int = 1):
 def save(state_dict: dict, path):
     save_file({key: tensor.contiguous() for key, tensor in state_dict.items()}, str(path))
     return path
-
-
-def public_config(model) -> dict:
-    """The config without bookkeeping (``_class_name``, versions); tuples as lists, as a config.json holds them."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in dict(model.config).items()
-            if not key.startswith("_")}
-
-
-def assert_same_model(actual, expected):
-    assert type(actual) is type(expected)
-    assert public_config(actual) == public_config(expected)
-    actual_state, expected_state = actual.state_dict(), expected.state_dict()
-    assert actual_state.keys() == expected_state.keys()
-    for key, tensor in expected_state.items():
-        assert torch.equal(actual_state[key], tensor), key
 
 
 def transformer_inputs(model, tokens: int = 16, words: int = 7) -> dict:

@@ -15,6 +15,7 @@ from diffsynth.pipelines.wan_video.original_encoders import (clip_config, clip_m
 from diffsynth.pipelines.wan_video.original_vae import (WAN22_LATENTS_MEAN, vae_config, vae_original_keys,
                                                     wan21_vae_model_keys, wan22_vae_model_keys)
 from diffsynth.testing import tiny_wan as tiny
+from tests.pipelines.family_helpers import assert_same_model
 
 ORIGINAL, DIFFUSERS = tiny.WAN_ORIGINAL_MODEL_ID, tiny.WAN_MODEL_ID
 I2V_ORIGINAL, I2V_DIFFUSERS = tiny.WAN_I2V_ORIGINAL_MODEL_ID, tiny.WAN_I2V_MODEL_ID
@@ -24,27 +25,9 @@ def load(model_id, pattern):
     return load_model(ModelConfig(model_id=model_id, origin_file_pattern=pattern), torch.float32)
 
 
-def public_config(model) -> dict:
-    """The model's config without bookkeeping fields (library versions, dtype, the class it was saved from); tuples
-    as lists, as a config.json holds them."""
-    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
-    bookkeeping = {"dtype", "transformers_version", "architectures", "name_or_path", "torch_dtype"}
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()
-            if not key.startswith("_") and key not in bookkeeping}
-
-
 def assert_same_output(actual: torch.Tensor, expected: torch.Tensor) -> None:
     # Equal weights in differently aligned buffers may take other vectorised kernels: last-bit differences only.
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
-
-
-def assert_same_model(actual, expected):
-    assert type(actual) is type(expected)
-    assert public_config(actual) == public_config(expected)
-    actual_state, expected_state = actual.state_dict(), expected.state_dict()
-    assert actual_state.keys() == expected_state.keys()
-    for key, tensor in expected_state.items():
-        assert torch.equal(actual_state[key], tensor), key
 
 
 # ---- each original file equals its diffusers twin, in weights and in outputs ---------------------------------------

@@ -2,8 +2,6 @@
 library."""
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from diffsynth.core import model_traits
 from diffsynth.pipelines import registry
 from diffsynth.pipelines.registry import FamilySpec, LoraTools, Release, families, load
+from tests.conftest import python_output
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = {spec.name: spec for spec in families()}
@@ -24,8 +23,7 @@ def test_every_room_with_a_spec_is_registered_under_its_folder_name():
 def test_reading_the_registry_imports_no_model_library():
     code = ("import sys; from diffsynth.pipelines.registry import families, releases; families(); releases(); "
             "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'peft') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
+    assert python_output(code) == "[]"
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

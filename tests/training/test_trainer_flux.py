@@ -13,8 +13,7 @@ from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID as DEV
 from diffsynth.testing.tiny_flux import FLUX1_KONTEXT_MODEL_ID as KONTEXT
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora, run_once
+from tests.training.conftest import assert_samples_while_training, dataset_args, quant_cases, reference_lora, run_once
 
 PATTERN = {"dit": f"{DEV}:flux1-dev.safetensors", "text_encoder": f"{DEV}:text_encoder/model.safetensors",
            "text_encoder_2": f"{DEV}:text_encoder_2/*.safetensors", "vae": f"{DEV}:ae.safetensors"}
@@ -28,14 +27,12 @@ COMMON = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def in_process_runs(base, fresh_accelerate_state):
-    """Every test here runs the trainer in-process on the tiny repos."""
+# Every test here runs the trainer in-process on the tiny repos.
+pytestmark = pytest.mark.usefixtures("base", "fresh_accelerate_state")
 
 
 def raw(dataset, models=",".join(PATTERN.values())):
-    return ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv"),
-            "--model_id_with_origin_paths", models]
+    return dataset_args(dataset, models)
 
 
 def one_stage(dataset, output, *extra):
@@ -54,10 +51,8 @@ def block_counts(result):
 
 
 def test_a_lora_run_trains_every_target_of_the_reference_names(reference):
-    output, result = reference
-    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
-    weights = lora(output, "epoch-0")
-    double, single = block_counts(result)
+    weights = reference_lora(reference, 3)
+    double, single = block_counts(reference[1])
     # 14 layers per double block and 6 per single block (its fused to_qkv_mlp is to_q, to_k, to_v and proj_mlp).
     assert len(weights) == 2 * (14 * double + 6 * single)
     assert max(value.abs().max().item() for key, value in weights.items() if "lora_B" in key) > 1e-4
@@ -87,22 +82,14 @@ def test_unknown_reference_names_are_refused_before_loading(dataset, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("quant", [["--fp8_models", PATTERN["dit"]],
-                                   pytest.param(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4"],
-                                                marks=needs_bitsandbytes)],
-                         ids=["fp8", "nf4"])
+@pytest.mark.parametrize("quant", quant_cases(PATTERN["dit"]))
 def test_fp8_and_nf4_train(dataset, tmp_path, quant):
     result = one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant)
     assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
 
 
 def test_samples_while_training(dataset, tmp_path):
-    (tmp_path / "prompts.txt").write_text("a red square\n")
-    result = one_stage(dataset, tmp_path / "out", "--batch_size", "3", "--height", "32", "--width", "32",
-                       "--validation_prompts", str(tmp_path / "prompts.txt"), "--validation_steps", "1",
-                       "--validation_num_inference_steps", "1")
-    assert result["global_step"] == 1
-    assert list((tmp_path / "out").rglob("*.png"))
+    assert_samples_while_training(lambda output, *flags: one_stage(dataset, output, *flags), tmp_path)
 
 
 def test_the_opensource_format_is_the_same_lora_in_bfl_fused_names(reference, dataset, tmp_path):

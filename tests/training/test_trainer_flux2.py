@@ -13,8 +13,7 @@ from diffsynth.testing.tiny_flux2 import FLUX2_KLEIN_BASE_4B_MODEL_ID as BASE
 from diffsynth.testing.tiny_flux2 import FLUX2_PATTERNS
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from tests.core.test_quant import needs_bitsandbytes
-from tests.training.conftest import lora, run_once
+from tests.training.conftest import assert_samples_while_training, dataset_args, quant_cases, reference_lora, run_once
 
 PATTERN = {"dit": f"{BASE}:{FLUX2_PATTERNS['dit']}", "text_encoder": f"{SHARED}:{FLUX2_PATTERNS['text_encoder']}",
            "vae": f"{SHARED}:{FLUX2_PATTERNS['vae']}"}
@@ -27,14 +26,12 @@ COMMON = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def in_process_runs(base, fresh_accelerate_state):
-    """Every test here runs the trainer in-process on the tiny repos."""
+# Every test here runs the trainer in-process on the tiny repos.
+pytestmark = pytest.mark.usefixtures("base", "fresh_accelerate_state")
 
 
 def raw(dataset, models=",".join(PATTERN.values())):
-    return ["--dataset_base_path", str(dataset), "--dataset_metadata_path", str(dataset / "metadata.csv"),
-            "--model_id_with_origin_paths", models]
+    return dataset_args(dataset, models)
 
 
 def one_stage(dataset, output, *extra):
@@ -49,9 +46,7 @@ def reference(dataset, tmp_path_factory, tiny_root):
 
 
 def test_a_lora_run_trains_every_target(reference):
-    output, result = reference
-    assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
-    weights = lora(output, "epoch-0")
+    weights = reference_lora(reference, 3)
     # 2 double blocks x 10 layers (linear_in / linear_out in ff and ff_context), 20 single blocks x
     # (to_qkv_mlp_proj + to_out): 60 layers, 2 factors each.
     assert len(weights) == 2 * (2 * 10 + 20 * 2)
@@ -81,18 +76,10 @@ def test_edit_training_reads_the_reference_images(tmp_path):
 
 
 def test_batches_from_buckets_and_samples_while_training(dataset, tmp_path):
-    (tmp_path / "prompts.txt").write_text("a red square\n")
-    result = one_stage(dataset, tmp_path / "out", "--batch_size", "3", "--height", "32", "--width", "32",
-                       "--validation_prompts", str(tmp_path / "prompts.txt"), "--validation_steps", "1",
-                       "--validation_num_inference_steps", "1")
-    assert result["global_step"] == 1
-    assert list((tmp_path / "out").rglob("*.png"))
+    assert_samples_while_training(lambda output, *flags: one_stage(dataset, output, *flags), tmp_path)
 
 
-@pytest.mark.parametrize("quant", [["--fp8_models", PATTERN["dit"]],
-                                   pytest.param(["--quant_options", f"{PATTERN['dit']}:bitsandbytes_nf4"],
-                                                marks=needs_bitsandbytes)],
-                         ids=["fp8", "nf4"])
+@pytest.mark.parametrize("quant", quant_cases(PATTERN["dit"]))
 def test_fp8_and_nf4_train(dataset, tmp_path, quant):
     result = one_stage(dataset, tmp_path / "out", "--torch_dtype", "bfloat16", *quant)
     assert result["global_step"] == 3 and all(torch.isfinite(torch.tensor(result["losses"])))

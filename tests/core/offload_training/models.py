@@ -60,3 +60,18 @@ def make_batches(steps: int, seed: int = 1, batch: int = 8) -> list[tuple[torch.
     generator = torch.Generator().manual_seed(seed)
     return [(torch.randint(0, VOCAB, (batch,), generator=generator),
              torch.randint(0, VOCAB, (batch,), generator=generator)) for _ in range(steps)]
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer, loss_of_step, steps: int, manager=None) -> torch.Tensor:
+    """``steps`` optimizer steps on ``loss_of_step(step)``, the offload ``manager`` (if any) told after each backward,
+    as the trainer tells it; returns the losses."""
+    losses = []
+    for step in range(steps):
+        loss = loss_of_step(step)
+        loss.backward()
+        if manager is not None:
+            manager.after_backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return torch.stack(losses)

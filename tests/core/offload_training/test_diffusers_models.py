@@ -14,6 +14,8 @@ from peft import LoraConfig
 
 from diffsynth.core import OffloadTrainingManager
 
+from .models import optimizer_steps
+
 
 def tiny_qwen_image():
     torch.manual_seed(0)
@@ -71,18 +73,13 @@ def tiny_z_image():
 
 def lora_train(model, inputs, steps=2, manager=None):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    losses = []
-    for step in range(steps):
+
+    def loss_of_step(step):
         torch.manual_seed(step)
         output = model(**inputs)[0]
-        loss = (output - torch.randn_like(output)).square().mean()
-        loss.backward()
-        if manager is not None:
-            manager.after_backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.detach())
-    return torch.stack(losses)
+        return (output - torch.randn_like(output)).square().mean()
+
+    return optimizer_steps(optimizer, loss_of_step, steps, manager)
 
 
 @pytest.mark.parametrize("build", [tiny_qwen_image, tiny_wan, tiny_flux2, tiny_z_image],

@@ -7,6 +7,8 @@ from torch import nn
 
 from diffsynth.core import OffloadTrainingManager, gradient_checkpoint_forward
 
+from .models import optimizer_steps
+
 DIM = 16
 
 
@@ -39,18 +41,13 @@ class Modulated(nn.Module):
 def train(model, manager=None, steps=3):
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     generator = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
+
+    def loss_of_step(_):
         x = torch.randn(3, DIM, generator=generator).requires_grad_(True)
         embedding = torch.randn(3, DIM, generator=generator)
-        loss = model(x, embedding).square().mean()
-        loss.backward()
-        if manager is not None:
-            manager.after_backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.detach())
-    return torch.stack(losses)
+        return model(x, embedding).square().mean()
+
+    return optimizer_steps(optimizer, loss_of_step, steps, manager)
 
 
 def test_a_recomputed_unit_whose_outputs_need_no_gradient_is_released_after_its_recompute():

@@ -7,10 +7,8 @@ the smallest, and the other rows are checked against Low_VRAM's tables, which th
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,19 +16,12 @@ import pytest
 from diffsynth.core.planning.plans import NoPlanFits, Plan, Prediction
 from diffsynth.core.planning.profiles import GIB, PROFILES
 from diffsynth.training.placement.planner import PlanReport
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("planner_tables", REPO / "scripts" / "planner_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
-
-
-TABLES = load_script()
+TABLES = load_script("scripts/planner_tables.py", "planner_tables", register=True)  # its dataclass looks it up
 
 
 def between(path: Path, markers: tuple[str, str]) -> str:
