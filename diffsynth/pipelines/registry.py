@@ -16,7 +16,7 @@ import fnmatch
 import functools
 import importlib
 import pkgutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,10 +105,10 @@ class FamilySpec:
             diffusers folder.
         prompt_tokens: Prompt tokens per sample the planner assumes (a long caption, or the padded length).
         planner_inputs: ``"module:function"``, ``(model, height, width, frames, dtype, batch, prompt_tokens) ->
-            the denoiser's keyword inputs`` on the meta device.
+            the denoiser's keyword inputs`` on the meta device; by default the room's ``planning:planner_inputs``.
         scheduler_presets: Flow-match scheduler settings by preset name (``FlowMatchScheduler`` arguments).
-        lora_naming: ``"module:attribute"`` of its ``ModuleNaming`` (original-release layer names); None keeps
-            diffusers' names.
+        lora_naming: ``"module:attribute"`` of its ``ModuleNaming`` (original-release layer names); by default the
+            room's ``naming:NAMING``; None keeps diffusers' names.
         lora_tools: How the real tools load its LoRA files.
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
@@ -123,10 +123,10 @@ class FamilySpec:
     pipeline: str
     plan_name: str
     denoiser_class: str
-    planner_inputs: str
     lora_tools: LoraTools
     example_folder: str
     docs_page: str
+    planner_inputs: str = ""
     video: bool = False
     model_ids: tuple[str, ...] = ()
     releases: tuple[Release, ...] = ()
@@ -135,12 +135,18 @@ class FamilySpec:
     original_checkpoint: OriginalCheckpoint | None = None
     prompt_tokens: int = 512
     scheduler_presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    lora_naming: str | None = None
+    lora_naming: str | None = ""
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # The room's own modules by convention: planning.py and naming.py beside the spec.
+        room = f"{PACKAGE}.{self.name}"
+        if not self.planner_inputs:
+            object.__setattr__(self, "planner_inputs", f"{room}.planning:planner_inputs")
+        if self.lora_naming == "":
+            object.__setattr__(self, "lora_naming", f"{room}.naming:NAMING")
         for label, reference in (("pipeline", self.pipeline), ("planner_inputs", self.planner_inputs),
                                  *(("original_readers", r) for r in self.original_readers),
                                  *((("lora_naming", self.lora_naming),) if self.lora_naming else ())):
@@ -196,10 +202,15 @@ def family(name: str) -> FamilySpec:
     Raises:
         FamilyNotFound: There is none.
     """
-    for spec in families():
-        if spec.name == name:
-            return spec
-    raise FamilyNotFound(f"no family {name!r}; the families are {', '.join(s.name for s in families())}")
+    return _only(lambda spec: spec.name == name,
+                 f"no family {name!r}; the families are {', '.join(s.name for s in families())}")
+
+
+def _only(matches: Callable[[FamilySpec], bool], missing: str) -> FamilySpec:
+    found = next((spec for spec in families() if matches(spec)), None)
+    if found is None:
+        raise FamilyNotFound(missing)
+    return found
 
 
 def family_of_class(class_name: str) -> FamilySpec | None:
@@ -213,10 +224,8 @@ def family_of_plan_name(plan_name: str) -> FamilySpec:
     Raises:
         FamilyNotFound: There is none.
     """
-    for spec in families():
-        if spec.plan_name == plan_name:
-            return spec
-    raise FamilyNotFound(f"no family plans as {plan_name!r}; choose one of {', '.join(plan_names())}")
+    return _only(lambda spec: spec.plan_name == plan_name,
+                 f"no family plans as {plan_name!r}; choose one of {', '.join(plan_names())}")
 
 
 def plan_names() -> list[str]:

@@ -10,9 +10,9 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.flux:FluxPipeline",
     plan_name="flux",
     denoiser_class="FluxTransformer2DModel",
-    # diffusers' defaults are FLUX.1's transformer but for the guidance embedding of the distilled releases.
     model_ids=("black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-Krea-dev",
                "black-forest-labs/FLUX.1-Kontext-dev"),
+    # diffusers' defaults are FLUX.1's transformer but for the guidance embedding of the distilled releases.
     releases=(Release("flux.1-dev", dict(guidance_embeds=True), (
         "black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-Krea-dev", "black-forest-labs/FLUX.1-Kontext-dev")),),
     layouts=("diffusers", "BFL single files (flux1-*.safetensors, ae.safetensors)"),
@@ -20,10 +20,8 @@ SPEC = FamilySpec(
     original_checkpoint=OriginalCheckpoint("diffsynth.pipelines.flux.original:transformer_to_original"),
     # T5 pads every prompt to 512 tokens.
     prompt_tokens=512,
-    planner_inputs="diffsynth.pipelines.flux.planning:planner_inputs",
     scheduler_presets={"flux": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                     max_image_seq_len=4096, training_shift=3.0)},
-    lora_naming="diffsynth.pipelines.flux.naming:NAMING",
     lora_tools=LoraTools("FluxLoraLoaderMixin", comfyui_key_map="bfl", diffsynth_studio_loader="bfl"),
     refused_model_ids={
         "black-forest-labs/FLUX.1-Fill-dev": "FLUX.1 Fill (inpainting and outpainting; also Insert-Anything, which "

@@ -20,12 +20,10 @@ SPEC = FamilySpec(
     ),
     # Qwen3 pads every prompt to 512 tokens.
     prompt_tokens=512,
-    planner_inputs="diffsynth.pipelines.flux2_klein.planning:planner_inputs",
     # The released scheduler config's line; inference passes its own (empirical) mu and training bends the grid at
     # training_mu 0.8, as the reference trainer does.
     scheduler_presets={"flux2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                      max_image_seq_len=4096)},
-    lora_naming="diffsynth.pipelines.flux2_klein.naming:NAMING",
     # ComfyUI reads FLUX.2 files through its map onto BFL's layout, with diffusers' names bare.
     lora_tools=LoraTools("Flux2LoraLoaderMixin", comfyui_key_map="bfl"),
     refused_model_ids={

@@ -14,11 +14,9 @@ SPEC = FamilySpec(
         joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56)), ("Qwen/Qwen-Image*",)),),
     # A prompt keeps its own tokens; 256 is a long caption.
     prompt_tokens=256,
-    planner_inputs="diffsynth.pipelines.qwen_image.planning:planner_inputs",
     scheduler_presets={"qwen_image": dict(dynamic_shift=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
                                           max_image_seq_len=8192, shift_terminal=0.02)},
     # The original release uses diffusers' names.
-    lora_naming="diffsynth.pipelines.qwen_image.naming:NAMING",
     lora_tools=LoraTools("QwenImageLoraLoaderMixin", comfyui_key_map="native_bare"),
     refused_model_ids={
         "FireRedTeam/FireRed-Image-Edit-": "FireRed-Image-Edit is not supported here; train Qwen/Qwen-Image-Edit, -2509 "

@@ -31,9 +31,7 @@ SPEC = FamilySpec(
                                            "diffsynth.pipelines.wan_video.original:dit_original_config"),
     # UMT5 pads every prompt to 512 tokens.
     prompt_tokens=512,
-    planner_inputs="diffsynth.pipelines.wan_video.planning:planner_inputs",
     scheduler_presets={"wan": dict(shift=5.0)},
-    lora_naming="diffsynth.pipelines.wan_video.naming:NAMING",
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
         "Wan-AI/Wan2.1-VACE-": _VACE, "iic/VACE-Wan2.1-": _VACE, "PAI/Wan2.2-VACE-Fun-": _VACE,

@@ -8,16 +8,14 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.z_image:ZImagePipeline",
     plan_name="z-image",
     denoiser_class="ZImageTransformer2DModel",
+    model_ids=("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo", "Tongyi-MAI/Z-Image-Omni-Base"),
     # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer. Z-Image-Omni-Base is not among the
     # releases: its transformer takes SigLIP features, which the planner's inputs do not give.
-    model_ids=("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo", "Tongyi-MAI/Z-Image-Omni-Base"),
     releases=(Release("z-image", {}, ("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo")),),
     # A prompt keeps its own tokens; 256 is a long caption.
     prompt_tokens=256,
-    planner_inputs="diffsynth.pipelines.z_image.planning:planner_inputs",
     scheduler_presets={"z_image": dict(shift=3.0)},
     # The released transformers use diffusers' names; ComfyUI reads them through its Lumina2 key map.
-    lora_naming="diffsynth.pipelines.z_image.naming:NAMING",
     lora_tools=LoraTools("ZImageLoraLoaderMixin", comfyui_key_map="lumina2"),
     # Its TimestepEmbedder casts the sinusoidal embedding to mlp[0].weight.dtype.
     fp8_input_casting_layers=("t_embedder",),
