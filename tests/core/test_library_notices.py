@@ -2,6 +2,9 @@
 (``core.library_notices.LIBRARY_NOTICES``); every other record of the same loggers passes."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,3 +97,14 @@ def test_the_trainer_quiets_them_at_its_start_unless_debug(records, capsys):
         assert [notice in logging.getLogger(name).filters for name, notice in LIBRARY_NOTICES.items()] == \
             [quiet] * len(LIBRARY_NOTICES)
     capsys.readouterr()
+
+
+def test_importing_the_package_keeps_the_import_time_notice_out():
+    code = ("import logging, diffsynth; logger = logging.getLogger('bitsandbytes.backends.cpu.ops'); "
+            "print(any(not f.filter(logging.makeLogRecord({'msg': 'Failed to load CPU gemm_4bit_forward from "
+            "kernels-community: x'})) for f in logger.filters))")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "DIFFSYNTH_DEBUG": "0"})
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "DIFFSYNTH_DEBUG": "1"})
+    assert (quiet.stdout.strip(), loud.stdout.strip()) == ("True", "False")
