@@ -29,7 +29,7 @@ from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_trainin
 from .outputs.initial_weights import load_initial_weights
 from .placement.deepspeed import deepspeed_config, match_gradient_clipping
 from .placement.quant_options import quant_package_problems
-from .startup import build_dataset, build_training_module, check_inputs_used, load_pipeline
+from .startup import build_dataset, build_training_module, build_validation_dataset, check_inputs_used, load_pipeline
 from .startup.accelerator import agree_on_seed, make_accelerator
 from .startup.launch_checks import launch_problems
 
@@ -99,13 +99,15 @@ def run_task(pipeline_class: type[BasePipeline], config: RunConfig, accelerator:
     set_seed(config.training.seed)
     # Data, then the models (under DeepSpeed they load whole; ZeRO partitions them at prepare).
     dataset = build_dataset(config, pipeline_class, accelerator)
+    validation_set = build_validation_dataset(config, pipeline_class, accelerator)
     pipe = load_pipeline(config, pipeline_class, accelerator)
     initial_weights = config.training.initial_weights
     if initial_weights:
         loaded = load_initial_weights(pipe, initial_weights, config.output.remove_prefix_in_ckpt or "")
         logger.info("--resume_from_checkpoint %s: started from its %d weights", initial_weights, loaded)
-    if isinstance(dataset, UnifiedDataset):
-        dataset.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
+    for one in (dataset, validation_set):
+        if isinstance(one, UnifiedDataset):
+            one.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
     # The training module; the LoRA's initial weights come from the seed alone, whatever loading drew before.
     set_seed(config.training.seed)
     module = build_training_module(config, pipe)
@@ -113,10 +115,13 @@ def run_task(pipeline_class: type[BasePipeline], config: RunConfig, accelerator:
         logger.info("timesteps: %s", module.loss.sampling.describe())
     # The task stage: stage 1 caches; training checks a cache against the models, then trains.
     if stage == "data_process":
-        return {"cached": launch_data_process_task(accelerator, dataset, module, config, command=command)}
+        return {"cached": launch_data_process_task(accelerator, dataset, module, config, command=command,
+                                                   validation_set=validation_set)}
     if stage == "train":
         check_cache_matches(dataset, module)
-    return train(accelerator, dataset, module, config, claim)
+        if validation_set is not None:
+            check_cache_matches(validation_set, module)
+    return train(accelerator, dataset, module, config, claim, validation_set)
 
 
 def check_cache_matches(dataset: Any, module: DiffusionTrainingModule) -> None:
@@ -129,8 +134,9 @@ def check_cache_matches(dataset: Any, module: DiffusionTrainingModule) -> None:
 
 
 def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, config: RunConfig,
-          claim: OutputClaim) -> dict:
-    """Restores the checkpoint a resume continues, opens the logger and runs the training loop."""
+          claim: OutputClaim, validation_set: Any = None) -> dict:
+    """Restores the checkpoint a resume continues, opens the logger and runs the training loop (measuring the loss
+    of ``validation_set``, when given)."""
     resume = None
     if claim.checkpoint is not None:
         trainable, optimizer_state, scheduler_state, progress = load_training_state(claim.checkpoint)
@@ -151,7 +157,7 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
 
     try:
         result = launch_training_task(accelerator, dataset, module, model_logger, config, claim.run_id, resume,
-                                      on_start=record_run)
+                                      on_start=record_run, validation_set=validation_set)
     finally:
         model_logger.close()
     if accelerator.is_main_process:

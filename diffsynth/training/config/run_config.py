@@ -29,6 +29,7 @@ from .section import Section
 from .sections import SECTIONS
 from .training import TrainingSection, optimizer_placement_problems
 from .validation import ValidationSection
+from .validation_loss import ValidationLossSection, validation_loss_problems
 from .validation_prompts import ValidationConfig, ValidationError
 
 if TYPE_CHECKING:
@@ -123,6 +124,10 @@ def _validation_problems(validation: ValidationSection, training: TrainingSectio
     return []
 
 
+def _validation_loss_problems(validation_loss: ValidationLossSection, training: TrainingSection) -> list[str]:
+    return validation_loss_problems(validation_loss, training.task, training.family, training.stage)
+
+
 def _overwrite_problems(output: OutputSection, training: TrainingSection) -> list[str]:
     resume = training.resume_checkpoint
     if not (output.overwrite_output and resume):
@@ -141,6 +146,7 @@ CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_quant_problems, ("model", "placement")),
     (_timestep_problems, ("training", "timesteps")),
     (_validation_problems, ("validation", "training", "dataset")),
+    (_validation_loss_problems, ("validation_loss", "training")),
     (_overwrite_problems, ("output", "training")),
     (optimizer_placement_problems, ("training", "placement")),
 )
@@ -173,6 +179,7 @@ class RunConfig:
     timesteps: TimestepFlags
     output: OutputSection
     validation: ValidationSection
+    validation_loss: ValidationLossSection
     lora: LoraSection
     placement: PlacementConfig
     console: ConsoleSection

@@ -16,9 +16,11 @@ from .placement import PlacementConfig
 from .section import Section
 from .training import TrainingSection
 from .validation import ValidationSection
+from .validation_loss import ValidationLossSection
 
 SECTIONS: dict[str, type[Section]] = {
     "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepFlags,
-    "output": OutputSection, "validation": ValidationSection, "lora": LoraSection, "placement": PlacementConfig,
+    "output": OutputSection, "validation": ValidationSection,
+    "validation_loss": ValidationLossSection, "lora": LoraSection, "placement": PlacementConfig,
     "console": ConsoleSection,
 }

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
                          model_logger: ModelLogger, config: RunConfig, run_id: str | None = None,
                          resume: tuple[dict, dict, dict] | None = None,
-                         on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+                         on_start: Callable[[], None] | None = None,
+                         validation_set: Dataset | None = None) -> dict[str, Any]:
     """Trains ``module`` on ``dataset`` for ``--num_epochs`` (or ``--max_train_steps``) optimizer steps.
 
     Args:
@@ -43,13 +44,16 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         resume: ``(optimizer_state, scheduler_state, progress)`` from a checkpoint, or None.
         on_start: Writes the run's record (flags, config file); called once everything is placed and the checkpoint
             restored, before the first step, so a resume that cannot run leaves the earlier run's files as they were.
+        validation_set: The validation set (raw samples, or its stage-1 cache) whose mean loss is measured every
+            ``--validation_loss_steps`` and at the end (``validation_loss``), or None.
 
     Returns:
-        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples", "sample_peaks"}``: the optimizer steps
-        done, the mean loss of each (over its micro-batches and the processes; NaN or inf for a skipped step), how
-        many steps were skipped as non-finite (over the whole run, resumed parts included), the samples replaced
-        because their files failed to decode, and for each step samples were rendered at, the peak bytes of
-        offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``).
+        ``{"global_step", "losses", "nonfinite_steps", "skipped_samples", "sample_peaks", "val_losses"}``: the
+        optimizer steps done, the mean loss of each (over its micro-batches and the processes; NaN or inf for a
+        skipped step), how many steps were skipped as non-finite (over the whole run, resumed parts included), the
+        samples replaced because their files failed to decode, for each step samples were rendered at, the peak
+        bytes of offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``), and
+        the ``(step, validation loss)`` pairs measured.
 
     Raises:
         FlagError: A resumed checkpoint is at or past the end of this run's schedule: nothing would be trained.
@@ -58,7 +62,7 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
             of that step were written.
     """
     # Placement, optimizer, batches and schedule, prepared by accelerate; a checkpoint's position and state.
-    loop = TrainingLoop(accelerator, dataset, module, model_logger, config, run_id, resume)
+    loop = TrainingLoop(accelerator, dataset, module, model_logger, config, run_id, resume, validation_set)
     if resume is not None and not loop.epochs_left():
         # The checkpoint's position alone passed (output_folder), but the schedule of the data as it is now ends
         # before it (a dataset that shrank): refused as honestly, before the run's record is written.

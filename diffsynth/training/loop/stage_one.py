@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Subset
@@ -14,6 +15,7 @@ from ...core.data.bad_samples import pop_skipped
 from ...core.data.cache import cache_file_path, save_cache_sample, write_cache_info, write_cache_manifest
 from ...core.data.cache_sync import summarise, sync_stage_one_cache
 from ...core.data.fingerprint import digest
+from ..config.validation_loss import VALIDATION_CACHE_DIR
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.placers import place_models
 from .preemption import PreemptionListener, RunPreempted, ignore_stop_signals
@@ -53,8 +55,11 @@ def signal_name(preemption: PreemptionListener) -> str:
 
 
 def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule,
-                             config: RunConfig, command: str | None = None) -> int:
-    """Stage 1: runs the stage's units on every sample and writes one cache file per sample.
+                             config: RunConfig, command: str | None = None,
+                             validation_set: UnifiedDataset | None = None) -> int:
+    """Stage 1: runs the stage's units on every sample and writes one cache file per sample; then the same for the
+    validation set (``--validation_dataset_metadata_path``), into its own cache ``<output_path>/validation``, which
+    ``*:train`` reads for ``--validation_loss_steps``.
 
     Processes take every ``num_processes``-th sample. A rerun keeps each file whose fingerprint still matches its
     sample, recomputes the others and removes the files of samples that are gone (``cache_sync``); it reports what it
@@ -66,15 +71,15 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
         module: The stage-1 training module.
         config: The run's config.
         command: The command line that reruns this stage, recorded for stage 2's message about a partial cache.
+        validation_set: The validation set's metadata dataset (built like ``dataset``), or None.
 
     Returns:
-        The number of samples this process computed (not counting those it kept or skipped).
+        The number of samples this process computed (not counting those it kept or skipped), the validation set's
+        included.
 
     Raises:
         RunPreempted: SIGTERM / SIGINT arrived; this process stopped after the sample in progress.
     """
-    from accelerate.utils import gather_object
-
     info = module.cache_info()
     models = digest(module.stage_one_identity())  # before placing: offload leaves no weights to read
     if config.placement.enable_optimizer_cpu_offload:
@@ -83,6 +88,27 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
     _no_kernel_cache_per_shape(accelerator.device)
     output = config.output.output_path
     place_models(module, accelerator.device, config.placement)  # stage 1 never runs the denoiser, so nothing is swapped
+    computed, summary = _cache_samples(accelerator, dataset, module, config, output, info, models, command)
+    if accelerator.is_main_process:
+        print(f"stage 1: {summary}. Cache in {output}; train from it with --task {config.training.family}:train "
+              f"--dataset_base_path {output}")
+    if validation_set is not None:
+        folder = Path(output) / VALIDATION_CACHE_DIR
+        validation_computed, summary = _cache_samples(accelerator, validation_set, module, config, folder, info,
+                                                      models, command)
+        computed += validation_computed
+        if accelerator.is_main_process:
+            print(f"stage 1, validation set: {summary}. Cache in {folder}; the {config.training.family}:train run "
+                  "measures its loss with --validation_loss_steps N")
+    return computed
+
+
+def _cache_samples(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule, config: RunConfig,
+                   output: str | Path, info: dict[str, Any], models: str, command: str | None) -> tuple[int, str]:
+    """Caches ``dataset`` into ``output`` (see :func:`launch_data_process_task`): the samples this process computed,
+    and the summary line of every process's counts (main process)."""
+    from accelerate.utils import gather_object
+
     if accelerator.is_main_process:
         write_cache_info(output, info)
     accelerator.wait_for_everyone()
@@ -119,12 +145,12 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
     accelerator.wait_for_everyone()
     counts = gather_object([sync.counts()])
     late = gather_object([(bad.index, bad.describe()) for bad in skipped_here])
+    summary = ""
     if accelerator.is_main_process:
         skipped.update(late)
         if late:
             write_cache_manifest(output, num_samples, skipped, command)
-        print(f"stage 1: {summarise(counts, skipped=len(skipped))}. Cache in {output}; train from it with "
-              f"--task {config.training.family}:train --dataset_base_path {output}")
-    return len(sync.todo) - len(skipped_here)
+        summary = summarise(counts, skipped=len(skipped))
+    return len(sync.todo) - len(skipped_here), summary
 
 

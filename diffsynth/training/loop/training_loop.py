@@ -41,6 +41,7 @@ from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignor
 from .progress import ProgressReport
 from .sampling import SampleRenderer
 from .stage_one import signal_name
+from .validation_loss import ValidationLoss
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -117,8 +118,9 @@ class TrainingLoop:
 
     def __init__(self, accelerator: Any, dataset: Dataset, module: DiffusionTrainingModule,
                  model_logger: ModelLogger, config: RunConfig, run_id: str | None,
-                 resume: tuple[dict, dict, dict] | None) -> None:
+                 resume: tuple[dict, dict, dict] | None, validation_set: Dataset | None = None) -> None:
         self.accelerator, self.dataset, self.module, self.model_logger = accelerator, dataset, module, model_logger
+        self.validation_set = validation_set
         self.config, self.training, self.output = config, config.training, config.output
         self.deepspeed = deepspeed_config(accelerator) is not None
         # The models trained in full, for --full_checkpoint_format (checked here, before placement and training).
@@ -164,6 +166,7 @@ class TrainingLoop:
         # Samples replaced because their files failed to decode (--on_bad_sample skip): this epoch's, all epochs'.
         self.skipped, self.skipped_total = 0, 0
         self.preempted = False
+        self.validation_losses: list[tuple[int, float]] = []
 
     def _prepare(self) -> None:
         """Placement, sampler, optimizer, loader and schedule, handed to accelerate as the placement allows."""
@@ -180,6 +183,10 @@ class TrainingLoop:
             self.renderer = SampleRenderer(validation, module.pipe, module.active_model_names(), self.placers,
                                            config.placement, accelerator.device, self.output.output_path,
                                            self.model_logger, SampleRenderer.attach_meters(self.placers))
+        self.validation_loss = None
+        if self.validation_set is not None:
+            self.validation_loss = ValidationLoss(self.validation_set, config.validation_loss.validation_loss_steps,
+                                                  self.placers)
         self.params = [param for param in module.parameters() if param.requires_grad]
         optimizer = make_optimizer(self.params, self.training.learning_rate, self.training.weight_decay, accelerator,
                                    self.training.customized_optimizer)
@@ -327,8 +334,10 @@ class TrainingLoop:
         self.losses.append(mean_loss)
         self.report.update(mean_loss, self.progress["epoch"])
         lr = self.lr_scheduler.get_last_lr()[0]
-        written = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(),
-                                                {"nonfinite_steps": self.guard.skipped})
+        metrics = {"nonfinite_steps": self.guard.skipped}
+        if self.validation_loss is not None:  # a column from the first row, empty where not measured
+            metrics["val_loss"] = self._measure_validation_loss(step, stop)
+        written = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(), metrics)
         self._save_ema(written)
         self.last_weights = written or self.last_weights
         if diverged:
@@ -341,6 +350,18 @@ class TrainingLoop:
             self.renderer.render(step, self.accelerator)
         self.preempted = stop and step < self.total_steps
         return step >= self.total_steps or stop
+
+    def _measure_validation_loss(self, step: int, stop: bool) -> float | None:
+        """The validation loss after ``step`` when it is due (not on a step a stop signal ends early), else None."""
+        if self.validation_loss is None or not self.validation_loss.due(step, self.total_steps):
+            return None
+        if stop and step < self.total_steps:
+            return None  # a scheduler's grace period is for the checkpoint
+        value = self.validation_loss.measure(self.accelerator, self.trained, self.module)
+        if self.accelerator.is_main_process:
+            logger.info("validation loss at step %d: %.6g", step, value)
+        self.validation_losses.append((step, value))
+        return value
 
     def end_epoch(self, signals: PreemptionListener | None = None) -> None:
         """Counts the epoch's skipped samples; an epoch run to its end writes its weights file and a checkpoint,
@@ -425,4 +446,5 @@ class TrainingLoop:
                                step)
         return {"global_step": step, "losses": self.losses, "nonfinite_steps": self.guard.skipped,
                 "skipped_samples": self.skipped_total,
-                "sample_peaks": self.renderer.peaks if self.renderer is not None else {}}
+                "sample_peaks": self.renderer.peaks if self.renderer is not None else {},
+                "val_losses": self.validation_losses}

@@ -448,7 +448,7 @@ class ModelLogger(MetricsLogging):
         return written[0] if written else None
 
     def on_step_end(self, step: int, loss: float | torch.Tensor, lr: float, state_dict_fn: StateDictFn,
-                    metrics: Mapping[str, float | torch.Tensor] | None = None) -> Path | None:
+                    metrics: Mapping[str, float | torch.Tensor | None] | None = None) -> Path | None:
         """Logs the step's loss, learning rate and ``metrics``, and saves ``step-<step>`` every ``save_steps``
         optimizer steps.
 

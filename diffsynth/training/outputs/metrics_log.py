@@ -63,21 +63,23 @@ class MetricsLogging:
                         len(lines) - len(kept), step)
             atomic_write_text(path, "".join(kept))
 
-    def log_metrics(self, step: int, metrics: Mapping[str, float | torch.Tensor]) -> None:
+    def log_metrics(self, step: int, metrics: Mapping[str, float | torch.Tensor | None]) -> None:
         """Records ``metrics`` at ``step`` in every enabled sink; the CSV row reaches the OS before this returns.
 
         The CSV columns are fixed by its first row (or, when appending to an earlier run's file, by that file's
-        header); metrics missing from a row leave the cell empty, new ones are left out of the CSV with a warning.
+        header); metrics missing from a row leave the cell empty, new ones are left out of the CSV with a warning. A
+        metric given as None (one measured on some steps only, such as ``val_loss``) is a column from the first row
+        with an empty cell, and is not sent to TensorBoard or wandb.
         """
         if not self.is_main_process:
             return
-        values = {key: float(value) for key, value in metrics.items()}
+        values = {key: float(value) for key, value in metrics.items() if value is not None}
         if self._csv_pending is not None:
             self._open_csv(*self._csv_pending)
             self._csv_pending = None
         if self._csv_writer is not None:
             if self._csv_header is None:
-                self._csv_header = ["step", *values]
+                self._csv_header = ["step", *metrics]
                 self._csv_writer.writerow(self._csv_header)
             extra = sorted(set(values) - set(self._csv_header))
             if extra:

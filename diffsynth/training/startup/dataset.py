@@ -4,13 +4,15 @@ loads."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ...core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
-from ...core.data.errors import DatasetError, MissingColumnsError
+from ...core.data.errors import CacheError, DataFileNotFoundError, DatasetError, MissingColumnsError
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
+from ..config.validation_loss import VALIDATION_CACHE_DIR
 from .input_checks import warn_about_unread_columns
 
 if TYPE_CHECKING:
@@ -31,11 +33,13 @@ def build_dataset(config: RunConfig, pipeline_class: type[BasePipeline], acceler
     return raw
 
 
-def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> UnifiedDataset:
+def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline], base_path: str | None = None,
+                      metadata_path: str | None = None) -> UnifiedDataset:
     """The metadata dataset, with every referenced file checked (headers only) before any model loads.
 
     Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
-    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files.
+    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files. ``base_path`` and
+    ``metadata_path`` name another set read like the training set (the validation set, which is never repeated).
 
     Raises:
         FlagError: An extra input the pipeline reads as images (``edit_image``) is missing from ``--data_file_keys``.
@@ -48,7 +52,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
         raise FlagError([f"--extra_inputs {name} takes images, but --data_file_keys {flags.data_file_keys!r} leaves "
                          f"the {name} column as paths; add it, e.g. --data_file_keys image,{name}"
                          for name in unloaded])
-    repeat = flags.dataset_repeat
+    repeat = flags.dataset_repeat if metadata_path is None else 1
     caching = config.training.stage == "data_process"
     if caching and repeat > 1:
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
@@ -56,7 +60,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
         repeat = 1
     try:
         dataset = UnifiedDataset(
-            flags.dataset_base_path, flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
+            base_path or flags.dataset_base_path, metadata_path or flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
             height=flags.height, width=flags.width, max_pixels=flags.max_pixels,
             required_columns=pipeline_class.required_columns(extra_inputs),
             num_frames=DEFAULT_NUM_FRAMES if flags.num_frames is None else flags.num_frames,
@@ -68,13 +72,64 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
     except MissingColumnsError as error:
         # Renaming the video column would not help: this model trains on images, and videos need the video trainer.
         if "image" in error.missing and "video" in error.found:
-            raise DatasetError(f"metadata {flags.dataset_metadata_path} lists videos (column 'video'), but this "
+            raise DatasetError(f"metadata {metadata_path or flags.dataset_metadata_path} lists videos (column 'video'), but this "
                                f"trainer ({pipeline_class.__name__}) trains on images (column 'image'); train on "
                                "videos with the Wan trainer, examples/wanvideo/model_training/train.py, or give this "
                                "one a dataset of images") from None
         raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
     return dataset
+
+
+def build_validation_dataset(config: RunConfig, pipeline_class: type[BasePipeline], accelerator: Any
+                             ) -> CacheDataset | UnifiedDataset | None:
+    """The validation set of ``--validation_dataset_metadata_path`` (checked like the training set), or for
+    ``*:train`` its stage-1 cache in ``<validation_dataset_base_path>/validation``; None when the run measures no
+    validation loss.
+
+    Raises:
+        FlagError: The set is missing or empty, lacks the training set's columns, has unusable files, or (for
+            ``*:train``) its cache is missing or incomplete; the message names the flag, the value and the fix.
+    """
+    flags, dataset = config.validation_loss, config.dataset
+    base_path = flags.base_path(dataset.dataset_base_path)
+    if config.training.stage == "train":
+        if not flags.measured:
+            return None
+        folder = Path(base_path) / VALIDATION_CACHE_DIR
+        given = ("--validation_dataset_base_path" if flags.validation_dataset_base_path else "--dataset_base_path")
+        if not folder.is_dir():
+            raise FlagError([f"--validation_loss_steps {flags.validation_loss_steps}: {given} {base_path} holds no "
+                             f"cached validation set ({folder} is missing); run the {config.training.family}:"
+                             "data_process stage with --validation_dataset_metadata_path FILE, or pass "
+                             "--validation_dataset_base_path the stage-1 output that holds one, or drop "
+                             "--validation_loss_steps"])
+        try:
+            return CacheDataset(folder, allow_partial=dataset.allow_partial_cache)
+        except (CacheError, DataFileNotFoundError) as error:
+            raise FlagError([f"the cached validation set in {folder}: {error}"]) from None
+    metadata = flags.validation_dataset_metadata_path
+    if metadata is None:
+        return None
+    if not Path(metadata).is_file():
+        raise FlagError([f"--validation_dataset_metadata_path {metadata} does not exist; pass the validation set's "
+                         "metadata file (.csv, .json or .jsonl, with the training set's columns)"])
+    if not Path(base_path).is_dir():
+        flag = "--validation_dataset_base_path" if flags.validation_dataset_base_path else "--dataset_base_path"
+        raise FlagError([f"{flag} {base_path} (the validation set's folder) is not a folder; pass "
+                         "--validation_dataset_base_path, the folder the validation metadata's paths are relative to"])
+    try:
+        validation = build_raw_dataset(config, pipeline_class, base_path, metadata)
+        decode_at_startup(accelerator, validation, dataset.on_bad_sample)
+    except MissingColumnsError as error:
+        raise FlagError([f"--validation_dataset_metadata_path {metadata}: {error}; the validation set needs the "
+                         f"columns the training set has ({', '.join(error.missing)} missing)"]) from None
+    except (DatasetError, DataFileNotFoundError) as error:
+        raise FlagError([f"--validation_dataset_metadata_path {metadata}: {error}"]) from None
+    if not len(validation):
+        raise FlagError([f"--validation_dataset_metadata_path {metadata}: every sample was skipped as undecodable; "
+                         "fix the files, or drop the validation set"])
+    return validation
 
 
 def decode_at_startup(accelerator: Any, dataset: UnifiedDataset, on_bad_sample: str) -> None:

@@ -44,6 +44,17 @@ def test_a_written_config_reads_back_as_the_same_run(tmp_path):
     assert parse_args(["--config", str(path)]) == config
 
 
+def test_the_validation_loss_flags_travel_in_config_files(tmp_path):
+    config = parse_args([*FLAGS, "--validation_dataset_metadata_path", "val.csv", "--validation_dataset_base_path",
+                         "val", "--validation_loss_steps", "50"])
+    path = write_config_file(tmp_path / "run.yaml", config.to_flags(), "header")
+    assert "validation_loss_steps: 50\n" in path.read_text(encoding="utf-8")
+    assert parse_args(["--config", str(path)]) == config
+    (tmp_path / "run.toml").write_text('validation_dataset_metadata_path = "val.csv"\nvalidation_loss_steps = 50\n'
+                                       'validation_dataset_base_path = "val"\n', encoding="utf-8")
+    assert parse_args([*FLAGS, "--config", str(tmp_path / "run.toml")]).validation_loss == config.validation_loss
+
+
 def test_toml_works_like_yaml(tmp_path):
     (tmp_path / "run.toml").write_text('learning_rate = 1e-4\nlora_rank = 8\nlora_base_model = "dit"\n'
                                        "use_gradient_checkpointing = true\n", encoding="utf-8")

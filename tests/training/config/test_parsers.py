@@ -43,6 +43,7 @@ EXTRA_DEFAULTS = {
     "logit_std": None, "discrete_flow_shift": None, "mode_scale": None, "batch_size": 1, "aspect_ratio_buckets": False,
     "validation_prompts": None, "validation_steps": None, "validation_epochs": None,
     "validation_num_inference_steps": 20, "validation_cfg_scale": None, "validation_seed": 0,
+    "validation_dataset_metadata_path": None, "validation_dataset_base_path": None, "validation_loss_steps": None,
     "shared_host_weights": "auto", "ema_decay": None, "fused_optimizer_step": False,
     "full_checkpoint_format": "auto",
 }  # fmt: skip

@@ -225,6 +225,30 @@ def test_csv_rows_flush_and_resume_without_a_second_header(tmp_path):
     assert csv_path.read_text() == "step,loss,lr\n1,0.25,0.0001\n2,0.5,\n3,0.125,0.0002\n"
 
 
+def test_a_metric_measured_on_some_steps_is_a_column_from_the_first_row(tmp_path):
+    """``val_loss`` given as None on the steps it is not measured: in the header from the first row, cells empty, and
+    only the measured values reach TensorBoard / wandb."""
+    logged = []
+
+    class Sink:
+        def add_scalar(self, key, value, step):
+            logged.append((key, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    logger = ModelLogger(tmp_path, enable_csv_log=True)
+    logger._tensorboard = Sink()
+    logger.log_metrics(1, {"loss": 0.5, "lr": 1e-4, "val_loss": None})
+    logger.log_metrics(2, {"loss": 0.25, "lr": 1e-4, "val_loss": 0.75})
+    logger.close()
+    assert (tmp_path / METRICS_FILE).read_text() == "step,loss,lr,val_loss\n1,0.5,0.0001,\n2,0.25,0.0001,0.75\n"
+    assert ("val_loss", 0.75, 2) in logged and not any(key == "val_loss" and step == 1 for key, _, step in logged)
+
+
 @pytest.mark.parametrize("flag,module,install", [
     ("enable_tensorboard_log", "torch.utils.tensorboard", "pip install tensorboard"),
     ("enable_wandb_log", "wandb", "pip install wandb"),
