@@ -98,10 +98,12 @@ class LiveReport:
             return None
         return self._write(RUNNING, now)
 
-    def end(self, status: str, message: str | None = None) -> Path | None:
-        """Writes the page a last time, with ``status`` ``finished``, ``failed`` or ``stopped`` and ``message``."""
+    def end(self, status: str, message: str | None = None, step: int | None = None) -> Path | None:
+        """Writes the page a last time, with ``status`` ``finished``, ``failed`` or ``stopped``, ``message`` and the
+        optimizer steps done (``step``; None keeps the last update's)."""
         if status not in (FINISHED, FAILED, STOPPED):
             raise ValueError(f"a run ends finished, failed or stopped, not {status!r}")
+        self.step = self.step if step is None else step
         if not self.enabled:
             return None
         return self._write(status, self._clock(), message)

@@ -88,10 +88,11 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         # A run cut short is checkpointed, then the weights file; the placements are undone.
         result = loop.finish(preemption)
     except (RunPreempted, KeyboardInterrupt) as stopped:  # the report page's last state, then the error goes on
-        loop.live.end(STOPPED, one_line(stopped) if str(stopped) else "aborted by a second Ctrl-C")
+        loop.live.end(STOPPED, one_line(stopped) if str(stopped) else "aborted by a second Ctrl-C",
+                      loop.progress["global_step"])
         raise
     except Exception as error:
-        loop.live.end(FAILED, one_line(error))
+        loop.live.end(FAILED, one_line(error), loop.progress["global_step"])
         raise
-    loop.live.end(FINISHED)
+    loop.live.end(FINISHED, step=loop.progress["global_step"])
     return result
