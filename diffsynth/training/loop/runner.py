@@ -52,6 +52,9 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         because their files failed to decode, and for each step samples were rendered at, the peak bytes of
         offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``).
 
+    The report page ``logs/report.html`` (``live_report``) is written while training and a last time at the end:
+    ``finished``, ``failed`` with the error's first line, or ``stopped`` on a signal; the error then goes on.
+
     Raises:
         FlagError: A resumed checkpoint is at or past the end of this run's schedule: nothing would be trained.
         TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).

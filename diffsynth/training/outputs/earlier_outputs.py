@@ -30,7 +30,7 @@ from ..config.files import RUN_CONFIG_FILE
 from .checkpoint import CHECKPOINTS_DIR, EMA_FILE
 from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, SAMPLES_DIR, TENSORBOARD_DIR, TRAINING_ARGS_FILE
 from .loss_chart import LOSS_CHART_FILE
-from .run_report import REPORT_FILE
+from .run_report import REPORT_FILE, REPORT_MARK
 
 logger = logging.getLogger(__name__)
 
@@ -156,13 +156,15 @@ def _bears_marks(path: Path) -> bool:
             return "run_id" in json.loads(path.read_text(encoding="utf-8"))
         if path.name == RUN_CONFIG_FILE:
             return "written by diffsynth.training" in path.read_text(encoding="utf-8")[:2000]
+        if path.name == REPORT_FILE.name:
+            return REPORT_MARK in path.read_text(encoding="utf-8")[:2000]
         if path.name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE):
             return "format_version" in json.loads(path.read_text(encoding="utf-8"))
         if path.suffix == ".safetensors":
             return any(key == "diffsynth_version" or key.startswith("diffsynth.") for key in _metadata(path))
     except (OSError, ValueError, TypeError):
         return False
-    return False  # logs, samples, TensorBoard events and temporary files carry no mark
+    return False  # logs (but the report page), samples, TensorBoard events and temporary files carry no mark
 
 
 def _metadata(path: Path) -> dict[str, str]:

@@ -38,6 +38,8 @@ RUN_DATA_KEYS = ("status", "updated_at", "step", "total_steps", "loss", "val_los
                  "eta_seconds", "peak_memory", "samples", "config")
 #: The metrics.csv columns the page charts, as named in run-data.
 SERIES = ("loss", "val_loss", "lr")
+#: In every page's head: how a folder without a record of written files knows the page as the trainer's.
+REPORT_MARK = '<meta name="generator" content="diffsynth.training run report">'
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif")
 _RUN_DATA = re.compile(r'<script type="application/json" id="run-data">(.*?)</script>', re.S)
 _ERROR = re.compile(r'<p class="error" id="error-message">(.*?)</p>', re.S)
@@ -248,7 +250,7 @@ def render_report(data: Mapping[str, Any], error: str | None = None, title: str 
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        '<link rel="icon" href="data:,">',  # no favicon request, on file:// or served
+        '<link rel="icon" href="data:,">', REPORT_MARK,  # no favicon request, on file:// or served
         f"<title>{_escape(status)} · {_escape(Path(heading).name or heading)}</title>",
         f"<style>{STYLE}</style></head><body>",
         f'<header><h1>{_escape(heading)}</h1><span class="status {_escape(status)}" id="status">{_escape(status)}'
