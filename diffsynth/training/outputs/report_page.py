@@ -96,7 +96,10 @@ SCRIPT = """
     return d;
   }
   function draw(svg, series, height) {
-    const width = 900, left = 64, right = 16, top = 10, bottom = 30;
+    // The drawing's units are the element's pixels, so labels keep their size on a phone.
+    const width = Math.max(280, Math.round(svg.getBoundingClientRect().width) || 900);
+    const left = 64, right = 16, top = 10, bottom = 30;
+    height = width < 600 ? Math.round(height * 0.75) : height;
     svg.setAttribute("viewBox", "0 0 " + width + " " + height);
     const all = [].concat.apply([], series.map(function (s) { return s.points; }));
     const values = all.map(function (p) { return p[1]; }).filter(function (v) { return v !== null; });

@@ -173,7 +173,7 @@ def _stats(data: Mapping[str, Any]) -> str:
     speed = data["seconds_per_step"]
     cards = [
         _stat("step", f"{step} / {total}", f"{percent:.0f}%", "step", step),
-        _stat("ETA", format_duration(data["eta_seconds"]) if data["status"] == RUNNING else "done",
+        _stat("ETA", {RUNNING: format_duration(data["eta_seconds"]), FINISHED: "done"}.get(data["status"], "–"),
               "" if speed is None else f"{speed:.2f} s/step", "eta", data["eta_seconds"]),
         _stat("loss", format_number(loss and loss[1]), "" if loss is None else f"step {loss[0]}", "loss",
               loss and loss[1]),
