@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
+	@# The report page's browser test drives Chromium from the system packages (Debian/Ubuntu); installed once, as root.
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "note: chromium is missing; tests/training/outputs/test_report_browser.py will be skipped" \
+		"(install it with: sudo apt-get install chromium chromium-driver)"; fi
 
 demo: setup
 	PYTHON=$(PYTHON) bash scripts/demo.sh demo_output

@@ -2,6 +2,7 @@
 
     diffsynth-launch [accelerate launch options] examples/<model>/model_training/train.py [flags]
     diffsynth-launch families [--format text|markdown]
+    diffsynth-launch report OUTPUT_PATH [--serve PORT [--host HOST]]
     python -m diffsynth.training.launch [the same]
 
 ``diffsynth-launch`` is the console script of :func:`main` (``pyproject.toml``), the command the README gives.
@@ -20,7 +21,8 @@ the trainer's flags, or ``DIFFSYNTH_DEBUG=1``, shows the launcher's traceback an
 
 ``families`` as the first argument prints the table of the model families instead
 (:mod:`diffsynth.pipelines.families_table`) and launches nothing; it imports no torch, so this module imports the
-trainer's exit codes (which do) only when launching.
+trainer's exit codes (which do) only when launching. ``report OUTPUT_PATH`` prints where a run's report page is and
+the run in text, ``--serve PORT`` serves its folder read-only (:mod:`diffsynth.training.report_command`, torch-free too).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from ..core.library_notices import quiet_library_notices
 
 FAMILIES = "families"
+REPORT = "report"
 
 
 def failed_process_code(error: BaseException) -> int | None:
@@ -57,12 +60,16 @@ def failed_process_code(error: BaseException) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``accelerate launch`` with ``argv`` (None reads ``sys.argv``); returns the exit code of the run.
-    ``families [--format ...]`` prints the families table instead."""
+    ``families [--format ...]`` prints the families table instead, ``report OUTPUT_PATH`` a run's report."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == [FAMILIES]:
         from ..pipelines.families_table import main as print_families
 
         return print_families(argv[1:])
+    if argv[:1] == [REPORT]:
+        from .report_command import main as print_report
+
+        return print_report(argv[1:])
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     from .exit_codes import SUCCESS, debug_requested

@@ -27,15 +27,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ...core.device import peak_memory_bytes
+from ..outputs.run_report import format_duration
 
-
-def format_duration(seconds: float) -> str:
-    """``seconds`` as ``H:MM:SS`` (``?`` when unknown), the form tqdm and ``time`` print."""
-    if not math.isfinite(seconds):
-        return "?"
-    minutes, second = divmod(int(round(seconds)), 60)
-    hours, minute = divmod(minutes, 60)
-    return f"{hours}:{minute:02d}:{second:02d}"
+__all__ = ["ProgressReport", "format_duration"]
 
 
 @dataclass

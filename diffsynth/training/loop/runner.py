@@ -20,7 +20,8 @@ from ..config.errors import FlagError
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, nothing_left_message
 from ..outputs.logger import ModelLogger
-from .preemption import PreemptionListener
+from ..outputs.run_report import FAILED, FINISHED, STOPPED, one_line
+from .preemption import PreemptionListener, RunPreempted
 from .training_loop import TrainingLoop
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
         bytes of offloaded weights on the device while rendering and while training (``SampleRenderer.peaks``), and
         the ``(step, validation loss)`` pairs measured.
 
+    The report page ``logs/report.html`` (``live_report``) is written while training and a last time at the end:
+    ``finished``, ``failed`` with the error's first line, or ``stopped`` on a signal; the error then goes on.
+
     Raises:
         FlagError: A resumed checkpoint is at or past the end of this run's schedule: nothing would be trained.
         TrainingDivergedError: ``--max_nonfinite_steps`` steps in a row were non-finite (under DeepSpeed: one).
@@ -74,18 +78,28 @@ def launch_training_task(accelerator: Any, dataset: Dataset, module: DiffusionTr
     # The run's record, written only now that the run can start: a failed resume leaves the earlier run's.
     if on_start is not None:
         on_start()
-    with PreemptionListener() as preemption:
-        while loop.epochs_left():
-            # Data: this epoch's order, without the batches a resumed run already consumed.
-            for batch in loop.epoch_batches():
-                # Forward and backward, accumulated over micro-batches; then the checked optimizer step.
-                step = loop.micro_step(batch, preemption.requested)
-                # Bookkeeping of an optimizer step: schedule, guard, logs, checkpoints, samples.
-                if step is not None and loop.end_step(*step, preemption):
+    try:
+        with PreemptionListener() as preemption:
+            while loop.epochs_left():
+                # Data: this epoch's order, without the batches a resumed run already consumed.
+                for batch in loop.epoch_batches():
+                    # Forward and backward, accumulated over micro-batches; then the checked optimizer step.
+                    step = loop.micro_step(batch, preemption.requested)
+                    # Bookkeeping of an optimizer step: schedule, guard, logs, checkpoints, samples, the report page.
+                    if step is not None and loop.end_step(*step, preemption):
+                        break
+                # The epoch's end: skipped samples, its weights file and checkpoint, samples.
+                loop.end_epoch(preemption)
+                if loop.preempted:
                     break
-            # The epoch's end: skipped samples, its weights file and checkpoint, samples.
-            loop.end_epoch(preemption)
-            if loop.preempted:
-                break
-    # A run cut short is checkpointed, then the weights file; the placements are undone.
-    return loop.finish(preemption)
+        # A run cut short is checkpointed, then the weights file; the placements are undone.
+        result = loop.finish(preemption)
+    except (RunPreempted, KeyboardInterrupt) as stopped:  # the report page's last state, then the error goes on
+        loop.live.end(STOPPED, one_line(stopped) if str(stopped) else "aborted by a second Ctrl-C",
+                      loop.progress["global_step"])
+        raise
+    except Exception as error:
+        loop.live.end(FAILED, one_line(error), loop.progress["global_step"])
+        raise
+    loop.live.end(FINISHED, step=loop.progress["global_step"])
+    return result

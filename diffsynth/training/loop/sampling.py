@@ -37,6 +37,7 @@ from ...diffusion.base_pipeline import BasePipeline
 from ..config.placement import PlacementConfig
 from ..config.validation_prompts import DEFAULT_FPS, ValidationConfig
 from ..outputs.logger import SAMPLES_DIR, ModelLogger
+from ..outputs.run_report import format_bytes as _size
 from ..placement.placers import Placer
 
 logger = logging.getLogger(__name__)
@@ -169,12 +170,3 @@ class SampleRenderer:
         self.peaks[step] = (sampling_peak, self.training_peak)
         return written
 
-
-def _size(nbytes: int | None) -> str:
-    """Bytes for the log, in the largest binary unit that keeps a whole number in front."""
-    if nbytes is None:
-        return "n/a"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"

@@ -25,6 +25,7 @@ from ..objective.batches import batch_sampler
 from ..objective.training_module import DiffusionTrainingModule
 from ..outputs.checkpoint import checkpoint_folder, save_training_state, training_flags
 from ..outputs.logger import ModelLogger
+from ..outputs.run_report import prompts_of
 from ..placement.deepspeed import (
     deepspeed_config,
     gathered_parameters,
@@ -35,6 +36,7 @@ from ..placement.deepspeed import (
 from ..placement.placers import place_models, wrap_data_parallel
 from .ema import EMA_SUFFIX, WeightEMA
 from .fused_step import FusedOptimizerStep
+from .live_report import LiveReport
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .optimizer import make_optimizer
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
@@ -160,6 +162,10 @@ class TrainingLoop:
             # a bucket's last micro-batch may hold fewer samples: the rate is the one of full batches
             samples_per_unit=(self.training.gradient_accumulation_steps * accelerator.num_processes
                               * config.dataset.batch_size))
+        self.live = LiveReport(self.output.output_path, self.total_steps, config.console.progress_interval_seconds,
+                               model_logger.logged_series, enabled=accelerator.is_main_process,
+                               initial_step=self.progress["global_step"], device=accelerator.device,
+                               prompts=prompts_of(self.renderer.config.prompts) if self.renderer else ())
         self.losses: list[float] = []
         self.micro_losses: list[torch.Tensor] = []
         self.window: list[int] = []  # dataset indices of this process's micro-batches in the current step
@@ -343,11 +349,15 @@ class TrainingLoop:
         if diverged:
             raise self.guard.diverged(step, self.last_checkpoint, self.last_weights)
         save_steps = self.output.save_steps
+        saved = written is not None
         if (save_steps and step % save_steps == 0) or checkpoint_due:
             self.checkpoint()
+            saved = True
             stop = stop or (step < self.total_steps and self.stop_arrived(signals))
         if self.renderer is not None and not stop and self.renderer.due(step):
             self.renderer.render(step, self.accelerator)
+            saved = True
+        self.live.update(step, force=saved)  # the page: after the first step, each interval, each save and render
         self.preempted = stop and step < self.total_steps
         return step >= self.total_steps or stop
 
@@ -386,6 +396,7 @@ class TrainingLoop:
         if self.renderer is not None and not self.preempted and self.renderer.due(progress["global_step"],
                                                                                   progress["epoch"]):
             self.renderer.render(progress["global_step"], self.accelerator)
+        self.live.update(progress["global_step"], force=True)
 
     def stop_arrived(self, signals: PreemptionListener | None) -> bool:
         """Whether a stop signal has reached any process, asked right after a save: a signal that arrived during the

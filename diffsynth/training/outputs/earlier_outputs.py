@@ -30,6 +30,7 @@ from ..config.files import RUN_CONFIG_FILE
 from .checkpoint import CHECKPOINTS_DIR, EMA_FILE
 from .logger import DIFFUSERS_TWIN_SUFFIX, METRICS_FILE, SAMPLES_DIR, TENSORBOARD_DIR, TRAINING_ARGS_FILE
 from .loss_chart import LOSS_CHART_FILE
+from .run_report import REPORT_FILE, REPORT_MARK
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
          *_with_temporary(TRAINING_ARGS_FILE, RUN_CONFIG_FILE)),
     rf"{re.escape(CHECKPOINTS_DIR)}/(step-\d+|\.step-\d+\.tmp)": _with_temporary(*_CHECKPOINT_FILES),
     rf"{re.escape(SAMPLES_DIR)}/step-\d+": (r"\d+\.\w+", r"\.\d+\.\w+\..+\.tmp"),
-    re.escape(METRICS_FILE.parent.as_posix()): _with_temporary(METRICS_FILE.name, LOSS_CHART_FILE.name),
+    re.escape(METRICS_FILE.parent.as_posix()): _with_temporary(METRICS_FILE.name, LOSS_CHART_FILE.name,
+                                                                    REPORT_FILE.name),
     "/".join(map(re.escape, TENSORBOARD_DIR.parts)): (r"events\.out\.tfevents\..+",),
 }
 # A stage-1 cache: its info and manifest files and <process index>/<sample index>.safetensors.
@@ -60,7 +62,8 @@ STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 #: Per kind of run (stage 1 or not): the files a new run writes over (or appends to) at a fixed name.
 WRITTEN_IN_PLACE: dict[bool, tuple[str, ...]] = {
-    False: (TRAINING_ARGS_FILE, RUN_CONFIG_FILE, METRICS_FILE.as_posix(), LOSS_CHART_FILE.as_posix()),
+    False: (TRAINING_ARGS_FILE, RUN_CONFIG_FILE, METRICS_FILE.as_posix(), LOSS_CHART_FILE.as_posix(),
+            REPORT_FILE.as_posix()),
     True: (CACHE_INFO_FILE, CACHE_MANIFEST_FILE),
 }
 
@@ -153,13 +156,15 @@ def _bears_marks(path: Path) -> bool:
             return "run_id" in json.loads(path.read_text(encoding="utf-8"))
         if path.name == RUN_CONFIG_FILE:
             return "written by diffsynth.training" in path.read_text(encoding="utf-8")[:2000]
+        if path.name == REPORT_FILE.name:
+            return REPORT_MARK in path.read_text(encoding="utf-8")[:2000]
         if path.name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE):
             return "format_version" in json.loads(path.read_text(encoding="utf-8"))
         if path.suffix == ".safetensors":
             return any(key == "diffsynth_version" or key.startswith("diffsynth.") for key in _metadata(path))
     except (OSError, ValueError, TypeError):
         return False
-    return False  # logs, samples, TensorBoard events and temporary files carry no mark
+    return False  # logs (but the report page), samples, TensorBoard events and temporary files carry no mark
 
 
 def _metadata(path: Path) -> dict[str, str]:

@@ -7,6 +7,7 @@ A mixin, so that the logger keeps one object per run; it reads the logger's attr
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import logging
 import os
@@ -28,6 +29,12 @@ METRICS_FILE = Path("logs") / "metrics.csv"
 
 class MetricsLogging:
     """Metrics and samples of a run (mixed into ``ModelLogger``)."""
+
+    @functools.cached_property
+    def logged_series(self) -> dict[str, list[list[float]]]:
+        """Metric name -> ``[[step, value], ...]`` of every metric this process logged (main process), in order: what
+        the run report charts (``logs/report.html``), with or without ``--enable_csv_log``."""
+        return {}
 
     def _open_csv(self, path: Path, resume_step: int | None, content: bytes | None = None) -> None:
         """Opens the CSV to append to; ``content``: the file as a resume read it at the start (only this run writes
@@ -74,6 +81,8 @@ class MetricsLogging:
         if not self.is_main_process:
             return
         values = {key: float(value) for key, value in metrics.items() if value is not None}
+        for key, value in values.items():
+            self.logged_series.setdefault(key, []).append([step, value])
         if self._csv_pending is not None:
             self._open_csv(*self._csv_pending)
             self._csv_pending = None

@@ -109,7 +109,7 @@ def test_a_new_run_in_an_old_runs_folder_is_refused_then_overwrite_or_resume_wor
             train(dataset, output, "--enable_csv_log")
     message = str(refused.value)
     assert f"--output_path {output} holds the outputs of an earlier run (run {run_id}): " in message
-    assert "checkpoints/step-4/progress.json" in message and "logs/metrics.csv" in message
+    assert "14 files, " in message and "logs/report.html and 6 more" in message and "logs/metrics.csv" in message
     assert "step-2.safetensors" in message
     assert "--resume_from_checkpoint latest" in message and "--overwrite_output" in message
     # Resuming continues the same run.
@@ -326,7 +326,7 @@ def test_overwrite_removes_the_trainers_files_and_keeps_every_other_byte(dataset
     message = str(refused.value)
     # Files, not folders, with their total; the foreign ones are named as kept, never as the run's.
     assert all(path.is_file() for path in listed_files(message, output)), message
-    assert " 13 files, " in message and "and 5 more" in message, message
+    assert " 14 files, " in message and "and 6 more" in message, message  # logs/report.html among them
     assert "keeps 3 files with the names of trainer outputs" in message and "epoch-3.safetensors" in message
     fresh = train(dataset, output, "--overwrite_output", "--max_train_steps", "3", "--enable_csv_log")
     assert fresh["global_step"] == 3 and metric_steps(output) == [1, 2, 3]
@@ -337,7 +337,7 @@ def test_overwrite_removes_the_trainers_files_and_keeps_every_other_byte(dataset
     assert os.listdir(output / "samples") == ["step-2"] and os.listdir(output / "samples" / "step-2") == ["photo.png"]
     assert not (output / "step-4.safetensors").exists() and (output / "step-3.safetensors").is_file()
     # The new run's files are recorded in turn: a third run is refused over exactly those.
-    with pytest.raises(FlagError, match=r"holds the outputs of an earlier run \(run [0-9a-f]+\): 8 files, "):
+    with pytest.raises(FlagError, match=r"holds the outputs of an earlier run \(run [0-9a-f]+\): 9 files, "):
         train(dataset, output)
 
 
