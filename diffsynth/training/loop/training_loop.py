@@ -357,7 +357,8 @@ class TrainingLoop:
         if self.renderer is not None and not stop and self.renderer.due(step):
             self.renderer.render(step, self.accelerator)
             saved = True
-        self.live.update(step, force=saved)  # the page: after the first step, each interval, each save and render
+        # The page: after the first step, each interval, each save and render, and each validation loss measured.
+        self.live.update(step, force=saved or metrics.get("val_loss") is not None)
         self.preempted = stop and step < self.total_steps
         return step >= self.total_steps or stop
 
