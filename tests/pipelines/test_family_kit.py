@@ -8,7 +8,8 @@ Per family, on its tiny repo (``diffsynth.testing.families``, one ``TinyFamily``
   plain LoRA; the split run (``sft:data_process`` then ``sft:train``) gives the one-stage LoRA (slow);
 - LoRA names: the trained file reads with the family's diffusers LoRA loader and loads fully into diffusers'
   pipeline, changing its output (slow);
-- the planner: its table for the tiny files (fast), and for every release without files (slow);
+- the planner: its table for the tiny files and for every release without files (slow;
+  ``test_family_kit_planner.py``, a module of its own so that a test worker plans while another trains);
 - refusals: each ``refused_model_ids`` prefix stops the trainer before loading, with its reason.
 
 A family's trainer runs happen once (module-scoped fixtures, one family after the other).
@@ -22,9 +23,8 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
 from diffsynth.diffusion.flow_match import DiffusersScheduler
-from diffsynth.pipelines.registry import FamilySpec, families
-from diffsynth.plan import main as plan_main
 from diffsynth.testing.families import TINY_FAMILIES, tiny_family
+from tests.pipelines.conftest import FAMILIES
 from diffsynth.training import entry
 from tests.conftest import reset_accelerate_state
 from tests.pipelines.family_helpers import (
@@ -36,7 +36,6 @@ from tests.pipelines.family_helpers import (
     render_theirs,
 )
 
-FAMILIES = families()
 
 
 def test_the_table_covers_every_registered_family():
@@ -45,16 +44,6 @@ def test_the_table_covers_every_registered_family():
         assert tiny_family(spec.name).video == spec.video, spec.name
     with pytest.raises(KeyError, match="no TinyFamily row"):
         tiny_family("no_such_family")
-
-
-@pytest.fixture(scope="module", params=FAMILIES, ids=[spec.name for spec in FAMILIES])
-def spec(request) -> FamilySpec:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def tiny(spec):
-    return tiny_family(spec.name)
 
 
 @pytest.fixture(scope="module")
@@ -231,37 +220,6 @@ def test_the_lora_names_load_in_diffusers(spec, tiny, runs, theirs):
     finally:
         theirs.unload_lora_weights()
     assert (with_lora - before).abs().max() > 1e-5
-
-
-# The planner.
-@pytest.mark.slow  # a dry run of the tiny denoiser: seconds each
-def test_the_planner_plans_the_tiny_files(spec, tiny, tiny_root, monkeypatch, capsys):
-    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-    frames = ["--num_frames", "5"] if spec.video else []
-    assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths", tiny.model_flag,
-                      "--lora_base_model", "dit", "--lora_target_modules", tiny.lora_targets, "--height", "32",
-                      "--width", "32", *frames, *tiny.train_flags, "--device_profile", "rtx4090-24gb"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{spec.denoiser_class} at 32x32x{5 if spec.video else 1}"), out[0]
-    assert out[-1].startswith("chosen: ")
-
-
-@pytest.mark.slow  # a shallow dry run of each released denoiser
-def test_the_planner_plans_every_release_without_its_files(spec, tmp_path, monkeypatch, capsys):
-    from diffsynth.core.loader import resolve
-
-    monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path / "models"))
-    frames = ["--num_frames", "5"] if spec.video else []
-    for release in spec.releases:
-        model_id = release.model_ids[0].rstrip("*")
-        assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths",
-                          f"{model_id}:transformer/*.safetensors", "--trainable_models", "dit", "--height", "128",
-                          "--width", "128", *frames, "--use_gradient_checkpointing", "--customized_optimizer",
-                          "bitsandbytes.optim.AdamW8bit", "--device_profile", "h200-141gb"]) == 0
-        out = capsys.readouterr().out.splitlines()
-        assert f"planned from the released {release.architecture} config" in out[0]
-        assert out[1].startswith(f"{release.architecture} at 128x128x{5 if frames else 1}")
-        assert out[-1].startswith("chosen: ") and not (tmp_path / "models").exists()
 
 
 # The reference scripts' refusals.
