@@ -50,6 +50,7 @@ Outputs:
   stage-1 cache     $WORK/cache/0/*.safetensors (cache_info.json beside it)
   LoRA files        $WORK/lora/epoch-0.safetensors, $WORK/lora/epoch-1.safetensors (for ComfyUI, diffusers, DiffSynth-Studio)
   loss log, curve   $WORK/lora/logs/metrics.csv, $WORK/lora/logs/loss.png
+  run report        $WORK/lora/logs/report.html (open it in a browser)
   resume points     $WORK/lora/checkpoints/
   generated image   $WORK/image.png (with the LoRA)
   before and after  $WORK/before_after.png (without | with | difference; the random demo weights draw noise)
