@@ -12,6 +12,7 @@ import types
 import warnings
 from pathlib import Path
 
+import diffsynth  # noqa: I001  (first: importing it keeps the libraries' import-time notices out of the test output)
 import pytest
 import torch
 import torch.multiprocessing as mp
