@@ -27,6 +27,7 @@ from diffsynth.testing.families import TINY_FAMILIES, tiny_family
 from tests.pipelines.conftest import FAMILIES
 from diffsynth.training import entry
 from tests.conftest import reset_accelerate_state
+from tests.training.conftest import lora, max_difference
 from tests.pipelines.family_helpers import (
     assert_same_output,
     load_ours,
@@ -147,12 +148,7 @@ def runs(spec, tiny, data, tmp_path_factory, tiny_root):
 
 
 def lora_file(output):
-    return load_file(str(output / "epoch-0.safetensors"))
-
-
-def max_difference(first, second):
-    assert first.keys() == second.keys()
-    return max((first[key] - second[key]).abs().max().item() for key in first)
+    return lora(output, "epoch-0")
 
 
 def up_factors(weights):
