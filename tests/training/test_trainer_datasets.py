@@ -20,7 +20,7 @@ from diffsynth.training.config.parsers import build_parser
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
 from tests.training.conftest import lora, max_difference, run_once
-from tests.training.test_trainer import COMMON
+from tests.training.test_trainer import COMMON, launch_two_processes
 from tests.training.test_trainer_resume import refuse_to_load
 
 # A: 3 images at a fixed 32x32, read twice an epoch; B: 2 images sized by a smaller pixel budget; 8 training draws.
@@ -151,3 +151,19 @@ def test_bad_entries_are_refused_before_any_model_loads(folders, tmp_path, monke
     with pytest.raises(FlagError, match=r"datasets\[1\]: the metadata file .*nowhere.csv does not exist"):
         run(missing, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_two_processes_share_the_mix_as_one_process_accumulating_two(folders, tmp_path, tiny_root):
+    """Each process takes every other batch of the mix, weighted as one process takes them; loss_prior's all-reduce
+    runs on both."""
+    config = write_config(tmp_path / "run.yaml", folders, prior_loss_weight=0.5)
+    flags = ["--config", str(config), *COMMON, "--num_epochs", "1", "--enable_csv_log"]
+    done, first, second = launch_two_processes(tmp_path, tiny_root, flags, tmp_path / "two")
+    assert max_difference(first, second) == 0
+    single = main(QwenImagePipeline, [*flags, "--gradient_accumulation_steps", "2", "--output_path",
+                                      str(tmp_path / "one")])
+    assert single["global_step"] == TRAINING_DRAWS
+    assert max_difference(lora(tmp_path / "two", "epoch-0"), lora(tmp_path / "one", "epoch-0")) < 1e-6
+    two, one = metric_column(tmp_path / "two", "loss_prior"), metric_column(tmp_path / "one", "loss_prior")
+    assert [cell == "" for cell in two] == [cell == "" for cell in one]
+    assert [float(cell) for cell in two if cell] == pytest.approx([float(cell) for cell in one if cell], abs=1e-6)
