@@ -95,6 +95,8 @@ def test_split_training_caches_every_dataset_and_gives_the_one_stage_lora(refere
     assert [(entry["repeats"], entry["is_reg"]) for entry in recorded] == [(2, False), (1, False), (1, True)]
     counts = [len(list((cache / "datasets" / str(number)).glob("*/*.safetensors"))) for number in range(3)]
     assert counts == [3, 2, 2]
+    # A rerun into the same folder continues the caches: nothing left to compute.
+    assert run(config, cache, "--task", "sft:data_process")["cached"] == 0
     # Stage 2 reads the datasets, repeats and regularization marks from the cache.
     stage_two = tmp_path / "stage2.yaml"
     stage_two.write_text(yaml.safe_dump({"dataset_base_path": str(cache), "prior_loss_weight": 0.5}))
@@ -158,7 +160,7 @@ def test_two_processes_share_the_mix_as_one_process_accumulating_two(folders, tm
     runs on both."""
     config = write_config(tmp_path / "run.yaml", folders, prior_loss_weight=0.5)
     flags = ["--config", str(config), *COMMON, "--num_epochs", "1", "--enable_csv_log"]
-    done, first, second = launch_two_processes(tmp_path, tiny_root, flags, tmp_path / "two")
+    _, first, second = launch_two_processes(tmp_path, tiny_root, flags, tmp_path / "two")
     assert max_difference(first, second) == 0
     single = main(QwenImagePipeline, [*flags, "--gradient_accumulation_steps", "2", "--output_path",
                                       str(tmp_path / "one")])

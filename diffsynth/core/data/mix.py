@@ -42,6 +42,7 @@ from .errors import CacheError, DatasetError
 #: In a stage-1 output folder: the parts of a mix, and the folder of their caches.
 MIX_MANIFEST_FILE = "datasets.json"
 MIX_CACHE_DIR = "datasets"
+MIX_FORMAT_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ def write_mix_manifest(folder: str | os.PathLike, parts: Sequence[MixPart]) -> P
     is regularization, and its name."""
     entries = [{"folder": f"{MIX_CACHE_DIR}/{number}", "repeats": part.repeats, "is_reg": part.is_reg,
                 "name": part.name} for number, part in enumerate(parts)]
-    return atomic_write_json(Path(folder) / MIX_MANIFEST_FILE, {"datasets": entries})
+    return atomic_write_json(Path(folder) / MIX_MANIFEST_FILE, {"format_version": MIX_FORMAT_VERSION,
+                                                                "datasets": entries})
 
 
 def read_mix_manifest(folder: str | os.PathLike) -> list[dict[str, Any]] | None:

@@ -103,8 +103,8 @@ def parse_entries(value: Any, video: bool = True) -> tuple[tuple[DatasetEntry, .
     if isinstance(value, tuple) and all(isinstance(entry, DatasetEntry) for entry in value):
         return value, [problem for index, entry in enumerate(value) for problem in entry_problems(index, entry)]
     if not isinstance(value, list) or not value:
-        return (), [f"datasets: holds {value!r}, not a list of datasets; write one mapping per dataset, e.g. "
-                    "datasets: [{metadata_path: data/cats/metadata.csv, base_path: data/cats, repeats: 2}]"]
+        return (), [(f"datasets: holds {value!r}, not a list of datasets; write one mapping per dataset, e.g. "
+                    "datasets: [{metadata_path: data/cats/metadata.csv, base_path: data/cats, repeats: 2}]")]
     entries, problems = [], []
     for index, item in enumerate(value):
         entry, found = _parse_entry(index, item, video)
@@ -120,8 +120,8 @@ def parse_entries(value: Any, video: bool = True) -> tuple[tuple[DatasetEntry, .
 def _parse_entry(index: int, item: Any, video: bool) -> tuple[DatasetEntry | None, list[str]]:
     where = f"datasets[{index}]"
     if not isinstance(item, Mapping):
-        return None, [f"{where} holds {item!r}, not a mapping; write e.g. {{metadata_path: data/cats/metadata.csv, "
-                      "repeats: 2}"]
+        return None, [(f"{where} holds {item!r}, not a mapping; write e.g. {{metadata_path: data/cats/metadata.csv, "
+                      "repeats: 2}")]
     keys = {name: spec for name, spec in ENTRY_KEYS.items() if video or name != "num_frames"}
     problems, values = [], {}
     for key, given in item.items():

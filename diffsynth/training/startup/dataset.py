@@ -142,9 +142,9 @@ def build_cached_dataset(config: RunConfig) -> CacheDataset | DatasetMix:
                          entry["is_reg"], entry["name"]) for entry in recorded]
         dataset = _mix(parts, config, None)
     if flags.prior_loss_weight != 1.0 and not (isinstance(dataset, DatasetMix) and dataset.has_reg):
-        raise FlagError([f"--prior_loss_weight {flags.prior_loss_weight}: the stage-1 cache in --dataset_base_path "
+        raise FlagError([(f"--prior_loss_weight {flags.prior_loss_weight}: the stage-1 cache in --dataset_base_path "
                          f"{flags.dataset_base_path} holds no regularization rows; rerun stage 1 with "
-                         "--reg_dataset_metadata_path, or drop --prior_loss_weight"])
+                         "--reg_dataset_metadata_path, or drop --prior_loss_weight")])
     return dataset
 
 

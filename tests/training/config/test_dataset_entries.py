@@ -91,10 +91,10 @@ def test_num_frames_is_a_key_of_the_video_trainer_only(tmp_path, capsys):
 @pytest.mark.parametrize("extra, fragment", [
     (["--prior_loss_weight", "-0.5", "--reg_dataset_metadata_path", "r.csv"],
      "--prior_loss_weight -0.5 must be at least 0.0; pass e.g. --prior_loss_weight 1.0"),
-    (["--prior_loss_weight", "0.5"], "--prior_loss_weight 0.5 has no effect without regularization images; add "
-                                     "--reg_dataset_metadata_path"),
-    (["--reg_dataset_base_path", "reg"], "--reg_dataset_base_path reg has no effect without "
-                                         "--reg_dataset_metadata_path"),
+    (["--prior_loss_weight", "0.5"], ("--prior_loss_weight 0.5 has no effect without regularization images; add "
+                                     "--reg_dataset_metadata_path")),
+    (["--reg_dataset_base_path", "reg"], ("--reg_dataset_base_path reg has no effect without "
+                                         "--reg_dataset_metadata_path")),
     (["--reg_dataset_metadata_path", "r.csv", "--prior_loss_weight", "0.5", "--task", "sft:data_process"],
      "--prior_loss_weight 0.5 has no effect on --task sft:data_process"),
 ])
