@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.data import UnifiedDataset
+from ..core.data.mix import datasets_of
 from ..core.library_notices import quiet_library_notices
 from ..core.shared_weights import LocalGroup
 from ..diffusion.base_pipeline import BasePipeline
@@ -105,7 +106,7 @@ def run_task(pipeline_class: type[BasePipeline], config: RunConfig, accelerator:
     if initial_weights:
         loaded = load_initial_weights(pipe, initial_weights, config.output.remove_prefix_in_ckpt or "")
         logger.info("--resume_from_checkpoint %s: started from its %d weights", initial_weights, loaded)
-    for one in (dataset, validation_set):
+    for one in (*datasets_of(dataset), validation_set):
         if isinstance(one, UnifiedDataset):
             one.use_size_multiple(pipe.size_multiple())  # the loaded VAE's: 32 for the Wan2.2 VAE
     # The training module; the LoRA's initial weights come from the seed alone, whatever loading drew before.
@@ -118,7 +119,8 @@ def run_task(pipeline_class: type[BasePipeline], config: RunConfig, accelerator:
         return {"cached": launch_data_process_task(accelerator, dataset, module, config, command=command,
                                                    validation_set=validation_set)}
     if stage == "train":
-        check_cache_matches(dataset, module)
+        for one in datasets_of(dataset):
+            check_cache_matches(one, module)
         if validation_set is not None:
             check_cache_matches(validation_set, module)
     return train(accelerator, dataset, module, config, claim, validation_set)
@@ -162,7 +164,8 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
         model_logger.close()
     if accelerator.is_main_process:
         print(f"LoRA / weights written to {config.output.output_path}")
-    if isinstance(dataset, UnifiedDataset):
-        result["skipped_samples"] += len(dataset.excluded)  # those left out at start-up
+    for one in datasets_of(dataset):
+        if isinstance(one, UnifiedDataset):
+            result["skipped_samples"] += len(one.excluded)  # those left out at start-up
     return {**result, "module": module}
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from ...core.data.bad_samples import ON_BAD_SAMPLE_CHOICES
-from .errors import split_csv
+from .dataset_entries import DATASETS_KEY, DatasetEntry, entry_problems, parse_entries
+from .errors import FlagError, split_csv
 from .section import Section
 
 # VAE downsampling (8) times the transformer's 2x2 patching, for both Qwen-Image and Wan.
@@ -43,12 +45,18 @@ class DatasetSection(Section):
     allow_shorter_videos: bool = False
     batch_size: int = 1
     aspect_ratio_buckets: bool = False
+    reg_dataset_metadata_path: str | None = None
+    reg_dataset_base_path: str | None = None
+    prior_loss_weight: float = 1.0
+    #: The config file's ``datasets:`` entries (no command-line flag; ``dataset_entries``).
+    datasets: tuple[DatasetEntry, ...] = ()
 
     LOWER_BOUNDS = (
         ("dataset_repeat", 1, True, "--dataset_repeat 1"),
         ("dataset_num_workers", 0, True, "--dataset_num_workers 0"),
         ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
         ("batch_size", 1, True, "--batch_size 1"),
+        ("prior_loss_weight", 0.0, True, "--prior_loss_weight 1.0"),
     )
 
     @classmethod
@@ -93,6 +101,53 @@ class DatasetSection(Section):
         group.add_argument("--aspect_ratio_buckets", action="store_true",
                            help="Bring images to aspect-ratio buckets even at --batch_size 1 (implied above 1), e.g. "
                                 "for a stage-1 cache that later runs train at several batch sizes.")
+        group = parser.add_argument_group("Regularization images")
+        group.add_argument("--reg_dataset_metadata_path", type=str, default=None,
+                           help="Metadata file of regularization (prior-preservation) images, e.g. images the base "
+                                "model made of the class: each epoch pairs every training draw with one of them, "
+                                "cycling them as kohya's sd-scripts does (docs Datasets). For a split run, pass it "
+                                "to stage 1.")
+        group.add_argument("--reg_dataset_base_path", type=str, default=None,
+                           help="Folder the regularization metadata's file paths are relative to; default "
+                                "--dataset_base_path.")
+        group.add_argument("--prior_loss_weight", type=float, default=1.0,
+                           help="Weight of each regularization sample's loss (0 leaves them out of the gradient); "
+                                "their mean loss is logged as loss_prior.")
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any]) -> DatasetSection:
+        """The section of parsed flags; a config file's ``datasets:`` list (raw) becomes checked entries."""
+        raw = flags.get(DATASETS_KEY)
+        if not raw:
+            return super().from_flags({**flags, DATASETS_KEY: ()})
+        entries, problems = parse_entries(raw, video=flags.get("num_frames") is not None)
+        try:
+            section = super().from_flags({**flags, DATASETS_KEY: entries})
+        except FlagError as error:
+            raise FlagError(problems + error.problems) from None
+        if problems:
+            raise FlagError(problems)
+        return section
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the run reads several datasets or regularization images (a ``DatasetMix``), not one dataset."""
+        return bool(self.datasets) or self.reg_dataset_metadata_path is not None
+
+    def entries(self) -> tuple[DatasetEntry, ...]:
+        """The run's datasets with the flags filled in (:meth:`resolve`): the ``datasets:`` entries (or
+        ``--dataset_metadata_path``), then the ``--reg_dataset_metadata_path`` images."""
+        entries = list(self.datasets) or [DatasetEntry(metadata_path=self.dataset_metadata_path or "")]
+        if self.reg_dataset_metadata_path is not None:
+            entries.append(DatasetEntry(metadata_path=self.reg_dataset_metadata_path,
+                                        base_path=self.reg_dataset_base_path, is_reg=True))
+        return tuple(self.resolve(entry) for entry in entries)
+
+    def resolve(self, entry: DatasetEntry) -> DatasetEntry:
+        """``entry`` with what it leaves unset taken from the run's flags (folder, sizes, frames, file columns)."""
+        return entry.resolved({"base_path": self.dataset_base_path, "height": self.height, "width": self.width,
+                               "max_pixels": self.max_pixels, "num_frames": self.num_frames,
+                               "data_file_keys": self.data_file_keys})
 
     @property
     def bucketed(self) -> bool:
@@ -108,10 +163,15 @@ class DatasetSection(Section):
         flags = super().flags()
         if self.num_frames is None:  # the image trainer has no video flags
             del flags["num_frames"], flags["allow_shorter_videos"]
+        if self.datasets:
+            flags[DATASETS_KEY] = [entry.to_config() for entry in self.datasets]
+        else:  # a run without the list writes no key for it
+            del flags[DATASETS_KEY]
         return flags
 
     def problems(self) -> list[str]:
-        return super().problems() + self._size_problems()
+        entries = [problem for index, entry in enumerate(self.datasets) for problem in entry_problems(index, entry)]
+        return super().problems() + self._size_problems() + entries
 
     def _size_problems(self) -> list[str]:
         problems = []

@@ -1,7 +1,8 @@
 """Config files: ``--config run.yaml`` (or ``.toml``) holds flag values under the flags' own names, and every training
 run writes the flags it resolved as ``<output_path>/config.yaml``, which reruns it.
 
-A file is a top-level mapping of flag names (without ``--``) to values. Each value is converted as the command line
+A file is a top-level mapping of flag names (without ``--``) to values, and may hold a ``datasets:`` list (several
+datasets, ``dataset_entries``). Each value is converted as the command line
 converts the flag's text (its argparse ``type`` and ``choices``), so ``learning_rate: 1e-4`` works although YAML 1.1
 reads ``1e-4`` as a string; switches take booleans. Every problem of a file (an unknown key, with the nearest flag
 name; a wrong value; a key given twice) is reported at once. The parser applies the file under the command line:
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ...core.files import atomic_write_text
+from .dataset_entries import DATASETS_KEY
 from .errors import FlagError
 
 if TYPE_CHECKING:
@@ -169,7 +171,9 @@ def read_config_file(path: str | os.PathLike, parser: argparse.ArgumentParser) -
     keys: dict[str, str] = {}  # dest -> the key that gave it
     for key, value in data.items():
         action = actions.get(key) if isinstance(key, str) else None
-        if key == "config":
+        if key == DATASETS_KEY:  # a list of mappings, which no flag takes: the dataset section checks it
+            values[DATASETS_KEY] = value
+        elif key == "config":
             problems.append(f"{where}: the key 'config' names another config file, which a config file cannot; drop "
                             "it (and copy what that file sets into this one)")
         elif action is None:

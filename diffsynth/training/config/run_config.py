@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .timesteps import TimestepFlags
 from .console import ConsoleSection
 from .dataset import DatasetSection
+from .dataset_entries import regularization_problems
 from .errors import FlagError
 from .lora import LoraSection
 from .model import ModelSection
@@ -55,7 +56,7 @@ def _runnable_problems(training: TrainingSection, lora: LoraSection, dataset: Da
     if stage == "train" and not dataset.dataset_base_path:
         problems.append(f"--task {task} reads the stage-1 cache, but --dataset_base_path is empty; pass the "
                         f"--output_path of the {family}:data_process run as --dataset_base_path")
-    if stage != "train" and not dataset.dataset_metadata_path:
+    if stage != "train" and not dataset.dataset_metadata_path and not dataset.datasets:
         problems.append(f"--task {task} reads a dataset, but --dataset_metadata_path is unset; pass the "
                         "metadata .csv / .json / .jsonl (columns such as image,prompt)")
     return problems + training.device_problems()
@@ -81,6 +82,12 @@ def _task_problems(training: TrainingSection, dataset: DatasetSection) -> list[s
                         "seed, steps and guidance from the metadata), so samples cannot share a batch; pass "
                         f"--batch_size 1 with --gradient_accumulation_steps {dataset.batch_size} instead")
     return problems
+
+
+def _regularization_problems(training: TrainingSection, dataset: DatasetSection) -> list[str]:
+    return regularization_problems(training.stage, training.task, training.family, dataset.datasets,
+                                   dataset.dataset_metadata_path, dataset.reg_dataset_metadata_path,
+                                   dataset.reg_dataset_base_path, dataset.prior_loss_weight)
 
 
 def _quant_problems(model: ModelSection, placement: PlacementConfig) -> list[str]:
@@ -143,6 +150,7 @@ def _overwrite_problems(output: OutputSection, training: TrainingSection) -> lis
 #: The checks across sections, each with the names of the sections it reads (in its parameters' order).
 CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_task_problems, ("training", "dataset")),
+    (_regularization_problems, ("training", "dataset")),
     (_quant_problems, ("model", "placement")),
     (_timestep_problems, ("training", "timesteps")),
     (_validation_problems, ("validation", "training", "dataset")),

@@ -15,6 +15,7 @@ from ...core.data.bad_samples import pop_skipped
 from ...core.data.cache import cache_file_path, save_cache_sample, write_cache_info, write_cache_manifest
 from ...core.data.cache_sync import summarise, sync_stage_one_cache
 from ...core.data.fingerprint import digest
+from ...core.data.mix import MIX_CACHE_DIR, MIX_MANIFEST_FILE, DatasetMix, write_mix_manifest
 from ..config.validation_loss import VALIDATION_CACHE_DIR
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.placers import place_models
@@ -54,7 +55,7 @@ def signal_name(preemption: PreemptionListener) -> str:
     return signal.Signals(preemption.received).name
 
 
-def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: DiffusionTrainingModule,
+def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset | DatasetMix, module: DiffusionTrainingModule,
                              config: RunConfig, command: str | None = None,
                              validation_set: UnifiedDataset | None = None) -> int:
     """Stage 1: runs the stage's units on every sample and writes one cache file per sample; then the same for the
@@ -67,7 +68,8 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
 
     Args:
         accelerator: The run's ``accelerate.Accelerator``.
-        dataset: The metadata dataset, built with ``keep_row_indices`` (sample ``i`` is row ``i``).
+        dataset: The metadata dataset, built with ``keep_row_indices`` (sample ``i`` is row ``i``); a mix of several
+            is cached one dataset a folder (``_cache_mix``).
         module: The stage-1 training module.
         config: The run's config.
         command: The command line that reruns this stage, recorded for stage 2's message about a partial cache.
@@ -88,10 +90,14 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
     _no_kernel_cache_per_shape(accelerator.device)
     output = config.output.output_path
     place_models(module, accelerator.device, config.placement)  # stage 1 never runs the denoiser, so nothing is swapped
-    computed, summary = _cache_samples(accelerator, dataset, module, config, output, info, models, command)
-    if accelerator.is_main_process:
-        print(f"stage 1: {summary}. Cache in {output}; train from it with --task {config.training.family}:train "
-              f"--dataset_base_path {output}")
+    if isinstance(dataset, DatasetMix):
+        computed = _cache_mix(accelerator, dataset, module, config, info, models, command)
+    else:
+        computed, summary = _cache_samples(accelerator, dataset, module, config, output, info, models, command)
+        if accelerator.is_main_process:
+            (Path(output) / MIX_MANIFEST_FILE).unlink(missing_ok=True)  # an earlier run's mix: this cache is one set
+            print(f"stage 1: {summary}. Cache in {output}; train from it with --task {config.training.family}:train "
+                  f"--dataset_base_path {output}")
     if validation_set is not None:
         folder = Path(output) / VALIDATION_CACHE_DIR
         validation_computed, summary = _cache_samples(accelerator, validation_set, module, config, folder, info,
@@ -100,6 +106,25 @@ def launch_data_process_task(accelerator: Any, dataset: UnifiedDataset, module: 
         if accelerator.is_main_process:
             print(f"stage 1, validation set: {summary}. Cache in {folder}; the {config.training.family}:train run "
                   "measures its loss with --validation_loss_steps N")
+    return computed
+
+
+def _cache_mix(accelerator: Any, mix: DatasetMix, module: DiffusionTrainingModule, config: RunConfig,
+               info: dict[str, Any], models: str, command: str | None) -> int:
+    """Caches each dataset of ``mix`` into ``<output_path>/datasets/<k>`` and records the parts (their repeats and
+    regularization marks) in ``datasets.json`` for stage 2; returns the samples this process computed."""
+    output = Path(config.output.output_path)
+    computed = 0
+    for number, part in enumerate(mix.parts):
+        folder = output / MIX_CACHE_DIR / str(number)
+        done, summary = _cache_samples(accelerator, part.dataset, module, config, folder, info, models, command)
+        computed += done
+        if accelerator.is_main_process:
+            print(f"stage 1, {part.name}: {summary}. Cache in {folder}")
+    if accelerator.is_main_process:
+        write_mix_manifest(output, mix.parts)
+        print(f"stage 1: {len(mix.parts)} datasets cached in {output}; train from them with --task "
+              f"{config.training.family}:train --dataset_base_path {output}")
     return computed
 
 

@@ -40,6 +40,7 @@ from .live_report import LiveReport
 from .nonfinite_guard import NonFiniteGuard, gradient_norm, step_is_finite
 from .optimizer import make_optimizer
 from .preemption import CheckpointClock, PreemptionListener, RunPreempted, ignore_stop_signals
+from .prior_loss import PriorLoss
 from .progress import ProgressReport
 from .sampling import SampleRenderer
 from .stage_one import signal_name
@@ -124,6 +125,7 @@ class TrainingLoop:
         self.accelerator, self.dataset, self.module, self.model_logger = accelerator, dataset, module, model_logger
         self.validation_set = validation_set
         self.config, self.training, self.output = config, config.training, config.output
+        self.prior = PriorLoss(dataset, config.dataset.prior_loss_weight)
         self.deepspeed = deepspeed_config(accelerator) is not None
         # The models trained in full, for --full_checkpoint_format (checked here, before placement and training).
         model_logger.attach_full_models({name: getattr(module.pipe, name) for name in module.trainable_models})
@@ -264,7 +266,8 @@ class TrainingLoop:
             generators = sample_generators(self.training.seed, batch_number, self.config.dataset.batch_size,
                                            len(samples))
             with accelerator.autocast():
-                loss = self.trained(list(samples), generators=generators)
+                loss = self.trained(list(samples), generators=generators, sample_weights=self.prior.weights(indices))
+            self.prior.record(indices, self.module.last_sample_losses)
             self.window.extend(indices)
             if self.deepspeed:  # DeepSpeed updates inside backward: the loss is checked before it
                 _, (nonfinite,) = _agree(accelerator, loss, not is_finite(loss))
@@ -341,6 +344,8 @@ class TrainingLoop:
         self.report.update(mean_loss, self.progress["epoch"])
         lr = self.lr_scheduler.get_last_lr()[0]
         metrics = {"nonfinite_steps": self.guard.skipped}
+        if self.prior.active:  # a column from the first row, empty on a step without regularization samples
+            metrics["loss_prior"] = self.prior.step_value(self.accelerator)
         if self.validation_loss is not None:  # a column from the first row, empty where not measured
             metrics["val_loss"] = self._measure_validation_loss(step, stop)
         written = self.model_logger.on_step_end(step, mean_loss, lr, self.trainable_state(), metrics)

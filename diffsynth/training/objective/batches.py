@@ -12,7 +12,8 @@ position in the run's stream of samples, so a batch of B trains what B micro-ste
 Which samples may share a batch (``bucket_keys``): for a raw dataset, those whose data files load to the same shapes
 (``UnifiedDataset.bucket_key``: aspect-ratio buckets of images and frames, frame counts, and for Qwen-Image-Edit the
 edit images' buckets too, since their reference latents are packed beside the target's); for a stage-1 cache, those
-whose cached tensors have the same shapes, text embeddings aside (they are padded).
+whose cached tensors have the same shapes, text embeddings aside (they are padded). In a mix of several datasets
+(``DatasetMix``) each draw has its row's key, so rows of different datasets share a batch when their shapes agree.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from ...core.data import CacheDataset, UnifiedDataset
 from ...core.data.buckets import BucketBatchSampler, describe_buckets
+from ...core.data.mix import DatasetMix
 from ...diffusion.pipeline_unit import SCOPES
 from ...diffusion.unit_graph import StateKey
 
@@ -106,7 +108,7 @@ def cache_bucket_key(dataset: CacheDataset, index: int, padded: Mapping[str, str
                  if name.split("/")[-1] not in ignored)
 
 
-def batch_sampler(dataset: UnifiedDataset | CacheDataset, batch_size: int, buckets: bool, seed: int,
+def batch_sampler(dataset: UnifiedDataset | CacheDataset | DatasetMix, batch_size: int, buckets: bool, seed: int,
                   num_processes: int, padded: Mapping[str, str], log: bool = True) -> BucketBatchSampler:
     """The run's batch sampler; with ``buckets`` it groups the samples by shape and (with ``log``) logs the dataset
     summary: every bucket and its samples.
@@ -116,13 +118,15 @@ def batch_sampler(dataset: UnifiedDataset | CacheDataset, batch_size: int, bucke
     """
     if not buckets:
         return BucketBatchSampler(len(dataset), batch_size, seed, num_processes)
-    if isinstance(dataset, CacheDataset):
-        per_file = [cache_bucket_key(dataset, index, padded) for index in range(len(dataset.files))]
-        keys: list[Hashable] = [per_file[index % len(per_file)] for index in range(len(dataset))]
-        describe = _describe_cache_key
+    if isinstance(dataset, DatasetMix):
+        # Each part's rows once (a header read each), then every draw takes its row's key.
+        per_part = [_row_keys(part.dataset, padded) for part in dataset.parts]
+        keys: list[Hashable] = [per_part[number][row] for number, row in dataset.locations()]
+        first = dataset.parts[0].dataset
     else:
-        keys = [dataset.bucket_key(index) for index in range(len(dataset))]
-        describe = dataset.describe_bucket
+        per_row = _row_keys(dataset, padded)
+        keys, first = [per_row[index % len(per_row)] for index in range(len(dataset))], dataset
+    describe = _describe_cache_key if isinstance(first, CacheDataset) else UnifiedDataset.describe_bucket
     sampler = BucketBatchSampler(keys, batch_size, seed, num_processes)
     if not log:
         return sampler
@@ -135,6 +139,13 @@ def batch_sampler(dataset: UnifiedDataset | CacheDataset, batch_size: int, bucke
         logger.warning("%d of %d samples sit in buckets smaller than --batch_size %d, so most batches are partly "
                        "filled; %s", alone, len(keys), batch_size, fix)
     return sampler
+
+
+def _row_keys(dataset: UnifiedDataset | CacheDataset, padded: Mapping[str, str]) -> list[Hashable]:
+    """The bucket key of each row (cache file) of ``dataset``, its repeats aside."""
+    if isinstance(dataset, CacheDataset):
+        return [cache_bucket_key(dataset, index, padded) for index in range(len(dataset.files))]
+    return [dataset.bucket_key(index) for index in range(len(dataset) // dataset.repeat)]
 
 
 def _describe_cache_key(key: tuple) -> str:

@@ -52,13 +52,35 @@ def _input_latents(inputs_shared: dict) -> torch.Tensor:
     return latents
 
 
+def weighted_mean(losses: torch.Tensor, sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The batch's loss: the per-sample ``losses``, each times its entry of ``sample_weights`` (e.g.
+    ``--prior_loss_weight`` for a regularization sample; None: all 1), averaged over the batch."""
+    if sample_weights is None:
+        return losses.mean()
+    return (losses * sample_weights.to(losses.device, losses.dtype)).mean()
+
+
 class LatentsLoss:
-    """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``__call__``."""
+    """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``per_sample``."""
 
     @staticmethod
     def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
         """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""
         return (("shared", "input_latents"), *model_fn_keys(pipe))
+
+    def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                   generator: torch.Generator | None = None,
+                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The loss of each sample of the batch, shape ``(batch,)``."""
+        raise NotImplementedError
+
+    def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                 generator: torch.Generator | None = None,
+                 generators: Sequence[torch.Generator | None] | None = None,
+                 sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The batch's loss: :meth:`per_sample` averaged with ``sample_weights`` (:func:`weighted_mean`)."""
+        losses = self.per_sample(pipe, inputs_shared, inputs_posi, inputs_nega, generator, generators)
+        return weighted_mean(losses, sample_weights)
 
 
 @dataclasses.dataclass
@@ -84,10 +106,10 @@ class FlowMatchSFTLoss(LatentsLoss):
             raise ValueError(f"min_timestep_boundary={self.min_timestep_boundary}, max_timestep_boundary="
                              f"{self.max_timestep_boundary}: need 0 <= min < max <= 1")
 
-    def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
-                 generator: torch.Generator | None = None,
-                 generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
-        """The weighted loss of a batch, averaged per sample; ``inputs_nega`` is unused (training runs without CFG).
+    def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                   generator: torch.Generator | None = None,
+                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The timestep-weighted loss of each sample; ``inputs_nega`` is unused (training runs without CFG).
 
         Each sample draws its timestep, then its noise, from its own entry of ``generators`` (default: all from
         ``generator``), so a sample draws the same values in any batch.
@@ -111,7 +133,7 @@ class FlowMatchSFTLoss(LatentsLoss):
         if region is not None:
             prediction, target = prediction[region], target[region]
         losses = _per_sample_mse(prediction, target)
-        return (losses * torch.cat(weights).to(losses.device)).mean()
+        return losses * torch.cat(weights).to(losses.device)
 
 
 @dataclasses.dataclass
@@ -146,10 +168,10 @@ class DirectDistillLoss(LatentsLoss):
         own = tuple(("shared", name) for name in ("noise", *DirectDistillLoss.sample_inputs))
         return (*LatentsLoss.required_keys(pipe), *own, *negative)
 
-    def __call__(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
-                 generator: torch.Generator | None = None,
-                 generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
-        """The loss of a batch, averaged per sample; each sample's noise comes from its entry of ``generators``."""
+    def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
+                   generator: torch.Generator | None = None,
+                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+        """The loss of each sample; each sample's noise comes from its entry of ``generators``."""
         input_latents = _input_latents(inputs_shared)
         steps = inputs_shared.get("num_inference_steps") or self.num_inference_steps
         pipe.set_inference_timesteps(steps, latent_shape=tuple(input_latents.shape))
@@ -166,7 +188,7 @@ class DirectDistillLoss(LatentsLoss):
         region = pipe.loss_region(inputs_shared)
         if region is not None:
             latents, input_latents = latents[region], input_latents[region]
-        return _per_sample_mse(latents, input_latents).mean()
+        return _per_sample_mse(latents, input_latents)
 
 
 def model_fn_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:

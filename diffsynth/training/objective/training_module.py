@@ -36,7 +36,7 @@ from ...diffusion.base_pipeline import (
 from ..config.errors import FlagError, task_stage
 from ..config.timesteps import TimestepFlags
 from .batches import collate_states
-from .loss import LOSSES, FlowMatchSFTLoss
+from .loss import LOSSES, FlowMatchSFTLoss, weighted_mean
 from .timestep_sampling import TimestepSampling
 
 logger = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.lora_base_model = lora_base_model
         self.trained_model_names = tuple(name for name in dict.fromkeys([*trainable_models, lora_base_model]) if name)
         self.lora_config: dict[str, Any] = {}
+        self.last_sample_losses: torch.Tensor | None = None
         pipe.requires_grad_(False)
         pipe.eval()
         if preset_lora is not None:
@@ -397,9 +398,11 @@ class DiffusionTrainingModule(torch.nn.Module):
         return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
                                                                                            state)}
 
-    def forward(self, samples: Sequence[dict[str, Any]],
-                generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
-        """The loss of a batch of samples of one shape, averaged per sample.
+    def forward(self, samples: Sequence[dict[str, Any]], generators: Sequence[torch.Generator | None] | None = None,
+                sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of a batch of samples of one shape, averaged per sample (each times its ``sample_weights``
+        entry, e.g. ``--prior_loss_weight`` for regularization samples); ``last_sample_losses`` keeps the
+        unweighted per-sample values for the logs.
 
         Each sample runs the stage's units alone; what the loss reads is then joined into one batch
         (``batches.collate_states``). ``generators`` holds one generator per sample for its timestep and noise.
@@ -414,7 +417,9 @@ class DiffusionTrainingModule(torch.nn.Module):
                 state = self.pipe.run_units(*state, units=self.unrelated_units)
             states.append(self.pipe.run_units(*state, units=self.related_units))
         state = collate_states(states, self.loss.required_keys(self.pipe), self.pipe.padded_inputs)
-        return self.loss(self.pipe, *state, generators=generators)
+        losses = self.loss.per_sample(self.pipe, *state, generators=generators)
+        self.last_sample_losses = losses.detach()
+        return weighted_mean(losses, sample_weights)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable weights named from this module (``pipe.dit....``), detached, on the CPU."""

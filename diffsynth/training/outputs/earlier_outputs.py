@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.data.cache import CACHE_INFO_FILE, CACHE_MANIFEST_FILE
+from ...core.data.mix import MIX_CACHE_DIR, MIX_MANIFEST_FILE
 from ...core.written_files import record_files, recorded_files
 from ..config.files import RUN_CONFIG_FILE
 from .checkpoint import CHECKPOINTS_DIR, EMA_FILE
@@ -55,16 +56,20 @@ TRAINING_OUTPUTS: dict[str, tuple[str, ...]] = {
                                                                     REPORT_FILE.name),
     "/".join(map(re.escape, TENSORBOARD_DIR.parts)): (r"events\.out\.tfevents\..+",),
 }
-# A stage-1 cache: its info and manifest files and <process index>/<sample index>.safetensors.
+# A stage-1 cache: its info and manifest files and <process index>/<sample index>.safetensors; for several datasets,
+# one such cache each under datasets/<k>, and the list of them.
+_CACHE_FILES = (r"\d+\.safetensors", r"\.\d+\.safetensors\..+\.tmp")
 STAGE_ONE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "": _with_temporary(CACHE_INFO_FILE, CACHE_MANIFEST_FILE),
-    r"\d+": (r"\d+\.safetensors", r"\.\d+\.safetensors\..+\.tmp"),
+    "": _with_temporary(CACHE_INFO_FILE, CACHE_MANIFEST_FILE, MIX_MANIFEST_FILE),
+    r"\d+": _CACHE_FILES,
+    rf"{MIX_CACHE_DIR}/\d+": _with_temporary(CACHE_INFO_FILE, CACHE_MANIFEST_FILE),
+    rf"{MIX_CACHE_DIR}/\d+/\d+": _CACHE_FILES,
 }
 #: Per kind of run (stage 1 or not): the files a new run writes over (or appends to) at a fixed name.
 WRITTEN_IN_PLACE: dict[bool, tuple[str, ...]] = {
     False: (TRAINING_ARGS_FILE, RUN_CONFIG_FILE, METRICS_FILE.as_posix(), LOSS_CHART_FILE.as_posix(),
             REPORT_FILE.as_posix()),
-    True: (CACHE_INFO_FILE, CACHE_MANIFEST_FILE),
+    True: (CACHE_INFO_FILE, CACHE_MANIFEST_FILE, MIX_MANIFEST_FILE),
 }
 
 
@@ -158,7 +163,7 @@ def _bears_marks(path: Path) -> bool:
             return "written by diffsynth.training" in path.read_text(encoding="utf-8")[:2000]
         if path.name == REPORT_FILE.name:
             return REPORT_MARK in path.read_text(encoding="utf-8")[:2000]
-        if path.name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE):
+        if path.name in (CACHE_INFO_FILE, CACHE_MANIFEST_FILE, MIX_MANIFEST_FILE):
             return "format_version" in json.loads(path.read_text(encoding="utf-8"))
         if path.suffix == ".safetensors":
             return any(key == "diffsynth_version" or key.startswith("diffsynth.") for key in _metadata(path))

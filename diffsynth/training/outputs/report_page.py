@@ -13,9 +13,9 @@ RELOAD_SECONDS = 10
 
 STYLE = """
 :root{--bg:#f6f7f9;--card:#fff;--text:#1d2330;--muted:#5d6675;--line:#e3e6ec;--loss:#9dbbe6;--avg:#1a4fa3;
---val:#d9480f;--lr:#2b8a3e;--running:#1864ab;--finished:#2b8a3e;--failed:#c92a2a;--stopped:#e67700}
+--val:#d9480f;--prior:#9c36b5;--lr:#2b8a3e;--running:#1864ab;--finished:#2b8a3e;--failed:#c92a2a;--stopped:#e67700}
 @media (prefers-color-scheme:dark){:root{--bg:#15181e;--card:#1f232b;--text:#e6e9ef;--muted:#9aa3b2;
---line:#323844;--loss:#3d5a85;--avg:#8fb8ff;--val:#ff8c5a;--lr:#69db7c}}
+--line:#323844;--loss:#3d5a85;--avg:#8fb8ff;--val:#ff8c5a;--prior:#da77f2;--lr:#69db7c}}
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--text);font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
 header{padding:16px 20px 8px;display:flex;flex-wrap:wrap;gap:8px 16px;align-items:baseline}
@@ -156,7 +156,8 @@ SCRIPT = """
   if (lossChart) draw(lossChart, [
     {name: "loss", points: data.loss, colour: colour("--loss"), width: 1.2},
     {name: "moving average", points: movingAverage(data.loss), colour: colour("--avg"), width: 2.4},
-    {name: "val_loss", points: data.val_loss, colour: colour("--val"), width: 2, dots: true}
+    {name: "val_loss", points: data.val_loss, colour: colour("--val"), width: 2, dots: true},
+    {name: "loss_prior", points: data.loss_prior || [], colour: colour("--prior"), width: 1.2}
   ], 320);
   const lrChart = document.getElementById("lr-chart");
   if (lrChart) draw(lrChart, [{name: "lr", points: data.lr, colour: colour("--lr"), width: 2}], 160);

@@ -2,8 +2,8 @@
 
 The page carries its figures as JSON in ``<script type="application/json" id="run-data">`` with the keys of
 :data:`RUN_DATA_KEYS`: ``status`` (one of :data:`STATUSES`), ``updated_at`` (ISO 8601), ``step``, ``total_steps``,
-``loss``, ``val_loss`` and ``lr`` (``[[step, value], ...]`` as ``logs/metrics.csv`` holds them; a non-finite value is
-``null``), ``seconds_per_step``, ``eta_seconds``, ``peak_memory`` (``{"host_bytes", "device_bytes"}``), ``samples``
+``loss``, ``val_loss``, ``loss_prior`` (the regularization samples' loss, ``--reg_dataset_metadata_path``) and ``lr``
+(``[[step, value], ...]`` as ``logs/metrics.csv`` holds them; a non-finite value is ``null``), ``seconds_per_step``, ``eta_seconds``, ``peak_memory`` (``{"host_bytes", "device_bytes"}``), ``samples``
 (``[{"step", "path", "prompt"}, ...]``, paths relative to ``logs/``) and ``config`` (the run's ``config.yaml``).
 
 Everything a reader needs is inlined (:mod:`~diffsynth.training.outputs.report_page`): the numbers, the samples list and
@@ -34,10 +34,10 @@ REPORT_FILE = Path("logs") / "report.html"
 SAMPLES_FOLDER = "samples"  # as logger.SAMPLES_DIR, restated: the logger imports torch
 RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
 STATUSES = (RUNNING, FINISHED, FAILED, STOPPED)
-RUN_DATA_KEYS = ("status", "updated_at", "step", "total_steps", "loss", "val_loss", "lr", "seconds_per_step",
-                 "eta_seconds", "peak_memory", "samples", "config")
+RUN_DATA_KEYS = ("status", "updated_at", "step", "total_steps", "loss", "val_loss", "loss_prior", "lr",
+                 "seconds_per_step", "eta_seconds", "peak_memory", "samples", "config")
 #: The metrics.csv columns the page charts, as named in run-data.
-SERIES = ("loss", "val_loss", "lr")
+SERIES = ("loss", "val_loss", "loss_prior", "lr")
 #: In every page's head: how a folder without a record of written files knows the page as the trainer's.
 REPORT_MARK = '<meta name="generator" content="diffsynth.training run report">'
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif")

@@ -1,5 +1,5 @@
 """The run's dataset: the stage-1 cache, or the metadata rows with every referenced file checked before any model
-loads."""
+loads; several datasets and regularization images make a ``DatasetMix`` (docs Datasets)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 from ...core.data import DEFAULT_NUM_FRAMES, CacheDataset, UnifiedDataset
 from ...core.data.bad_samples import STARTUP_DECODE_PIXELS, bad_samples_error
 from ...core.data.errors import CacheError, DataFileNotFoundError, DatasetError, MissingColumnsError
+from ...core.data.mix import DatasetMix, MixPart, read_mix_manifest
 from ...diffusion.base_pipeline import BasePipeline
+from ..config.dataset_entries import DatasetEntry
 from ..config.errors import FlagError
 from ..config.validation_loss import VALIDATION_CACHE_DIR
 from .input_checks import warn_about_unread_columns
@@ -22,24 +24,27 @@ logger = logging.getLogger(__name__)
 
 
 def build_dataset(config: RunConfig, pipeline_class: type[BasePipeline], accelerator: Any
-                  ) -> CacheDataset | UnifiedDataset:
-    """The stage-1 cache for ``*:train``; otherwise the metadata dataset, decoded once at start-up when small."""
+                  ) -> CacheDataset | UnifiedDataset | DatasetMix:
+    """The stage-1 cache for ``*:train``; otherwise the metadata dataset (several, with regularization images: a
+    ``DatasetMix``), decoded once at start-up when small."""
     dataset = config.dataset
     if config.training.stage == "train":
-        return CacheDataset(dataset.dataset_base_path, repeat=dataset.dataset_repeat,
-                            allow_partial=dataset.allow_partial_cache)
+        return build_cached_dataset(config)
+    if dataset.mixed:
+        return build_mix(config, pipeline_class, accelerator)
     raw = build_raw_dataset(config, pipeline_class)
     decode_at_startup(accelerator, raw, dataset.on_bad_sample)
     return raw
 
 
-def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline], base_path: str | None = None,
-                      metadata_path: str | None = None) -> UnifiedDataset:
+def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
+                      entry: DatasetEntry | None = None) -> UnifiedDataset:
     """The metadata dataset, with every referenced file checked (headers only) before any model loads.
 
     Stage 1 caches each row once: repeats would only write identical files, and stage 2 applies its own
-    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files. ``base_path`` and
-    ``metadata_path`` name another set read like the training set (the validation set, which is never repeated).
+    ``--dataset_repeat``. Its samples keep their row numbers, which name the cache files. ``entry`` names another set
+    read like the training set but without repeats (a validation set, or one dataset of a mix, which repeats its
+    rows itself); its unset sizes and columns are the run's.
 
     Raises:
         FlagError: An extra input the pipeline reads as images (``edit_image``) is missing from ``--data_file_keys``.
@@ -47,12 +52,13 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline], bas
             trainer takes videos.
     """
     flags, extra_inputs = config.dataset, config.model.extra_input_names
-    unloaded = [name for name in extra_inputs if name in pipeline_class.image_inputs and name not in flags.file_keys]
+    repeat = flags.dataset_repeat if entry is None else 1
+    entry = entry or flags.entries()[0]
+    unloaded = [name for name in extra_inputs if name in pipeline_class.image_inputs and name not in entry.file_keys]
     if unloaded:
-        raise FlagError([f"--extra_inputs {name} takes images, but --data_file_keys {flags.data_file_keys!r} leaves "
+        raise FlagError([f"--extra_inputs {name} takes images, but --data_file_keys {entry.data_file_keys!r} leaves "
                          f"the {name} column as paths; add it, e.g. --data_file_keys image,{name}"
                          for name in unloaded])
-    repeat = flags.dataset_repeat if metadata_path is None else 1
     caching = config.training.stage == "data_process"
     if caching and repeat > 1:
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
@@ -60,10 +66,10 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline], bas
         repeat = 1
     try:
         dataset = UnifiedDataset(
-            base_path or flags.dataset_base_path, metadata_path or flags.dataset_metadata_path, repeat=repeat, data_file_keys=flags.file_keys,
-            height=flags.height, width=flags.width, max_pixels=flags.max_pixels,
+            entry.base_path, entry.metadata_path, repeat=repeat, data_file_keys=entry.file_keys,
+            height=entry.height, width=entry.width, max_pixels=entry.max_pixels,
             required_columns=pipeline_class.required_columns(extra_inputs),
-            num_frames=DEFAULT_NUM_FRAMES if flags.num_frames is None else flags.num_frames,
+            num_frames=DEFAULT_NUM_FRAMES if entry.num_frames is None else entry.num_frames,
             allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
             keep_row_indices=caching, buckets=flags.bucketed,
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
@@ -72,13 +78,83 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline], bas
     except MissingColumnsError as error:
         # Renaming the video column would not help: this model trains on images, and videos need the video trainer.
         if "image" in error.missing and "video" in error.found:
-            raise DatasetError(f"metadata {metadata_path or flags.dataset_metadata_path} lists videos (column 'video'), but this "
+            raise DatasetError(f"metadata {entry.metadata_path} lists videos (column 'video'), but this "
                                f"trainer ({pipeline_class.__name__}) trains on images (column 'image'); train on "
                                "videos with the Wan trainer, examples/wanvideo/model_training/train.py, or give this "
                                "one a dataset of images") from None
         raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
     return dataset
+
+
+def _entry_names(config: RunConfig) -> list[str]:
+    """How messages name each of ``config.dataset.entries()``: the config key or the flag that gave it."""
+    flags = config.dataset
+    names = [f"datasets[{index}]" for index in range(len(flags.datasets))] or ["--dataset_metadata_path"]
+    return names + (["--reg_dataset_metadata_path"] if flags.reg_dataset_metadata_path is not None else [])
+
+
+def build_mix(config: RunConfig, pipeline_class: type[BasePipeline], accelerator: Any) -> DatasetMix:
+    """The datasets of ``datasets:`` and ``--reg_dataset_metadata_path`` as one ``DatasetMix``, each checked and
+    decoded at start-up like a single dataset; every missing metadata file or folder is reported before any is
+    read.
+
+    Raises:
+        FlagError: Missing files or folders, or an unusable dataset; each message names its config key or flag.
+    """
+    entries, names = config.dataset.entries(), _entry_names(config)
+    missing = []
+    for name, entry in zip(names, entries):
+        if not Path(entry.metadata_path).is_file():
+            missing.append(f"{name}: the metadata file {entry.metadata_path} does not exist; pass the dataset's "
+                           ".csv / .json / .jsonl")
+        if not Path(entry.base_path or ".").is_dir():
+            missing.append(f"{name}: the folder {entry.base_path} ({entry.metadata_path}'s files) does not exist; "
+                           "pass the folder its file paths are relative to")
+    if missing:
+        raise FlagError(missing)
+    parts = []
+    for name, entry in zip(names, entries):
+        try:
+            part = build_raw_dataset(config, pipeline_class, entry)
+            decode_at_startup(accelerator, part, config.dataset.on_bad_sample)
+        except (DatasetError, DataFileNotFoundError) as error:
+            raise FlagError([f"{name} ({entry.metadata_path}): {error}"]) from None
+        parts.append(MixPart(part, entry.repeats, entry.is_reg, f"{name} ({entry.metadata_path})"))
+    return _mix(parts, config, accelerator)
+
+
+def build_cached_dataset(config: RunConfig) -> CacheDataset | DatasetMix:
+    """The stage-1 cache in ``--dataset_base_path``: one dataset's, or (``datasets.json``) the caches of a mix's
+    datasets with the repeats and regularization marks stage 1 recorded.
+
+    Raises:
+        FlagError: ``--prior_loss_weight`` is set but the cache holds no regularization rows.
+        CacheError: See ``CacheDataset``.
+    """
+    flags = config.dataset
+    recorded = read_mix_manifest(flags.dataset_base_path)
+    if recorded is None:
+        dataset: CacheDataset | DatasetMix = CacheDataset(flags.dataset_base_path, repeat=flags.dataset_repeat,
+                                                          allow_partial=flags.allow_partial_cache)
+    else:
+        parts = [MixPart(CacheDataset(entry["folder"], allow_partial=flags.allow_partial_cache), entry["repeats"],
+                         entry["is_reg"], entry["name"]) for entry in recorded]
+        dataset = _mix(parts, config, None)
+    if flags.prior_loss_weight != 1.0 and not (isinstance(dataset, DatasetMix) and dataset.has_reg):
+        raise FlagError([(f"--prior_loss_weight {flags.prior_loss_weight}: the stage-1 cache in --dataset_base_path "
+                         f"{flags.dataset_base_path} holds no regularization rows; rerun stage 1 with "
+                         "--reg_dataset_metadata_path, or drop --prior_loss_weight")])
+    return dataset
+
+
+def _mix(parts: list[MixPart], config: RunConfig, accelerator: Any) -> DatasetMix:
+    """The mix of ``parts`` (repeats times ``--dataset_repeat``), its summary logged on the main process."""
+    flags = config.dataset
+    mix = DatasetMix(parts, multiplier=1 if config.training.stage == "data_process" else flags.dataset_repeat)
+    if accelerator is None or accelerator.is_main_process:
+        logger.info("dataset: %s", mix.summary())
+    return mix
 
 
 def build_validation_dataset(config: RunConfig, pipeline_class: type[BasePipeline], accelerator: Any
@@ -119,7 +195,7 @@ def build_validation_dataset(config: RunConfig, pipeline_class: type[BasePipelin
         raise FlagError([f"{flag} {base_path} (the validation set's folder) is not a folder; pass "
                          "--validation_dataset_base_path, the folder the validation metadata's paths are relative to"])
     try:
-        validation = build_raw_dataset(config, pipeline_class, base_path, metadata)
+        validation = build_raw_dataset(config, pipeline_class, dataset.resolve(DatasetEntry(metadata, base_path)))
         decode_at_startup(accelerator, validation, dataset.on_bad_sample)
     except MissingColumnsError as error:
         raise FlagError([f"--validation_dataset_metadata_path {metadata}: {error}; the validation set needs the "
