@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.finite import require_finite
+from .adapters import ADAPTER_KEY, DORA_PART, adapter_layer
 from .formats import (
     DIFFUSERS_COMPONENT,
     FACTOR_KEY,
@@ -35,7 +36,6 @@ from .formats import (
     LoRAWeights,
     split_fused,
 )
-from .adapters import ADAPTER_KEY, DORA_PART, adapter_layer
 from .naming import FusedLayer, ModuleNaming, naming_for
 
 _ALPHA_KEY = re.compile(r"^(?P<layer>.+)\.alpha$")
@@ -176,8 +176,9 @@ def _group(tensors: Mapping[str, torch.Tensor], where: str
             unknown.append(key)
     if unknown:
         hint = "" if groups else "; is this a LoRA file?"
-        raise ValueError(f"{where} holds keys that are neither LoRA, DoRA, LoHa nor LoKr weights (biases, other "
-                         f"adapters, LyCORIS's Tucker factors): {unknown[:5]}{hint}")
+        raise ValueError(f"{where} holds keys that are not LoRA, DoRA (dora_scale), LoHa or LoKr weights (peft's "
+                         "lora_magnitude_vector, biases, other adapters, LyCORIS's Tucker factors): "
+                         f"{unknown[:5]}{hint}")
     if len(adapters) > 1:
         raise ValueError(f"{where} holds several adapters {sorted(adapters)}; pass a file with only one")
     incomplete = [name for name, parts in groups.items()

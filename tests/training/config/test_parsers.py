@@ -46,6 +46,7 @@ EXTRA_DEFAULTS = {
     "validation_dataset_metadata_path": None, "validation_dataset_base_path": None, "validation_loss_steps": None,
     "shared_host_weights": "auto", "ema_decay": None, "fused_optimizer_step": False,
     "full_checkpoint_format": "auto",
+    "lora_type": "lora", "use_dora": False, "lokr_factor": -1,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH);
 # its --lora_target_modules default q,k,v,o,ffn.0,ffn.2 names Wan's layers whatever the model, so unset here stands for
