@@ -127,9 +127,22 @@ def check_tools(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
     spec = family_of_class(class_name)
     model = _Model(class_name, dict(weight_shapes), naming, spec.lora_tools if spec else None)
     reference = read_lora(dict(tensors), model.weights, naming, metadata, strict=False)
-    emulations: dict[str, Emulation] = {"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
-                                        "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi}
-    return [_measure(tool, emulation, tensors, metadata, model, reference) for tool, emulation in emulations.items()]
+    return [_measure(tool, emulation, tensors, metadata, model, reference) for tool, emulation in _EMULATIONS.items()]
+
+
+_EMULATIONS: dict[str, Emulation] = {}  # filled below, once the emulations are defined
+
+
+def tool_layers(tool: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], class_name: str,
+                weight_shapes: Mapping[str, torch.Size], naming: ModuleNaming | None = None
+                ) -> tuple[Applied, list[str]]:
+    """What one tool of :data:`TOOLS` applies: ``({diffusers layer name: the layer as the tool builds it}, the file's
+    keys it leaves unused)``; ``naming`` None takes the class's."""
+    from .naming import naming_for
+
+    spec = family_of_class(class_name)
+    model = _Model(class_name, dict(weight_shapes), naming or naming_for(class_name), spec.lora_tools if spec else None)
+    return _EMULATIONS[tool](tensors, metadata, model)
 
 
 def _measure(tool: str, emulation: Emulation, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
@@ -471,3 +484,7 @@ def _diffsynth_studio_bfl(tensors: Mapping[str, torch.Tensor], model: _Model) ->
             applied[name] = LoRALayer(parts["A"], parts["B"], scale)
             used.update(f"transformer.{name}.lora_{part}.weight" for part in "AB")
     return applied, sorted(key for key in tensors if key not in used)
+
+
+_EMULATIONS.update({"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
+                    "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi})
