@@ -98,13 +98,13 @@ def comfyui_changes(comfy, path: Path, base: dict[str, torch.Tensor]) -> tuple[d
         patches = comfy.lora.load_lora(tensors, key_map)
     finally:
         logging.getLogger().removeHandler(handler)
-    unused = [message for message in messages if "not loaded" in message]
-    loaded = sum(len(adapter.loaded_keys) for adapter in patches.values()) if patches else 0
     changed = {}
     for key, adapter in patches.items():
-        changed[key] = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key) - base[key]
-    return changed, len({key for adapter in patches.values() for key in adapter.loaded_keys}), unused + [
-        message for message in messages if "ERROR" in message]
+        patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
+        changed[key] = patched - base[key]
+    loaded = {key for adapter in patches.values() for key in adapter.loaded_keys}
+    # Its own messages: keys it did not load, and an adapter's failure (logged, not raised).
+    return changed, len(loaded), [message for message in messages if "not loaded" in message or "ERROR" in message]
 
 
 def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str:

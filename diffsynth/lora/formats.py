@@ -1,4 +1,5 @@
-"""The LoRA file layouts and how they are written: with :mod:`.reading`, the one place that spells LoRA keys.
+"""The LoRA file layouts and how they are written: with :mod:`.reading` and :mod:`.adapters` (LoHa, LoKr and
+DoRA, written by :func:`_lycoris_state_dict` in the universal and kohya layouts), the one place that spells LoRA keys.
 
 A LoRA is a set of layers, each ``delta W = scale * up @ down`` on one module of the model (``down`` is peft's
 ``lora_A``, kohya's ``lora_down``). Files differ in how they name the module, the two factors and the scale:

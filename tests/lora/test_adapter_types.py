@@ -76,8 +76,8 @@ def test_the_file_merges_and_loads_in_comfyui_as_peft_merges(case, layout, tmp_p
     for name in want:
         got = merged.get_submodule(name).weight - base.get_submodule(name).weight
         assert (got - want[name]).abs().max() < 1e-5, name
-    from safetensors.torch import load_file
     from safetensors import safe_open
+    from safetensors.torch import load_file
 
     tensors = load_file(str(path))
     with safe_open(str(path), "pt") as handle:

@@ -115,7 +115,8 @@ class LoraSection(Section):
         """``--lora_type``, ``--use_dora`` and ``--lokr_factor`` that contradict each other or do nothing."""
         problems = []
         if self.lora_type not in LORA_TYPES:
-            problems.append(f"--lora_type {self.lora_type}: unknown adapter type; choose one of {', '.join(LORA_TYPES)}")
+            problems.append(f"--lora_type {self.lora_type}: unknown adapter type; choose one of "
+                            f"{', '.join(LORA_TYPES)}")
         if self.use_dora and self.lora_type != "lora":
             # peft's LoHaConfig and LoKrConfig have no DoRA (use_dora is LoraConfig's alone).
             problems.append(f"--use_dora with --lora_type {self.lora_type}: peft's DoRA exists for LoRA only; drop "

@@ -198,7 +198,8 @@ class ModelLogger(LoRASaving, MetricsLogging):
                 own; checked before training.
         """
         if self.full_checkpoint_formats == (AUTO,):
-            with_lora = any(is_peft_adapter_key(key) for model in models.values() for key, _ in model.named_parameters())
+            with_lora = any(is_peft_adapter_key(key) for model in models.values()
+                            for key, _ in model.named_parameters())
             self.full_checkpoint_formats = (FLAT,) if with_lora or not models else (FLAT, DIFFUSERS)
         formats = self.full_checkpoint_formats
         asked = [layout for layout in formats if layout != FLAT]

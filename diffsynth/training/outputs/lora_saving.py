@@ -1,4 +1,4 @@
-"""Writing the run's LoRA files (``ModelLogger``'s LoRA part): the layout, the metadata, and the check of the first file.
+"""Writing the run's LoRA files (``ModelLogger``'s LoRA part): layout, metadata, and the check of the first file.
 
 A plain LoRA is written as :mod:`diffsynth.training.outputs.logger` describes (universal layout, a diffusers-layout
 twin where only diffusers cannot take it). A LoHa, LoKr or DoRA file (``--lora_type``, ``--use_dora``) is written in
