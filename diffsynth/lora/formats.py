@@ -1,4 +1,5 @@
-"""The LoRA file layouts and how they are written: with :mod:`.reading`, the one place that spells LoRA keys.
+"""The LoRA file layouts and how they are written: with :mod:`.reading` and :mod:`.adapters` (LoHa, LoKr and
+DoRA, written by :func:`_lycoris_state_dict` in the universal and kohya layouts), the one place that spells LoRA keys.
 
 A LoRA is a set of layers, each ``delta W = scale * up @ down`` on one module of the model (``down`` is peft's
 ``lora_A``, kohya's ``lora_down``). Files differ in how they name the module, the two factors and the scale:
@@ -49,6 +50,7 @@ import torch
 
 from ..core.files import atomic_save_safetensors
 from ..core.finite import require_finite
+from .adapters import TYPE_KEY, LoHaLayer, LoKrLayer, adapter_type, dora_delta
 from .naming import DIFFUSERS_NAMING, FusedLayer, FusedNaming, ModuleNaming
 
 LAYOUTS = ("universal", "diffusers", "kohya", "peft")
@@ -69,20 +71,43 @@ FACTOR_KEY = re.compile(r"^(?P<layer>.+?)\.(?P<part>lora_A|lora_B|lora_down|lora
 
 @dataclass
 class LoRALayer:
-    """One layer of a LoRA: ``delta W = scale * up @ down`` (a conv ``down`` keeps its kernel, ``up`` is 1x1)."""
+    """One layer of a LoRA: ``delta W = scale * up @ down`` (a conv ``down`` keeps its kernel, ``up`` is 1x1).
+
+    With ``dora_scale`` (1-D, one entry per output row) it is a DoRA layer, whose change depends on the base weight
+    (:func:`.adapters.dora_delta`, ComfyUI's rule)."""
 
     down: torch.Tensor
     up: torch.Tensor
     scale: float = 1.0
+    dora_scale: torch.Tensor | None = None
+    kind = "lora"
 
     @property
     def rank(self) -> int:
         return self.down.shape[0]
 
-    def delta(self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
-        """The weight change, shaped like the module's weight, computed in ``dtype`` on ``device``."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.up.shape[0], *self.down.shape[1:]
+
+    def delta(self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+              base: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight change, shaped like the module's weight, computed in ``dtype`` on ``device`` (a DoRA layer
+        needs the module's weight as ``base``)."""
+        if self.dora_scale is not None:
+            return dora_delta(self.down, self.up, self.scale, self.dora_scale, base, dtype, device)
         product = self.up.to(device, dtype).flatten(1) @ self.down.to(device, dtype).flatten(1)
         return self.scale * product.reshape(self.up.shape[0], *self.down.shape[1:])
+
+    def factors(self) -> dict[str, torch.Tensor]:
+        return {"lora_A": self.down, "lora_B": self.up}
+
+    def rescaled(self, factor: float) -> LoRALayer:
+        """The same layer with its change multiplied by ``factor`` (folded into ``up``), at scale 1."""
+        return LoRALayer(self.down, self.up.float() * (self.scale * factor), 1.0, self.dora_scale)
+
+
+AdapterLayer = LoRALayer | LoHaLayer | LoKrLayer
 
 
 @dataclass
@@ -97,7 +122,7 @@ class LoRAWeights:
         source: How to name it in messages (the path).
     """
 
-    layers: dict[str, LoRALayer]
+    layers: dict[str, AdapterLayer]
     layout: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     source: str = "the LoRA"
@@ -116,8 +141,8 @@ class LoRAWeights:
         rank = next(iter(self.ranks)) if len(self.ranks) == 1 else None
         scale = next(iter(self.scales)) if len(self.scales) == 1 else None
         alpha = None if rank is None or scale is None else _plain_number(scale * rank)
-        return {"rank": rank, "alpha": alpha, "scale": scale, "layers": len(self.layers),
-                "targets": sorted({_suffix(name) for name in self.layers})}
+        return {"type": adapter_type(self.layers), "rank": rank, "alpha": alpha, "scale": scale,
+                "layers": len(self.layers), "targets": sorted({_suffix(name) for name in self.layers})}
 
 
 def _suffix(name: str) -> str:
@@ -188,6 +213,9 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown LoRA layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    kind = adapter_type(weights.layers)
+    if kind != "lora":
+        return _lycoris_state_dict(weights, kind, layout, naming, dtype)
     uniform = len(weights.ranks) == 1 and len(weights.scales) == 1
     fused = layout == "kohya" and naming.fused is not None
     fold = layout in ("universal", "peft") or (layout == "diffusers" and not uniform) or fused
@@ -230,7 +258,51 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     return tensors, metadata
 
 
-def _file_layers(weights: LoRAWeights, layout: str, naming: ModuleNaming) -> list[tuple[str, LoRALayer]]:
+def _lycoris_state_dict(weights: LoRAWeights, kind: str, layout: str, naming: ModuleNaming,
+                        dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A LoHa, LoKr or DoRA file's tensors and entries (:mod:`.adapters`): LyCORIS's key names under the universal
+    or the kohya layout's prefix, a per-layer ``alpha`` (a DoRA layer's scale folded into ``lora_B`` in the universal
+    layout, as for a plain LoRA; a LoKr layer of two whole factors folds it into ``lokr_w1``, since ComfyUI ignores its
+    ``alpha``), and a DoRA layer's ``dora_scale`` shaped ``(out, 1, ...)`` as ComfyUI broadcasts it."""
+    if layout not in ("universal", "kohya"):
+        raise ValueError(f"a {kind} LoRA is written in the universal or kohya layout, not {layout}: diffusers' "
+                         "load_lora_weights reads neither LoHa, LoKr nor DoRA's dora_scale (docs/en/LoRA_Types.md)")
+    if kind == "mixed":
+        raise ValueError("the LoRA mixes adapter types; a file holds one type")
+    if layout == "kohya" and naming.fused is not None:
+        raise ValueError(f"a {kind} LoRA cannot name {naming.name}'s fused layers in the kohya layout; write the "
+                         "universal layout")
+    tensors, folded = {}, {}
+    for native, layer in _file_layers(weights, layout, naming):
+        stem = (f"{naming.universal_prefix}{native}" if layout == "universal"
+                else "lora_unet_" + native.replace(".", "_"))
+        alpha = None
+        if isinstance(layer, LoRALayer):
+            parts = {"lora_A.weight": layer.down, "lora_B.weight": layer.up}
+            if layout == "kohya":
+                parts = {"lora_down.weight": layer.down, "lora_up.weight": layer.up}
+                alpha = layer.scale * layer.rank
+            else:
+                parts["lora_B.weight"] = layer.up.float() * layer.scale
+                folded[native] = layer.scale
+            parts["dora_scale"] = layer.dora_scale.float().reshape(-1, *[1] * (layer.down.dim() - 1))
+        elif layer.rank is None:  # a LoKr layer of two whole factors
+            parts = layer.rescaled(1.0).factors()
+        else:
+            parts, alpha = layer.factors(), layer.scale * layer.rank
+        for suffix, tensor in parts.items():
+            tensors[f"{stem}.{suffix}"] = tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+        if alpha is not None:
+            tensors[f"{stem}.alpha"] = torch.tensor(float(alpha))
+    metadata = {TYPE_KEY: kind, LAYOUT_KEY: layout, _META + "format_version": str(FORMAT_VERSION)}
+    if folded:
+        values = set(folded.values())
+        metadata[FOLDED_SCALE_KEY] = (repr(float(next(iter(values)))) if len(values) == 1
+                                      else json.dumps(folded, sort_keys=True))
+    return tensors, metadata
+
+
+def _file_layers(weights: LoRAWeights, layout: str, naming: ModuleNaming) -> list[tuple[str, AdapterLayer]]:
     """The layers under the names ``layout`` gives them: diffusers' (diffusers layout), the fused layers of
     ``naming.fused`` (kohya, FLUX.1), or the native names."""
     if layout == "diffusers":
@@ -334,6 +406,8 @@ def describe_metadata(weights: LoRAWeights, naming: ModuleNaming) -> dict[str, s
         entries["lora_rank"] = str(info["rank"])
     if info["alpha"] is not None:
         entries[_META + "alpha"] = str(info["alpha"])
+    if info["type"] != "lora":
+        entries[TYPE_KEY] = info["type"]
     return entries
 
 

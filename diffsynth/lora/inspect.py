@@ -26,6 +26,13 @@ from .tools import ToolResult, check_tools
 
 # The tools that must load the trainer's main file fully; musubi-tuner is reported, and converts with a command.
 REQUIRED_TOOLS = ("diffsynth", "diffusers", "ComfyUI", "DiffSynth-Studio")
+# Those of a LoHa, LoKr or DoRA file: no other tool here reads them (docs/en/LoRA_Types.md).
+LYCORIS_REQUIRED_TOOLS = ("diffsynth", "ComfyUI")
+
+
+def required_tools(kind: str) -> tuple[str, ...]:
+    """The tools that must load a file of adapter type ``kind`` (``lora``, ``lora+dora``, ``loha``, ``lokr``) fully."""
+    return REQUIRED_TOOLS if kind == "lora" else LYCORIS_REQUIRED_TOOLS
 
 
 @dataclass
@@ -41,8 +48,10 @@ class Inspection:
     def result(self, tool: str) -> ToolResult:
         return next(result for result in self.results if result.tool == tool)
 
-    def failing(self, tools: tuple[str, ...] = REQUIRED_TOOLS) -> list[ToolResult]:
-        """The results among ``tools`` that do not load the whole file at the trained strength."""
+    def failing(self, tools: tuple[str, ...] | None = None) -> list[ToolResult]:
+        """The results among ``tools`` (default: those the file's type needs, :func:`required_tools`) that do not
+        load the whole file at the trained strength."""
+        tools = required_tools(self.weights.describe()["type"]) if tools is None else tools
         return [result for result in self.results if result.tool in tools and not result.ok]
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,7 +67,7 @@ class Inspection:
     def format(self) -> str:
         """The report as text: what the file is, then a line per tool."""
         info = self.weights.describe()
-        lines = [f"file      {self.path}", f"layout    {self.weights.layout}",
+        lines = [f"file      {self.path}", f"layout    {self.weights.layout}", f"type      {info['type']}",
                  f"model     {self.model_class} (from {self.model_source})",
                  f"layers    {info['layers']}, rank {info['rank'] if info['rank'] is not None else 'mixed'}"]
         if info["scale"] is not None:
@@ -69,7 +78,7 @@ class Inspection:
         lines.append(f"{'tool':<18}{'layers mapped':<16}strength applied at 1.0")
         for result in self.results:
             if result.error is not None:
-                strength = f"fails: {result.error}"
+                strength = f"fails: {_shortened(result.error)}"
             elif result.strength is not None:
                 strength = f"{result.strength:.3g}" + ("" if result.ok else "   <- not the trained strength")
             elif result.strengths is not None:
@@ -78,12 +87,17 @@ class Inspection:
                 strength = "-"
             mapped = f"{result.mapped}/{result.total}"
             lines.append(f"{result.tool:<18}{mapped:<16}{strength}")
-            if result.unloaded and result.mapped < result.total:
+            if result.unloaded and not result.ok:
                 lines.append(f"{'':<18}unused keys, e.g. {result.unloaded[:3]}")
-        if not self.result("musubi-tuner").ok:
+        if not self.result("musubi-tuner").ok and info["type"] == "lora":
             lines.append(f"\nmusubi-tuner reads its own layout only: python -m diffsynth.lora convert {self.path} "
                          f"{self.path.with_suffix('')}.musubi.safetensors --to kohya")
         return "\n".join(lines)
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """A tool's error on one line of the report (diffusers' can list every key of the file)."""
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def base_layers_from_metadata(metadata: Mapping[str, str]) -> BaseLayers | None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .formats import LoRALayer, LoRAWeights
+from .formats import AdapterLayer, LoRALayer, LoRAWeights
 from .naming import LORA_TARGET_TYPES, ModuleNaming, naming_for
 from .reading import read_lora
 
@@ -58,7 +58,7 @@ def load_lora(
     with torch.no_grad():
         for name, layer in weights.layers.items():
             weight = targets[name].weight
-            delta = layer.delta(device=weight.device)
+            delta = layer.delta(device=weight.device, base=weight)
             weight.copy_((weight.to(torch.float32) + alpha * delta.reshape(weight.shape)).to(weight.dtype))
     return len(weights.layers)
 
@@ -93,11 +93,17 @@ def _fitting_layers(module: torch.nn.Module, source: str | os.PathLike | Mapping
     return weights, targets
 
 
-def _check_fits(name: str, layer: LoRALayer, weight: torch.Tensor, source: str, allow_meta: bool = False) -> None:
-    """Raises unless ``up @ down`` (a conv delta keeps down's kernel, up being 1 x 1) has the weight's shape."""
-    down, up = layer.down, layer.up
+def _check_fits(name: str, layer: AdapterLayer, weight: torch.Tensor, source: str, allow_meta: bool = False) -> None:
+    """Raises unless the layer's change has the weight's shape: ``up @ down`` for a LoRA (a conv delta keeps down's
+    kernel, up being 1 x 1), the factors' product for LoHa and LoKr (Linear layers)."""
     if weight.is_meta and not allow_meta:
         raise ValueError(f"module {name!r} has its weight on the meta device; load the base weights before the LoRA")
+    if not isinstance(layer, LoRALayer):
+        if tuple(layer.shape) != tuple(weight.shape):
+            raise ValueError(f"{layer.kind} layer {name!r} in {source} makes a change of shape {tuple(layer.shape)}, "
+                             f"module {name!r} has weight {tuple(weight.shape)}; was it trained on another model?")
+        return
+    down, up = layer.down, layer.up
     fits = up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and all(size == 1 for size in up.shape[2:])
     if not fits or (up.shape[0], *down.shape[1:]) != tuple(weight.shape):
         raise ValueError(

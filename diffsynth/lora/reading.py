@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.finite import require_finite
+from .adapters import ADAPTER_KEY, DORA_PART, adapter_layer
 from .formats import (
     DIFFUSERS_COMPONENT,
     FACTOR_KEY,
@@ -30,6 +31,7 @@ from .formats import (
     MODEL_CLASS_KEY,
     STRIPPED_PREFIXES,
     UNDERSCORE_PREFIXES,
+    AdapterLayer,
     LoRALayer,
     LoRAWeights,
     split_fused,
@@ -107,7 +109,7 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
             raise ValueError(f"{where} holds two LoRAs for module {name!r}; keep one layout per file")
         prefixes.add(prefix)
         native_hits += is_native and not naming.identity
-        layers[name] = _Pending(key_prefix, parts["down"], parts["up"], alphas.get(key_prefix))
+        layers[name] = _Pending(key_prefix, parts, alphas.get(key_prefix))
     if unmatched and (strict or not layers):
         examples = resolver.examples()
         raise ValueError(
@@ -123,6 +125,10 @@ def read_lora(source: str | os.PathLike | Mapping[str, torch.Tensor], module_nam
             weights[name] = pending.layer(name, naming.to_native(name) or name, settings, folded, where)
             continue
         spec, part_names = fused
+        if set(pending.parts) != {"down", "up"}:
+            raise ValueError(f"{where} holds a LoHa, LoKr or DoRA layer {pending.key_prefix!r} on "
+                             f"{naming.fused.name}'s fused layer {name!r}, which is not split here; use a file of "
+                             "the diffusers layers (the universal layout)")
         try:
             parts = split_fused(pending.layer(name, name, settings, folded, where), spec)
         except ValueError as error:
@@ -146,7 +152,15 @@ def _group(tensors: Mapping[str, torch.Tensor], where: str
     unknown, adapters, kinds = [], set(), set()
     for key, tensor in tensors.items():
         match = FACTOR_KEY.match(key)
-        if match:
+        lycoris = None if match else ADAPTER_KEY.match(key)
+        if lycoris:
+            if lycoris["adapter"]:
+                adapters.add(lycoris["adapter"])
+            layer = groups.setdefault(lycoris["layer"], {})
+            if lycoris["part"] in layer:
+                raise ValueError(f"LoRA layer {lycoris['layer']!r} in {where} has two {lycoris['part']} weights")
+            layer[lycoris["part"]] = tensor
+        elif match:
             if match["adapter"]:
                 adapters.add(match["adapter"])
             part = "down" if match["part"] in ("lora_A", "lora_down") else "up"
@@ -162,11 +176,13 @@ def _group(tensors: Mapping[str, torch.Tensor], where: str
             unknown.append(key)
     if unknown:
         hint = "" if groups else "; is this a LoRA file?"
-        raise ValueError(f"{where} holds keys that are not plain LoRA weights (DoRA, biases, other adapters): "
+        raise ValueError(f"{where} holds keys that are not LoRA, DoRA (dora_scale), LoHa or LoKr weights (peft's "
+                         "lora_magnitude_vector, biases, other adapters, LyCORIS's Tucker factors): "
                          f"{unknown[:5]}{hint}")
     if len(adapters) > 1:
         raise ValueError(f"{where} holds several adapters {sorted(adapters)}; pass a file with only one")
-    incomplete = [name for name, parts in groups.items() if len(parts) != 2]
+    incomplete = [name for name, parts in groups.items()
+                  if not {"down", "up"} <= set(parts) and not set(parts).isdisjoint({"down", "up", DORA_PART})]
     if incomplete:
         raise ValueError(f"LoRA layers in {where} lack their down (A) or up (B) weight: {incomplete[:5]}")
     if not groups:
@@ -312,15 +328,29 @@ def _folded_scales(metadata: Mapping[str, str], where: str) -> Callable[[str], f
 @dataclass
 class _Pending:
     key_prefix: str
-    down: torch.Tensor
-    up: torch.Tensor
+    parts: dict[str, torch.Tensor]
     alpha: float | None
 
     def layer(self, name: str, native: str, settings: _Settings, folded: Callable[[str], float | None],
+              where: str) -> AdapterLayer:
+        if "down" not in self.parts:
+            return adapter_layer(self.parts, self.alpha, f"{self.key_prefix!r} in {where}")
+        layer = self._lora(name, native, settings, folded, where)
+        dora_scale = self.parts.get(DORA_PART)
+        if dora_scale is not None:
+            if dora_scale.shape[0] != layer.up.shape[0] or dora_scale.numel() != layer.up.shape[0]:
+                raise ValueError(f"DoRA layer {self.key_prefix!r} in {where} has a dora_scale of shape "
+                                 f"{tuple(dora_scale.shape)}; only one entry per output row ({layer.up.shape[0]}) is "
+                                 "read (LyCORIS's input-axis decomposition is not)")
+            layer.dora_scale = dora_scale.float().flatten()
+        return layer
+
+    def _lora(self, name: str, native: str, settings: _Settings, folded: Callable[[str], float | None],
               where: str) -> LoRALayer:
-        rank = self.down.shape[0]
+        down, up = self.parts["down"], self.parts["up"]
+        rank = down.shape[0]
         if self.alpha is not None:  # every tool reads a per-layer alpha first
-            return LoRALayer(self.down, self.up, self.alpha / rank)
+            return LoRALayer(down, up, self.alpha / rank)
         folded_scale = folded(native)
         folded_scale = folded(name) if folded_scale is None else folded_scale
         if folded_scale is not None:
@@ -328,11 +358,11 @@ class _Pending:
                 raise ValueError(f"{FOLDED_SCALE_KEY} of layer {native!r} in {where} is {folded_scale}; it must be a "
                                  "non-zero finite number")
             # The file's factors hold the scale already; dividing it out restores the trained factors.
-            return LoRALayer(self.down, self.up.float() / folded_scale, folded_scale)
+            return LoRALayer(down, up.float() / folded_scale, folded_scale)
         if settings.rank is not None and settings.rank != rank:
             raise ValueError(f"LoRA layer {self.key_prefix!r} in {where} has rank {rank} but the metadata says rank "
                              f"{settings.rank}; fix the metadata or pass metadata= with the right rank")
-        return LoRALayer(self.down, self.up, settings.scale(name, rank))
+        return LoRALayer(down, up, settings.scale(name, rank))
 
 
 def _layout_name(prefixes: set[str], kinds: set[str], has_alpha: bool, metadata: Mapping[str, str],

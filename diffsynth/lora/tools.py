@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..pipelines.registry import LoraTools, family_of_class
-from .formats import LoRALayer, LoRAWeights
+from .adapters import LOHA_PARTS, LOKR_PARTS, LoHaLayer, LoKrLayer
+from .formats import AdapterLayer, LoRALayer, LoRAWeights
 from .naming import FusedLayer, ModuleNaming
 from .reading import read_lora
 
@@ -79,7 +80,7 @@ class ToolResult:
             self.strength - 1.0) <= _TOLERANCE
 
 
-Applied = dict[str, LoRALayer]
+Applied = dict[str, AdapterLayer]
 # What a tool's key patches: one diffusers layer, or a fused layer of the original code and the diffusers layers in it.
 Target = str | tuple[FusedLayer, list[str]]
 Emulation = Callable[[Mapping[str, torch.Tensor], Mapping[str, str], "_Model"], tuple[Applied, list[str]]]
@@ -126,9 +127,22 @@ def check_tools(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
     spec = family_of_class(class_name)
     model = _Model(class_name, dict(weight_shapes), naming, spec.lora_tools if spec else None)
     reference = read_lora(dict(tensors), model.weights, naming, metadata, strict=False)
-    emulations: dict[str, Emulation] = {"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
-                                        "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi}
-    return [_measure(tool, emulation, tensors, metadata, model, reference) for tool, emulation in emulations.items()]
+    return [_measure(tool, emulation, tensors, metadata, model, reference) for tool, emulation in _EMULATIONS.items()]
+
+
+_EMULATIONS: dict[str, Emulation] = {}  # filled below, once the emulations are defined
+
+
+def tool_layers(tool: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], class_name: str,
+                weight_shapes: Mapping[str, torch.Size], naming: ModuleNaming | None = None
+                ) -> tuple[Applied, list[str]]:
+    """What one tool of :data:`TOOLS` applies: ``({diffusers layer name: the layer as the tool builds it}, the file's
+    keys it leaves unused)``; ``naming`` None takes the class's."""
+    from .naming import naming_for
+
+    spec = family_of_class(class_name)
+    model = _Model(class_name, dict(weight_shapes), naming or naming_for(class_name), spec.lora_tools if spec else None)
+    return _EMULATIONS[tool](tensors, metadata, model)
 
 
 def _measure(tool: str, emulation: Emulation, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
@@ -144,8 +158,11 @@ def _measure(tool: str, emulation: Emulation, tensors: Mapping[str, torch.Tensor
         intended = reference.layers.get(name)
         if intended is None or not _fits(layer, model.weights.get(name)):
             continue
-        probe = torch.randn(layer.down[0].numel(), generator=generator)
-        got, want = _apply(layer, probe), _apply(intended, probe)
+        shape = torch.Size(model.weights[name])
+        probe = torch.randn(shape[1:].numel(), generator=generator)
+        # A DoRA change depends on the base weight: any weight tells whether the tool applies the same rule.
+        base = None if _is_plain(layer) and _is_plain(intended) else torch.randn(shape, generator=generator)
+        got, want = _apply(layer, probe, base), _apply(intended, probe, base)
         norm = float(want @ want)
         ratios.append(float(got @ want) / norm if norm > 0 else 1.0)
     result = ToolResult(tool, len(ratios), total, unloaded=unloaded[:5])
@@ -162,6 +179,8 @@ def _land(applied: Applied, target: Target, layer: LoRALayer) -> bool:
     if isinstance(target, str):
         applied[target] = layer
         return True
+    if not _is_plain(layer):
+        return False  # no fused layer is patched by a LoHa, LoKr or DoRA file here
     spec, names = target
     try:
         rows = spec.split_rows(layer.up, layer.down.shape[1])
@@ -171,13 +190,21 @@ def _land(applied: Applied, target: Target, layer: LoRALayer) -> bool:
     return True
 
 
-def _apply(layer: LoRALayer, probe: torch.Tensor) -> torch.Tensor:
-    return layer.scale * (layer.up.float().flatten(1) @ (layer.down.float().flatten(1) @ probe))
+def _is_plain(layer: AdapterLayer) -> bool:
+    return isinstance(layer, LoRALayer) and layer.dora_scale is None
 
 
-def _fits(layer: LoRALayer, shape: torch.Size | None) -> bool:
+def _apply(layer: AdapterLayer, probe: torch.Tensor, base: torch.Tensor | None) -> torch.Tensor:
+    if _is_plain(layer):  # without building the change: a 20B model's inspection stays quick
+        return layer.scale * (layer.up.float().flatten(1) @ (layer.down.float().flatten(1) @ probe))
+    return layer.delta(base=base).flatten(1) @ probe
+
+
+def _fits(layer: AdapterLayer, shape: torch.Size | None) -> bool:
     if shape is None:
         return False
+    if not isinstance(layer, LoRALayer):
+        return tuple(layer.shape) == tuple(shape)
     down, up = layer.down, layer.up
     return up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and (up.shape[0], *down.shape[1:]) == tuple(
         shape)
@@ -287,15 +314,46 @@ def _comfyui(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
     key_map: Mapping[str, Target] = _comfy_bfl_key_map(model) if bfl else _comfy_native_key_map(model)
     applied, used = {}, set()
     for prefix, target in key_map.items():
+        alpha = tensors.get(prefix + ".alpha")
+        dora_scale = tensors.get(prefix + ".dora_scale")
+        lycoris = _comfy_lycoris(prefix, tensors, None if alpha is None else float(alpha))
+        if lycoris is not None:
+            layer, keys = lycoris
+            if _land(applied, target, layer):
+                used.update({*keys, prefix + ".alpha"})
+            continue
         for up_suffix, down_suffix in _COMFY_FACTORS:
             if prefix + up_suffix in tensors:
                 up, down = tensors[prefix + up_suffix], tensors[prefix + down_suffix]
-                alpha = tensors.get(prefix + ".alpha")
                 scale = 1.0 if alpha is None else float(alpha) / down.shape[0]
-                if _land(applied, target, LoRALayer(down, up, scale)):
-                    used.update({prefix + up_suffix, prefix + down_suffix, prefix + ".alpha"})
+                # comfy/weight_adapter/base.weight_decompose: an output-axis dora_scale, normalised by the base
+                # weight's row norms (an input-axis one it normalises otherwise; no file here has one).
+                magnitude = None if dora_scale is None else dora_scale.float().flatten()
+                if _land(applied, target, LoRALayer(down, up, scale, magnitude)):
+                    used.update({prefix + up_suffix, prefix + down_suffix, prefix + ".alpha", prefix + ".dora_scale"})
                 break
     return applied, sorted(key for key in tensors if key not in used)
+
+
+def _comfy_lycoris(prefix: str, tensors: Mapping[str, torch.Tensor], alpha: float | None
+                   ) -> tuple[AdapterLayer, set[str]] | None:
+    """ComfyUI's LoHa and LoKr adapters (``comfy/weight_adapter/loha.py``, ``lokr.py``) for one key prefix: LoHa's
+    scale is alpha / the rank of ``hada_w1_b``; LoKr's alpha / the rank of ``lokr_w2_b`` if ``w2`` is decomposed, else
+    of ``lokr_w1_b``, and 1 when neither is (alpha unused). None when the prefix has neither."""
+    if prefix + ".hada_w1_a" in tensors:
+        parts = [tensors[f"{prefix}.{part}"] for part in LOHA_PARTS]
+        scale = 1.0 if alpha is None else alpha / parts[1].shape[0]
+        return LoHaLayer(*parts, scale), {f"{prefix}.{part}" for part in LOHA_PARTS}
+    parts = {part: tensors[f"{prefix}.{part}"] for part in LOKR_PARTS if f"{prefix}.{part}" in tensors}
+    if not parts.keys() & {"lokr_w1", "lokr_w2", "lokr_w1_a", "lokr_w2_a"}:
+        return None
+    dim = None
+    if "lokr_w1" not in parts:
+        dim = parts["lokr_w1_b"].shape[0]
+    if "lokr_w2" not in parts:
+        dim = parts["lokr_w2_b"].shape[0]
+    scale = alpha / dim if alpha is not None and dim is not None else 1.0
+    return LoKrLayer(parts, scale), {f"{prefix}.{part}" for part in parts}
 
 
 def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
@@ -426,3 +484,7 @@ def _diffsynth_studio_bfl(tensors: Mapping[str, torch.Tensor], model: _Model) ->
             applied[name] = LoRALayer(parts["A"], parts["B"], scale)
             used.update(f"transformer.{name}.lora_{part}.weight" for part in "AB")
     return applied, sorted(key for key in tensors if key not in used)
+
+
+_EMULATIONS.update({"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
+                    "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi})

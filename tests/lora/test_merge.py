@@ -160,9 +160,9 @@ def test_bad_contents_give_clear_errors_and_leave_the_model_alone(small):
     wrong_shape = {**state_dict, "conv3.lora_A.weight": torch.ones(4, 5, 1, 3, 3)}
     with pytest.raises(ValueError, match=r"'conv3'.*does not fit module 'conv3' with weight \(4, 6, 1, 3, 3\)"):
         load_lora(model, wrong_shape)
-    with pytest.raises(ValueError, match=r"not plain LoRA weights.*lora_magnitude_vector"):
+    with pytest.raises(ValueError, match=r"not LoRA, DoRA \(dora_scale\).*lora_magnitude_vector"):
         load_lora(model, {**state_dict, "proj.lora_magnitude_vector.weight": torch.ones(16)})
-    with pytest.raises(ValueError, match=r"not plain LoRA weights.*is this a LoRA file"):
+    with pytest.raises(ValueError, match=r"not LoRA, DoRA.*is this a LoRA file"):
         load_lora(model, base.state_dict())
     with pytest.raises(ValueError, match="rank 4 but the metadata says rank 8"):
         load_lora(model, state_dict, metadata={"lora_alpha": "8", "rank": "8"})

@@ -8,6 +8,8 @@ import dataclasses
 from .errors import split_csv
 from .section import Section
 
+LORA_TYPES = ("lora", "loha", "lokr")
+
 
 @dataclasses.dataclass(frozen=True)
 class LoraSection(Section):
@@ -22,6 +24,9 @@ class LoraSection(Section):
     preset_lora_path: str | None = None
     preset_lora_model: str | None = None
     align_to_opensource_format: bool = False
+    lora_type: str = "lora"
+    use_dora: bool = False
+    lokr_factor: int = -1
 
     LOWER_BOUNDS = (
         ("lora_rank", 1, True, "--lora_rank 32"),
@@ -43,6 +48,17 @@ class LoraSection(Section):
                            help="LoRA rank; higher learns more, with more trainable weights and optimizer memory.")
         group.add_argument("--lora_alpha", type=float, default=None,
                            help="LoRA scale numerator (the update is scaled by alpha / rank); unset equals the rank.")
+        group.add_argument("--lora_type", type=str, default="lora", choices=LORA_TYPES,
+                           help="Adapter type: lora (B @ A), loha (LyCORIS's Hadamard product of two low-rank "
+                                "products) or lokr (LyCORIS's Kronecker product), trained with peft and written in "
+                                "the names ComfyUI and LyCORIS read (docs/en/LoRA_Types.md). --lora_rank and "
+                                "--lora_alpha apply to each.")
+        group.add_argument("--use_dora", action="store_true",
+                           help="DoRA: a LoRA (--lora_type lora) that also learns each output row's magnitude; the "
+                                "file holds it as dora_scale, which ComfyUI applies exactly.")
+        group.add_argument("--lokr_factor", type=int, default=-1,
+                           help="LoKr's Kronecker factor (peft's decompose_factor): each dimension splits into a "
+                                "factor near this and the rest; -1 (default) splits it as evenly as it can.")
         group.add_argument("--lora_checkpoint", type=str, default=None,
                            help="LoRA .safetensors file whose weights start the training.")
         group.add_argument("--preset_lora_path", type=str, default=None,
@@ -85,6 +101,7 @@ class LoraSection(Section):
 
     def problems(self) -> list[str]:
         problems = super().problems()
+        problems += self._type_problems()
         # The two preset flags go together; whether the file fits its model is checked against the model (a
         # script's first command may write the file its second command merges).
         if bool(self.preset_lora_path) != bool(self.preset_lora_model):
@@ -93,3 +110,31 @@ class LoraSection(Section):
             problems.append(f"{given} {self.preset_lora_path or self.preset_lora_model} needs {missing}: the preset "
                             "LoRA is merged into one model; pass both (e.g. --preset_lora_model dit), or neither")
         return problems
+
+    def _type_problems(self) -> list[str]:
+        """``--lora_type``, ``--use_dora`` and ``--lokr_factor`` that contradict each other or do nothing."""
+        problems = []
+        if self.lora_type not in LORA_TYPES:
+            problems.append(f"--lora_type {self.lora_type}: unknown adapter type; choose one of "
+                            f"{', '.join(LORA_TYPES)}")
+        if self.use_dora and self.lora_type != "lora":
+            # peft's LoHaConfig and LoKrConfig have no DoRA (use_dora is LoraConfig's alone).
+            problems.append(f"--use_dora with --lora_type {self.lora_type}: peft's DoRA exists for LoRA only; drop "
+                            "--use_dora, or pass --lora_type lora")
+        if self.lokr_factor != -1 and self.lora_type != "lokr":
+            problems.append(f"--lokr_factor {self.lokr_factor} has no effect with --lora_type {self.lora_type}; drop "
+                            "it, or pass --lora_type lokr")
+        if self.lokr_factor == 0 or self.lokr_factor < -1:
+            problems.append(f"--lokr_factor {self.lokr_factor} must be -1 (split evenly) or a positive factor, e.g. "
+                            "--lokr_factor 8")
+        if not self.lora_base_model:
+            given = [flag for flag, value in (("--lora_type", self.lora_type != "lora"), ("--use_dora", self.use_dora))
+                     if value]
+            problems += [f"{flag} has no effect without --lora_base_model (no LoRA is trained); add --lora_base_model "
+                         "dit, or drop it" for flag in given]
+        return problems
+
+    @property
+    def adapter_type(self) -> str:
+        """What the run trains and writes: ``lora``, ``lora+dora``, ``loha`` or ``lokr``."""
+        return "lora+dora" if self.use_dora else self.lora_type

@@ -12,6 +12,7 @@ see exactly the values one-stage training computes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -35,6 +36,7 @@ from ...diffusion.base_pipeline import (
 )
 from ..config.errors import FlagError, task_stage
 from ..config.timesteps import TimestepFlags
+from .adapter import AdapterSettings, dora_base_weights, inject_adapter, load_adapter_checkpoint
 from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss, weighted_mean
 from .timestep_sampling import TimestepSampling
@@ -142,6 +144,8 @@ class DiffusionTrainingModule(torch.nn.Module):
             stage holds without weights.
         quant_models: Models whose frozen Linear weights are quantized (``--quant_options``), each with its
             ``core.quant.QuantConfig``; after the LoRA is injected, like ``fp8_models``.
+        adapter: The adapter's type (``--lora_type``, ``--use_dora``, ``--lokr_factor``); its rank and alpha are
+            ``lora_rank`` and ``lora_alpha``. Default: a plain LoRA.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -156,8 +160,9 @@ class DiffusionTrainingModule(torch.nn.Module):
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
                  preset_lora: tuple[str, str | Path] | None = None,
                  quant_models: Mapping[str, QuantConfig] | None = None,
-                 timestep_sampling: TimestepFlags | None = None) -> None:
+                 timestep_sampling: TimestepFlags | None = None, adapter: AdapterSettings | None = None) -> None:
         super().__init__()
+        self.adapter = adapter or AdapterSettings()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
@@ -173,6 +178,10 @@ class DiffusionTrainingModule(torch.nn.Module):
         pipe.eval()
         if preset_lora is not None:
             self._merge_preset_lora(*preset_lora)
+        if self.adapter.use_dora and lora_base_model in (*fp8_models, *(quant_models or {})):
+            # peft's DoRA reads the base weight's row norms every step; it cannot read fp8 or quantized storage.
+            raise ValueError(f"--use_dora on {lora_base_model}, whose weights --fp8_models / --quant_options store "
+                             "compressed: DoRA needs the base weights as they are; drop --use_dora or the storage flag")
         if self.stage != "data_process":
             self._make_trainable(lora_target_modules, lora_rank, lora_alpha, lora_checkpoint)
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
@@ -235,16 +244,16 @@ class DiffusionTrainingModule(torch.nn.Module):
         for name in self.trainable_models:
             self._model(name, "--trainable_models").requires_grad_(True).train()
         if self.lora_base_model is not None:
+            settings = dataclasses.replace(self.adapter, rank=lora_rank,
+                                           alpha=lora_rank if lora_alpha is None else lora_alpha)
             self._inject_lora(self._model(self.lora_base_model, "--lora_base_model"), list(lora_target_modules),
-                              lora_rank, lora_rank if lora_alpha is None else lora_alpha, lora_checkpoint)
+                              settings, lora_checkpoint)
         if not any(p.requires_grad for p in self.parameters()):
             raise ValueError(f"--task {self.task} has nothing to train; set --lora_base_model (e.g. dit) with "
                              "--lora_target_modules, or --trainable_models")
 
-    def _inject_lora(self, model: torch.nn.Module, target_modules: list[str], rank: int, alpha: float,
+    def _inject_lora(self, model: torch.nn.Module, target_modules: list[str], settings: AdapterSettings,
                      checkpoint: str | Path | None) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
         from ...lora.base_layers import BaseLayers
 
         if not target_modules:
@@ -252,61 +261,17 @@ class DiffusionTrainingModule(torch.nn.Module):
                              "'to_q,to_k,to_v,to_out.0'")
         target_modules = resolve_lora_targets(model, target_modules, self.pipe.lora_target_aliases,
                                               self.lora_base_model)
-        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
-                                           init_lora_weights=True), model)
-        for name, param in model.named_parameters():
-            if ".lora_" in name:
-                # LoRA weights train in float32 whatever the base dtype: bf16 updates of small factors lose most bits.
-                param.data = param.data.float()
-                param.requires_grad_(True)
+        inject_adapter(model, settings, target_modules)
         config = _plain_config(model) or {}
-        self.lora_config = {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": target_modules,
-                            "lora_base_model": self.lora_base_model, "base_model_class": type(model).__name__,
-                            "base_model_config": config, "base_model_layers": BaseLayers.of(model)}
+        self.lora_config = {"lora_rank": settings.rank, "lora_alpha": settings.alpha,
+                            "lora_target_modules": target_modules, "lora_base_model": self.lora_base_model,
+                            "base_model_class": type(model).__name__, "base_model_config": config,
+                            "base_model_layers": BaseLayers.of(model)}
+        if settings.kind != "lora":
+            # A DoRA file's dora_scale is computed from the base weights when it is written.
+            self.lora_config.update({"lora_type": settings.kind, "base_weights": lambda: dora_base_weights(model)})
         if checkpoint is not None:
-            self._load_lora_checkpoint(model, Path(checkpoint), alpha)
-
-    def _load_lora_checkpoint(self, model: torch.nn.Module, path: Path, alpha: float) -> None:
-        """Starts the injected LoRA from a LoRA file of any layout, at the function the file describes.
-
-        The file's update ``scale_file * B @ A`` is kept exactly: ``B`` is rescaled to this run's ``alpha / rank``, so
-        a file with its scale folded in, or trained with another alpha, continues from the same weights delta.
-
-        Raises:
-            FlagError: The file is missing, unreadable, or made for other targets, another rank or another model.
-            NonFiniteTensorError: The file holds NaN or inf values (a diverged run's).
-        """
-        from ...lora import from_peft_state_dict, lora_layer_names, naming_for, read_lora
-        from ...lora.formats import is_peft_lora_key
-
-        own = from_peft_state_dict({name: param for name, param in model.named_parameters()
-                                    if is_peft_lora_key(name)}, alpha)
-        try:
-            loaded = read_lora(path, lora_layer_names(model), naming_for(model))
-        except NonFiniteTensorError as error:  # exit code 3, as for any diverged file
-            raise NonFiniteTensorError(f"--lora_checkpoint {path}: {error}", error.names) from None
-        except (FileNotFoundError, ValueError) as error:
-            raise FlagError([f"--lora_checkpoint {path}: {error}"]) from None
-        made_with = loaded.metadata.get("lora_target_modules") or ", ".join(loaded.describe()["targets"])
-        missing, extra = sorted(set(own.layers) - set(loaded.layers)), sorted(set(loaded.layers) - set(own.layers))
-        if missing or extra:
-            raise FlagError([f"--lora_checkpoint {path} has LoRA layers for other modules than this run trains "
-                             f"(missing {missing[:3]}, extra {extra[:3]}): it was made with --lora_target_modules "
-                             f"{made_with!r}; pass those targets"])
-        for name, layer in loaded.layers.items():
-            target = own.layers[name]
-            if layer.rank != target.rank:
-                raise FlagError([f"--lora_checkpoint {path} has rank {layer.rank} but --lora_rank is {target.rank}; "
-                                 f"pass --lora_rank {layer.rank}"])
-            if layer.down.shape != target.down.shape or layer.up.shape != target.up.shape:
-                raise FlagError([f"--lora_checkpoint {path}: layer {name!r} has shapes {tuple(layer.down.shape)}, "
-                                 f"{tuple(layer.up.shape)}; this model's are {tuple(target.down.shape)}, "
-                                 f"{tuple(target.up.shape)}: it was trained on another model"])
-        with torch.no_grad():
-            for name, layer in loaded.layers.items():
-                target = own.layers[name]
-                target.down.copy_(layer.down)
-                target.up.copy_(layer.up.float() * (layer.scale / target.scale))
+            load_adapter_checkpoint(model, Path(checkpoint), settings)
 
     def _store_in_fp8(self, names: Sequence[str]) -> None:
         """Stores the frozen Linear and convolution weights of each named model in fp8 (see ``core.fp8``)."""

@@ -281,6 +281,10 @@ def training_flags(run: RunConfig, target_aliases: TargetAliases, num_processes:
         "lora_target_modules": sorted(aliased_targets(run.lora.targets, target_aliases)) if lora else None,
         "lora_rank": run.lora.lora_rank if lora else None,
         "lora_alpha": float(run.lora.lora_alpha or run.lora.lora_rank) if lora else None,
+        # The adapter's type fixes the names of its weights; a checkpoint recorded before these flags passes.
+        "lora_type": run.lora.lora_type if lora else None,
+        "use_dora": run.lora.use_dora if lora else None,
+        "lokr_factor": run.lora.lokr_factor if lora and run.lora.lora_type == "lokr" else None,
         "trainable_models": sorted(run.training.trainable),
         # The optimizer state in the checkpoint is the named class's (AdamW's when unset).
         "customized_optimizer": run.training.customized_optimizer,

@@ -55,7 +55,7 @@ def initial_weights_problems(path: str, prefix: str, models: Mapping[str, torch.
             shapes = {key: tuple(file.get_slice(key).get_shape()) for key in file.keys()}
     except Exception as error:  # safetensors raises its own error types for a damaged header
         return [f"{flag} is not a readable safetensors file ({error})"]
-    if any(".lora_" in key or ".lora." in key for key in shapes):
+    if any(marker in key for key in shapes for marker in (".lora_", ".lora.", ".hada_", ".lokr_")):
         return [f"{flag} holds LoRA weights; continue a LoRA from it with --lora_checkpoint {path}"]
     own = {f"{slot}.{name}": tuple(tensor.shape) for slot, model in models.items()
            for name, tensor in model.state_dict().items()}

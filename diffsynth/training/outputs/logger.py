@@ -20,11 +20,8 @@ never gathered whole.
 
 from __future__ import annotations
 
-import enum
-import functools
 import importlib
 import importlib.util
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -38,13 +35,11 @@ from ...core.files import atomic_save_safetensors, atomic_write_json
 from ...core.finite import require_finite
 from ...core.loader.loading import resolve_dtype
 from ...core.written_files import record_written
-from ...lora.base_layers import LAYERS_KEY, BaseLayers
-from ...lora.formats import MODEL_CLASS_KEY, MODEL_CONFIG_KEY, from_peft_state_dict, is_peft_lora_key, write_lora
-from ...lora.inspect import base_layers_from_metadata, inspect_lora
-from ...lora.naming import naming_for
+from ...lora.peft_adapters import is_peft_adapter_key
 from ..config.errors import FlagError
 from ..config.output import AUTO
 from .full_model import DEFAULT_MAX_SHARD_SIZE, DIFFUSERS, FLAT, original_layout_problem, write_full_model
+from .lora_saving import DIFFUSERS_TWIN_SUFFIX, LoRACompatibilityError, LoRASaving, json_safe  # noqa: F401 - the names callers import from here
 from .loss_chart import LOSS_CHART_FILE, LossHistory, draw_loss_chart
 from .metrics_log import METRICS_FILE, MetricsLogging
 
@@ -56,27 +51,8 @@ logger = logging.getLogger(__name__)
 TRAINING_ARGS_FILE = "training_args.json"
 SAMPLES_DIR = "samples"  # samples while training: samples/step-N/
 TENSORBOARD_DIR = Path("logs") / "tensorboard"
-DIFFUSERS_TWIN_SUFFIX = ".diffusers"
 
 StateDictFn = Callable[[], Mapping[str, torch.Tensor]]
-
-
-class LoRACompatibilityError(RuntimeError):
-    """A LoRA file the trainer wrote would not load fully in a tool users generate with."""
-
-
-def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, enum.Enum):
-        return _json_safe(value.value)
-    if isinstance(value, Mapping):
-        return {str(key): _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_json_safe(item) for item in value), key=str)
-    return str(value)  # paths, dtypes, devices: their str() is what a reader wants to see
 
 
 def _import_for_flag(module: str, flag: str, fix: str) -> Any:
@@ -86,7 +62,7 @@ def _import_for_flag(module: str, flag: str, fix: str) -> Any:
         raise ImportError(f"--{flag} needs a package that is missing ({error}); {fix}, or drop --{flag}") from None
 
 
-class ModelLogger(MetricsLogging):
+class ModelLogger(LoRASaving, MetricsLogging):
     """Writes LoRA files, full checkpoints, the run's flags and its metrics under ``output_path``.
 
     Every process makes one, so that all of them call ``state_dict_fn`` at the same save points (gathering sharded
@@ -222,7 +198,8 @@ class ModelLogger(MetricsLogging):
                 own; checked before training.
         """
         if self.full_checkpoint_formats == (AUTO,):
-            with_lora = any(".lora_" in key for model in models.values() for key, _ in model.named_parameters())
+            with_lora = any(is_peft_adapter_key(key) for model in models.values()
+                            for key, _ in model.named_parameters())
             self.full_checkpoint_formats = (FLAT,) if with_lora or not models else (FLAT, DIFFUSERS)
         formats = self.full_checkpoint_formats
         asked = [layout for layout in formats if layout != FLAT]
@@ -237,7 +214,7 @@ class ModelLogger(MetricsLogging):
             problems += [f"--full_checkpoint_format {','.join(formats)}: {name} is trained in full and carries a LoRA; "
                          f"its folder would mix both: drop --lora_base_model {name} or keep the flat format only"
                          for name, model in models.items()
-                         if any(".lora_" in key for key, _ in model.named_parameters())]
+                         if any(is_peft_adapter_key(key) for key, _ in model.named_parameters())]
         if problems:
             raise FlagError(problems)
         self.key_prefix = key_prefix
@@ -265,96 +242,6 @@ class ModelLogger(MetricsLogging):
         entries.update({key: ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
                         for key, value in (metadata or {}).items()})
         return entries
-
-    def _lora_entries(self) -> dict[str, Any]:
-        """The metadata that says what the LoRA is for: flags as given, and the base model to inspect it on."""
-        entries = {key: self.lora_metadata[key] for key in ("lora_target_modules", "lora_base_model")
-                   if self.lora_metadata.get(key) is not None}
-        if self.lora_metadata.get("base_model_class"):
-            entries[MODEL_CLASS_KEY] = self.lora_metadata["base_model_class"]
-            entries[MODEL_CONFIG_KEY] = json.dumps(_json_safe(self.lora_metadata.get("base_model_config", {})),
-                                                   sort_keys=True)
-            if self.lora_metadata.get("base_model_layers") is not None:
-                entries[LAYERS_KEY] = self.lora_metadata["base_model_layers"].to_metadata()
-        return entries
-
-    def save_lora(self, state_dict: Mapping[str, torch.Tensor], name: str,
-                  metadata: Mapping[str, Any] | None = None) -> Path | None:
-        """Writes ``<output_path>/<name>.safetensors`` in the run's layout (see the module docstring).
-
-        The first call checks the file against every tool on the base model's layers and decides whether a
-        diffusers-layout twin is needed; later calls write the same set of files.
-
-        Args:
-            state_dict: The trainable LoRA weights under the training module's names, e.g.
-                ``pipe.dit.transformer_blocks.0.attn.to_q.lora_A.default.weight``.
-            name: The file name without folder, e.g. ``"epoch-0"``.
-            metadata: Extra safetensors metadata entries (stored as strings), e.g. ``{"step": 500}``.
-
-        Returns:
-            The main file written, or None on a process other than the main one.
-
-        Raises:
-            ValueError: A weight is not a LoRA weight, or the LoRA's rank disagrees with ``lora_metadata``.
-            LoRACompatibilityError: The written file would not load fully in a tool users generate with.
-        """
-        alpha = self.lora_metadata.get("lora_alpha")
-        weights = from_peft_state_dict(state_dict, None if alpha is None else float(alpha), self.remove_prefix_in_ckpt)
-        rank = self.lora_metadata.get("lora_rank")
-        if rank is not None and weights.ranks != {int(rank)}:
-            raise ValueError(f"the LoRA weights have rank {min(weights.ranks)} but --lora_rank is {rank}; save the "
-                             "weights of the LoRA this logger was configured for")
-        path = self._file(name)
-        if not self.is_main_process:
-            return None
-        entries = self._base_metadata({**self._lora_entries(), **(metadata or {})})
-        naming = naming_for(self.lora_metadata.get("base_model_class") or "")
-        write_lora(path, weights, self.lora_layout, naming, entries, self.save_dtype)
-        first = self._diffusers_twin is None
-        if first:
-            self._diffusers_twin = self._needs_diffusers_twin(path)
-        if self._diffusers_twin:
-            twin = write_lora(self._file(name + DIFFUSERS_TWIN_SUFFIX), weights, "diffusers", naming, entries,
-                              self.save_dtype)
-            if first:
-                self._require_loading(twin, ("diffusers",))
-        return path
-
-    @functools.cached_property
-    def _base_layers(self) -> BaseLayers | None:
-        """The base model's layers for the checks of the first file and of its twin (built on meta once if the
-        training module gave its class and config only)."""
-        return self.lora_metadata.get("base_model_layers") or base_layers_from_metadata(
-            self._base_metadata(self._lora_entries()))
-
-    def _require_loading(self, path: Path, tools: tuple[str, ...]) -> set[str]:
-        """Inspects a file of this run on the base model's layers; returns the tools that would not load it fully.
-
-        Raises:
-            LoRACompatibilityError: One of ``tools`` would not load the file fully at its trained strength.
-        """
-        base = self._base_layers
-        if base is None:
-            return set()  # the model is unknown (a logger used outside the trainer): nothing to check against
-        inspection = inspect_lora(path, base)
-        failing = {result.tool for result in inspection.failing()}
-        if failing & set(tools):
-            raise LoRACompatibilityError(
-                f"{path} would not load fully at its trained strength in {', '.join(sorted(failing))}:\n"
-                f"{inspection.format()}\nThe file is kept; report this with the flags you used")
-        return failing
-
-    def _needs_diffusers_twin(self, path: Path) -> bool:
-        """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one."""
-        failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
-        users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
-        # The folder is left out: a long path would make this line longer than a log viewer shows.
-        logger.info("the LoRA files are for %s, at strength 1.0 (musubi-tuner: python -m diffsynth.lora convert "
-                    "<file> <file>.musubi.safetensors --to kohya)", users)
-        if failing:
-            logger.info("diffusers' loader cannot take every layer of that layout here, so <name>%s.safetensors "
-                        "is written next to each file for diffusers' load_lora_weights", DIFFUSERS_TWIN_SUFFIX)
-        return "diffusers" in failing
 
     def save_state_dict(self, state_dict: Mapping[str, torch.Tensor], name: str,
                         metadata: Mapping[str, Any] | None = None) -> Path | None:
@@ -390,7 +277,7 @@ class ModelLogger(MetricsLogging):
         """
         require_finite(state_dict, f"not writing {self._file(name)}: the trained weights")
         prefix = self.remove_prefix_in_ckpt
-        is_lora = bool(state_dict) and all(key.startswith(prefix) and is_peft_lora_key(key.removeprefix(prefix))
+        is_lora = bool(state_dict) and all(key.startswith(prefix) and is_peft_adapter_key(key.removeprefix(prefix))
                                            for key in state_dict)
         path = None
         if is_lora:
@@ -476,7 +363,7 @@ class ModelLogger(MetricsLogging):
         """Writes the run's flags to ``<output_path>/training_args.json`` (and to the wandb run's config)."""
         if not self.is_main_process:
             return None
-        payload = _json_safe(flags)
+        payload = json_safe(flags)
         if self._wandb_run is not None:
             self._wandb_run.config.update(payload, allow_val_change=True)
         return atomic_write_json(self.output_path / TRAINING_ARGS_FILE, payload)

@@ -56,6 +56,7 @@ from ...core.planning.training_state import TrainingSetup
 from ...pipelines.registry import families, family_of_class, load, releases
 from ..config.errors import FlagError
 from ..config.placement import PlacementConfig
+from ..objective.adapter import AdapterSettings, inject_adapter
 from ..objective.training_module import TargetAliases, resolve_lora_targets
 
 if TYPE_CHECKING:
@@ -128,21 +129,15 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     host copy of the frozen weights unless ``--shared_host_weights off``; the optimizer's state by
     ``--customized_optimizer``, the EMA with ``--ema_decay``, gradients one at a time with
     ``--fused_optimizer_step``."""
-    from peft import LoraConfig, inject_adapter_in_model
-
     dtype = resolve_dtype(run.model.torch_dtype)
     model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
     model.requires_grad_(False)
     if run.lora.lora_base_model:
         targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
-        with torch.device("meta"):  # LoRA weights made where they go: nothing is initialised on the CPU first
-            inject_adapter_in_model(LoraConfig(r=run.lora.lora_rank,
-                                               lora_alpha=run.lora.lora_alpha or run.lora.lora_rank,
-                                               target_modules=targets), model)
-        for name, param in model.named_parameters():
-            if ".lora_" in name:
-                param.data = param.data.float()
-                param.requires_grad_(True)
+        settings = AdapterSettings(run.lora.lora_type, run.lora.lora_rank, run.lora.lora_alpha or run.lora.lora_rank,
+                                   run.lora.use_dora, run.lora.lokr_factor)
+        with torch.device("meta"):  # adapter weights made where they go: nothing is initialised on the CPU first
+            inject_adapter(model, settings, targets)  # its trainable weights (LoHa, LoKr, DoRA's too) counted here
     else:
         model.requires_grad_(True)
     if fp8:

@@ -47,6 +47,7 @@ EXTRA_DEFAULTS = {
     "shared_host_weights": "auto", "ema_decay": None, "fused_optimizer_step": False,
     "full_checkpoint_format": "auto",
     "reg_dataset_metadata_path": None, "reg_dataset_base_path": None, "prior_loss_weight": 1.0,
+    "lora_type": "lora", "use_dora": False, "lokr_factor": -1,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH);
 # its --lora_target_modules default q,k,v,o,ffn.0,ffn.2 names Wan's layers whatever the model, so unset here stands for
