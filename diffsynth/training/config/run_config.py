@@ -21,6 +21,7 @@ from .console import ConsoleSection
 from .dataset import DatasetSection
 from .errors import FlagError
 from .lora import LoraSection
+from .masked_loss import MaskedLossSection, masked_loss_problems
 from .model import ModelSection
 from .output import OutputSection
 from .placement import PlacementConfig
@@ -149,6 +150,7 @@ CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_validation_loss_problems, ("validation_loss", "training")),
     (_overwrite_problems, ("output", "training")),
     (optimizer_placement_problems, ("training", "placement")),
+    (masked_loss_problems, ("masked_loss", "dataset", "training")),
 )
 
 
@@ -183,6 +185,7 @@ class RunConfig:
     lora: LoraSection
     placement: PlacementConfig
     console: ConsoleSection
+    masked_loss: MaskedLossSection = dataclasses.field(default_factory=MaskedLossSection)
 
     def __post_init__(self) -> None:
         problems = _cross_problems(self.sections())

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
+from ..objective.loss_mask import LossMask
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.deepspeed import without_zero3_init
 from ..placement.quant_options import quantized_models
@@ -117,4 +118,5 @@ def build_training_module(config: RunConfig, pipe: BasePipeline) -> DiffusionTra
         timestep_boundaries=(training.min_timestep_boundary, training.max_timestep_boundary),
         fp8_models=fp8_model_names(config.model, pipe), timestep_sampling=config.timesteps, preset_lora=lora.preset,
         quant_models=quantized_models(config.model.quant_options, pipe.model_configs),
+        loss_mask=LossMask(config.masked_loss.weight) if config.masked_loss.masked_loss else None,
     )  # fmt: skip
