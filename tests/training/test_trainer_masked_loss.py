@@ -162,7 +162,7 @@ def test_a_half_mask_trains_something_else_and_the_weight_moves_it(qwen):
 
 
 def test_a_batch_mixes_masked_and_unmasked_rows(qwen):
-    output, result = qwen.run("batched", "half.csv", *MASKED, "--batch_size", "3", "--height", "32", "--width",
+    _, result = qwen.run("batched", "half.csv", *MASKED, "--batch_size", "3", "--height", "32", "--width",
                               "32")
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
 

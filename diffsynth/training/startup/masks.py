@@ -45,7 +45,7 @@ def check_dataset_masks(config: RunConfig, dataset: UnifiedDataset, require_one:
         return
     masked = check_masks(dataset, MASK_COLUMN, MEDIA_COLUMNS)
     if not masked and require_one:
-        raise FlagError([f"--masked_loss: no row of metadata {dataset.metadata_path} has a mask (column "
-                         f"{MASK_COLUMN!r}), so nothing would be masked; add the column with a mask file per row, or "
-                         "drop --masked_loss"])
+        problem = (f"--masked_loss: no row of metadata {dataset.metadata_path} has a mask (column {MASK_COLUMN!r}), "
+                   "so nothing would be masked; add the column with a mask file per row, or drop --masked_loss")
+        raise FlagError([problem])
     logger.info("--masked_loss: %d of %d rows have a mask; the others train unmasked", masked, len(dataset.rows))

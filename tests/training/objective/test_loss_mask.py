@@ -93,7 +93,7 @@ def test_the_state_gets_its_mask_on_the_grid_once_the_latents_exist():
     mask = torch.ones(1, 16, 16)
     shared, posi, nega = with_latent_grid_mask(({LOSS_MASK_KEY: mask, "input_latents": torch.zeros(1, 4, 2, 2)},
                                                 {"p": 1}, {}))
-    assert shared[LOSS_MASK_KEY].shape == (1, 1, 2, 2) and posi == {"p": 1}
+    assert shared[LOSS_MASK_KEY].shape == (1, 1, 2, 2) and posi == {"p": 1} and nega == {}
     before = ({LOSS_MASK_KEY: mask}, {}, {})
     assert with_latent_grid_mask(before) is before  # the latents come later (stage 2)
 

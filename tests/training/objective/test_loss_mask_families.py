@@ -7,7 +7,7 @@ from PIL import Image
 
 from diffsynth.pipelines.registry import families
 from diffsynth.testing.families import tiny_family
-from diffsynth.training.objective.loss import FlowMatchSFTLoss
+from diffsynth.training.objective.loss import DirectDistillLoss, FlowMatchSFTLoss
 from diffsynth.training.objective.loss_mask import LOSS_MASK_KEY, LossMask, pixel_mask, with_latent_grid_mask
 from tests.pipelines.family_helpers import load_ours
 
@@ -47,3 +47,19 @@ def test_every_family_masks_its_own_latents(name, tiny_root):
     plain = loss(None)
     assert loss("white") == plain and loss("black") == 0.0
     assert 0.0 < loss("half") < plain
+
+
+def test_direct_distillation_weighs_its_clean_latent_match_by_the_mask(tiny_root):
+    pipe = load_ours(tiny_root, tiny_family("qwen_image"))
+    with torch.no_grad():
+        state = pipe.run_units(*pipe.training_inputs(sample(False)))
+
+    def loss(kind: str | None) -> float:
+        shared = state[0] if kind is None else {**state[0], LOSS_MASK_KEY: pixel_mask(mask(kind))}
+        masked = with_latent_grid_mask((shared, *state[1:]))
+        distill = DirectDistillLoss(num_inference_steps=2, mask=None if kind is None else LossMask())
+        with torch.no_grad():
+            return distill(pipe, *masked, generator=torch.Generator().manual_seed(0)).item()
+
+    plain = loss(None)
+    assert loss("white") == plain and loss("black") == 0.0 and 0.0 < loss("half") < plain
