@@ -79,7 +79,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
                   file_options: Mapping[str, Any] | None = None,
-                  column_types: Mapping[str, CellType] | None = None) -> CheckedDataset:
+                  column_types: Mapping[str, CellType] | None = None,
+                  optional_file_keys: Sequence[str] = ()) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
@@ -95,6 +96,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
         column_types: Columns whose cells are converted (``cells.convert_cells``), e.g. ``{"seed": integer}``.
+        optional_file_keys: Data-file columns a row may leave empty (a loss mask); an empty cell is dropped from the
+            row, as if the column were absent, instead of being refused.
 
     Returns:
         The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
@@ -132,6 +135,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                                   'string, e.g. "a cat"') for column in TEXT_COLUMNS
                      if column in row and row[column] is not None and not isinstance(row[column], str)]
         row, cell_problems = convert_row(row, column_types or {})
+        row = {key: value for key, value in row.items() if key not in optional_file_keys or not _is_blank(value)}
         problems += [DatasetError(f"{where} {problem}") for problem in cell_problems]
         converted.append(row)
         for key in data_file_keys:
@@ -211,6 +215,8 @@ class UnifiedDataset(Dataset):
             ``buckets``).
         column_types: Columns converted to the type the pipeline reads them as (a CSV cell is text), e.g.
             ``{"seed": cells.integer}``; see ``cells``.
+        optional_file_keys: Data-file columns a row may leave empty (see ``check_dataset``). They are left out of
+            ``bucket_key``: the trainer checks that they match the shape of their row's image or video.
         buckets: Bring images and frames to aspect-ratio buckets (``buckets``) so that samples can share batches;
             ``bucket_key`` then tells which samples share a shape.
 
@@ -226,7 +232,7 @@ class UnifiedDataset(Dataset):
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
                  keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
-                 buckets: bool = False) -> None:
+                 buckets: bool = False, optional_file_keys: Sequence[str] = ()) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -244,8 +250,9 @@ class UnifiedDataset(Dataset):
         self.read_columns = tuple(dict.fromkeys([*required_columns, *data_file_keys]))
         self.on_bad_sample = on_bad_sample
         self.keep_row_indices = keep_row_indices
+        self.optional_file_keys = tuple(optional_file_keys)
         checked = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                self.resize, self.file_options, column_types)
+                                self.resize, self.file_options, column_types, self.optional_file_keys)
         self.rows, self.decode_pixels, self._used_options = checked
         #: Rows left out because their files failed to decode (``exclude``), by row index.
         self.excluded: dict[int, BadSample] = {}
@@ -364,7 +371,7 @@ class UnifiedDataset(Dataset):
         if row not in self._row_keys:
             cells, shapes = self.rows[row], []
             for key in self.data_file_keys:
-                if key in cells:
+                if key in cells and key not in self.optional_file_keys:
                     for relative in cells[key] if isinstance(cells[key], list) else [cells[key]]:
                         path = self.base_path / relative
                         operator = operator_for(path, key)

@@ -22,6 +22,7 @@ from .dataset import DatasetSection
 from .dataset_entries import regularization_problems
 from .errors import FlagError
 from .lora import LoraSection
+from .masked_loss import MaskedLossSection, masked_loss_problems
 from .model import ModelSection
 from .output import OutputSection
 from .placement import PlacementConfig
@@ -157,6 +158,7 @@ CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_validation_loss_problems, ("validation_loss", "training")),
     (_overwrite_problems, ("output", "training")),
     (optimizer_placement_problems, ("training", "placement")),
+    (masked_loss_problems, ("masked_loss", "dataset", "training")),
 )
 
 
@@ -191,6 +193,7 @@ class RunConfig:
     lora: LoraSection
     placement: PlacementConfig
     console: ConsoleSection
+    masked_loss: MaskedLossSection = dataclasses.field(default_factory=MaskedLossSection)
 
     def __post_init__(self) -> None:
         problems = _cross_problems(self.sections())

@@ -10,6 +10,7 @@ from .timesteps import TimestepFlags
 from .console import ConsoleSection
 from .dataset import DatasetSection
 from .lora import LoraSection
+from .masked_loss import MaskedLossSection
 from .model import ModelSection
 from .output import OutputSection
 from .placement import PlacementConfig
@@ -20,6 +21,7 @@ from .validation_loss import ValidationLossSection
 
 SECTIONS: dict[str, type[Section]] = {
     "dataset": DatasetSection, "model": ModelSection, "training": TrainingSection, "timesteps": TimestepFlags,
+    "masked_loss": MaskedLossSection,
     "output": OutputSection, "validation": ValidationSection,
     "validation_loss": ValidationLossSection, "lora": LoraSection, "placement": PlacementConfig,
     "console": ConsoleSection,

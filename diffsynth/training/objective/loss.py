@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...diffusion.base_pipeline import BasePipeline, StateKey
+from .loss_mask import LOSS_MASK_KEY, LossMask
 from .timestep_sampling import TimestepSampling
 
 
@@ -38,9 +39,16 @@ def _per_sample(generators: Sequence[torch.Generator | None] | None, generator: 
     return generators
 
 
-def _per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The mean squared error of each sample of the batch, in float32: shape ``(batch,)``."""
+def _per_sample_mse(prediction: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """The mean squared error of each sample of the batch, in float32: shape ``(batch,)``.
+
+    ``weight`` (a loss mask's, broadcast over the elements) multiplies each squared error before the plain mean, so
+    weights of exactly 1 give exactly the unweighted loss and weights of 0 give 0 (``loss_mask``).
+    """
     squared = (prediction.float() - target.float()).square()
+    if weight is not None:
+        squared = squared * weight
     return squared.reshape(squared.shape[0], -1).mean(dim=1)
 
 
@@ -61,12 +69,30 @@ def weighted_mean(losses: torch.Tensor, sample_weights: torch.Tensor | None = No
 
 
 class LatentsLoss:
-    """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``per_sample``."""
+    """A loss that reads ``input_latents`` and calls ``model_fn``; subclasses implement ``per_sample`` and hold a
+    ``mask`` field (a ``LossMask`` under ``--masked_loss``, else None)."""
+
+    mask: LossMask | None
 
     @staticmethod
     def required_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:
         """The state keys this loss reads after the units: the split keeps them exact and stage 1 caches them."""
         return (("shared", "input_latents"), *model_fn_keys(pipe))
+
+    def state_keys(self, pipe: BasePipeline) -> tuple[StateKey, ...]:
+        """``required_keys``, and the loss mask when this loss is masked."""
+        keys = self.required_keys(pipe)
+        return (*keys, ("shared", LOSS_MASK_KEY)) if self.mask is not None else keys
+
+    def per_sample_losses(self, pipe: BasePipeline, inputs_shared: dict, prediction: torch.Tensor,
+                          target: torch.Tensor) -> torch.Tensor:
+        """The squared error of each sample over the pipeline's ``loss_region``, weighted by the mask if any."""
+        weight = self.mask.weights(inputs_shared, target) if self.mask is not None else None
+        region = pipe.loss_region(inputs_shared)
+        if region is not None:
+            prediction, target = prediction[region], target[region]
+            weight = weight[region] if weight is not None else None
+        return _per_sample_mse(prediction, target, weight)
 
     def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                    generator: torch.Generator | None = None,
@@ -95,11 +121,13 @@ class FlowMatchSFTLoss(LatentsLoss):
         min_timestep_boundary: Lower end of the drawn part of the training grid, as a fraction (0: noisiest end).
         max_timestep_boundary: Upper end, as a fraction.
         sampling: The timestep rule and loss weighting (``--timestep_sampling``, ``--weighting_scheme``).
+        mask: Weigh each element by the sample's loss mask (``--masked_loss``); None: unmasked.
     """
 
     min_timestep_boundary: float = 0.0
     max_timestep_boundary: float = 1.0
     sampling: TimestepSampling = dataclasses.field(default_factory=TimestepSampling)
+    mask: LossMask | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_timestep_boundary < self.max_timestep_boundary <= 1.0:
@@ -129,10 +157,7 @@ class FlowMatchSFTLoss(LatentsLoss):
         noisy = pipe.scheduler.add_noise(input_latents, noise, timestep)
         target = pipe.scheduler.training_target(input_latents, noise, timestep)
         prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=noisy, timestep=timestep))
-        region = pipe.loss_region(inputs_shared)
-        if region is not None:
-            prediction, target = prediction[region], target[region]
-        losses = _per_sample_mse(prediction, target)
+        losses = self.per_sample_losses(pipe, inputs_shared, prediction, target)
         return losses * torch.cat(weights).to(losses.device)
 
 
@@ -151,9 +176,11 @@ class DirectDistillLoss(LatentsLoss):
 
     Args:
         num_inference_steps: Steps of the distilled sampler for samples that do not give theirs.
+        mask: Weigh each element of the clean-latent match by the sample's loss mask (``--masked_loss``).
     """
 
     num_inference_steps: int = 8
+    mask: LossMask | None = None
     #: Inputs read from the state after the units, besides the latents (given per sample by ``--extra_inputs``).
     sample_inputs = ("seed", "num_inference_steps", "cfg_scale")
 
@@ -185,10 +212,7 @@ class DirectDistillLoss(LatentsLoss):
             timestep = timestep.to(latents.device)
             prediction = pipe.predict_noise({**inputs_shared, "latents": latents}, inputs_posi, inputs_nega, timestep)
             latents = pipe.scheduler.step(prediction, timestep, latents)
-        region = pipe.loss_region(inputs_shared)
-        if region is not None:
-            latents, input_latents = latents[region], input_latents[region]
-        return _per_sample_mse(latents, input_latents)
+        return self.per_sample_losses(pipe, inputs_shared, latents, input_latents)
 
 
 def model_fn_keys(pipe: BasePipeline) -> tuple[StateKey, ...]:

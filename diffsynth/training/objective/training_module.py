@@ -39,6 +39,7 @@ from ..config.timesteps import TimestepFlags
 from .adapter import AdapterSettings, dora_base_weights, inject_adapter, load_adapter_checkpoint
 from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss, weighted_mean
+from .loss_mask import LOSS_MASK_KEY, MASK_COLUMN, LossMask, pixel_mask, with_latent_grid_mask
 from .timestep_sampling import TimestepSampling
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             ``core.quant.QuantConfig``; after the LoRA is injected, like ``fp8_models``.
         adapter: The adapter's type (``--lora_type``, ``--use_dora``, ``--lokr_factor``); its rank and alpha are
             ``lora_rank`` and ``lora_alpha``. Default: a plain LoRA.
+        loss_mask: Weigh the loss by each row's ``mask`` column (``--masked_loss``, ``loss_mask``); None: unmasked.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -160,14 +162,15 @@ class DiffusionTrainingModule(torch.nn.Module):
                  timestep_boundaries: tuple[float, float] = (0.0, 1.0), fp8_models: Sequence[str] = (),
                  preset_lora: tuple[str, str | Path] | None = None,
                  quant_models: Mapping[str, QuantConfig] | None = None,
-                 timestep_sampling: TimestepFlags | None = None, adapter: AdapterSettings | None = None) -> None:
+                 timestep_sampling: TimestepFlags | None = None, adapter: AdapterSettings | None = None,
+                 loss_mask: LossMask | None = None) -> None:
         super().__init__()
         self.adapter = adapter or AdapterSettings()
         self.task = task
         self.family, self.stage = task_stage(task)
         self.pipe = pipe
-        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, TimestepSampling.of(timestep_sampling or TimestepFlags()))
-                     if self.family == "sft" else LOSSES[self.family]())
+        self.loss = (FlowMatchSFTLoss(*timestep_boundaries, TimestepSampling.of(timestep_sampling or TimestepFlags()),
+                                      mask=loss_mask) if self.family == "sft" else LOSSES[self.family](mask=loss_mask))
         self.extra_inputs = tuple(extra_inputs)
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
@@ -187,7 +190,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             self._enable_gradient_checkpointing(use_gradient_checkpointing, use_gradient_checkpointing_offload)
         self._store_in_fp8(fp8_models)
         self._quantize(quant_models or {})
-        final_keys = self.loss.required_keys(pipe)
+        final_keys = self.loss_keys = self.loss.state_keys(pipe)
         related, unrelated = split_pipeline_units(pipe.units, self.trained_model_names, final_keys)
         self.cache_keys = sorted(required_cache_keys(related, final_keys))
         self.related_units: list[PipelineUnit] = related
@@ -324,11 +327,12 @@ class DiffusionTrainingModule(torch.nn.Module):
             config = _plain_config(getattr(self.pipe, name, None))
             if config is not None:
                 configs[name] = config
-        split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss.required_keys(self.pipe))
+        split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss_keys)
         return {
             "format": CACHE_FORMAT_VERSION, "pipeline": type(self.pipe).__name__, "task": self.family,
             "trained_models": list(self.trained_model_names), "stage_two_units": [type(u).__name__ for u in split[0]],
             "cache_keys": [list(key) for key in self.cache_keys], "model_configs": configs,
+            **({"masked_loss": True} if self.loss.mask is not None else {}),  # a cache's masks are for --masked_loss
         }  # fmt: skip
 
     def stage_one_identity(self) -> dict[str, Any]:
@@ -354,12 +358,16 @@ class DiffusionTrainingModule(torch.nn.Module):
         """The initial state of one sample: a dataset row, or a cached state in stage 2 (moved to the device)."""
         if self.stage == "train":
             return tuple(move_to_device(dict(sample[scope]), self.pipe.device) for scope in ("shared", "posi", "nega"))
-        return self.pipe.training_inputs(sample, self.extra_inputs)
+        shared, posi, nega = self.pipe.training_inputs(sample, self.extra_inputs)
+        mask = pixel_mask(sample.get(MASK_COLUMN)) if self.loss.mask is not None else None
+        return ({**shared, LOSS_MASK_KEY: mask} if mask is not None else shared), posi, nega
 
     @torch.no_grad()
     def process_sample(self, sample: dict[str, Any]) -> dict[str, dict]:
         """Stage 1: runs the stage's units on one dataset row and returns the state to cache."""
         state = self.pipe.run_units(*self.pipeline_inputs(sample), units=self.unrelated_units)
+        if self.loss.mask is not None:
+            state = with_latent_grid_mask(state)  # the cache holds the mask at the latents' small size
         return {scope: move_to_device(values, torch.device("cpu")) for scope, values in zip(("shared", "posi", "nega"),
                                                                                            state)}
 
@@ -380,8 +388,9 @@ class DiffusionTrainingModule(torch.nn.Module):
             with torch.no_grad():
                 # Units independent of the trained models need no graph: this is the work stage 1 caches.
                 state = self.pipe.run_units(*state, units=self.unrelated_units)
-            states.append(self.pipe.run_units(*state, units=self.related_units))
-        state = collate_states(states, self.loss.required_keys(self.pipe), self.pipe.padded_inputs)
+            state = self.pipe.run_units(*state, units=self.related_units)
+            states.append(with_latent_grid_mask(state) if self.loss.mask is not None else state)
+        state = collate_states(states, self.loss_keys, self.pipe.padded_inputs)
         losses = self.loss.per_sample(self.pipe, *state, generators=generators)
         self.last_sample_losses = losses.detach()
         return weighted_mean(losses, sample_weights)

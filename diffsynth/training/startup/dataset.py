@@ -16,6 +16,7 @@ from ..config.dataset_entries import DatasetEntry
 from ..config.errors import FlagError
 from ..config.validation_loss import VALIDATION_CACHE_DIR
 from .input_checks import warn_about_unread_columns
+from .masks import check_dataset_masks, optional_file_columns
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -71,7 +72,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             required_columns=pipeline_class.required_columns(extra_inputs),
             num_frames=DEFAULT_NUM_FRAMES if entry.num_frames is None else entry.num_frames,
             allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
-            keep_row_indices=caching, buckets=flags.bucketed,
+            keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional_file_columns(config),
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                           if name in pipeline_class.input_types},
         )  # fmt: skip
@@ -84,6 +85,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
                                "one a dataset of images") from None
         raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
+    check_dataset_masks(config, dataset, require_one=metadata_path is None)  # a validation set may have none
     return dataset
 
 

@@ -9,6 +9,7 @@ from ...core.loader import ModelConfig, parse_model_configs, parse_model_id_with
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
 from ..objective.adapter import AdapterSettings
+from ..objective.loss_mask import LossMask
 from ..objective.training_module import DiffusionTrainingModule
 from ..placement.deepspeed import without_zero3_init
 from ..placement.quant_options import quantized_models
@@ -119,4 +120,5 @@ def build_training_module(config: RunConfig, pipe: BasePipeline) -> DiffusionTra
         fp8_models=fp8_model_names(config.model, pipe), timestep_sampling=config.timesteps, preset_lora=lora.preset,
         quant_models=quantized_models(config.model.quant_options, pipe.model_configs),
         adapter=AdapterSettings(lora.lora_type, use_dora=lora.use_dora, lokr_factor=lora.lokr_factor),
+        loss_mask=LossMask(config.masked_loss.weight) if config.masked_loss.masked_loss else None,
     )  # fmt: skip

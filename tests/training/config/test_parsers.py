@@ -48,6 +48,7 @@ EXTRA_DEFAULTS = {
     "full_checkpoint_format": "auto",
     "reg_dataset_metadata_path": None, "reg_dataset_base_path": None, "prior_loss_weight": 1.0,
     "lora_type": "lora", "use_dora": False, "lokr_factor": -1,
+    "masked_loss": False, "unmasked_weight": None,
 }  # fmt: skip
 # Deliberate departures: the reference's --output_path ./models is also the model folder (DIFFSYNTH_MODEL_BASE_PATH);
 # its --lora_target_modules default q,k,v,o,ffn.0,ffn.2 names Wan's layers whatever the model, so unset here stands for
@@ -260,7 +261,7 @@ def test_flag_table_lists_every_flag_under_its_group():
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
-    for title in ("Dataset", "Video size", "Model", "Training", "Output", "LoRA", "Gradient checkpointing",
+    for title in ("Dataset", "Video size", "Model", "Training", "Masked loss", "Output", "LoRA", "Gradient checkpointing",
                   "Offload training", "Block swap", "Memory planner", "Logging", "Console",
                   "Reference flags not supported here"):
         assert f"### {title}\n\n| Flag | Default | Description |\n| --- | --- | --- |" in table
@@ -287,7 +288,7 @@ def test_the_float_flags_are_the_ones_expected():
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
                                 "--cpu_offload_split_threshold", "--progress_interval_seconds", "--sigmoid_scale",
                                 "--logit_mean", "--logit_std", "--discrete_flow_shift", "--mode_scale",
-                                "--validation_cfg_scale", "--ema_decay", "--prior_loss_weight"}
+                                "--validation_cfg_scale", "--ema_decay", "--prior_loss_weight", "--unmasked_weight"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
