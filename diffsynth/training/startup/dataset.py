@@ -53,7 +53,8 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             trainer takes videos.
     """
     flags, extra_inputs = config.dataset, config.model.extra_input_names
-    repeat = flags.dataset_repeat if entry is None else 1
+    training_set = entry is None
+    repeat = flags.dataset_repeat if training_set else 1
     entry = entry or flags.entries()[0]
     unloaded = [name for name in extra_inputs if name in pipeline_class.image_inputs and name not in entry.file_keys]
     if unloaded:
@@ -85,7 +86,8 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
                                "one a dataset of images") from None
         raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
-    check_dataset_masks(config, dataset, require_one=metadata_path is None)  # a validation set may have none
+    # A validation set, or one dataset of a mix (regularization images), may have no masks.
+    check_dataset_masks(config, dataset, require_one=training_set)
     return dataset
 
 
