@@ -133,17 +133,18 @@ def to_bfl(state_dict: dict[str, torch.Tensor], key_map: dict) -> dict[str, torc
     return whole
 
 
-def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list]:
-    """The BFL weights after ComfyUI loads ``lora_file`` at strength 1.0, and the keys it reported unused."""
-    unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}
+def comfyui_patches(comfy, model_class: type, unet_config: dict, state_dict: dict[str, torch.Tensor],
+                    tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
+    """ComfyUI's patches for a LoRA file's ``tensors`` on a model of ``model_class`` (a ``comfy.model_base`` class)
+    holding ``state_dict``, from its own key map and ``load_lora``, and the messages it logged meanwhile."""
 
-    class TinyFlux(comfy.model_base.Flux):
-        """Only what model_lora_keys_unet reads: isinstance(model, Flux), model_config and state_dict()."""
+    class TinyModel(model_class):
+        """Only what model_lora_keys_unet reads: the model's class, model_config and state_dict()."""
 
         def state_dict(self, *args, **kwargs):
-            return bfl
+            return state_dict
 
-    model = object.__new__(TinyFlux)  # no BaseModel.__init__: that would build the real network
+    model = object.__new__(TinyModel)  # no BaseModel.__init__: that would build the real network
     object.__setattr__(model, "model_config", types.SimpleNamespace(unet_config=unet_config))
     key_map = comfy.lora.model_lora_keys_unet(model, {})
     messages = []
@@ -151,9 +152,16 @@ def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tup
     handler.emit = lambda record: messages.append(record.getMessage())
     logging.getLogger().addHandler(handler)
     try:
-        patches = comfy.lora.load_lora(load_file(str(lora_file)), key_map)
+        patches = comfy.lora.load_lora(tensors, key_map)
     finally:
         logging.getLogger().removeHandler(handler)
+    return patches, messages
+
+
+def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list]:
+    """The BFL weights after ComfyUI loads ``lora_file`` at strength 1.0, and the keys it reported unused."""
+    unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}
+    patches, messages = comfyui_patches(comfy, comfy.model_base.Flux, unet_config, bfl, load_file(str(lora_file)))
     grouped = {}
     for target, adapter in patches.items():  # as ModelPatcher.add_patches: (key, offset, function) targets
         key, offset, function = (target, None, None) if isinstance(target, str) else (*target, None)[:3]

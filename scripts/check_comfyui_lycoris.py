@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import logging
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from check_comfyui_flux_lora import export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
+from check_comfyui_flux_lora import comfyui_patches, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
@@ -80,24 +78,7 @@ def comfyui_changes(comfy, path: Path, base: dict[str, torch.Tensor]) -> tuple[d
     """ComfyUI's change of each base weight (native names) after loading ``path`` at strength 1.0, the number of
     keys it loaded and the keys it reported unused."""
 
-    class TinyWan(comfy.model_base.WAN21):
-        """Only what model_lora_keys_unet reads: isinstance(model, WAN21), model_config and state_dict()."""
-
-        def state_dict(self, *args, **kwargs):
-            return base
-
-    model = object.__new__(TinyWan)  # no BaseModel.__init__: that would build the real network
-    object.__setattr__(model, "model_config", types.SimpleNamespace(unet_config={}))
-    key_map = comfy.lora.model_lora_keys_unet(model, {})
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logging.getLogger().addHandler(handler)
-    try:
-        tensors = load_file(str(path))
-        patches = comfy.lora.load_lora(tensors, key_map)
-    finally:
-        logging.getLogger().removeHandler(handler)
+    patches, messages = comfyui_patches(comfy, comfy.model_base.WAN21, {}, base, load_file(str(path)))
     changed = {}
     for key, adapter in patches.items():
         patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
