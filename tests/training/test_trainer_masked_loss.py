@@ -181,6 +181,23 @@ def test_split_training_applies_the_cached_masks(qwen):
         qwen.run("half_split_unmasked", None, "--dataset_base_path", str(cache), "--task", "sft:train", *stage_two)
 
 
+def test_masks_with_regularization_images_and_a_loha_train_together(qwen, tmp_path_factory):
+    """Issue 47's options in one run: masked rows, regularization images without a mask column (they train
+    unmasked), --prior_loss_weight and a LoHa."""
+    reg = tmp_path_factory.mktemp("masked_reg")
+    build_example_dataset(reg, num_images=2, seed=3)
+    output, result = qwen.run("with_reg", "half.csv", *MASKED, "--reg_dataset_metadata_path",
+                              str(reg / "metadata.csv"), "--reg_dataset_base_path", str(reg), "--prior_loss_weight",
+                              "0.5", "--lora_type", "loha", "--enable_csv_log")
+    # Kohya's proportion: 3 training draws and as many regularization draws an epoch, for 2 epochs.
+    assert result["global_step"] == 2 * (3 + 3) and all(torch.isfinite(torch.tensor(result["losses"])))
+    weights = lora(output)
+    assert any(key.endswith("hada_w1_a") for key in weights) and not any("lora_B" in key for key in weights)
+    with open(output / "logs" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        priors = [row["loss_prior"] for row in csv.DictReader(handle) if row["loss_prior"]]
+    assert priors and all(float(value) >= 0 for value in priors)
+
+
 def broken(folder, image):
     (folder / "broken.png").write_bytes(b"\x89PNG but nothing else")
     return "broken.png"
