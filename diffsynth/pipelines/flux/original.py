@@ -49,6 +49,7 @@ repos, and full fine-tunes saved as the single file ComfyUI loads).
 
 from __future__ import annotations
 
+import json
 import functools
 import re
 from collections.abc import Iterable
@@ -163,6 +164,8 @@ def identify(files: list[Path]) -> OriginalModel | None:
     if len(shards) != 1:
         return None
     file = shards[0]
+    if _declares_diffusers_class(file.parent):  # a diffusers folder (LTX-2's audio VAE keeps LDM-like names)
+        return None
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
     if any(_FLUX1_MARKER.match(key) for key in shapes):
@@ -175,6 +178,18 @@ def identify(files: list[Path]) -> OriginalModel | None:
         return None
     return OriginalModel(kind=kind, library="diffusers", class_name=name, config=config,
                             entries=converted_entries(entries, sources), source=file)
+
+
+def _declares_diffusers_class(folder: Path) -> bool:
+    """Whether ``folder`` holds a ``config.json`` naming a diffusers class, as a diffusers model folder does (BFL's
+    single files come without one)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return "_class_name" in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 # ---- the transformer -------------------------------------------------------------------------------------------------
