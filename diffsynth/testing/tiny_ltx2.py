@@ -10,7 +10,8 @@ naming ``LTX2Pipeline``. Both this package's loader and ``LTX2Pipeline.from_pret
 Sizes follow the constraints the classes put on each other: the Gemma hidden size is the connectors' and the
 transformer's ``caption_channels`` and the connectors' attention width; the connectors read ``num_hidden_layers + 1``
 stacked hidden states; the audio token width (latent channels x mel bins / 4) equals the video latent channels, as in
-the release (128 each), so the two token streams have one width; the vocoder reads the audio VAE's stereo mel bins. The
+the release (128 each), so the two token streams have one width; the audio latents have the release's 8 channels (a
+pipeline loaded without the audio VAE assumes them); the vocoder reads the audio VAE's stereo mel bins. The
 video VAE compresses 2x in time and space, so 32 x 32 pixels and 5 frames make 3 x 16 x 16 latent tokens. The latent
 statistics of both VAEs are random rather than the classes' zeros and ones, so that normalising latents is tested.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..pipelines.ltx2.units import SCHEDULER_CONFIG
 from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, seeded, write_json
 
 LTX2_MODEL_ID = "Lightricks/LTX-2"
@@ -39,20 +41,12 @@ LTX2_PATTERNS = {
     "tokenizer": "tokenizer/",
 }
 
-# scheduler/scheduler_config.json of Lightricks/LTX-2: flow-match Euler, shifted by the video token count and
-# stretched to end at 0.1.
-LTX2_SCHEDULER_CONFIG = {
-    "_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 1024, "base_shift": 0.95,
-    "invert_sigmas": False, "max_image_seq_len": 4096, "max_shift": 2.05, "num_train_timesteps": 1000, "shift": 1.0,
-    "shift_terminal": 0.1, "stochastic_sampling": False, "time_shift_type": "exponential", "use_beta_sigmas": False,
-    "use_dynamic_shifting": True, "use_exponential_sigmas": False, "use_karras_sigmas": False,
-}  # fmt: skip
 
 TEXT_HIDDEN_SIZE = 32
 TEXT_LAYERS = 2
-VIDEO_LATENT_CHANNELS = 4
-AUDIO_LATENT_CHANNELS = 2
-AUDIO_MEL_BINS = 8
+VIDEO_LATENT_CHANNELS = 8
+AUDIO_LATENT_CHANNELS = 8
+AUDIO_MEL_BINS = 4
 
 GEMMA_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
 GEMMA_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
@@ -190,7 +184,7 @@ def build_tiny_ltx2(root: Path, model_id: str = LTX2_MODEL_ID, seed: int = 0) ->
         # The transformer and the text encoder are sharded with an index, like the release; the rest is one file.
         shard = SHARD_SIZE if folder in ("transformer", "text_encoder") else "1GB"
         model.save_pretrained(repo / folder, max_shard_size=shard)
-    write_json(repo / "scheduler" / "scheduler_config.json", LTX2_SCHEDULER_CONFIG)
+    write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
     write_json(repo / "model_index.json", model_index("LTX2Pipeline", _COMPONENTS))
     return repo
 

@@ -115,7 +115,11 @@ class LTX2AudioVideoPipeline(BasePipeline):
         the transformer's audio tokens."""
         if self.audio_vae is not None:
             return self.audio_vae.config.latent_channels, self.audio_vae.config.mel_bins // AUDIO_COMPRESSION
-        return RELEASE_AUDIO_LATENT_CHANNELS, self.dit.config.audio_in_channels // RELEASE_AUDIO_LATENT_CHANNELS
+        width = self.dit.config.audio_in_channels
+        if width % RELEASE_AUDIO_LATENT_CHANNELS:
+            raise ValueError(f"the transformer's audio tokens have {width} features, not a multiple of the release's "
+                             f"{RELEASE_AUDIO_LATENT_CHANNELS} latent channels; load the audio VAE too")
+        return RELEASE_AUDIO_LATENT_CHANNELS, width // RELEASE_AUDIO_LATENT_CHANNELS
 
     def audio_frames(self, num_frames: int, frame_rate: float) -> int:
         """Audio latent frames as long as ``num_frames`` video frames at ``frame_rate``."""
