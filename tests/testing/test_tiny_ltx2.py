@@ -3,9 +3,9 @@
 import hashlib
 import json
 
+from diffsynth.pipelines.ltx2.units import SCHEDULER_CONFIG
 from diffsynth.testing.tiny_ltx2 import LTX2_BUILDERS, LTX2_MODEL_ID, LTX2_PATTERNS, build_tiny_ltx2
 from diffsynth.testing.tiny_models import BUILDERS
-from diffsynth.pipelines.ltx2.units import SCHEDULER_CONFIG
 
 
 def test_the_builder_is_registered():

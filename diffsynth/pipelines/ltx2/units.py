@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from PIL import Image
 
-from ...diffusion.base_pipeline import PipelineUnit
 from ...core.device import resolve_device
+from ...diffusion.base_pipeline import PipelineUnit
 from ..common import PromptUnit, image_to_tensor
 from .media import recompress_image
 
