@@ -49,7 +49,6 @@ repos, and full fine-tunes saved as the single file ComfyUI loads).
 
 from __future__ import annotations
 
-import json
 import functools
 import re
 from collections.abc import Iterable
@@ -58,6 +57,7 @@ from typing import Any
 
 import torch
 
+from ...core.file_memo import read_json
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, converted_entries
 from ...core.loader.state_dict import read_headers
@@ -164,14 +164,14 @@ def identify(files: list[Path]) -> OriginalModel | None:
     if len(shards) != 1:
         return None
     file = shards[0]
-    if _declares_diffusers_class(file.parent):  # a diffusers folder (LTX-2's audio VAE keeps LDM-like names)
-        return None
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
     if any(_FLUX1_MARKER.match(key) for key in shapes):
         config = transformer_config(shapes, file)
         kind, name, sources = "dit", "FluxTransformer2DModel", transformer_sources(shapes, config, file)
     elif any(_LDM_VAE_MARKER.match(key) for key in shapes):
+        if _declares_diffusers_class(file.parent):  # a diffusers folder (LTX-2's audio VAE keeps LDM-like names)
+            return None
         config = vae_config(shapes, file)
         kind, name, sources = "vae", "AutoencoderKL", vae_sources(shapes, config, file)
     else:
@@ -187,7 +187,7 @@ def _declares_diffusers_class(folder: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        return "_class_name" in json.loads(path.read_text())
+        return "_class_name" in read_json(path)
     except (OSError, ValueError):
         return False
 
