@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,11 @@ def image_to_tensor(image: Image.Image) -> torch.Tensor:
     """An RGB PIL image as a ``(1, 3, H, W)`` float32 tensor in ``[-1, 1]``."""
     array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
+
+
+def video_to_tensor(frames: Sequence[Image.Image]) -> torch.Tensor:
+    """RGB frames as a ``(1, 3, frames, H, W)`` float32 tensor in ``[-1, 1]``."""
+    return torch.stack([image_to_tensor(frame)[0] for frame in frames], dim=1).unsqueeze(0)
 
 
 def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:

@@ -11,9 +11,11 @@ Sizes follow the constraints the classes put on each other: the Gemma hidden siz
 transformer's ``caption_channels`` and the connectors' attention width; the connectors read ``num_hidden_layers + 1``
 stacked hidden states; the audio token width (latent channels x mel bins / 4) equals the video latent channels, as in
 the release (128 each), so the two token streams have one width; the audio latents have the release's 8 channels (a
-pipeline loaded without the audio VAE assumes them); the vocoder reads the audio VAE's stereo mel bins. The
-video VAE compresses 2x in time and space, so 32 x 32 pixels and 5 frames make 3 x 16 x 16 latent tokens. The latent
-statistics of both VAEs are random rather than the classes' zeros and ones, so that normalising latents is tested.
+pipeline loaded without the audio VAE assumes them); the vocoder reads the audio VAE's stereo mel bins. The audio VAE
+compresses 4x in time and in mel bins, as the release's, so that encoding a training clip's sound gives latents of
+the transformer's width. The video VAE compresses 2x in time and space (encoder and decoder alike), so 32 x 32 pixels
+and 5 frames make 3 x 16 x 16 latent tokens. The latent statistics of both VAEs are random rather than the classes'
+zeros and ones, so that normalising latents is tested.
 
 No Gemma tokenizer files exist offline: the tokenizer is a ``GemmaTokenizer`` with Gemma's special tokens, the 256 byte
 tokens and single characters, built from scratch; it pads on the left, as the Gemma chat tokenizer does.
@@ -141,7 +143,7 @@ def _video_vae():
         in_channels=3, out_channels=3, latent_channels=VIDEO_LATENT_CHANNELS, block_out_channels=(8,),
         decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
         spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False),
-        downsample_type=("spatial",), upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False,
+        downsample_type=("spatiotemporal",), upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False,
         patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,
     )  # fmt: skip
     _random_statistics(vae)
@@ -152,7 +154,8 @@ def _audio_vae():
     from diffusers import AutoencoderKLLTX2Audio
 
     audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4, output_channels=2, ch_mult=(1,), num_res_blocks=1,
+        base_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4, output_channels=2, ch_mult=(1, 1, 1),
+        num_res_blocks=1,
         in_channels=2, resolution=32, latent_channels=AUDIO_LATENT_CHANNELS, sample_rate=16000, mel_hop_length=160,
         is_causal=True, mel_bins=AUDIO_MEL_BINS,
     )  # fmt: skip

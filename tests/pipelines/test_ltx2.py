@@ -19,9 +19,10 @@ SHAPE = dict(height=32, width=32, num_frames=5, frame_rate=25.0, num_inference_s
 TOLERANCE = 5e-4
 AUDIO_TOLERANCE = 1e-6
 # Another seed, prompt or image must move the output by far more than the tolerance (measured: a seed moves the
-# frames by about 1 and the waveform by 1e-2; a prompt the frames by 1e-2 and the waveform by 1e-4).
+# frames by about 1 and the waveform by 1e-2; a prompt the frames by 1e-2 and the waveform by 1e-4; another first
+# frame, which reaches the sound only through the audio-video attention, the waveform by 4e-5).
 TEETH = 10 * TOLERANCE
-AUDIO_TEETH = 50 * AUDIO_TOLERANCE
+AUDIO_TEETH = 20 * AUDIO_TOLERANCE
 # diffusers' guidance extras off: its STG, modality isolation and rescale, which the reference does not sample with.
 PLAIN_GUIDANCE = dict(stg_scale=0.0, modality_scale=1.0, guidance_rescale=0.0, audio_stg_scale=0.0,
                       audio_modality_scale=1.0, audio_guidance_rescale=0.0, spatio_temporal_guidance_blocks=None,

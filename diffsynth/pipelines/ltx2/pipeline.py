@@ -37,6 +37,7 @@ from ...diffusion.base_pipeline import BasePipeline
 from ...diffusion.flow_match import FlowMatchScheduler
 from ..common import ShapeCheckUnit, check_call_inputs, round_size, tensor_to_images
 from .media import save_video_with_audio, save_wav
+from .training import InputAudioEmbedderUnit, InputVideoEmbedderUnit
 from .units import (
     AUDIO_COMPRESSION,
     SCHEDULER_CONFIG,
@@ -69,8 +70,12 @@ MODEL_ROLES = {
 }
 # diffusers' pipelines refuse sizes that are not multiples of 32.
 SIZE_MULTIPLE = 32
-# The release's audio latent channels, for a pipeline loaded without its audio VAE.
+# The release's audio latent channels, sample rate and mel hop, for a pipeline loaded without its audio VAE.
 RELEASE_AUDIO_LATENT_CHANNELS = 8
+RELEASE_AUDIO_SAMPLE_RATE = 16000
+RELEASE_AUDIO_HOP_LENGTH = 160
+# The frame rate of a training clip whose sample gives none (the reference's default).
+DEFAULT_FRAME_RATE = 24.0
 
 
 class LTX2AudioVideoPipeline(BasePipeline):
@@ -79,14 +84,19 @@ class LTX2AudioVideoPipeline(BasePipeline):
     model_roles = MODEL_ROLES
     default_torch_dtype = torch.bfloat16
     model_fn_params = ("prompt_emb", "audio_prompt_emb", "prompt_emb_mask", "latent_grid", "audio_frames",
-                       "video_tokens", "frame_rate", "first_frame_latents")
+                       "video_tokens", "frame_rate", "first_frame_latents", "trains_audio")
     latent_patch_size = 1
     input_types = {
         "seed": integer, "rand_device": text, "num_inference_steps": positive_integer, "cfg_scale": real,
         "max_sequence_length": positive_integer, "height": positive_integer, "width": positive_integer,
         "num_frames": positive_integer, "frame_rate": real,
     }  # fmt: skip
-    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, ImageConditionUnit, LatentsUnit, PromptEmbedderUnit)
+    # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit,
+                    InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
+    training_columns = ("video", "prompt")
+    #: Training runs without CFG, its prompts cut as inference cuts them by default.
+    training_state = {"cfg_scale": 1, "seed": None, "rand_device": "cpu", "max_sequence_length": 1024}
 
     def _after_init(self) -> None:
         self.scheduler = FlowMatchScheduler.from_diffusers_config(SCHEDULER_CONFIG)
@@ -103,19 +113,25 @@ class LTX2AudioVideoPipeline(BasePipeline):
 
     def size_multiple(self) -> int:
         """Heights and widths are rounded to this: a whole number of tokens, and a multiple of 32."""
-        return math.lcm(SIZE_MULTIPLE, self.spatial_compression() * self.dit.config.patch_size)
+        # Without the transformer (a stage that only encodes), the releases' patch of 1.
+        patch = self.dit.config.patch_size if self.dit is not None else 1
+        return math.lcm(SIZE_MULTIPLE, self.spatial_compression() * patch)
 
     def latent_grid(self, height: int, width: int, num_frames: int) -> tuple[int, int, int]:
         """The video latents' ``(frames, height, width)`` for a video of that size (sizes already rounded)."""
         scale = self.spatial_compression()
         return (num_frames - 1) // self.temporal_compression() + 1, height // scale, width // scale
 
+    def video_latent_channels(self) -> int:
+        """The video latents' channels: the VAE's, else the transformer's input's."""
+        return self.vae.config.latent_channels if self.vae is not None else self.dit.config.in_channels
+
     def audio_latent_shape(self) -> tuple[int, int]:
         """The audio latents' ``(channels, mel bins)``: the audio VAE's, else the release's channels and the width of
-        the transformer's audio tokens."""
+        the transformer's audio tokens (without it, the video tokens' width: the two streams share one)."""
         if self.audio_vae is not None:
             return self.audio_vae.config.latent_channels, self.audio_vae.config.mel_bins // AUDIO_COMPRESSION
-        width = self.dit.config.audio_in_channels
+        width = self.dit.config.audio_in_channels if self.dit is not None else self.video_latent_channels()
         if width % RELEASE_AUDIO_LATENT_CHANNELS:
             raise ValueError(f"the transformer's audio tokens have {width} features, not a multiple of the release's "
                              f"{RELEASE_AUDIO_LATENT_CHANNELS} latent channels; load the audio VAE too")
@@ -123,9 +139,12 @@ class LTX2AudioVideoPipeline(BasePipeline):
 
     def audio_frames(self, num_frames: int, frame_rate: float) -> int:
         """Audio latent frames as long as ``num_frames`` video frames at ``frame_rate``."""
-        config = self.audio_vae.config if self.audio_vae is not None else None
-        sample_rate = config.sample_rate if config else self.dit.config.audio_sampling_rate
-        hop = config.mel_hop_length if config else self.dit.config.audio_hop_length
+        if self.audio_vae is not None:
+            sample_rate, hop = self.audio_vae.config.sample_rate, self.audio_vae.config.mel_hop_length
+        elif self.dit is not None:
+            sample_rate, hop = self.dit.config.audio_sampling_rate, self.dit.config.audio_hop_length
+        else:  # a training stage that encodes the video alone
+            sample_rate, hop = RELEASE_AUDIO_SAMPLE_RATE, RELEASE_AUDIO_HOP_LENGTH
         return round(num_frames / frame_rate * sample_rate / hop / AUDIO_COMPRESSION)
 
     @property
@@ -148,6 +167,46 @@ class LTX2AudioVideoPipeline(BasePipeline):
         """The release's schedule, shifted by the video token count ``latent_shape[1]`` (a ``(batch, video tokens)``
         shape)."""
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=latent_shape[1])
+
+    # ---- training -------------------------------------------------------------------------------------------------
+
+    def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """The sample's ``video`` frames as ``input_video`` at their own size and count, at the sample's
+        ``frame_rate`` (a metadata column; 24 without one), which sets how much sound the clip holds.
+
+        Raises:
+            ValueError: The ``frame_rate`` cell is not a positive number.
+        """
+        frames, frame_rate = sample["video"], sample.get("frame_rate", DEFAULT_FRAME_RATE)
+        try:
+            frame_rate = float(frame_rate)
+        except (TypeError, ValueError):
+            frame_rate = -1.0
+        if not frame_rate > 0:
+            raise ValueError(f"the sample's frame_rate is {sample.get('frame_rate')!r}; give the clip's frames per "
+                             "second, e.g. 24, or leave the column out for 24")
+        return {"input_video": frames, "height": frames[0].height, "width": frames[0].width,
+                "num_frames": len(frames), "frame_rate": frame_rate}
+
+    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
+        """The tokens the transformer predicts: all but a given first frame's."""
+        start = self._first_predicted_token(inputs_shared)
+        return None if start == 0 else (slice(None), slice(start, None))
+
+    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
+        """The video's predicted tokens, and the sound's when the sample has sound: the loss adds their mean squared
+        errors (the reference's video loss plus audio loss)."""
+        tokens = inputs_shared["video_tokens"]
+        video = (slice(None), slice(self._first_predicted_token(inputs_shared), tokens))
+        return (video, (slice(None), slice(tokens, None))) if inputs_shared.get("trains_audio") else (video,)
+
+    @staticmethod
+    def _first_predicted_token(inputs_shared: dict) -> int:
+        """0, or with a given first frame the count of its tokens, which the transformer does not predict."""
+        if inputs_shared.get("first_frame_latents") is None:
+            return 0
+        _, height, width = inputs_shared["latent_grid"]
+        return height * width
 
     # ---- denoising and decoding -----------------------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ class NoiseUnit(PipelineUnit):
         grid = pipe.latent_grid(height, width, num_frames)
         channels, mel_bins = pipe.audio_latent_shape()
         audio_frames = pipe.audio_frames(num_frames, frame_rate)
-        video_shape = (1, pipe.dit.config.in_channels, *grid)
+        video_shape = (1, pipe.video_latent_channels(), *grid)
         audio_shape = (1, channels, audio_frames, mel_bins)
         device = resolve_device(rand_device or "cpu", "rand_device")
         # One generator for both and float32 whatever the pipeline's dtype, as diffusers draws them.

@@ -107,10 +107,9 @@ class FlowMatchSFTLoss(LatentsLoss):
         noisy = pipe.scheduler.add_noise(input_latents, noise, timestep)
         target = pipe.scheduler.training_target(input_latents, noise, timestep)
         prediction = pipe.model_fn(**_model_inputs(inputs_shared, inputs_posi, latents=noisy, timestep=timestep))
-        region = pipe.loss_region(inputs_shared)
-        if region is not None:
-            prediction, target = prediction[region], target[region]
-        losses = _per_sample_mse(prediction, target)
+        losses = sum(_per_sample_mse(prediction, target) if region is None
+                     else _per_sample_mse(prediction[region], target[region])
+                     for region in pipe.loss_regions(inputs_shared))
         return (losses * torch.cat(weights).to(losses.device)).mean()
 
 
