@@ -17,6 +17,9 @@ in ``units.py``.
 Audio: the call returns the waveform ``[channels, samples]`` at ``audio_sample_rate`` (the vocoder's rate). Without
 an audio VAE and vocoder loaded (the reference's no-audio runs load neither) the audio stream is still denoised, as
 the transformer needs it, but not decoded: the call returns ``None`` for it.
+
+Training (``training.py``): a sample's ``video`` and, given ``input_audio``, its sound become ``input_latents`` in the
+same token layout; the loss adds the video's and the sound's mean squared errors (``loss_regions``).
 """
 
 from __future__ import annotations
