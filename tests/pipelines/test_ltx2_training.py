@@ -148,3 +148,26 @@ def test_lora_names_are_ltx2s_and_diffusers_converts_them_back(pipe):
         {f"diffusion_model.{value}.lora_A.weight": torch.zeros(1) for value in native.values()})
     assert sorted(converted) == sorted(f"transformer.{name}.lora_A.weight" for name in names)
     assert all(NAMING.to_diffusers(value) == name for name, value in native.items())
+
+
+def test_image_to_audio_video_training_gives_the_first_frame_and_scores_the_rest(pipe):
+    video = clip(3)
+    sample = {"video": video, "prompt": "a bell", "input_audio": (tone(440.0), RATE)}
+    shared, posi, nega = pipe.run_units(*pipe.training_inputs(sample, ["input_audio", "input_images"]))
+    plain, _, _ = pipe.run_units(*pipe.training_inputs(sample, ["input_audio"]))
+    _, height, width = shared["latent_grid"]
+    tokens, frame = shared["video_tokens"], height * width
+    assert shared["first_frame_latents"].shape == (1, 8, 1, height, width)
+    assert torch.equal(shared["input_latents"], plain["input_latents"])  # the clean clip is the same
+    assert pipe.loss_regions(shared) == ((slice(None), slice(frame, tokens)), (slice(None), slice(tokens, None)))
+    # The first frame is given: its tokens are the image's whatever the noise, and no velocity is predicted for them.
+    with torch.no_grad():
+        prediction = pipe.model_fn(**{**shared, **posi, "latents": torch.randn_like(shared["input_latents"]),
+                                      "timestep": torch.tensor([500.0])})
+    assert prediction[:, :frame].abs().max() == 0 and prediction[:, frame:tokens].abs().max() > 0
+    # Another first frame (its own column) changes the condition.
+    other, _, _ = pipe.run_units(*pipe.training_inputs({**sample, "input_images": clip(4)[0]},
+                                                       ["input_audio", "input_images"]))
+    assert (other["first_frame_latents"] - shared["first_frame_latents"]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="--data_file_keys"):
+        pipe.training_inputs({**sample, "input_images": "first.png"}, ["input_images"])

@@ -119,3 +119,19 @@ def test_an_fp8_transformer_trains_the_lora_of_the_full_precision_one_closely(on
     # About 2.5% weight error: the losses stay within a few percent, and the LoRA moves the same way.
     assert all(abs(a - b) < 0.05 * b for a, b in zip(fp8_result["losses"], result["losses"]))
     assert 0 < max_difference(lora(fp8, "epoch-0"), lora(output, "epoch-0")) < 1e-2
+
+
+def test_image_to_audio_video_training_runs_split_as_in_one_stage(one_stage, clips, tiny_root, tmp_path):
+    i2av = [*COMMON[:COMMON.index("input_audio")], "input_audio,input_images",
+            *COMMON[COMMON.index("input_audio") + 1:]]
+    output, result = run_once(tiny_root, tmp_path / "one", lambda out: train(
+        [*raw(clips), *models("dit", *ENCODERS), *i2av, "--output_path", str(out)]))
+    assert_trained(result, 2)
+    assert max_difference(lora(output, "epoch-0"), lora(one_stage[0], "epoch-0")) > 1e-5  # the first frame is given
+    cache = tmp_path / "cache"
+    run_once(tiny_root, tmp_path, lambda _: train(
+        [*raw(clips), *models(*ENCODERS), *i2av, "--task", "sft:data_process", "--output_path", str(cache)]))
+    assert all("first_frame_latents" in load_cache_sample(path)["shared"] for path in list_cache_files(cache))
+    split, _ = run_once(tiny_root, tmp_path / "two", lambda out: train(
+        ["--dataset_base_path", str(cache), *models("dit"), *i2av, "--task", "sft:train", "--output_path", str(out)]))
+    assert max_difference(lora(split, "epoch-0"), lora(output, "epoch-0")) < 1e-5

@@ -98,6 +98,8 @@ class LTX2AudioVideoPipeline(BasePipeline):
     unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit,
                     InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
     training_columns = ("video", "prompt")
+    # Image-to-audio+video training may leave the first frame out: it is the video's own.
+    derived_inputs = ("input_images",)
     #: Training runs without CFG, its prompts cut as inference cuts them by default.
     training_state = {"cfg_scale": 1, "seed": None, "rand_device": "cpu", "max_sequence_length": 1024}
 
@@ -190,6 +192,23 @@ class LTX2AudioVideoPipeline(BasePipeline):
                              "second, e.g. 24, or leave the column out for 24")
         return {"input_video": frames, "height": frames[0].height, "width": frames[0].width,
                 "num_frames": len(frames), "frame_rate": frame_rate}
+
+    def derived_training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str]) -> dict[str, Any]:
+        """With ``--extra_inputs input_images`` (image-to-audio+video), the given first frame: the sample's
+        ``input_images`` column when it has one (an image, or a list holding one), else the video's first frame.
+
+        Raises:
+            ValueError: The column holds a path that was not loaded.
+        """
+        if "input_images" not in extra_inputs:
+            return {}
+        images = sample.get("input_images")
+        if isinstance(images, str) or (isinstance(images, list) and any(isinstance(item, str) for item in images)):
+            raise ValueError(f"the input_images column holds the path {images!r}, not an image; add input_images to "
+                             "--data_file_keys (e.g. --data_file_keys video,input_images) so it is loaded")
+        if images is None:
+            images = [sample["video"][0]]
+        return {"input_images": images if isinstance(images, list) else [images]}
 
     def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
         """The tokens the transformer predicts: all but a given first frame's."""
