@@ -153,7 +153,7 @@ def test_lora_names_are_ltx2s_and_diffusers_converts_them_back(pipe):
 def test_image_to_audio_video_training_gives_the_first_frame_and_scores_the_rest(pipe):
     video = clip(3)
     sample = {"video": video, "prompt": "a bell", "input_audio": (tone(440.0), RATE)}
-    shared, posi, nega = pipe.run_units(*pipe.training_inputs(sample, ["input_audio", "input_images"]))
+    shared, posi, _ = pipe.run_units(*pipe.training_inputs(sample, ["input_audio", "input_images"]))
     plain, _, _ = pipe.run_units(*pipe.training_inputs(sample, ["input_audio"]))
     _, height, width = shared["latent_grid"]
     tokens, frame = shared["video_tokens"], height * width
