@@ -47,8 +47,9 @@ LONGEST_SHOWN = 10
 FAMILY_ROOMS = ("diffsynth/pipelines", "diffsynth/testing")
 MAX_FAMILY_MENTIONS = 15
 MAX_FAMILY_FILES = 5
-# The name roots of the registered families (Qwen-Image, Wan, Z-Image, FLUX.1, FLUX.2 [klein]); a new family adds its.
-FAMILY_NAMES = re.compile(r"qwen|wan(?![a-z])|z[_-]?image|flux|klein", re.IGNORECASE)
+# The name roots of the registered families (Qwen-Image, Wan, Z-Image, FLUX.1, FLUX.2 [klein], LTX-2); a new family
+# adds its.
+FAMILY_NAMES = re.compile(r"qwen|wan(?![a-z])|z[_-]?image|flux|klein|ltx", re.IGNORECASE)
 _SHORT_KEY = 60
 _NAMESPACE_CALLS = ("vars", "getattr", "hasattr")
 

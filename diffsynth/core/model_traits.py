@@ -7,7 +7,10 @@ imports nothing, so registering costs nothing):
 - original-layout readers, ``"module:function"`` names of ``identify(files) -> OriginalModel | None``
   (``core.loader.original_layout``), asked in turn by loading and imported on first use;
 - layers whose forward casts its input to the layer's weight dtype without listing them in the class's
-  ``_keep_in_fp32_modules``, which fp8 storage must leave alone.
+  ``_keep_in_fp32_modules``, which fp8 storage must leave alone;
+- modules of diffusers or transformers, besides the library's top level, that hold model classes a release's
+  ``config.json`` names (diffusers keeps some models in their pipeline's package), registered by the room whose
+  releases name them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 _READERS: list[str] = []
 _INPUT_CASTING_LAYERS: dict[str, tuple[str, ...]] = {}
+_MODEL_MODULES: list[str] = []
 
 
 def register_original_layout(reader: str) -> None:
@@ -61,3 +65,23 @@ def register_input_casting_layers(class_name: str, layers: Iterable[str]) -> Non
 def input_casting_layers(class_name: str) -> tuple[str, ...]:
     """The layers registered for ``class_name`` with ``register_input_casting_layers`` (none by default)."""
     return _INPUT_CASTING_LAYERS.get(class_name, ())
+
+
+def register_model_module(module: str) -> None:
+    """Records ``module`` (e.g. ``"diffusers.pipelines.<name>"``) as holding model classes that loading looks up by
+    name when the library's top level lacks them; its library is the first part of the name.
+
+    Raises:
+        ValueError: ``module`` is not a submodule of diffusers or transformers.
+    """
+    library, dot, rest = module.partition(".")
+    if library not in ("diffusers", "transformers") or not dot or not rest:
+        raise ValueError(f"module={module!r} must be a submodule of diffusers or transformers, e.g. "
+                         "'diffusers.pipelines.<name>'")
+    if module not in _MODEL_MODULES:
+        _MODEL_MODULES.append(module)
+
+
+def model_modules(library: str) -> list[str]:
+    """The modules of ``library`` registered with ``register_model_module``, in registration order."""
+    return [module for module in _MODEL_MODULES if module.partition(".")[0] == library]

@@ -277,6 +277,11 @@ class BasePipeline(torch.nn.Module):
         whose inputs fix part of the latents (a given first frame) leave that part out."""
         return None
 
+    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
+        """The parts of the latents whose mean squared errors the flow-matching loss adds up, each averaged on its own
+        (LTX-2: the video's tokens and the sound's); by default the one ``loss_region``."""
+        return (self.loss_region(inputs_shared),)
+
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""
         return [name for name, _ in self.named_children()]

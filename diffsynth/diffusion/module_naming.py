@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-_BLOCK = re.compile(r"^(?P<blocks>blocks)\.(?P<index>\d+)\.(?P<layer>.+)$")
 _ANY_BLOCK = re.compile(r"^(?P<blocks>[a-z_]+)\.(?P<index>\d+)\.")
 
 
@@ -126,7 +125,7 @@ class ModuleNaming:
 
     Args:
         name: What the native naming is called in messages (e.g. ``"original Wan"``).
-        block_layers: diffusers -> native names of the layers inside each ``blocks.<i>`` block.
+        block_layers: diffusers -> native names of the layers inside each ``<block_list>.<i>`` block.
         top_layers: diffusers -> native names of the layers outside the blocks.
         identity: The native names are the diffusers names (the two tables are then unused).
         universal_prefix: What the universal layout puts before each native name: ``diffusion_model.``, which
@@ -134,6 +133,8 @@ class ModuleNaming:
             ``transformer.`` where diffusers' loader needs it and ComfyUI and DiffSynth-Studio take it too (FLUX.1).
         fused: The original release's fused layers, which kohya files name instead of the native names (FLUX.1's
             BFL layout); None where kohya files use the native names.
+        block_list: The name of the list of blocks in both namings (``blocks`` for Wan, ``transformer_blocks`` for
+            LTX-2).
     """
 
     name: str
@@ -142,6 +143,7 @@ class ModuleNaming:
     identity: bool = False
     universal_prefix: str = "diffusion_model."
     fused: FusedNaming | None = None
+    block_list: str = "blocks"
 
     def __post_init__(self) -> None:
         for table in (self.block_layers, self.top_layers):
@@ -152,21 +154,25 @@ class ModuleNaming:
         """The native name of diffusers layer ``name``, or None when the original code has no such layer."""
         if self.identity:
             return name
-        block = _BLOCK.match(name)
+        block = self._block(name)
         if block is None:
             return self.top_layers.get(name)
         layer = self.block_layers.get(block["layer"])
-        return None if layer is None else f"blocks.{block['index']}.{layer}"
+        return None if layer is None else f"{self.block_list}.{block['index']}.{layer}"
 
     def to_diffusers(self, native: str) -> str | None:
         """The diffusers name of native layer ``native``, or None when it names no mapped layer."""
         if self.identity:
             return native
-        block = _BLOCK.match(native)
+        block = self._block(native)
         if block is None:
             return _inverse(self.top_layers).get(native)
         layer = _inverse(self.block_layers).get(block["layer"])
-        return None if layer is None else f"blocks.{block['index']}.{layer}"
+        return None if layer is None else f"{self.block_list}.{block['index']}.{layer}"
+
+    def _block(self, name: str) -> re.Match | None:
+        """The ``index`` and ``layer`` of a name inside the block list, or None outside it."""
+        return re.match(rf"^{re.escape(self.block_list)}\.(?P<index>\d+)\.(?P<layer>.+)$", name)
 
 
 def _inverse(table: Mapping[str, str]) -> dict[str, str]:

@@ -11,17 +11,20 @@ from ..core.lazy_exports import lazy_exports
 from .registry import register_traits
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    ".flux": ("FluxPipeline",), ".flux2_klein": ("Flux2KleinPipeline",), ".qwen_image": ("QwenImagePipeline",),
+    ".flux": ("FluxPipeline",), ".flux2_klein": ("Flux2KleinPipeline",), ".ltx2": ("LTX2AudioVideoPipeline",),
+    ".qwen_image": ("QwenImagePipeline",),
     ".wan_video": ("WanVideoPipeline",), ".z_image": ("ZImagePipeline",),
 })
 
 if TYPE_CHECKING:
     from .flux import FluxPipeline
     from .flux2_klein import Flux2KleinPipeline
+    from .ltx2 import LTX2AudioVideoPipeline
     from .qwen_image import QwenImagePipeline
     from .wan_video import WanVideoPipeline
     from .z_image import ZImagePipeline
 
 register_traits()
 
-__all__ = ["Flux2KleinPipeline", "FluxPipeline", "QwenImagePipeline", "WanVideoPipeline", "ZImagePipeline"]
+__all__ = ["Flux2KleinPipeline", "FluxPipeline", "LTX2AudioVideoPipeline", "QwenImagePipeline", "WanVideoPipeline",
+           "ZImagePipeline"]

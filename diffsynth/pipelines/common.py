@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ def image_to_tensor(image: Image.Image) -> torch.Tensor:
     """An RGB PIL image as a ``(1, 3, H, W)`` float32 tensor in ``[-1, 1]``."""
     array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
+
+
+def video_to_tensor(frames: Sequence[Image.Image]) -> torch.Tensor:
+    """RGB frames as a ``(1, 3, frames, H, W)`` float32 tensor in ``[-1, 1]``."""
+    return torch.stack([image_to_tensor(frame)[0] for frame in frames], dim=1).unsqueeze(0)
 
 
 def tensor_to_images(images: torch.Tensor) -> list[Image.Image]:
@@ -79,6 +85,25 @@ def check_call_inputs(prompt: Any, output_type: str, max_sequence_length: int | 
         raise ValueError(f"output_type={output_type!r} must be {shown}")
     if max_sequence_length is not None and not 1 <= max_sequence_length <= max_length:
         raise ValueError(f"max_sequence_length={max_sequence_length} must lie in [1, {max_length}]")
+
+
+def mux_video_frames(container: Any, frames: list[Image.Image], fps: float, quality: int = 8) -> None:
+    """Encodes ``frames`` into a new video stream of an open PyAV ``container``: H.264 (MPEG-4 Part 2 where FFmpeg
+    lacks libx264) in yuv420p at ``fps``; ``quality`` 0 (smallest file) to 10 (best) maps to H.264's CRF."""
+    import av
+
+    rate = Fraction(fps).limit_denominator(1001)  # PyAV takes a rational rate; 23.976 becomes 24000/1001
+    try:
+        stream = container.add_stream("libx264", rate=rate)
+    except (ValueError, av.error.FFmpegError):  # an FFmpeg build without libx264
+        stream = container.add_stream("mpeg4", rate=rate)
+    stream.width, stream.height = frames[0].size
+    stream.pix_fmt = "yuv420p"
+    if stream.codec_context.name == "libx264":
+        stream.options = {"crf": str(round(51 - 4.6 * quality))}
+    for frame in frames:
+        container.mux(stream.encode(av.VideoFrame.from_image(frame.convert("RGB"))))
+    container.mux(stream.encode())
 
 
 def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, rand_device: Any) -> torch.Tensor:

@@ -36,6 +36,7 @@ from .tiny_flux import (
     build_tiny_flux1,
 )
 from .tiny_flux2 import FLUX2_BUILDERS
+from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_wan import (
     WAN22_A14B_PATTERNS,
     WAN22_I2V_MODEL_ID,
@@ -268,6 +269,7 @@ BUILDERS = {
     **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
     **Z_IMAGE_BUILDERS,
+    **LTX2_BUILDERS,
 }
 
 

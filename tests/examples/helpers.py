@@ -106,12 +106,13 @@ def draw_dataset(argv: list[str], edit_inputs: str | None = None, **edit) -> Non
         build_example_dataset(args.dataset_base_path, num_images=2)
 
 
-def run_command(pipeline_class: type, argv: list[str], draw: Callable[[list[str]], None] = draw_dataset) -> dict:
-    """A launch command's trainer run in this process, after ``draw(argv)`` drew the dataset it expects; no accelerate
-    state is left behind."""
+def run_command(pipeline_class: type, argv: list[str], draw: Callable[[list[str]], None] = draw_dataset,
+                video: bool = False) -> dict:
+    """A launch command's trainer run in this process (a video trainer's with ``video``), after ``draw(argv)`` drew
+    the dataset it expects; no accelerate state is left behind."""
     draw(argv)
     try:
-        return trainer.main(pipeline_class, argv)
+        return trainer.main(pipeline_class, argv, video=video)
     finally:
         reset_accelerate_state()
 

@@ -139,6 +139,17 @@ def test_diffusers_files_are_not_taken_for_bfl_ones(tmp_path):
     assert identify([flux2]) is None
 
 
+def test_a_diffusers_folder_with_ldm_like_names_is_not_taken_for_an_ae_file(tmp_path):
+    from diffusers import AutoencoderKLLTX2Audio
+
+    # LTX-2's audio VAE keeps the LDM block names (encoder.down.0.block.0.*) in a diffusers folder.
+    vae = AutoencoderKLLTX2Audio(base_channels=8, ch_mult=(1,), num_res_blocks=1, latent_channels=8, mel_bins=4)
+    vae.save_pretrained(tmp_path / "audio_vae")
+    file = tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors"
+    assert any(key.startswith("encoder.down.0.block.0.") for key in safe_open(str(file), "pt").keys())
+    assert identify([file]) is None
+
+
 # ---- the maps against diffusers' own converters ---------------------------------------------------------------------
 
 

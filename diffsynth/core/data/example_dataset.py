@@ -7,10 +7,13 @@ dataset's resizing, cropping and rounding are all exercised. The same seed gives
 Each video is the same kind of picture with the shape sliding sideways, wrapping round at the edge, so every frame
 differs from the one before. Clips alternate between H.264 ``.mp4`` (MPEG-4 Part 2 where the FFmpeg build lacks
 libx264), written with PyAV, and ``.gif``, written with PIL; both are what users bring, and they take different
-decoding paths (a stored frame count, palette frames).
+decoding paths (a stored frame count, palette frames). With ``--audio`` (LTX-2) every clip is an ``.mp4`` with a
+two-tone sound, named in an ``input_audio`` column: the clip itself (its sound track) or a ``.wav`` beside a silent
+clip, in turn.
 
     python -m diffsynth.core.data.example_dataset --output data/example_dataset --num_images 8
     python -m diffsynth.core.data.example_dataset --output data/example_video_dataset --kind video --num_frames 9
+    python -m diffsynth.core.data.example_dataset --output data/example_av_dataset --kind video --audio
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import csv
 import io
 import os
 import random
+import wave
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ SHAPES = ("circle", "square", "triangle", "ring")
 PLACES = ("on the left", "in the centre", "on the right")
 VIDEO_SIZE = (104, 72)  # neither side a multiple of 16, so loading a clip exercises the rounding too
 VIDEO_FPS = 16  # Wan's frame rate
+SOUND_RATE = 16000  # the clips' sound: LTX-2's audio VAE rate, so the dataset also exercises no resampling
 MIN_VIDEO_SIDE, MAX_VIDEO_SIDE = 32, 1024
 
 
@@ -94,11 +99,13 @@ def _check_count(flag: str, value: Any) -> None:
         raise DatasetError(f"{flag} {value!r} must be an integer of at least 1")
 
 
-def _write_metadata(folder: Path, file_column: str, rows: Sequence[tuple[str, str]]) -> Path:
-    """Writes ``metadata.csv`` with the columns ``file_column,prompt`` atomically; returns its path."""
+def _write_metadata(folder: Path, file_column: str, rows: Sequence[tuple[str, ...]],
+                    more_columns: Sequence[str] = ()) -> Path:
+    """Writes ``metadata.csv`` with the columns ``file_column,prompt`` (and ``more_columns``) atomically; returns its
+    path."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow((file_column, "prompt"))
+    writer.writerow((file_column, "prompt", *more_columns))
     writer.writerows(rows)
     return atomic_write_text(folder / METADATA_FILE, text.getvalue())
 
@@ -163,13 +170,18 @@ def mp4_codec() -> str:
     return "libx264" if "libx264" in av.codecs_available else "mpeg4"
 
 
-def write_mp4(path: Path, frames: Sequence[Image.Image], fps: int = VIDEO_FPS) -> None:
-    """Encodes ``frames`` (RGB, even sides) to an mp4 at ``path``; the same frames give the same bytes."""
+def write_mp4(path: Path, frames: Sequence[Image.Image], fps: int = VIDEO_FPS, sound: np.ndarray | None = None
+              ) -> None:
+    """Encodes ``frames`` (RGB, even sides) to an mp4 at ``path``, with ``sound`` (a stereo ``[2, samples]`` float32
+    waveform at ``SOUND_RATE``) as its AAC track when given; the same frames give the same bytes."""
     import av
 
     codec = mp4_codec()
     # The format is explicit because atomic_write hands over a temporary name ending in .tmp.
     with av.open(str(path), "w", format="mp4") as container:
+        track: Any = None if sound is None else container.add_stream("aac", rate=SOUND_RATE)
+        if track is not None:
+            track.layout = "stereo"
         stream: Any = container.add_stream(codec, rate=fps)
         stream.width, stream.height = frames[0].size
         stream.pix_fmt = "yuv420p"  # what every player and decoder takes
@@ -177,6 +189,11 @@ def write_mp4(path: Path, frames: Sequence[Image.Image], fps: int = VIDEO_FPS) -
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_image(frame)))
         container.mux(stream.encode())  # flush the frames the encoder still holds
+        if track is not None:
+            audio = av.AudioFrame.from_ndarray(np.ascontiguousarray(sound), format="fltp", layout="stereo")
+            audio.sample_rate = SOUND_RATE
+            container.mux(track.encode(audio))
+            container.mux(track.encode())
 
 
 def write_gif(path: Path, frames: Sequence[Image.Image], fps: int = VIDEO_FPS) -> None:
@@ -185,9 +202,43 @@ def write_gif(path: Path, frames: Sequence[Image.Image], fps: int = VIDEO_FPS) -
                    loop=0)
 
 
+def example_sound(rng: random.Random, seconds: float) -> np.ndarray:
+    """A stereo ``[2, samples]`` float32 chord of two random tones at ``SOUND_RATE``, one per channel."""
+    time = np.arange(round(seconds * SOUND_RATE)) / SOUND_RATE
+    pitches = [rng.uniform(220.0, 880.0) for _ in range(2)]
+    return np.stack([0.4 * np.sin(2 * np.pi * pitch * time) for pitch in pitches]).astype(np.float32)
+
+
+def write_wav(path: Path, sound: np.ndarray) -> None:
+    """Writes a ``[channels, samples]`` waveform in ``[-1, 1]`` as 16-bit PCM at ``SOUND_RATE``."""
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(sound.shape[0])
+        file.setsampwidth(2)
+        file.setframerate(SOUND_RATE)
+        file.writeframes(np.round(sound.T * 32767).astype("<i2").tobytes())
+
+
+def _write_clip(folder: Path, index: int, frames: list[Image.Image], rng: random.Random, audio: bool) -> tuple[str, ...]:
+    """Writes clip ``index``: without ``audio`` an mp4 or a gif in turn (its name); with it an mp4 holding its sound,
+    or an mp4 and its sound as a .wav, in turn (the names of the video and of the sound)."""
+    if not audio:
+        name, write = (f"video_{index:03d}.gif", write_gif) if index % 2 else (f"video_{index:03d}.mp4", write_mp4)
+        atomic_write(folder / name, lambda temporary: write(temporary, frames))
+        return (name,)
+    sound, name = example_sound(rng, len(frames) / VIDEO_FPS), f"video_{index:03d}.mp4"
+    if index % 2:
+        atomic_write(folder / name, lambda temporary: write_mp4(temporary, frames))
+        atomic_write(folder / f"audio_{index:03d}.wav", lambda temporary: write_wav(temporary, sound))
+        return name, f"audio_{index:03d}.wav"
+    atomic_write(folder / name, lambda temporary: write_mp4(temporary, frames, sound=sound))
+    return name, name
+
+
 def build_example_video_dataset(folder: str | os.PathLike, num_videos: int = 2, num_frames: int = 9,
-                                size: tuple[int, int] = VIDEO_SIZE, seed: int = 0) -> Path:
-    """Writes ``num_videos`` clips (mp4 and gif in turn) and ``metadata.csv`` (columns ``video,prompt``).
+                                size: tuple[int, int] = VIDEO_SIZE, seed: int = 0, audio: bool = False) -> Path:
+    """Writes ``num_videos`` clips (mp4 and gif in turn) and ``metadata.csv`` (columns ``video,prompt``); with
+    ``audio``, mp4 clips with sound and the column ``input_audio``: the clip itself (its sound track) and a ``.wav``
+    beside a silent clip, in turn (the reference's LTX-2 layout).
 
     Args:
         folder: The dataset folder (``--dataset_base_path``); created if missing, existing files overwritten.
@@ -195,6 +246,7 @@ def build_example_video_dataset(folder: str | os.PathLike, num_videos: int = 2, 
         num_frames: Frames per clip. Train with ``--num_frames`` at most this and of the form 4k+1.
         size: ``(width, height)`` of every clip; both even (the mp4's 4:2:0 colour needs it), 32 to 1024 pixels.
         seed: The same seed writes the same clips and captions (byte for byte with the same PyAV build).
+        audio: Give every clip a sound (two tones) and the ``input_audio`` column.
 
     Returns:
         The metadata file (``--dataset_metadata_path``).
@@ -216,13 +268,9 @@ def build_example_video_dataset(folder: str | os.PathLike, num_videos: int = 2, 
     rows = []
     for index in range(num_videos):
         frames, caption = draw_example_video(rng, num_frames, size)
-        if index % 2:
-            name, write = f"video_{index:03d}.gif", write_gif
-        else:
-            name, write = f"video_{index:03d}.mp4", write_mp4
-        atomic_write(folder / name, lambda temporary, frames=frames, write=write: write(temporary, frames))
-        rows.append((name, caption))
-    return _write_metadata(folder, "video", rows)
+        video, *sound = _write_clip(folder, index, frames, rng, audio)
+        rows.append((video, caption, *sound))
+    return _write_metadata(folder, "video", rows, ("input_audio",) if audio else ())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,11 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"--kind video: clip width in pixels, even (default {VIDEO_SIZE[0]})")
     parser.add_argument("--height", type=int, default=VIDEO_SIZE[1],
                         help=f"--kind video: clip height in pixels, even (default {VIDEO_SIZE[1]})")
+    parser.add_argument("--audio", action="store_true",
+                        help="--kind video: clips with sound and an input_audio column (LTX-2)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
     args = parser.parse_args(argv)
     if args.kind == "video":
         metadata = build_example_video_dataset(args.output, num_videos=args.num_videos, num_frames=args.num_frames,
-                                               size=(args.width, args.height), seed=args.seed)
+                                               size=(args.width, args.height), seed=args.seed, audio=args.audio)
         train_frames = f" --num_frames {largest_valid_frame_count(args.num_frames)}"  # what the video VAE accepts
         print(f"wrote {args.num_videos} clips of {args.num_frames} frames and {metadata.name} to {metadata.parent}")
     else:

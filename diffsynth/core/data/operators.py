@@ -7,7 +7,8 @@ each side rounded down to a multiple of 16. Resizing always scales to cover the 
 aspect ratio is never distorted; at most a thin border is lost.
 
 Operators are looked up by file extension in ``FILE_OPERATORS``: images here, videos (Wan) in ``video.py``. The
-lookup ignores the column, so a ``.gif`` loads as a video (a list of frames) in any column. An operator that needs
+lookup ignores the column, so a ``.gif`` loads as a video (a list of frames) in any column, except for the sound
+columns of ``audio.py`` (``input_audio``), whose files (a video among them) are read for their sound. An operator that needs
 settings beyond the size (a video's ``num_frames``) names them in ``FileOperator.options`` and receives them as
 keyword arguments. ``check`` returns the number of pixels ``load`` will decode, so the dataset can tell whether
 decoding every file at start-up is affordable.
@@ -25,6 +26,7 @@ from typing import Any
 from PIL import Image
 
 from ..file_memo import parsed
+from .audio import AUDIO_COLUMNS, check_audio, load_audio
 from .buckets import bucket_sizes, nearest_bucket
 from .errors import DatasetError
 from .image_modes import check_mode, upright_rgb, upright_size
@@ -229,6 +231,9 @@ IMAGE_OPERATOR = FileOperator(kind="image", check=check_image, load=load_image, 
 VIDEO_OPERATOR = FileOperator(kind="video", check=check_video, load=load_video, shape=video_shape,
                               options=("num_frames", "allow_shorter"))
 
+#: Sound: a column of ``audio.AUDIO_COLUMNS`` holds a sound file, or a video read for its sound track.
+AUDIO_OPERATOR = FileOperator(kind="audio", check=check_audio, load=load_audio)
+
 # Extension (lower case, with the dot) -> operator.
 FILE_OPERATORS: dict[str, FileOperator] = {
     **{extension: IMAGE_OPERATOR for extension in IMAGE_EXTENSIONS},
@@ -237,7 +242,7 @@ FILE_OPERATORS: dict[str, FileOperator] = {
 
 
 def operator_for(path: str | os.PathLike, key: str) -> FileOperator:
-    """The operator for ``path`` by its extension.
+    """The operator for ``path``: by its column for a sound column (``AUDIO_COLUMNS``), else by its extension.
 
     Args:
         path: A data file.
@@ -246,6 +251,8 @@ def operator_for(path: str | os.PathLike, key: str) -> FileOperator:
     Raises:
         DatasetError: No operator handles the extension.
     """
+    if key in AUDIO_COLUMNS:
+        return AUDIO_OPERATOR
     extension = Path(path).suffix.lower()
     operator = FILE_OPERATORS.get(extension)
     if operator is None:

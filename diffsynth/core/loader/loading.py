@@ -12,6 +12,7 @@ the one the libraries load.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import time
@@ -22,7 +23,7 @@ import torch
 
 from ..device import resolve_device
 from ..file_memo import one_load, read_json
-from ..model_traits import identify_original
+from ..model_traits import identify_original, model_modules
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .original_layout import OriginalModel
@@ -102,13 +103,17 @@ def find_model_class(model_config: dict[str, Any], config_path: Path) -> tuple[s
 
 
 def library_class(library: str, name: object, where: object) -> type[torch.nn.Module]:
-    """The model class ``name`` of ``diffusers`` or ``transformers``.
+    """The model class ``name`` of ``diffusers`` or ``transformers``: at the library's top level, else in a module
+    registered with ``model_traits.register_model_module``.
 
     Raises:
         ModelLoadError: The installed library has no such model class; the message names ``where`` it was asked for.
     """
     module = __import__(library)
     cls = getattr(module, str(name), None) if isinstance(name, str) else None
+    if cls is None and isinstance(name, str):  # a model class kept in a pipeline's package, which a room registered
+        cls = next((getattr(found, name) for found in map(importlib.import_module, model_modules(library))
+                    if hasattr(found, name)), None)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise ModelLoadError(
             f"{where} names {library} class {name!r}, which {library} {module.__version__} does not provide; "

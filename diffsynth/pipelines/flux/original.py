@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from ...core.file_memo import read_json
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, converted_entries
 from ...core.loader.state_dict import read_headers
@@ -169,12 +170,26 @@ def identify(files: list[Path]) -> OriginalModel | None:
         config = transformer_config(shapes, file)
         kind, name, sources = "dit", "FluxTransformer2DModel", transformer_sources(shapes, config, file)
     elif any(_LDM_VAE_MARKER.match(key) for key in shapes):
+        if _declares_diffusers_class(file.parent):  # a diffusers folder (LTX-2's audio VAE keeps LDM-like names)
+            return None
         config = vae_config(shapes, file)
         kind, name, sources = "vae", "AutoencoderKL", vae_sources(shapes, config, file)
     else:
         return None
     return OriginalModel(kind=kind, library="diffusers", class_name=name, config=config,
                             entries=converted_entries(entries, sources), source=file)
+
+
+def _declares_diffusers_class(folder: Path) -> bool:
+    """Whether ``folder`` holds a ``config.json`` naming a diffusers class, as a diffusers model folder does (BFL's
+    single files come without one)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return "_class_name" in read_json(path)
+    except (OSError, ValueError):
+        return False
 
 
 # ---- the transformer -------------------------------------------------------------------------------------------------

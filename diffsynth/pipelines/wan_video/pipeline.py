@@ -42,6 +42,7 @@ from ..common import (
     ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
+    mux_video_frames,
     round_size,
     sibling_folder,
     tensor_to_images,
@@ -97,17 +98,7 @@ def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, q
         import av
 
         with av.open(str(temporary), mode="w", format="mp4") as container:
-            try:
-                stream = container.add_stream("libx264", rate=fps)
-            except (ValueError, av.error.FFmpegError):  # an FFmpeg build without libx264
-                stream = container.add_stream("mpeg4", rate=fps)
-            stream.width, stream.height = frames[0].size
-            stream.pix_fmt = "yuv420p"
-            if stream.codec_context.name == "libx264":
-                stream.options = {"crf": str(round(51 - 4.6 * quality))}
-            for frame in frames:
-                container.mux(stream.encode(av.VideoFrame.from_image(frame.convert("RGB"))))
-            container.mux(stream.encode())
+            mux_video_frames(container, frames, fps, quality)
 
     return atomic_write(path, write)
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import PromptUnit, draw_noise, image_to_tensor
+from ..common import PromptUnit, draw_noise, video_to_tensor
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -39,11 +39,6 @@ def clean_prompt(text: str) -> str:
 def round_frames(num_frames: int) -> int:
     """The largest count of the form 4k+1 not above ``num_frames`` (at least 1)."""
     return max(1, (int(num_frames) - 1) // VAE_TEMPORAL_SCALE * VAE_TEMPORAL_SCALE + 1)
-
-
-def video_to_tensor(frames: Sequence[Image.Image]) -> torch.Tensor:
-    """RGB frames as a ``(1, 3, frames, H, W)`` float32 tensor in ``[-1, 1]``."""
-    return torch.stack([image_to_tensor(frame)[0] for frame in frames], dim=1).unsqueeze(0)
 
 
 class FrameCountUnit(PipelineUnit):

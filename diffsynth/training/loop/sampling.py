@@ -150,8 +150,11 @@ class SampleRenderer:
                 streamed_models(self.pipe, self.streamed, self.device, self.placement, self.meter):
             multiple = self.pipe.size_multiple()
             for index, prompt in enumerate(self.config.prompts):
-                output = self.pipe(**self.config.call_arguments(prompt, multiple))
                 fps = prompt.fps or DEFAULT_FPS
+                arguments = self.config.call_arguments(prompt, multiple)
+                if "frame_rate" in self.pipe.input_types:  # a model that renders for a frame rate (LTX-2's sound)
+                    arguments["frame_rate"] = fps
+                output = self.pipe(**arguments)
                 path = self.pipe.save_output(output, folder / f"{index:02d}", fps=fps)
                 self.model_logger.log_sample(step, index, output, fps=fps)
                 written.append(path)

@@ -86,13 +86,17 @@ class LatentsLoss:
 
     def per_sample_losses(self, pipe: BasePipeline, inputs_shared: dict, prediction: torch.Tensor,
                           target: torch.Tensor) -> torch.Tensor:
-        """The squared error of each sample over the pipeline's ``loss_region``, weighted by the mask if any."""
+        """The squared error of each sample over each of the pipeline's ``loss_regions``, each averaged on its own and
+        then added up, weighted by the mask if any."""
         weight = self.mask.weights(inputs_shared, target) if self.mask is not None else None
-        region = pipe.loss_region(inputs_shared)
-        if region is not None:
-            prediction, target = prediction[region], target[region]
-            weight = weight[region] if weight is not None else None
-        return _per_sample_mse(prediction, target, weight)
+        losses = []
+        for region in pipe.loss_regions(inputs_shared):
+            if region is None:
+                losses.append(_per_sample_mse(prediction, target, weight))
+            else:
+                losses.append(_per_sample_mse(prediction[region], target[region],
+                                              None if weight is None else weight[region]))
+        return sum(losses)
 
     def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
                    generator: torch.Generator | None = None,

@@ -108,13 +108,16 @@ class MetricsLogging:
             self._wandb_run.log(values, step=step)
 
     def log_sample(self, step: int, index: int, output: Any, fps: int = 16) -> None:
-        """Logs sample ``index`` rendered at ``step`` (a PIL image, or a list of frames) to TensorBoard and wandb.
+        """Logs sample ``index`` rendered at ``step`` (a PIL image, a list of frames, or frames and their sound) to
+        TensorBoard and wandb.
 
         TensorBoard stores a video through moviepy; without it, the first frame is logged as an image instead.
         """
         if not self.is_main_process or (self._tensorboard is None and self._wandb_run is None):
             return
-        frames = list(output) if isinstance(output, (list, tuple)) else [output]
+        if isinstance(output, tuple):  # (frames, waveform) of an audio+video model: the frames
+            output = output[0]
+        frames = list(output) if isinstance(output, list) else [output]
         arrays = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (frames, H, W, 3) uint8
         tag = f"samples/{index:02d}"
         if self._tensorboard is not None:

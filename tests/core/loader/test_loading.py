@@ -261,3 +261,23 @@ def test_a_text_encoder_saved_with_module_keys_loads_too(scratch_base):
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
     again = load_model(ModelConfig(model_id=QWEN, origin_file_pattern="text_encoder/*.safetensors"), torch.float32)
     assert_identical(again.state_dict(), model.state_dict())
+
+
+def test_model_classes_in_a_registered_module_are_found(monkeypatch):
+    from diffsynth.core import model_traits
+    from diffsynth.core.loader.loading import library_class
+
+    monkeypatch.setattr(model_traits, "_MODEL_MODULES", [])
+    with pytest.raises(ModelLoadError, match="'LTX2Vocoder'"):
+        library_class("diffusers", "LTX2Vocoder", "vocoder/config.json")
+    model_traits.register_model_module("diffusers.pipelines.ltx2")
+    model_traits.register_model_module("diffusers.pipelines.ltx2")
+    assert model_traits.model_modules("diffusers") == ["diffusers.pipelines.ltx2"]
+    assert model_traits.model_modules("transformers") == []
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    assert library_class("diffusers", "LTX2Vocoder", "vocoder/config.json") is LTX2Vocoder
+    with pytest.raises(ModelLoadError, match="'NoSuchModel'"):
+        library_class("diffusers", "NoSuchModel", "x/config.json")
+    with pytest.raises(ValueError, match="must be a submodule of diffusers or transformers"):
+        model_traits.register_model_module("numpy.linalg")

@@ -1,0 +1,22 @@
+"""LTX-2 text- and image-to-audio+video: the family's spec (data only; see ``pipelines.registry``)."""
+
+from ..registry import FamilySpec, LoraTools, Release
+
+SPEC = FamilySpec(
+    name="ltx2",
+    title="LTX-2",
+    pipeline="diffsynth.pipelines.ltx2:LTX2AudioVideoPipeline",
+    plan_name="ltx2",
+    denoiser_class="LTX2VideoTransformer3DModel",
+    video=True,
+    model_ids=("Lightricks/LTX-2",),
+    # diffusers' defaults are the released LTX-2 19B transformer (Gemma-3 12B's 3840-wide prompt, 48 blocks).
+    releases=(Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),),
+    layouts=("diffusers",),
+    # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
+    prompt_tokens=1024,
+    # Files name layers as LTX-2's own code (diffusion_model. + its names), which ComfyUI and diffusers' loader read.
+    lora_tools=LoraTools("LTX2LoraLoaderMixin"),
+    example_folder="examples/ltx2/model_training",
+    docs_page="LTX2.md",
+)

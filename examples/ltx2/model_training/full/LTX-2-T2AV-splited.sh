@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole LTX-2 audio+video transformer fine-tuned from clips with sound, in two stages. Run from the repository
+# root.
+#
+# The commands are the reference's (DiffSynth-Studio) on the diffusers-layout files of Lightricks/LTX-2 (see
+# lora/LTX-2-T2AV-splited.sh for the dataset and the stages). Stage 2 trains every weight of the transformer
+# (--trainable_models dit) and writes it to --output_path as epoch-<e>.safetensors.
+set -e
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path data/example_av_dataset \
+  --dataset_metadata_path data/example_av_dataset/metadata.csv \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 1 \
+  --model_id_with_origin_paths "Lightricks/LTX-2:text_encoder/model*.safetensors,Lightricks/LTX-2:connectors/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:audio_vae/diffusion_pytorch_model.safetensors" \
+  --learning_rate 1e-5 \
+  --num_epochs 2 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2-T2AV_full-splited-cache" \
+  --trainable_models "dit" \
+  --use_gradient_checkpointing \
+  --task "sft:data_process"
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path ./models/train/LTX2-T2AV_full-splited-cache \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 100 \
+  --model_id_with_origin_paths "Lightricks/LTX-2:transformer/diffusion_pytorch_model*.safetensors" \
+  --learning_rate 1e-5 \
+  --num_epochs 2 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2-T2AV_full" \
+  --trainable_models "dit" \
+  --use_gradient_checkpointing \
+  --task "sft:train"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# LoRA on LTX-2's audio+video transformer from clips with sound, trained in two stages. Run from the repository root.
+#
+# The commands are the reference's (DiffSynth-Studio) with its flags and values; the model files are those of the
+# diffusers-layout release Lightricks/LTX-2 (the reference names its repackaged DiffSynth-Studio/LTX-2-Repackage
+# files, which this trainer does not read yet; see docs/en/LTX2.md).
+#
+# The dataset is a folder of clips plus metadata.csv with the columns video,prompt,input_audio: input_audio names a
+# sound file or a video whose sound track is used (often the clip itself). To try it on a small drawn dataset:
+#   python -m diffsynth.core.data.example_dataset --kind video --audio --num_frames 121 --output data/example_av_dataset
+# Stage 1 (sft:data_process) loads Gemma, the text connectors and both VAEs and caches each clip's prompt, video and
+# audio latents; stage 2 (sft:train) loads the transformer alone and trains from the cache. The loss is the video's
+# mean squared error plus the sound's. The LoRA is written to --output_path as epoch-<e>.safetensors under LTX-2's
+# own layer names (it loads in ComfyUI and in diffusers' LTX2Pipeline).
+set -e
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path data/example_av_dataset \
+  --dataset_metadata_path data/example_av_dataset/metadata.csv \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 1 \
+  --model_id_with_origin_paths "Lightricks/LTX-2:text_encoder/model*.safetensors,Lightricks/LTX-2:connectors/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:audio_vae/diffusion_pytorch_model.safetensors" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2-T2AV_lora-splited-cache" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_k,to_q,to_v,to_out.0" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --task "sft:data_process"
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path ./models/train/LTX2-T2AV_lora-splited-cache \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 100 \
+  --model_id_with_origin_paths "Lightricks/LTX-2:transformer/diffusion_pytorch_model*.safetensors" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2-T2AV_lora" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_k,to_q,to_v,to_out.0" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --task "sft:train"

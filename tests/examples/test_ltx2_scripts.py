@@ -1,0 +1,72 @@
+"""The LTX-2 example scripts run as written on the tiny ``Lightricks/LTX-2`` repo, through the trainer's ``main``.
+
+Each ``accelerate launch`` command runs in this process from a scratch working folder, with only what a user on a
+small machine would change: the sizes, the frame count, the epochs and the dataset's repeat count, and
+``DIFFSYNTH_MODEL_BASE_PATH`` pointing at the tiny repos. The dataset is drawn at the path the script names, with
+sound where the command reads ``input_audio``. A LoRA trained on sound loads fully into diffusers' ``LTX2Pipeline``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.core.data.example_dataset import build_example_video_dataset
+from diffsynth.pipelines.ltx2 import LTX2AudioVideoPipeline
+from diffsynth.training.config.parsers import build_parser
+from tests.examples.helpers import lora_update, run_command, script_commands
+
+from .test_scripts import REPO
+
+LTX2 = REPO / "examples" / "ltx2" / "model_training"
+CHANGES = {"--num_frames": "5"}
+
+pytestmark = pytest.mark.slow  # trainer runs on the tiny repo
+
+
+def draw_clips(argv: list[str]) -> None:
+    """Two clips at the path a raw-data command names, with sound when it reads ``input_audio``."""
+    args = build_parser(video=True).parse_args(argv)
+    if args.task.endswith(":train") or Path(args.dataset_metadata_path).is_file():
+        return
+    build_example_video_dataset(args.dataset_base_path, num_videos=2, num_frames=6,
+                                audio=args.extra_inputs == "input_audio")
+
+
+def run_script(relative: str) -> list[dict]:
+    results = []
+    for config, argv in script_commands(LTX2, relative, CHANGES):
+        assert config is None
+        results.append(run_command(LTX2AudioVideoPipeline, argv, draw_clips, video=True))
+    return results
+
+
+def test_the_split_lora_script_trains_on_the_sound_and_loads_in_diffusers(workdir, model_root):
+    stage_one, stage_two = run_script("lora/LTX-2-T2AV-splited.sh")
+    assert stage_one["cached"] == 2 and stage_two["global_step"] == 2
+    path = workdir / "models/train/LTX2-T2AV_lora/epoch-0.safetensors"
+    assert lora_update(path) > 0 and all(key.startswith("diffusion_model.") for key in load_file(str(path)))
+    from diffusers import LTX2Pipeline
+
+    from tests.conftest import load_lora_into_diffusers
+
+    pipe = LTX2Pipeline.from_pretrained(str(model_root / "Lightricks/LTX-2"), dtype=torch.float32)
+    assert load_lora_into_diffusers(pipe, path, "script") == []
+    assert len([name for name, _ in pipe.transformer.named_parameters() if "lora_A" in name]) == len(
+        [key for key in load_file(str(path)) if "lora_A" in key])
+
+
+def test_the_no_audio_script_trains_without_an_audio_vae(workdir):
+    [result] = run_script("lora/LTX-2-T2AV-noaudio.sh")
+    assert result["module"].pipe.audio_vae is None and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert lora_update(workdir / "models/train/LTX2-T2AV-noaudio_lora/epoch-0.safetensors") > 0
+
+
+def test_the_full_script_trains_the_transformer(workdir, model_root):
+    _, result = run_script("full/LTX-2-T2AV-splited.sh")
+    saved = load_file(str(workdir / "models/train/LTX2-T2AV_full/epoch-0.safetensors"))
+    original = result["module"].pipe.dit.state_dict()
+    assert set(saved) == set(original) and result["global_step"] == 2
