@@ -94,6 +94,9 @@ class BasePipeline(torch.nn.Module):
     #: Latent cells per side of one transformer token: 2 where the transformer patches 2x2 latents itself, 1 where
     #: the state holds latents already patchified (FLUX.2). Resolution-dependent timestep shifts count tokens by it.
     latent_patch_size: int = 2
+    #: Whether the training latents are a ``(batch, channels, [frames,] height, width)`` grid that a loss mask image
+    #: can be resized onto (``--masked_loss``); False for latents packed into tokens of several streams (LTX-2).
+    maskable_latents: bool = True
 
     #: The dtype a pipeline built without ``torch_dtype`` computes in.
     default_torch_dtype: torch.dtype = torch.float32

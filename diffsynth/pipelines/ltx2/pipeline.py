@@ -89,6 +89,7 @@ class LTX2AudioVideoPipeline(BasePipeline):
     model_fn_params = ("prompt_emb", "audio_prompt_emb", "prompt_emb_mask", "latent_grid", "audio_frames",
                        "video_tokens", "frame_rate", "first_frame_latents", "trains_audio")
     latent_patch_size = 1
+    maskable_latents = False
     input_types = {
         "seed": integer, "rand_device": text, "num_inference_steps": positive_integer, "cfg_scale": real,
         "max_sequence_length": positive_integer, "height": positive_integer, "width": positive_integer,

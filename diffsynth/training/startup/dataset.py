@@ -87,7 +87,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
         raise
     warn_about_unread_columns(config, pipeline_class, {column for row in dataset.rows for column in row})
     # A validation set, or one dataset of a mix (regularization images), may have no masks.
-    check_dataset_masks(config, dataset, require_one=training_set)
+    check_dataset_masks(config, dataset, pipeline_class, require_one=training_set)
     return dataset
 
 
