@@ -1,6 +1,7 @@
-"""LTX-2's own key layout (the reference's ``DiffSynth-Studio/LTX-2-Repackage`` files): every tensor of the files is
-used and equals the diffusers-layout one, the pipeline loaded from them renders the same frames and waveform, the
-config comes from the tensors and the metadata, and the files this loader cannot read are refused by name."""
+"""LTX-2's own key layout (the reference's ``DiffSynth-Studio/LTX-2-Repackage`` files) and Gemma-3's released one:
+every tensor of the files is used and equals the diffusers-layout one, the pipeline loaded from them renders the same
+frames and waveform, the config comes from the tensors and the metadata, and the files this loader cannot read are
+refused by name."""
 
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from diffsynth.core.loader.loading import load_model_from_files
 from diffsynth.pipelines import LTX2AudioVideoPipeline
 from diffsynth.pipelines.ltx2.original import DIT_PREFIX, identify, transformer_config
 from diffsynth.testing.tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
-from diffsynth.testing.tiny_ltx2_repackage import LTX2_REPACKAGE_MODEL_ID, LTX2_REPACKAGE_PATTERNS
+from diffsynth.testing.tiny_ltx2_repackage import (GEMMA_MODEL_ID, GEMMA_PATTERN, LTX2_REPACKAGE_MODEL_ID,
+                                                   LTX2_REPACKAGE_PATTERNS)
 
 from .test_ltx2 import SLOTS, distance, load_ours, render_ours
 
@@ -93,3 +95,20 @@ def test_a_file_missing_a_tensor_is_refused_before_loading(tmp_path, tiny_root):
 def test_files_of_other_layouts_are_left_to_their_readers(tiny_root):
     files = sorted((tiny_root / LTX2_MODEL_ID / "transformer").glob("*.safetensors"))
     assert identify(files) is None and identify(files[:1]) is None
+
+
+def test_gemma_in_its_released_layout_loads_with_the_tokenizer_at_the_repository_root(tiny_root):
+    slots = [slot for slot in SLOTS if slot != "text_encoder"]
+    configs = [ModelConfig(model_id=GEMMA_MODEL_ID, origin_file_pattern=GEMMA_PATTERN)]
+    configs += [ModelConfig(model_id=LTX2_MODEL_ID, origin_file_pattern=LTX2_PATTERNS[slot]) for slot in slots]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
+        released = LTX2AudioVideoPipeline.from_pretrained(torch.float32, "cpu", configs)
+    reference = load_ours(tiny_root)
+    assert released.model_configs["tokenizer"].origin_file_pattern == "tokenizer*"
+    assert released.tokenizer("a robot").input_ids == reference.tokenizer("a robot").input_ids
+    ours, theirs = released.text_encoder.state_dict(), reference.text_encoder.state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[key], theirs[key]) for key in ours)
+    # the release has no lm_head: it is tied to the embeddings
+    assert "lm_head.weight" not in load_file(str(next((tiny_root / GEMMA_MODEL_ID).glob(GEMMA_PATTERN))))
+    assert max(distance(render_ours(released), render_ours(reference))) < PARITY
