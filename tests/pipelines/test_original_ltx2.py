@@ -112,3 +112,11 @@ def test_gemma_in_its_released_layout_loads_with_the_tokenizer_at_the_repository
     # the release has no lm_head: it is tied to the embeddings
     assert "lm_head.weight" not in load_file(str(next((tiny_root / GEMMA_MODEL_ID).glob(GEMMA_PATTERN))))
     assert max(distance(render_ours(released), render_ours(reference))) < PARITY
+
+
+@pytest.mark.parametrize("prefix", ["vae.encoder.", "audio_vae.decoder.", "vocoder."])
+def test_a_vae_or_vocoder_in_ltx2s_own_names_is_refused_naming_the_diffusers_folder(tmp_path, prefix):
+    file = tmp_path / "video_vae_encoder.safetensors"
+    save_file({f"{prefix}conv_in.conv.weight": torch.zeros(2, 2)}, str(file))
+    with pytest.raises(ModelLoadError, match=r"video_vae_encoder.safetensors.*does not read yet.*Lightricks/LTX-2:vae/"):
+        identify([file])

@@ -75,8 +75,8 @@ def identify(files: list[Path]) -> OriginalModel | None:
     """The LTX-2 component one official-layout file holds (the transformer or the text connectors), or None.
 
     Raises:
-        ModelLoadError: The file holds every component at once (JoyAI-Echo's release), or lacks tensors its
-            structure needs; the message names the file.
+        ModelLoadError: The file holds every component at once (JoyAI-Echo's release) or a VAE or the vocoder (not
+            read in this layout yet), or lacks tensors its structure needs; the message names the file.
     """
     shards = [path for path in files if path.is_file() and path.name.endswith(".safetensors")]
     if len(shards) != 1:
@@ -101,6 +101,11 @@ def identify(files: list[Path]) -> OriginalModel | None:
         name, expected = "LTX2TextConnectors", _model_keys("LTX2TextConnectors", config)
         keys = {key: connectors_key_to_original(key) for key in expected}
         kind = "connectors"
+    elif any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
+        raise ModelLoadError(
+            f"{file} holds an LTX-2 VAE or vocoder under LTX-2's own key names (video_vae_encoder, audio_vae_decoder, "
+            "audio_vocoder, ... of LTX-2-Repackage), which this loader does not read yet: load "
+            "Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors (and audio_vae/, vocoder/) instead")
     else:
         return None
     _refuse_missing(file, sorted(official for official in keys.values() if official not in shapes), name)
