@@ -120,3 +120,13 @@ def test_a_vae_or_vocoder_in_ltx2s_own_names_is_refused_naming_the_diffusers_fol
     save_file({f"{prefix}conv_in.conv.weight": torch.zeros(2, 2)}, str(file))
     with pytest.raises(ModelLoadError, match=r"video_vae_encoder.safetensors.*does not read yet.*Lightricks/LTX-2:vae/"):
         identify([file])
+
+
+def test_per_stream_text_projections_are_refused_as_not_read_yet(tmp_path, tiny_root):
+    tensors = load_file(str(tiny_root / LTX2_REPACKAGE_MODEL_ID / "text_encoder_post_modules.safetensors"))
+    tensors["text_embedding_projection.video_aggregate_embed.weight"] = tensors.pop(
+        "text_embedding_projection.aggregate_embed.weight")
+    file = tmp_path / "text_encoder_post_modules.safetensors"
+    save_file(tensors, str(file))
+    with pytest.raises(ModelLoadError, match="per stream.*LTX-2.3.*connectors/"):
+        identify([file])

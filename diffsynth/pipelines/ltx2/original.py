@@ -251,7 +251,12 @@ def connectors_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, An
     Raises:
         ModelLoadError: A tensor the sizes are read from is missing, or the head count does not divide the width.
     """
-    projection = _shape(shapes, f"{_PROJECTION}aggregate_embed.weight", file, "text connector")
+    if f"{_PROJECTION}aggregate_embed.weight" not in shapes:
+        found = sorted(key for key in shapes if key.startswith(_PROJECTION))
+        raise ModelLoadError(f"{file} projects Gemma's features per stream ({found[0]!r}, ...), as LTX-2.3's "
+                             "text_encoder_post_modules does; only LTX-2's single projection is read in this layout: "
+                             "load the connectors from the diffusers folder (connectors/) of the release")
+    projection = shapes[f"{_PROJECTION}aggregate_embed.weight"]
     config = dict(_CONNECTOR_DEFAULTS)
     for modality in ("video", "audio"):
         prefix = f"{DIT_PREFIX}{modality}_embeddings_connector."
