@@ -24,6 +24,12 @@ PARITY = 1e-6
 FOLDERS = {"dit": "transformer", "connectors": "connectors"}
 
 
+def plain(config, unused=frozenset()) -> dict:
+    """A model config without diffusers' private entries and ``unused``, tuples as lists."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()
+            if not key.startswith("_") and key not in unused}
+
+
 def diffusers_model(tiny_root: Path, slot: str) -> torch.nn.Module:
     files = sorted((tiny_root / LTX2_MODEL_ID / FOLDERS[slot]).glob("*.safetensors"))
     return load_model_from_files(files, torch_dtype=torch.float32)
@@ -35,8 +41,7 @@ def test_every_tensor_of_the_file_loads_into_the_diffusers_model_unchanged(tiny_
     loaded = load_model_from_files([file], torch_dtype=torch.float32)
     reference = diffusers_model(tiny_root, slot)
     assert type(loaded) is type(reference)
-    assert {key: value for key, value in loaded.config.items() if not key.startswith("_")} == \
-        {key: value for key, value in reference.config.items() if not key.startswith("_")}
+    assert plain(loaded.config) == plain(reference.config)
     ours, theirs = loaded.state_dict(), reference.state_dict()
     # one file tensor per model tensor: none left over, none missing
     assert len(load_file(str(file))) == len(ours) and set(ours) == set(theirs)
@@ -130,3 +135,30 @@ def test_per_stream_text_projections_are_refused_as_not_read_yet(tmp_path, tiny_
     save_file(tensors, str(file))
     with pytest.raises(ModelLoadError, match="per stream.*LTX-2.3.*connectors/"):
         identify([file])
+
+
+def test_an_ltx23_shaped_transformer_reads_its_gates_and_modulation_from_the_tensors(tmp_path):
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from diffsynth.core.files import atomic_save_safetensors
+    from diffsynth.pipelines.ltx2.original import transformer_key_to_original
+    from diffsynth.testing.tiny_common import seeded
+    from diffsynth.testing.tiny_ltx2 import _connectors, _transformer
+    from diffsynth.testing.tiny_ltx2_repackage import official_metadata
+
+    # LTX-2.3's transformer: gated attention, modulated cross-attention with its prompt embedders, and no caption
+    # projection (its connectors project the prompt)
+    changes = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+                   use_prompt_embeddings=False)
+    with seeded(3):
+        reference = LTX2VideoTransformer3DModel.from_config({**plain(_transformer().config), **changes})
+    file = tmp_path / "transformer.safetensors"
+    atomic_save_safetensors({transformer_key_to_original(key): tensor.contiguous()
+                             for key, tensor in reference.state_dict().items()}, file,
+                            metadata=official_metadata(reference, _connectors()))
+    loaded = load_model_from_files([file], torch_dtype=torch.float32)
+    # without a caption projection no tensor records the prompt width, which nothing then reads
+    assert plain(loaded.config, unused={"caption_channels"}) == plain(reference.config, unused={"caption_channels"})
+    ours, theirs = loaded.state_dict(), reference.state_dict()
+    assert any(key.startswith("prompt_adaln.") for key in ours) and set(ours) == set(theirs)
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
