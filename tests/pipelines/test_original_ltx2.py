@@ -7,16 +7,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers import LTX2VideoTransformer3DModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from diffsynth.core.files import atomic_save_safetensors
 from diffsynth.core.loader import ModelConfig, ModelLoadError
 from diffsynth.core.loader.loading import load_model_from_files
 from diffsynth.pipelines import LTX2AudioVideoPipeline
-from diffsynth.pipelines.ltx2.original import DIT_PREFIX, identify, transformer_config
-from diffsynth.testing.tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
-from diffsynth.testing.tiny_ltx2_repackage import (GEMMA_MODEL_ID, GEMMA_PATTERN, LTX2_REPACKAGE_MODEL_ID,
-                                                   LTX2_REPACKAGE_PATTERNS)
+from diffsynth.pipelines.ltx2.original import DIT_PREFIX, identify, transformer_config, transformer_key_to_original
+from diffsynth.testing.tiny_common import seeded
+from diffsynth.testing.tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS, _connectors, _transformer
+from diffsynth.testing.tiny_ltx2_repackage import (
+    GEMMA_MODEL_ID,
+    GEMMA_PATTERN,
+    LTX2_REPACKAGE_MODEL_ID,
+    LTX2_REPACKAGE_PATTERNS,
+    official_metadata,
+)
 
 from .test_ltx2 import SLOTS, distance, load_ours, render_ours
 
@@ -138,18 +146,10 @@ def test_per_stream_text_projections_are_refused_as_not_read_yet(tmp_path, tiny_
 
 
 def test_an_ltx23_shaped_transformer_reads_its_gates_and_modulation_from_the_tensors(tmp_path):
-    from diffusers import LTX2VideoTransformer3DModel
-
-    from diffsynth.core.files import atomic_save_safetensors
-    from diffsynth.pipelines.ltx2.original import transformer_key_to_original
-    from diffsynth.testing.tiny_common import seeded
-    from diffsynth.testing.tiny_ltx2 import _connectors, _transformer
-    from diffsynth.testing.tiny_ltx2_repackage import official_metadata
-
     # LTX-2.3's transformer: gated attention, modulated cross-attention with its prompt embedders, and no caption
     # projection (its connectors project the prompt)
-    changes = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
-                   use_prompt_embeddings=False)
+    changes = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True,
+               "use_prompt_embeddings": False}
     with seeded(3):
         reference = LTX2VideoTransformer3DModel.from_config({**plain(_transformer().config), **changes})
     file = tmp_path / "transformer.safetensors"
