@@ -105,9 +105,12 @@ def test_a_file_missing_a_tensor_is_refused_before_loading(tmp_path, tiny_root):
         identify([file])
 
 
-def test_files_of_other_layouts_are_left_to_their_readers(tiny_root):
+def test_files_of_other_layouts_are_left_to_their_readers(tmp_path, tiny_root):
     files = sorted((tiny_root / LTX2_MODEL_ID / "transformer").glob("*.safetensors"))
     assert identify(files) is None and identify(files[:1]) is None
+    other = tmp_path / "model.safetensors"  # another model's VAE under a "vae." prefix
+    save_file({"vae.encoder.conv_in.weight": torch.zeros(2, 2)}, str(other))
+    assert identify([other]) is None
 
 
 def test_gemma_in_its_released_layout_loads_with_the_tokenizer_at_the_repository_root(tiny_root):
@@ -127,10 +130,11 @@ def test_gemma_in_its_released_layout_loads_with_the_tokenizer_at_the_repository
     assert max(distance(render_ours(released), render_ours(reference))) < PARITY
 
 
-@pytest.mark.parametrize("prefix", ["vae.encoder.", "audio_vae.decoder.", "vocoder."])
-def test_a_vae_or_vocoder_in_ltx2s_own_names_is_refused_naming_the_diffusers_folder(tmp_path, prefix):
+@pytest.mark.parametrize("key", ["vae.per_channel_statistics.mean-of-means",
+                                 "audio_vae.per_channel_statistics.std-of-means", "vocoder.conv_pre.weight"])
+def test_a_vae_or_vocoder_in_ltx2s_own_names_is_refused_naming_the_diffusers_folder(tmp_path, key):
     file = tmp_path / "video_vae_encoder.safetensors"
-    save_file({f"{prefix}conv_in.conv.weight": torch.zeros(2, 2)}, str(file))
+    save_file({key: torch.zeros(2, 2), "vae.encoder.conv_in.conv.weight": torch.zeros(2, 2)}, str(file))
     with pytest.raises(ModelLoadError, match=r"video_vae_encoder.safetensors.*does not read yet.*Lightricks/LTX-2:vae/"):
         identify([file])
 

@@ -46,9 +46,9 @@ register_model_module("diffusers.pipelines.ltx2")
 DIT_PREFIX = "model.diffusion_model."
 _CONNECTORS = ("video_embeddings_connector", "audio_embeddings_connector")
 _PROJECTION = "text_embedding_projection."
-# Keys of the VAEs and the vocoder in the official single file; a file holding them next to the transformer holds
-# every component (JoyAI-Echo's release), which is one model per file here.
-_OTHER_COMPONENTS = ("vae.", "audio_vae.", "vocoder.")
+# Keys only LTX-2's VAEs and vocoder have in its own layout (latent statistics, the vocoder's first convolution);
+# a file holding them next to the transformer holds every component (JoyAI-Echo's release): one model per file here.
+_OTHER_COMPONENTS = ("vae.per_channel_statistics.", "audio_vae.per_channel_statistics.", "vocoder.conv_pre.")
 # LTX-2 and LTX-2.3: 32 heads in every attention; what the official code assumes when the metadata says nothing.
 _HEADS = 32
 # LTX-2's settings that neither the tensors nor (always) the metadata record (diffusers' config of the release).
