@@ -117,3 +117,21 @@ def test_bad_references_are_refused_before_any_work(ours, kwargs, message):
         patch.setattr(ours, "run_units", lambda *_: pytest.fail("the units ran"))
         with pytest.raises(ValueError, match=message):
             ours(PROMPT, progress_bar=False, **call)
+
+
+def test_training_keeps_the_references_out_of_the_latents_and_the_loss(ours):
+    """A training sample's clean latents and loss regions are those of a plain clip; the references only change the
+    transformer's prediction for the clip's tokens."""
+    sample = {"video": reference(5, size=32), "prompt": "a bell", "frame_rate": 25.0,
+              "in_context_videos": reference(0), "in_context_downsample_factor": 2}
+    extra = ["in_context_videos", "in_context_downsample_factor"]
+    shared, posi, _ = ours.run_units(*ours.training_inputs(sample, extra))
+    plain, _, _ = ours.run_units(*ours.training_inputs(sample, []))
+    assert torch.equal(shared["input_latents"], plain["input_latents"])
+    assert ours.loss_regions(shared) == ours.loss_regions(plain)
+    noisy = {"latents": torch.randn_like(shared["input_latents"]), "timestep": torch.tensor([500.0])}
+    with torch.no_grad():
+        conditioned = ours.model_fn(**{**shared, **posi, **noisy})
+        unconditioned = ours.model_fn(**{**plain, **posi, **noisy})
+    assert conditioned.shape == shared["input_latents"].shape
+    assert (conditioned - unconditioned).abs().max() > 1e-3
