@@ -21,9 +21,10 @@ IC = [*COMMON[:COMMON.index("video,input_audio")], KEYS,
 pytestmark = pytest.mark.slow  # trainer runs on the tiny repos
 
 
-def write_rows(folder, **changes):
-    """``metadata.json``: each clip with its sound and the other clip as its reference (a list in the first row, a
-    single path in the second, both forms the reference reads), at half size and 25 fps."""
+def write_rows(folder, path=None, **changes):
+    """``metadata.json`` (or ``path``) for the clips of ``folder``: each clip with its sound and the other clip as
+    its reference (a list in the first row, a single path in the second, both forms the reference reads), at half
+    size and 25 fps; returns the dataset flags."""
     rows = []
     for index, line in enumerate((folder / "metadata.csv").read_text().splitlines()[1:]):
         video, prompt, sound = line.split(",")
@@ -31,7 +32,7 @@ def write_rows(folder, **changes):
         rows.append({"video": video, "prompt": prompt, "input_audio": sound,
                      "in_context_videos": [other] if index == 0 else other, "in_context_downsample_factor": 2,
                      "frame_rate": 25, **changes})
-    path = folder / "metadata.json"
+    path = path or folder / "metadata.json"
     path.write_text(json.dumps(rows))
     return ["--dataset_base_path", str(folder), "--dataset_metadata_path", str(path)]
 
