@@ -100,3 +100,17 @@ def test_a_factor_that_does_not_fit_the_clip_names_the_fix(clips, tiny_root, tmp
     finally:
         reset_accelerate_state()
     assert not list((tmp_path / "out").glob("*.safetensors"))
+
+
+def test_batches_of_references_train_what_accumulation_trains(clips, tiny_root, tmp_path):
+    """Two clips with same-shaped references share a bucket; their tokens are batched beside the clips'. (Without
+    the sound: a sound file's shape is not known before loading it, so sound columns are not batched.)"""
+    silent = [{KEYS: "video,in_context_videos", EXTRA: EXTRA.replace("input_audio,", "")}.get(arg, arg) for arg in IC]
+    argv = [*write_rows(clips, in_context_videos=["video_000.mp4"]), *models("dit", *ENCODERS), *silent,
+            "--num_epochs", "1"]
+    accumulated, accumulated_result = run_once(tiny_root, tmp_path / "accumulated", lambda out: train(
+        [*argv, "--aspect_ratio_buckets", "--gradient_accumulation_steps", "2", "--output_path", str(out)]))
+    batched, batched_result = run_once(tiny_root, tmp_path / "batched", lambda out: train(
+        [*argv, "--batch_size", "2", "--output_path", str(out)]))
+    assert batched_result["global_step"] == accumulated_result["global_step"] == 1
+    assert max_difference(lora(batched, "epoch-0"), lora(accumulated, "epoch-0")) < 1e-5
