@@ -70,6 +70,7 @@ def test_the_split_run_caches_the_references_and_trains_the_one_stage_lora(one_s
         shared = load_cache_sample(path)["shared"]
         # 5 frames at 16x16 (half of 32x32): 3 x 8 x 8 clean tokens, apart from the latents the loss compares.
         assert shared["in_context_latents"].shape == (1, 3 * 8 * 8, 8)
+        assert shared["in_context_grids"] == ((3, 8, 8),) and shared["in_context_downsample_factor"] == 2
         assert shared["input_latents"].shape[1] == shared["video_tokens"] + shared["audio_frames"]
     run_once(tiny_root, tmp_path, lambda _: train(
         ["--dataset_base_path", str(cache), *models("dit"), *IC, "--task", "sft:train", "--output_path", str(split)]))

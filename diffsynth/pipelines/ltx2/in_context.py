@@ -66,7 +66,7 @@ def downsample_factor(pipe: LTX2AudioVideoPipeline, factor: Any, height: int, wi
     """
     try:
         value = int(factor)
-        whole = value == float(factor)
+        whole = value == float(factor) and not isinstance(factor, bool)
     except (TypeError, ValueError):
         value, whole = 0, False
     unit = pipe.spatial_compression() * (pipe.dit.config.patch_size if pipe.dit is not None else 1)
