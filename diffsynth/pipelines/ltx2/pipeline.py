@@ -11,8 +11,9 @@ for step with its STG, modality-isolation guidance and guidance rescale off: the
 then audio, from one CPU generator), the release's flow-match Euler schedule on ``linspace(1, 1/N, N)`` shifted by the
 video token count, plain classifier-free guidance with one ``cfg_scale`` for both streams (the reference trainer's
 sampling), and the VAE and vocoder decoding. The first frame of image-to-video is the image's latents, kept clean
-with timestep 0 on its tokens; the transformer predicts no velocity for them. The state's token layout is described
-in ``units.py``.
+with timestep 0 on its tokens; the transformer predicts no velocity for them. Given ``in_context_videos`` (IC-LoRA)
+the computation is ``LTX2InContextPipeline``'s: the reference videos go in as clean tokens next to the video's
+(``in_context.py``). The state's token layout is described in ``units.py``.
 
 Audio: the call returns the waveform ``[channels, samples]`` at ``audio_sample_rate`` (the vocoder's rate). Without
 an audio VAE and vocoder loaded (the reference's no-audio runs load neither) the audio stream is still denoised, as
@@ -39,6 +40,7 @@ from ...core.model_traits import register_model_module
 from ...diffusion.base_pipeline import BasePipeline
 from ...diffusion.flow_match import FlowMatchScheduler
 from ..common import ShapeCheckUnit, check_call_inputs, round_size, tensor_to_images
+from .in_context import DEFAULT_DOWNSAMPLE_FACTOR, InContextVideoUnit, append_references, reference_token_count
 from .media import save_video_with_audio, save_wav
 from .training import InputAudioEmbedderUnit, InputVideoEmbedderUnit
 from .units import (
@@ -87,17 +89,19 @@ class LTX2AudioVideoPipeline(BasePipeline):
     model_roles = MODEL_ROLES
     default_torch_dtype = torch.bfloat16
     model_fn_params = ("prompt_emb", "audio_prompt_emb", "prompt_emb_mask", "latent_grid", "audio_frames",
-                       "video_tokens", "frame_rate", "first_frame_latents", "trains_audio")
+                       "video_tokens", "frame_rate", "first_frame_latents", "trains_audio", "in_context_latents",
+                       "in_context_grids", "in_context_downsample_factor")
     latent_patch_size = 1
     maskable_latents = False
     input_types = {
         "seed": integer, "rand_device": text, "num_inference_steps": positive_integer, "cfg_scale": real,
         "max_sequence_length": positive_integer, "height": positive_integer, "width": positive_integer,
-        "num_frames": positive_integer, "frame_rate": real,
+        "num_frames": positive_integer, "frame_rate": real, "in_context_downsample_factor": positive_integer,
     }  # fmt: skip
-    # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
-    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit,
-                    InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
+    # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both; the reference
+    # videos are encoded before the noise, whose draw counts their tokens.
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, InContextVideoUnit, NoiseUnit, InputVideoEmbedderUnit,
+                    ImageConditionUnit, InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
     training_columns = ("video", "prompt")
     # Image-to-audio+video training may leave the first frame out: it is the video's own.
     derived_inputs = ("input_images",)
@@ -236,12 +240,15 @@ class LTX2AudioVideoPipeline(BasePipeline):
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  audio_prompt_emb: torch.Tensor, prompt_emb_mask: torch.Tensor, latent_grid: Sequence[int],
                  audio_frames: int, video_tokens: int, frame_rate: float,
-                 first_frame_latents: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 first_frame_latents: torch.Tensor | None = None, in_context_latents: torch.Tensor | None = None,
+                 in_context_grids: Sequence[Sequence[int]] = (),
+                 in_context_downsample_factor: int = DEFAULT_DOWNSAMPLE_FACTOR, **_: Any) -> torch.Tensor:
         """The transformer's velocity for the video and audio tokens of ``latents`` at ``timestep`` (scale 0 to 1000),
         in the same layout, in float32.
 
         With ``first_frame_latents`` the first latent frame's tokens are the image's, at timestep 0, and their
-        velocity is zero (diffusers steps only the other frames).
+        velocity is zero (diffusers steps only the other frames). With ``in_context_latents`` the reference videos'
+        tokens go in after the video's, clean (``in_context.py``); their output is dropped.
         """
         dit, batch, device = self.dit, latents.shape[0], latents.device
         frames, height, width = latent_grid
@@ -254,6 +261,10 @@ class LTX2AudioVideoPipeline(BasePipeline):
             clean = torch.arange(video_tokens, device=device) < frame_tokens
             video_timestep = sigma[:, None] * (~clean).to(sigma.dtype)
         video_coords = dit.rope.prepare_video_coords(batch, frames, height, width, device, fps=frame_rate)
+        if in_context_latents is not None:
+            video, video_timestep, video_coords = append_references(
+                dit, video, video_timestep, video_coords, in_context_latents, in_context_grids,
+                in_context_downsample_factor, frame_rate)
         audio_coords = dit.audio_rope.prepare_audio_coords(batch, audio_frames, device)
         video_out, audio_out = dit(
             hidden_states=video.to(dit.dtype), audio_hidden_states=audio.to(dit.dtype),
@@ -263,7 +274,7 @@ class LTX2AudioVideoPipeline(BasePipeline):
             fps=frame_rate, audio_num_frames=audio_frames, video_coords=video_coords, audio_coords=audio_coords,
             use_cross_timestep=bool(dit.config.cross_attn_mod), return_dict=False,
         )  # fmt: skip
-        video_out = video_out.float()
+        video_out = video_out[:, :video_tokens].float()
         if frame_tokens:
             video_out = torch.cat([torch.zeros_like(video_out[:, :frame_tokens]), video_out[:, frame_tokens:]], dim=1)
         return torch.cat([video_out, audio_out.float()], dim=1)
@@ -307,7 +318,8 @@ class LTX2AudioVideoPipeline(BasePipeline):
                  width: int = 768, num_frames: int = 121, frame_rate: float = 24.0, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 30,
                  input_images: Sequence[Image.Image] | None = None, image_crf: int | None = None,
-                 max_sequence_length: int = 1024, output_type: str = "pil", progress_bar: bool = True,
+                 in_context_videos: Sequence[Sequence[Image.Image]] | None = None,
+                 in_context_downsample_factor: int = DEFAULT_DOWNSAMPLE_FACTOR, max_sequence_length: int = 1024, output_type: str = "pil", progress_bar: bool = True,
                  ) -> tuple[list[Image.Image] | torch.Tensor, torch.Tensor | None]:
         """Generates one video and its sound.
 
@@ -326,6 +338,11 @@ class LTX2AudioVideoPipeline(BasePipeline):
             input_images: ``[image]``, the first frame (image-to-audio+video); resized to ``height x width``.
             image_crf: The H.264 CRF the first frame is recompressed with before encoding; None: 33, the training
                 videos' compression; 0 skips it.
+            in_context_videos: Reference videos for an IC-LoRA, each a list of frames: cut to ``num_frames``, made
+                ``height / in_context_downsample_factor x width / in_context_downsample_factor`` and given to the
+                transformer as clean tokens next to the video's.
+            in_context_downsample_factor: How much smaller than the video the references are given (the IC-LoRA's
+                training factor; 2 for the released ones).
             max_sequence_length: Prompt tokens the text encoder sees (padded to this length).
             output_type: ``"pil"`` for a list of frames, ``"pt"`` for a ``(1, frames, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
@@ -339,12 +356,16 @@ class LTX2AudioVideoPipeline(BasePipeline):
             "cfg_scale": cfg_scale, "height": height, "width": width, "num_frames": num_frames,
             "frame_rate": frame_rate, "seed": seed, "rand_device": rand_device, "input_images": input_images,
             "image_crf": image_crf, "max_sequence_length": max_sequence_length,
+            "in_context_videos": in_context_videos, "in_context_downsample_factor": in_context_downsample_factor,
         }  # fmt: skip
-        # The schedule shifts by the video token count, known once the sizes are rounded as the units round them.
+        # The schedule shifts by the video (and reference) token count, known once the sizes are rounded as the units
+        # round them; the references are checked here, before any work.
         multiple = self.size_multiple()
-        grid = self.latent_grid(round_size(height, multiple), round_size(width, multiple),
-                                round_frames(num_frames, self.temporal_compression()))
-        self.set_inference_timesteps(num_inference_steps, latent_shape=(1, grid[0] * grid[1] * grid[2]))
+        size = (round_size(height, multiple), round_size(width, multiple),
+                round_frames(num_frames, self.temporal_compression()))
+        grid = self.latent_grid(*size)
+        references = reference_token_count(self, in_context_videos, *size, in_context_downsample_factor)
+        self.set_inference_timesteps(num_inference_steps, latent_shape=(1, grid[0] * grid[1] * grid[2] + references))
         video, audio = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                                     progress_bar=progress_bar)
         frames = video if output_type == "pt" else tensor_to_images(video[0])

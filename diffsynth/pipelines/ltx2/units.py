@@ -92,15 +92,19 @@ class NoiseUnit(PipelineUnit):
     generator seeded with ``seed`` (diffusers' order, so a seed gives diffusers' CPU noise), packed into the token
     layout; the latents stay float32 through the loop, as in diffusers, whatever the models' dtype.
 
-    The audio lasts as long as the video: ``L = round(num_frames / frame_rate * sample_rate / hop / 4)``.
+    The audio lasts as long as the video: ``L = round(num_frames / frame_rate * sample_rate / hop / 4)``. With
+    reference videos in context (``in_context_latents``), both are drawn packed, the video with the references'
+    tokens, as ``LTX2InContextPipeline`` draws them (see ``in_context.py``).
     """
 
     def __init__(self) -> None:
-        super().__init__(input_params=("height", "width", "num_frames", "frame_rate", "seed", "rand_device"),
+        super().__init__(input_params=("height", "width", "num_frames", "frame_rate", "seed", "rand_device",
+                                       "in_context_latents"),
                          output_params=("noise", "latent_grid", "audio_frames", "video_tokens"))
 
     def process(self, pipe: LTX2AudioVideoPipeline, height: int, width: int, num_frames: int, frame_rate: float,
-                seed: int | None, rand_device: str | torch.device | None) -> dict:
+                seed: int | None, rand_device: str | torch.device | None,
+                in_context_latents: torch.Tensor | None = None) -> dict:
         grid = pipe.latent_grid(height, width, num_frames)
         channels, mel_bins = pipe.audio_latent_shape()
         audio_frames = pipe.audio_frames(num_frames, frame_rate)
@@ -109,11 +113,18 @@ class NoiseUnit(PipelineUnit):
         device = resolve_device(rand_device or "cpu", "rand_device")
         # One generator for both and float32 whatever the pipeline's dtype, as diffusers draws them.
         generator = None if seed is None else torch.Generator(device).manual_seed(seed)
-        video, audio = (torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-                        for shape in (video_shape, audio_shape))
-        noise = torch.cat([pack_video(video), pack_audio(audio)], dim=1).to(pipe.device)
-        return {"noise": noise, "latent_grid": grid, "audio_frames": audio_frames,
-                "video_tokens": grid[0] * grid[1] * grid[2]}
+        tokens = grid[0] * grid[1] * grid[2]
+        if in_context_latents is None:
+            video, audio = (torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+                            for shape in (video_shape, audio_shape))
+            video, audio = pack_video(video), pack_audio(audio)
+        else:
+            video = torch.randn((1, tokens + in_context_latents.shape[1], video_shape[1]), generator=generator,
+                                device=device, dtype=torch.float32)[:, :tokens]
+            audio = torch.randn((1, audio_frames, channels * mel_bins), generator=generator, device=device,
+                                dtype=torch.float32)
+        noise = torch.cat([video, audio], dim=1).to(pipe.device)
+        return {"noise": noise, "latent_grid": grid, "audio_frames": audio_frames, "video_tokens": tokens}
 
 
 class ImageConditionUnit(PipelineUnit):
