@@ -417,10 +417,13 @@ class BasePipeline(torch.nn.Module):
 
 
 def _sibling_tokenizer(text_encoder_config: ModelConfig) -> ModelConfig | None:
-    """The ``tokenizer/`` folder of the repository the text encoder came from, when it is a repository."""
+    """The tokenizer of the repository the text encoder came from, when it is a repository: its ``tokenizer/``
+    folder, or the tokenizer files beside weights kept at the root (Gemma's and other language models' releases)."""
     if text_encoder_config.model_id is None:
         return None
-    return ModelConfig(model_id=text_encoder_config.model_id, origin_file_pattern="tokenizer/")
+    at_root = "/" not in (text_encoder_config.origin_file_pattern or "")
+    return ModelConfig(model_id=text_encoder_config.model_id,
+                       origin_file_pattern="tokenizer*" if at_root else "tokenizer/")
 
 
 def _merge(inputs_shared: dict, branch: dict, branch_name: str, timestep: Any) -> dict:

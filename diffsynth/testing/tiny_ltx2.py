@@ -15,7 +15,9 @@ pipeline loaded without the audio VAE assumes them); the vocoder reads the audio
 compresses 4x in time and in mel bins, as the release's, so that encoding a training clip's sound gives latents of
 the transformer's width. The video VAE compresses 2x in time and space (encoder and decoder alike), so 32 x 32 pixels
 and 5 frames make 3 x 16 x 16 latent tokens. The latent statistics of both VAEs are random rather than the classes'
-zeros and ones, so that normalising latents is tested.
+zeros and ones, so that normalising latents is tested. The transformer's rotary positions use the release's VAE
+scale factors (8, 32, 32), which LTX-2's own files do not record (``pipelines/ltx2/original.py`` assumes them), so
+that the repackaged tiny files (``tiny_ltx2_repackage``) describe the same model.
 
 No Gemma tokenizer files exist offline: the tokenizer is a ``GemmaTokenizer`` with Gemma's special tokens, the 256 byte
 tokens and single characters, built from scratch; it pads on the left, as the Gemma chat tokenizer does.
@@ -112,7 +114,7 @@ def _transformer():
         audio_in_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4,
         audio_out_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=TEXT_HIDDEN_SIZE,
-        vae_scale_factors=(2, 2, 2), rope_double_precision=False, rope_type="split",
+        vae_scale_factors=(8, 32, 32), rope_double_precision=False, rope_type="split",
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The LTX-2 example scripts run as written on the tiny ``Lightricks/LTX-2`` repo, through the trainer's ``main``.
+"""The LTX-2 example scripts run as written on the tiny repos they name (``DiffSynth-Studio/LTX-2-Repackage``'s
+transformer and text connectors, Gemma-3's release, the VAEs of ``Lightricks/LTX-2``), through the trainer's ``main``.
 
 Each ``accelerate launch`` command runs in this process from a scratch working folder, with only what a user on a
 small machine would change: the sizes, the frame count, the epochs and the dataset's repeat count, and
@@ -47,6 +48,8 @@ def run_script(relative: str) -> list[dict]:
 def test_the_split_lora_script_trains_on_the_sound_and_loads_in_diffusers(workdir, model_root):
     stage_one, stage_two = run_script("lora/LTX-2-T2AV-splited.sh")
     assert stage_one["cached"] == 2 and stage_two["global_step"] == 2
+    # stage 1 read the Repackage connectors and Gemma's release as the script names them; stage 2 the transformer
+    assert stage_two["module"].pipe.model_configs["dit"].model_id == "DiffSynth-Studio/LTX-2-Repackage"
     path = workdir / "models/train/LTX2-T2AV_lora/epoch-0.safetensors"
     assert lora_update(path) > 0 and all(key.startswith("diffusion_model.") for key in load_file(str(path)))
     from diffusers import LTX2Pipeline

@@ -12,7 +12,8 @@ SPEC = FamilySpec(
     model_ids=("Lightricks/LTX-2",),
     # diffusers' defaults are the released LTX-2 19B transformer (Gemma-3 12B's 3840-wide prompt, 48 blocks).
     releases=(Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),),
-    layouts=("diffusers",),
+    layouts=("diffusers", "LTX-2 key names (LTX-2-Repackage transformer, text_encoder_post_modules)"),
+    original_readers=("diffsynth.pipelines.ltx2.original:identify",),
     # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
     prompt_tokens=1024,
     # Files name layers as LTX-2's own code (diffusion_model. + its names), which ComfyUI and diffusers' loader read.
