@@ -133,6 +133,15 @@ def to_bfl(state_dict: dict[str, torch.Tensor], key_map: dict) -> dict[str, torc
     return whole
 
 
+def comfyui_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The check scripts' flags: ``--mirror`` (a bare git mirror of ComfyUI) and ``--rev``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror/Comfy-Org+ComfyUI/repo"),
+                        help="A bare git mirror of Comfy-Org/ComfyUI.")
+    parser.add_argument("--rev", default="HEAD", help="The ComfyUI commit to check against.")
+    return parser.parse_args(argv)
+
+
 def comfyui_patches(comfy, model_class: type, unet_config: dict, state_dict: dict[str, torch.Tensor],
                     tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
     """ComfyUI's patches for a LoRA file's ``tensors`` on a model of ``model_class`` (a ``comfy.model_base`` class)
@@ -172,11 +181,7 @@ def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror/Comfy-Org+ComfyUI/repo"),
-                        help="A bare git mirror of Comfy-Org/ComfyUI.")
-    parser.add_argument("--rev", default="HEAD", help="The ComfyUI commit to check against.")
-    args = parser.parse_args(argv)
+    args = comfyui_arguments(__doc__, argv)
     with tempfile.TemporaryDirectory() as folder:
         model = tiny_flux()
         weights = random_lora(model)

@@ -17,7 +17,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from check_comfyui_flux_lora import comfyui_patches, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
+from check_comfyui_flux_lora import comfyui_arguments, comfyui_patches, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
@@ -97,11 +96,7 @@ def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror/Comfy-Org+ComfyUI/repo"),
-                        help="A bare git mirror of Comfy-Org/ComfyUI.")
-    parser.add_argument("--rev", default="HEAD", help="The ComfyUI commit to check against.")
-    args = parser.parse_args(argv)
+    args = comfyui_arguments(__doc__, argv)
     model = tiny_wan()
     naming = naming_for(model)
     with tempfile.TemporaryDirectory() as folder:

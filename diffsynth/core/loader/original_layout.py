@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .state_dict import CheckpointEntry
+from .state_dict import CheckpointEntry, read_headers
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,15 @@ class OriginalModel:
     config: dict[str, Any]
     entries: dict[str, CheckpointEntry] = field(repr=False)
     source: Path
+
+
+def single_file_entries(files: list[Path]) -> tuple[Path, dict[str, CheckpointEntry]] | None:
+    """The one ``.safetensors`` file among ``files`` and its tensors' entries (headers only), or None when there is
+    not exactly one: the single-file layouts' readers start here."""
+    shards = [path for path in files if path.is_file() and path.name.endswith(".safetensors")]
+    if len(shards) != 1:
+        return None
+    return shards[0], read_headers(shards)
 
 
 def renamed_entries(entries: dict[str, CheckpointEntry], keys: dict[str, str]) -> dict[str, CheckpointEntry]:

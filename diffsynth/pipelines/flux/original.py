@@ -59,8 +59,7 @@ import torch
 
 from ...core.file_memo import read_json
 from ...core.loader.errors import ModelLoadError
-from ...core.loader.original_layout import OriginalModel, converted_entries
-from ...core.loader.state_dict import read_headers
+from ...core.loader.original_layout import OriginalModel, converted_entries, single_file_entries
 from ...diffusion.module_naming import swap_halves
 
 # vae/config.json of black-forest-labs/FLUX.1-dev, less what the weights' shapes give.
@@ -160,11 +159,10 @@ def identify(files: list[Path]) -> OriginalModel | None:
         ModelLoadError: The file is not valid safetensors, looks like a FLUX.1 file but lacks tensors its structure
             needs, or is an LDM-layout VAE other than FLUX.1's. The message names the file.
     """
-    shards = [path for path in files if path.is_file() and path.name.endswith(".safetensors")]
-    if len(shards) != 1:
+    found = single_file_entries(list(files))
+    if found is None:
         return None
-    file = shards[0]
-    entries = read_headers(shards)
+    file, entries = found
     shapes = {key: entry.shape for key, entry in entries.items()}
     if any(_FLUX1_MARKER.match(key) for key in shapes):
         config = transformer_config(shapes, file)

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.loader.errors import ModelLoadError
-from ...core.loader.original_layout import OriginalModel, renamed_entries
-from ...core.loader.state_dict import read_headers
+from ...core.loader.original_layout import OriginalModel, renamed_entries, single_file_entries
 from ...core.model_traits import register_model_module
 from .naming import _EMBEDDERS
 
@@ -78,11 +77,10 @@ def identify(files: list[Path]) -> OriginalModel | None:
         ModelLoadError: The file holds every component at once (JoyAI-Echo's release) or a VAE or the vocoder (not
             read in this layout yet), or lacks tensors its structure needs; the message names the file.
     """
-    shards = [path for path in files if path.is_file() and path.name.endswith(".safetensors")]
-    if len(shards) != 1:
+    found = single_file_entries(list(files))
+    if found is None:
         return None
-    file = shards[0]
-    entries = read_headers(shards)
+    file, entries = found
     shapes = {key: entry.shape for key, entry in entries.items()}
     dit = [key for key in shapes if key.startswith(DIT_PREFIX) and not _is_connector(key)]
     if dit and any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
