@@ -275,15 +275,12 @@ class BasePipeline(torch.nn.Module):
         """The ``derived_inputs`` of a sample, which ``training_inputs`` puts last; by default none."""
         return {}
 
-    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
-        """The part of the latents a training loss compares (an index into them); None for all of it. Pipelines
-        whose inputs fix part of the latents (a given first frame) leave that part out."""
-        return None
-
     def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
-        """The parts of the latents whose mean squared errors the flow-matching loss adds up, each averaged on its own
-        (LTX-2: the video's tokens and the sound's); by default the one ``loss_region``."""
-        return (self.loss_region(inputs_shared),)
+        """The parts of the latents a training loss compares (each an index into them; None for all of it), whose
+        mean squared errors it adds up, each averaged on its own. By default the whole latents; pipelines whose inputs
+        fix part of the latents (a given first frame) leave that part out, and LTX-2 scores its video's tokens and its
+        sound's apart."""
+        return (None,)
 
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""

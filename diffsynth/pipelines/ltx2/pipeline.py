@@ -215,11 +215,6 @@ class LTX2AudioVideoPipeline(BasePipeline):
             images = [sample["video"][0]]
         return {"input_images": images if isinstance(images, list) else [images]}
 
-    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
-        """The tokens the transformer predicts: all but a given first frame's."""
-        start = self._first_predicted_token(inputs_shared)
-        return None if start == 0 else (slice(None), slice(start, None))
-
     def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
         """The video's predicted tokens, and the sound's when the sample has sound: the loss adds their mean squared
         errors (the reference's video loss plus audio loss)."""

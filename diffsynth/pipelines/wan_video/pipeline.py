@@ -254,11 +254,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             input_image = sample["video"][0]
         return {"input_image": input_image}
 
-    def loss_region(self, inputs_shared: dict) -> tuple[slice, ...] | None:
+    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
         """With a first-frame condition (TI2V) the first latent frame is given, not predicted: the loss skips it."""
         if inputs_shared.get("first_frame_latents") is None:
-            return None
-        return (slice(None), slice(None), slice(1, None))
+            return (None,)
+        return ((slice(None), slice(None), slice(1, None)),)
 
     # ---- denoising ------------------------------------------------------------------------------------------------
 
