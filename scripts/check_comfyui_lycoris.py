@@ -31,7 +31,7 @@ from check_comfyui_flux_lora import comfyui_arguments, comfyui_patches, export, 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
 from diffsynth.lora.peft_adapters import weights_from_peft  # noqa: E402
-from diffsynth.training.objective.adapter import AdapterSettings, dora_base_weights, inject_adapter  # noqa: E402
+from diffsynth.training.objective.adapter import AdapterSettings, DoraBaseWeights, inject_adapter  # noqa: E402
 
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]  # Wan's q,k,v,o,ffn.0,ffn.2
 CASES = {
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             want = {f"diffusion_model.{naming.to_native(name)}.weight": change
                     for name, change in peft_changes(adapted).items()}
             state = {name: param.detach() for name, param in adapted.named_parameters() if param.requires_grad}
-            weights = weights_from_peft(state, settings.alpha, settings.rank, base_weights=dora_base_weights(adapted))
+            weights = weights_from_peft(state, settings.alpha, settings.rank, base_weights=DoraBaseWeights(adapted))
             for layout in ("universal", "kohya"):
                 path = write_lora(Path(folder) / f"{case}.{layout}.safetensors".replace(" ", "_"), weights, layout,
                                   naming)

@@ -12,7 +12,7 @@ from diffsynth.lora.adapters import DORA_EPS, TYPE_KEY
 from diffsynth.lora.formats import to_state_dict, write_lora
 from diffsynth.lora.peft_adapters import peft_values, weights_from_peft
 from diffsynth.lora.tools import tool_layers
-from diffsynth.training.objective.adapter import AdapterSettings, dora_base_weights, inject_adapter
+from diffsynth.training.objective.adapter import AdapterSettings, DoraBaseWeights, inject_adapter
 
 ALPHA = 3.0  # alpha != rank: a scale read as 1 (or applied twice) is off
 
@@ -61,7 +61,7 @@ def peft_deltas(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def file_weights(model: torch.nn.Module, settings: AdapterSettings):
     state = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
-    return weights_from_peft(state, settings.alpha, settings.rank, base_weights=dora_base_weights(model))
+    return weights_from_peft(state, settings.alpha, settings.rank, base_weights=DoraBaseWeights(model))
 
 
 @pytest.mark.parametrize("layout", ["universal", "kohya"])
@@ -101,7 +101,7 @@ def test_the_file_loads_back_into_peft_with_the_same_change(case, tmp_path):
     fresh = Net()
     inject_adapter(fresh, settings, ["attn", "ffn"])
     weights = read_lora(path, ["attn", "ffn"])
-    values = peft_values(weights, settings.scale, dora_base_weights(fresh), adapter=None)
+    values = peft_values(weights, settings.scale, DoraBaseWeights(fresh), adapter=None)
     result = set_peft_model_state_dict(fresh, values)
     assert not result.unexpected_keys
     want, got = peft_deltas(model), peft_deltas(fresh)

@@ -18,7 +18,7 @@ from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
 from diffsynth.testing.tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
-from diffsynth.training.objective.adapter import AdapterSettings, dora_base_weights, inject_adapter
+from diffsynth.training.objective.adapter import AdapterSettings, DoraBaseWeights, inject_adapter
 from tests.conftest import reset_accelerate_state
 
 TARGETS = "to_q,to_k,to_v,to_out.0,w1,w2,w3"
@@ -103,7 +103,7 @@ def test_the_file_changes_the_weights_as_peft_merges_the_trained_adapter(case, r
 
     fresh, settings = base_dit(tiny_root), SETTINGS[case]
     inject_adapter(fresh, settings, sorted(want))
-    values = peft_values(read_lora(path, list(want), naming_for(fresh)), settings.scale, dora_base_weights(fresh),
+    values = peft_values(read_lora(path, list(want), naming_for(fresh)), settings.scale, DoraBaseWeights(fresh),
                          adapter=None)
     assert not set_peft_model_state_dict(fresh, values).unexpected_keys
     assert largest(peft_deltas(fresh), want) < 1e-5

@@ -95,17 +95,12 @@ class DoraBaseWeights(Mapping[str, torch.Tensor]):
         return len(self.layers)
 
 
-def dora_base_weights(model: torch.nn.Module) -> DoraBaseWeights:
-    """:class:`DoraBaseWeights` of ``model``."""
-    return DoraBaseWeights(model)
-
-
 def own_weights(model: torch.nn.Module, settings: AdapterSettings):
     """The injected adapter of ``model`` as :class:`~diffsynth.lora.formats.LoRAWeights` (shapes and names)."""
     from ...lora.peft_adapters import is_peft_adapter_key, weights_from_peft
 
     state = {name: param.detach() for name, param in model.named_parameters() if is_peft_adapter_key(name)}
-    return weights_from_peft(state, settings.alpha, settings.rank, base_weights=dora_base_weights(model))
+    return weights_from_peft(state, settings.alpha, settings.rank, base_weights=DoraBaseWeights(model))
 
 
 def load_adapter_checkpoint(model: torch.nn.Module, path: Path, settings: AdapterSettings) -> None:
@@ -150,7 +145,7 @@ def load_adapter_checkpoint(model: torch.nn.Module, path: Path, settings: Adapte
             raise FlagError([f"--lora_checkpoint {path}: layer {name!r} has factors {layer_structure(layer)}; this "
                              f"run's are {layer_structure(target)}: it was trained with another --lora_rank"
                              f"{' or --lokr_factor' if kind == 'lokr' else ''}, or on another model"])
-    values = peft_values(loaded, settings.scale, dora_base_weights(model))
+    values = peft_values(loaded, settings.scale, DoraBaseWeights(model))
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in values.items():

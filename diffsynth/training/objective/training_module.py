@@ -36,7 +36,7 @@ from ...diffusion.base_pipeline import (
 )
 from ..config.errors import FlagError, task_stage
 from ..config.timesteps import TimestepFlags
-from .adapter import AdapterSettings, dora_base_weights, inject_adapter, load_adapter_checkpoint
+from .adapter import AdapterSettings, DoraBaseWeights, inject_adapter, load_adapter_checkpoint
 from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss, weighted_mean
 from .loss_mask import LOSS_MASK_KEY, MASK_COLUMN, LossMask, pixel_mask, with_latent_grid_mask
@@ -272,7 +272,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                             "base_model_layers": BaseLayers.of(model)}
         if settings.kind != "lora":
             # A DoRA file's dora_scale is computed from the base weights when it is written.
-            self.lora_config.update({"lora_type": settings.kind, "base_weights": lambda: dora_base_weights(model)})
+            self.lora_config.update({"lora_type": settings.kind, "base_weights": DoraBaseWeights(model)})
         if checkpoint is not None:
             load_adapter_checkpoint(model, Path(checkpoint), settings)
 

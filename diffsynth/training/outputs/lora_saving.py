@@ -97,7 +97,7 @@ class LoRASaving:
                 return None
             base_weights = self.lora_metadata.get("base_weights")
             weights = weights_from_peft(state_dict, alpha, None if rank is None else int(rank),
-                                        self.remove_prefix_in_ckpt, base_weights() if base_weights else None)
+                                        self.remove_prefix_in_ckpt, base_weights)
             return self._write_lora_files(path, name, weights, metadata)
         weights = from_peft_state_dict(state_dict, alpha, self.remove_prefix_in_ckpt)
         if rank is not None and weights.ranks != {int(rank)}:
