@@ -20,7 +20,7 @@ SPEC = FamilySpec(
         Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),
         Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*")),
     ),
-    layouts=("diffusers", "LTX-2 key names (LTX-2-Repackage transformer, text_encoder_post_modules)"),
+    layouts=("diffusers", "LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules)"),
     original_readers=("diffsynth.pipelines.ltx2.original:identify",),
     # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
     prompt_tokens=1024,
