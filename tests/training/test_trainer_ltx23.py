@@ -1,7 +1,7 @@
 """The CLI trainer on the tiny LTX-2.3 (``diffusers/LTX-2.3-Diffusers``: gated and modulated attention, per-stream
 prompt tokens) with a dataset with sound: image-to-audio+video LoRA training in one stage equals the split run, whose
-cache holds each stream's prompt tokens at its own width; ``--extra_inputs input_image`` (the reference's name) gives
-the first frame as ``input_images`` does. The reference's LTX-2.3 scripts (``tests/examples/test_ltx23_scripts.py``)
+cache holds each stream's prompt tokens at its own width, and the block-swapped run; ``--extra_inputs input_image``
+(the reference's name) gives the first frame as ``input_images`` does. The reference's LTX-2.3 scripts (``tests/examples/test_ltx23_scripts.py``)
 run the LoRA, IC-LoRA and full trainings as they are written."""
 
 import pytest
@@ -52,6 +52,11 @@ def test_image_to_audio_video_training_runs_split_as_in_one_stage(tiny_root, tmp
         ["--dataset_base_path", str(cache), *models("dit"), *i2av("input_image"), "--task", "sft:train",
          "--output_path", str(out)]))
     assert max_difference(lora(split, "epoch-0"), lora(one_stage, "epoch-0")) < 1e-5
+    # block swap streams the gated, prompt-modulated blocks and trains the plain LoRA
+    swapped, _ = run_once(tiny_root, tmp_path / "swap", lambda out: train(
+        [*raw(clips), *models("dit", *ENCODERS), *i2av("input_images"), "--blocks_to_swap", "1", "--output_path",
+         str(out)]))
+    assert max_difference(lora(swapped, "epoch-0"), lora(one_stage, "epoch-0")) < 1e-6
     # with teeth: text-to-audio+video training on the same clips gives another LoRA (the first frame is given)
     t2av, _ = run_once(tiny_root, tmp_path / "t2av", lambda out: train(
         [*raw(clips), *models("dit", *ENCODERS), *COMMON, "--output_path", str(out)]))
