@@ -89,7 +89,7 @@ def _connectors_23():
 
 
 def _stft_buffers(vocoder: torch.nn.Module) -> None:
-    """Fills the extender's STFT buffers (zeros as diffusers builds them): a Hann-windowed DFT, its inverse and a
+    """Fills the extender's STFT buffers its forward reads (zeros as diffusers builds them): a Hann-windowed DFT and a
     random non-negative mel filter bank."""
     stft = vocoder.mel_stft.stft_fn
     length = stft.forward_basis.shape[-1]
@@ -99,7 +99,6 @@ def _stft_buffers(vocoder: torch.nn.Module) -> None:
     basis = torch.cat([torch.cos(angle), -torch.sin(angle)]) * window
     with torch.no_grad():
         stft.forward_basis.copy_(basis[:, None].float())
-        stft.inverse_basis.copy_((basis / length)[:, None].float())
         vocoder.mel_stft.mel_basis.copy_(torch.rand_like(vocoder.mel_stft.mel_basis))
 
 
