@@ -107,3 +107,17 @@ def test_the_sound_is_the_extenders_48_khz_and_written_at_that_rate(ours, tmp_pa
         assert sound.getframerate() == VOCODER_OUTPUT_RATE and sound.getnframes() == audio.shape[1]
     with av.open(str(path)) as container:
         assert container.streams.audio[0].rate == VOCODER_OUTPUT_RATE
+
+
+@pytest.mark.parametrize(("model_id", "architecture"), [
+    ("Lightricks/LTX-2", "ltx2-19b"), ("DiffSynth-Studio/LTX-2-Repackage", "ltx2-19b"),
+    ("Lightricks/LTX-2.3", "ltx2.3-22b"), ("diffusers/LTX-2.3-Diffusers", "ltx2.3-22b"),
+    ("DiffSynth-Studio/LTX-2.3-Repackage", "ltx2.3-22b"),
+])
+def test_the_planner_knows_each_release_by_its_repositories(model_id, architecture):
+    from diffsynth.pipelines.registry import released_architecture, releases
+
+    assert released_architecture([model_id]) == architecture
+    # the 2.3 release's switches build diffusers' transformer with the per-stream prompt widths
+    config = releases()["ltx2.3-22b"][1].config
+    assert config["use_prompt_embeddings"] is False and config["cross_attn_mod"] and config["gated_attn"]

@@ -17,7 +17,7 @@ SPEC = FamilySpec(
     # keeps its widths and depth and adds gated attention and the prompt's timestep modulation, its connectors
     # handing each stream prompt tokens of its own width (diffusers' conversion config of the release).
     releases=(
-        Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),
+        Release("ltx2-19b", {}, ("Lightricks/LTX-2", "DiffSynth-Studio/LTX-2-Repackage")),
         Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*")),
     ),
     layouts=("diffusers", "LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules)"),
