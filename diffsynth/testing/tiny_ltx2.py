@@ -123,14 +123,14 @@ def _connectors(**switches):
     """The tiny text connectors; ``switches`` are config entries set on top (LTX-2.3's, in ``tiny_ltx23``)."""
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
 
-    config = dict(
-        caption_channels=TEXT_HIDDEN_SIZE, text_proj_in_factor=TEXT_LAYERS + 1,
-        video_connector_num_attention_heads=4, video_connector_attention_head_dim=TEXT_HIDDEN_SIZE // 4,
-        video_connector_num_layers=1, video_connector_num_learnable_registers=None,
-        audio_connector_num_attention_heads=4, audio_connector_attention_head_dim=TEXT_HIDDEN_SIZE // 4,
-        audio_connector_num_layers=1, audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32,
-        rope_double_precision=False, rope_type="split",
-    )  # fmt: skip
+    config = {
+        "caption_channels": TEXT_HIDDEN_SIZE, "text_proj_in_factor": TEXT_LAYERS + 1,
+        "video_connector_num_attention_heads": 4, "video_connector_attention_head_dim": TEXT_HIDDEN_SIZE // 4,
+        "video_connector_num_layers": 1, "video_connector_num_learnable_registers": None,
+        "audio_connector_num_attention_heads": 4, "audio_connector_attention_head_dim": TEXT_HIDDEN_SIZE // 4,
+        "audio_connector_num_layers": 1, "audio_connector_num_learnable_registers": None,
+        "connector_rope_base_seq_len": 32, "rope_double_precision": False, "rope_type": "split",
+    }  # fmt: skip
     return LTX2TextConnectors(**{**config, **switches})
 
 

@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.core.data.cache import list_cache_files, load_cache_sample
+from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.pipelines.ltx2 import LTX2AudioVideoPipeline
 from diffsynth.testing.tiny_ltx23 import LTX23_MODEL_ID
+from diffsynth.training.config.parsers import build_parser
 from tests.examples.helpers import lora_update, run_command, script_commands
 from tests.examples.test_ltx2_ic_script import draw_references
-from diffsynth.core.data.example_dataset import build_example_video_dataset
-from diffsynth.training.config.parsers import build_parser
 from tests.examples.test_ltx2_scripts import CHANGES, LTX2
 
 pytestmark = pytest.mark.slow  # trainer runs on the tiny repos

@@ -13,13 +13,12 @@ from diffsynth.core.loader import ModelConfig
 from diffsynth.pipelines import LTX2AudioVideoPipeline
 from diffsynth.testing.tiny_ltx23 import LTX23_MODEL_ID, LTX23_PATTERNS, VOCODER_INPUT_RATE, VOCODER_OUTPUT_RATE
 from tests.pipelines.test_ltx2 import NEGATIVE, PROMPT, SHAPE, SLOTS, assert_moved, assert_same, picture
+from tests.pipelines.test_ltx2 import PLAIN_GUIDANCE as LTX2_PLAIN_GUIDANCE
 from tests.pipelines.test_ltx2_in_context import reference, white
 
 # diffusers' guidance extras off, as for LTX-2; the cross-modal timestep is LTX-2.3's (diffusers' default, and what
 # our pipeline picks from the transformer's cross_attn_mod).
-PLAIN_GUIDANCE = dict(stg_scale=0.0, modality_scale=1.0, guidance_rescale=0.0, audio_stg_scale=0.0,
-                      audio_modality_scale=1.0, audio_guidance_rescale=0.0, spatio_temporal_guidance_blocks=None,
-                      use_cross_timestep=True)
+PLAIN_GUIDANCE = {**LTX2_PLAIN_GUIDANCE, "use_cross_timestep": True}
 # The tolerances and teeth are LTX-2's (tests/pipelines/test_ltx2.py); measured on 2.3: frames below 1e-6, the
 # waveform below 4e-7; a seed moves them by 0.8 and 0.15, a prompt by 0.2 and 4e-3, another first frame by 0.18 and
 # 2e-4.
