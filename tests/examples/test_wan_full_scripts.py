@@ -42,8 +42,6 @@ RELEASES = {
     "Wan2.1-FLF2V-14B-720P": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.1-FLF2V-14B-720P"]),
     "Wan2.1-Fun-1.3B-InP": (None, ["PAI/Wan2.1-Fun-1.3B-InP"]),
     "Wan2.1-Fun-14B-InP": ("accelerate_config_14B.yaml", ["PAI/Wan2.1-Fun-14B-InP"]),
-    "Wan2.1-Fun-V1.1-1.3B-InP": (None, ["PAI/Wan2.1-Fun-V1.1-1.3B-InP"]),
-    "Wan2.1-Fun-V1.1-14B-InP": ("accelerate_config_14B.yaml", ["PAI/Wan2.1-Fun-V1.1-14B-InP"]),
     "Wan2.2-Fun-A14B-InP": ("accelerate_config_14B.yaml", ["PAI/Wan2.2-Fun-A14B-InP/high_noise_model",
                                                            "PAI/Wan2.2-Fun-A14B-InP/low_noise_model"]),
 }

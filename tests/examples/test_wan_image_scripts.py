@@ -23,7 +23,7 @@ from tests.examples.helpers import linked_model_root
 from tests.pipelines.test_wan_flf2v import FLF2V_MODELS, diffusers_twin
 from tests.pipelines.test_wan_i2v import configs, picture, reference_schedule
 
-from .test_wan_scripts import VIDEO, run_script
+from .test_wan_scripts import VIDEO, WAN, run_script
 
 # Releases laid out, named and shaped as a tiny repo (sizes aside): the PAI Fun InP repos hold a Wan2.1 / Wan2.2
 # image-to-video DiT (in_dim 36; CLIP for Wan2.1) beside the same encoder files, as the reference's configs read them.
@@ -44,8 +44,16 @@ def assert_trained(result: dict) -> None:
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
 
 
-@pytest.mark.parametrize("name", ["Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP", "Wan2.1-Fun-V1.1-1.3B-InP",
-                                  "Wan2.1-Fun-V1.1-14B-InP"])
+@pytest.mark.parametrize("kind", ["lora", "full"])
+@pytest.mark.parametrize("size", ["1.3B", "14B"])
+def test_the_v1_1_fun_inp_scripts_are_the_first_releases_commands_on_their_own_files(kind, size):
+    # The reference's V1.1 commands differ from the first release's in the repository id alone, so the runs of the
+    # first release's scripts (here and in test_wan_full_scripts) stand for theirs.
+    first, v11 = f"Wan2.1-Fun-{size}-InP", f"Wan2.1-Fun-V1.1-{size}-InP"
+    assert (WAN / kind / f"{v11}.sh").read_text() == (WAN / kind / f"{first}.sh").read_text().replace(first, v11)
+
+
+@pytest.mark.parametrize("name", ["Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP"])
 def test_fun_inp_lora_scripts_train_on_the_first_and_last_frames(workdir, name):
     (result,) = run_script(f"lora/{name}.sh", VIDEO)
     assert_trained(result)
