@@ -137,9 +137,10 @@ def tiny_wan22_vae(seed: int) -> torch.nn.Module:
 
 
 def tiny_wan_transformer(seed: int, offset: int = _DIT, in_channels: int = 16, out_channels: int = 16,
-                         image_dim: int | None = None) -> torch.nn.Module:
+                         image_dim: int | None = None, pos_embed_seq_len: int | None = None) -> torch.nn.Module:
     """A two-block ``WanTransformer3DModel``; ``image_dim`` makes it a Wan2.1 image-to-video one (image
-    cross-attention of the transformer's width, as in the released I2V configs)."""
+    cross-attention of the transformer's width, as in the released I2V configs), ``pos_embed_seq_len`` adds the
+    FLF2V image positions."""
     from diffusers import WanTransformer3DModel
 
     with seeded(seed + offset):
@@ -147,6 +148,7 @@ def tiny_wan_transformer(seed: int, offset: int = _DIT, in_channels: int = 16, o
             patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_channels,
             out_channels=out_channels, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
             qk_norm="rms_norm_across_heads", image_dim=image_dim, added_kv_proj_dim=None if image_dim is None else 32,
+            pos_embed_seq_len=pos_embed_seq_len,
         )  # fmt: skip
 
 

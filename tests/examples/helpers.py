@@ -56,6 +56,7 @@ def linked_model_root(tiny_root: Path, root: Path, aliases: dict[str, str]) -> P
         for repo in owner.iterdir():
             (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
     for release, tiny in aliases.items():
+        (root / release).parent.mkdir(exist_ok=True)  # an owner without tiny repos of its own (PAI)
         (root / release).symlink_to(tiny_root / tiny, target_is_directory=True)
     return root
 

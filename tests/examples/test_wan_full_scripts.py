@@ -4,8 +4,8 @@ here stop with one line naming the release before any model loads.
 
 Each ``accelerate launch`` command runs in this process from a scratch working folder with only what a user on a
 small machine would change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and
-``DIFFSYNTH_MODEL_BASE_PATH`` pointing at the tiny repos (plus the 14B text-to-video and 720P releases, which share
-the tiny 1.3B and 480P repos' layouts, under their own ids: see ``model_root``). The DeepSpeed configs the scripts
+``DIFFSYNTH_MODEL_BASE_PATH`` pointing at the tiny repos (plus the releases that share a tiny repo's layout, such as
+the 14B text-to-video, 720P and Fun InP ones, under their own ids: see ``model_root``). The DeepSpeed configs the scripts
 name (8 GPUs: ZeRO-2 with the optimizer on the CPU, ZeRO-3) are checked with accelerate's own config reader.
 """
 
@@ -19,8 +19,8 @@ import torch
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
-from diffsynth.testing.tiny_models import WAN_I2V_ORIGINAL_MODEL_ID, WAN_ORIGINAL_MODEL_ID
 from tests.examples.helpers import assert_deepspeed_config, linked_model_root
+from tests.examples.test_wan_image_scripts import WAN_ALIASES
 from tests.pipelines.family_helpers import refused_before_loading
 
 from .test_qwen_full_scripts import changed_weights, checkpoint_weights, transformer_weights
@@ -39,16 +39,19 @@ RELEASES = {
     "Wan2.2-I2V-A14B": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.2-I2V-A14B/high_noise_model",
                                                        "Wan-AI/Wan2.2-I2V-A14B/low_noise_model"]),
     "Wan2.2-TI2V-5B": (None, ["Wan-AI/Wan2.2-TI2V-5B"]),
+    "Wan2.1-FLF2V-14B-720P": ("accelerate_config_14B.yaml", ["Wan-AI/Wan2.1-FLF2V-14B-720P"]),
+    "Wan2.1-Fun-1.3B-InP": (None, ["PAI/Wan2.1-Fun-1.3B-InP"]),
+    "Wan2.1-Fun-14B-InP": ("accelerate_config_14B.yaml", ["PAI/Wan2.1-Fun-14B-InP"]),
+    "Wan2.2-Fun-A14B-InP": ("accelerate_config_14B.yaml", ["PAI/Wan2.2-Fun-A14B-InP/high_noise_model",
+                                                           "PAI/Wan2.2-Fun-A14B-InP/low_noise_model"]),
 }
 CONFIGS = {"accelerate_config_14B.yaml": (2, "cpu"), "accelerate_config_zero3.yaml": (3, "none")}
 
 
 @pytest.fixture(scope="module")
 def model_root(tiny_root, tmp_path_factory) -> Path:
-    """The tiny repos, plus ``Wan-AI/Wan2.1-T2V-14B`` and ``Wan-AI/Wan2.1-I2V-14B-720P``: the tiny original-layout
-    1.3B and 480P repos under those ids (the releases differ from them in sizes only)."""
-    return linked_model_root(tiny_root, tmp_path_factory.mktemp("wan_full_model_root"), {
-        "Wan-AI/Wan2.1-T2V-14B": WAN_ORIGINAL_MODEL_ID, "Wan-AI/Wan2.1-I2V-14B-720P": WAN_I2V_ORIGINAL_MODEL_ID})
+    """The tiny repos, plus the releases that share a tiny repo's layout under their own ids (``WAN_ALIASES``)."""
+    return linked_model_root(tiny_root, tmp_path_factory.mktemp("wan_full_model_root"), WAN_ALIASES)
 
 
 def test_the_reference_scripts_and_configs_exist():
@@ -71,8 +74,11 @@ def test_script_trains_every_weight_of_the_transformer(workdir, model_root, rele
         assert str(Path(dit.model_id, dit.origin_file_pattern).parent) == transformer  # the expert the command names
         _, argv = trainer_argv(words)
         saved = checkpoint_weights(workdir / argv[argv.index("--output_path") + 1] / "epoch-0")
-        # the release's original names, as diffusers' own single-file loader renames them
+        # the release's original names, as diffusers' own single-file loader renames them (FLF2V's image positions,
+        # which it leaves out, as its conversion script names them)
         released = convert_wan_transformer_to_diffusers(transformer_weights(model_root / transformer))
+        if "img_emb.emb_pos" in released:
+            released["condition_embedder.image_embedder.pos_embed"] = released.pop("img_emb.emb_pos")
         unchanged = set(saved) - set(changed_weights(saved, released))
         # Every weight moved but the RMSNorm scales: stored in bf16 at 1.0, where a 1e-5 step is below the resolution.
         assert len(unchanged) < len(saved) / 4 and all(torch.all(released[key] == 1) for key in unchanged), unchanged
@@ -135,24 +141,17 @@ REFUSED = {
     "Wan2.1-1.3b-speedcontrol-v1": (
         refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
-    "Wan2.1-FLF2V-14B-720P": (refused(wan_files("Wan-AI/Wan2.1-FLF2V-14B-720P", clip=True), "--trainable_models",
-                                      "dit", "--extra_inputs", "input_image,end_image"), "Wan2.1-FLF2V"),
     "Wan2.1-Fun-1.3B-Control": fun("Wan2.1-Fun-1.3B-Control", "control_video"),
-    "Wan2.1-Fun-1.3B-InP": fun("Wan2.1-Fun-1.3B-InP", "input_image,end_image"),
     "Wan2.1-Fun-14B-Control": fun("Wan2.1-Fun-14B-Control", "control_video"),
-    "Wan2.1-Fun-14B-InP": fun("Wan2.1-Fun-14B-InP", "input_image,end_image"),
     "Wan2.1-Fun-V1.1-1.3B-Control-Camera": fun("Wan2.1-Fun-V1.1-1.3B-Control-Camera",
                                                "input_image,camera_control_direction,camera_control_speed"),
     "Wan2.1-Fun-V1.1-1.3B-Control": fun("Wan2.1-Fun-V1.1-1.3B-Control", "control_video,reference_image"),
-    "Wan2.1-Fun-V1.1-1.3B-InP": fun("Wan2.1-Fun-V1.1-1.3B-InP", "input_image,end_image"),
     "Wan2.1-Fun-V1.1-14B-Control-Camera": fun("Wan2.1-Fun-V1.1-14B-Control-Camera",
                                               "input_image,camera_control_direction,camera_control_speed"),
     "Wan2.1-Fun-V1.1-14B-Control": fun("Wan2.1-Fun-V1.1-14B-Control", "control_video,reference_image"),
-    "Wan2.1-Fun-V1.1-14B-InP": fun("Wan2.1-Fun-V1.1-14B-InP", "input_image,end_image"),
     "Wan2.2-Fun-A14B-Control-Camera": fun_a14b("Wan2.2-Fun-A14B-Control-Camera",
                                                "input_image,camera_control_direction,camera_control_speed"),
     "Wan2.2-Fun-A14B-Control": fun_a14b("Wan2.2-Fun-A14B-Control", "control_video,reference_image"),
-    "Wan2.2-Fun-A14B-InP": fun_a14b("Wan2.2-Fun-A14B-InP", "input_image,end_image"),
     "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
     "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),
     "Wan2.1-VACE-14B": vace("Wan-AI/Wan2.1-VACE-14B"),

@@ -9,7 +9,8 @@ from accelerate import init_empty_weights
 
 from diffsynth.core.loader import ModelConfig, ModelLoadError, load_model, load_skeleton, load_tokenizer, resolve
 from diffsynth.core.loader.loading import model_class_name
-from diffsynth.pipelines.wan_video.original import dit_config, dit_model_keys, dit_original_keys, original_dit_config_json
+from diffsynth.pipelines.wan_video.original import (dit_config, dit_model_keys, dit_original_config, dit_original_keys,
+                                                    original_dit_config_json)
 from diffsynth.pipelines.wan_video.original_encoders import (clip_config, clip_model_keys, clip_original_state_dict,
                                                          umt5_config, umt5_model_keys, umt5_original_state_dict)
 from diffsynth.pipelines.wan_video.original_vae import (WAN22_LATENTS_MEAN, vae_config, vae_original_keys,
@@ -115,6 +116,8 @@ RELEASED_DITS = {
     "i2v-14B": ("i2v", dict(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36, out_channels=16,
                             image_dim=1280, added_kv_proj_dim=5120)),
     "ti2v-5B": ("ti2v", dict(num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48)),
+    "flf2v-14B": ("flf2v", dict(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36, out_channels=16,
+                                image_dim=1280, added_kv_proj_dim=5120, pos_embed_seq_len=514)),
 }
 
 
@@ -136,6 +139,7 @@ def test_the_dit_maps_are_inverse_and_read_the_released_configs(name):
     inferred = dit_config(original_dit_config_json(config, model_type), {original[k]: s for k, s in shapes.items()},
                           None)
     assert {key: inferred[key] for key in config} == config
+    assert dit_original_config(model)["model_type"] == model_type  # what a full fine-tune's original folder says
 
 
 RELEASED_VAES = {

@@ -52,6 +52,8 @@ _DIT_TOP = {
     "condition_embedder.image_embedder.norm2": "img_emb.proj.4",
     "condition_embedder.image_embedder.pos_embed": "img_emb.emb_pos",
 }  # fmt: skip
+# The one original DiT tensor diffusers' single-file converter leaves unrenamed (its conversion script maps it).
+_FLF2V_POSITIONS = {"img_emb.emb_pos": "condition_embedder.image_embedder.pos_embed"}
 _DIT_BLOCK = {
     "scale_shift_table": "modulation", "norm2": "norm3",
     "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v",
@@ -127,10 +129,12 @@ def _identify_pth(file: Path) -> OriginalModel:
 
 
 def dit_model_keys(checkpoint_keys: list[str]) -> dict[str, str]:
-    """``{WanTransformer3DModel key: original key}``, by diffusers' ``convert_wan_transformer_to_diffusers``."""
+    """``{WanTransformer3DModel key: original key}``, by diffusers' ``convert_wan_transformer_to_diffusers``, plus
+    the FLF2V image positions, which that converter leaves under their original name."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    return convert_wan_transformer_to_diffusers({key: key for key in checkpoint_keys})
+    names = convert_wan_transformer_to_diffusers({key: key for key in checkpoint_keys})
+    return {_FLF2V_POSITIONS.get(key, key): original for key, original in names.items()}
 
 
 def dit_original_keys(model_keys: list[str]) -> dict[str, str]:
@@ -210,6 +214,7 @@ def dit_original_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
     ``model_type`` is informational: loaders read the weights' shapes."""
     config = dict(model.config)
-    model_type = "i2v" if config.get("image_dim") or config.get("in_channels") == 36 else (
-        "ti2v" if config.get("in_channels") == 48 else "t2v")
+    model_type = "flf2v" if config.get("pos_embed_seq_len") else (
+        "i2v" if config.get("image_dim") or config.get("in_channels") == 36 else (
+        "ti2v" if config.get("in_channels") == 48 else "t2v"))
     return original_dit_config_json(config, model_type)

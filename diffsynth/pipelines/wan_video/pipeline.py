@@ -109,8 +109,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     model_roles = MODEL_ROLES
     model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio")
     training_columns = ("video", "prompt")
-    # Extra inputs a sample may leave out: the reference takes the first frame of the video for them.
-    derived_inputs = ("input_image",)
+    # Extra inputs a sample may leave out: the reference takes the first (last) frame of the video for them.
+    derived_inputs = ("input_image", "end_image")
     # The reference's Wan commands name layers as in the original Wan code; suffixes match self- and cross-attention.
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
@@ -224,6 +224,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             return self.image_encoder is not None
         return self.dit.config.image_dim is not None
 
+    def takes_two_images(self) -> bool:
+        """Whether the transformer's image cross-attention reads two images' CLIP tokens (Wan2.1-FLF2V: learned
+        positions for both, ``pos_embed_seq_len``)."""
+        return self.dit is not None and self.dit.config.get("pos_embed_seq_len") is not None
+
     def describe_transformer(self) -> str:
         """The transformer's image-related config, for error messages."""
         if self.dit is None:
@@ -239,20 +244,25 @@ class WanVideoPipeline(TextToLatentPipeline):
         return {"input_video": frames, "height": frames[0].height, "width": frames[0].width, "num_frames": len(frames)}
 
     def derived_training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str]) -> dict[str, Any]:
-        """The condition image: the sample's ``input_image`` column when it has one, else the video's first frame
+        """The condition images: the sample's ``input_image`` column when it has one, else the video's first frame
         (what the model is trained to continue) when ``--extra_inputs`` names ``input_image`` or the transformer
-        needs an image (image-to-video), as the reference trainer takes it.
+        needs an image (image-to-video), as the reference trainer takes it; likewise ``end_image`` (the last frame)
+        when ``--extra_inputs`` names it or the transformer needs it (FLF2V).
 
         Raises:
-            ValueError: ``input_image`` is a path that was not loaded.
+            ValueError: ``input_image`` or ``end_image`` is a path that was not loaded.
         """
-        input_image = sample.get("input_image")
-        if isinstance(input_image, str):
-            raise ValueError(f"the input_image column holds the path {input_image!r}, not an image; add input_image "
-                             "to --data_file_keys (e.g. --data_file_keys video,input_image) so it is loaded")
-        if input_image is None and ("input_image" in extra_inputs or self.image_conditioning() == "channels"):
-            input_image = sample["video"][0]
-        return {"input_image": input_image}
+        derived = {}
+        for name, index, needed in (("input_image", 0, self.image_conditioning() == "channels"),
+                                    ("end_image", -1, self.takes_two_images())):
+            image = sample.get(name)
+            if isinstance(image, str):
+                raise ValueError(f"the {name} column holds the path {image!r}, not an image; add {name} to "
+                                 f"--data_file_keys (e.g. --data_file_keys video,{name}) so it is loaded")
+            if image is None and (name in extra_inputs or needed):
+                image = sample["video"][index]
+            derived[name] = image
+        return derived
 
     def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
         """With a first-frame condition (TI2V) the first latent frame is given, not predicted: the loss skips it."""
@@ -290,6 +300,9 @@ class WanVideoPipeline(TextToLatentPipeline):
         dit = self.expert(timestep, boundary_ratio)
         timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(latents.shape[0])
         hidden = latents if y is None else torch.cat([latents, y.to(latents.dtype)], dim=1)
+        if clip_feature is not None and dit.config.get("pos_embed_seq_len") is not None:
+            # diffusers' FLF2V image embedder takes each image as its own sample and joins them back in pairs.
+            clip_feature = clip_feature.reshape(-1, clip_feature.shape[1] // 2, clip_feature.shape[2])
         if hidden.shape[1] != dit.config.in_channels:
             raise ValueError(f"the transformer takes in_channels={dit.config.in_channels}, but got "
                              f"{hidden.shape[1]} (latents {latents.shape[1]} + y "
@@ -321,6 +334,10 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f'{self.describe_transformer()} is an image-to-video model: give an "input_image"')
         if mode is None and "input_image" in inputs:
             problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
+        if self.takes_two_images() and "end_image" not in inputs:
+            problems.append(f'{self.describe_transformer()} is a first-last-frame model: give an "end_image"')
+        if mode != "channels" and "end_image" in inputs:
+            problems.append(f'"end_image" was given, but {self.describe_transformer()} takes no last frame')
         if "edit_image" in inputs:
             problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
         return problems
@@ -332,7 +349,7 @@ class WanVideoPipeline(TextToLatentPipeline):
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 5.0,
                  input_video: Sequence[Image.Image] | None = None, input_image: Image.Image | None = None,
-                 denoising_strength: float = 1.0,
+                 end_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  height: int = 480, width: int = 832, num_frames: int = 81, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 50, max_sequence_length: int = 512,
                  boundary_ratio: float | None = None, output_type: str = "pil",
@@ -346,6 +363,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             input_video: Start from these frames instead of pure noise (video-to-video).
             input_image: The first frame, for an image-to-video model (which needs it) or a TI2V model (which may
                 take it); resized to ``height x width``. A text-to-video model rejects it.
+            end_image: The last frame, with ``input_image``, for a first-last-frame model (Wan2.1-FLF2V, which needs
+                it; diffusers' ``last_image``) or a Fun InP model (which may take it); resized likewise.
             denoising_strength: With ``input_video``: how much of the schedule to run (1 ignores the video).
             height: Frame height in pixels, rounded to a multiple of ``size_multiple()`` (16; 32 for Wan2.2 TI2V).
             width: Frame width in pixels, rounded likewise.
@@ -368,7 +387,7 @@ class WanVideoPipeline(TextToLatentPipeline):
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_video": input_video, "input_image": input_image,
-            "denoising_strength": denoising_strength,
+            "end_image": end_image, "denoising_strength": denoising_strength,
             "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
         }  # fmt: skip

@@ -13,7 +13,8 @@ are skipped) or a JSON list whose entries are prompts or objects::
 
 with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``, ``num_frames`` (video), ``fps``
 (video), ``seed``, ``edit_image`` (Qwen-Image-Edit: a path, or a list of paths for Edit-2509 / 2511) and
-``input_image`` (Wan image-to-video: the first frame); paths are relative to the file's folder. Everything is checked
+``input_image`` (Wan image-to-video: the first frame) and ``end_image`` (Wan first-last-frame models: the last
+frame); paths are relative to the file's folder. Everything is checked
 when the flags are parsed, before any model loads: the file, every entry, every image (its header), and every size,
 which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``),
 so that rendering stays within the run's memory plan.
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .validation import ValidationSection
 
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
-               "input_image")
+               "input_image", "end_image")
 DEFAULT_FPS = 16  # Wan's frame rate
 #: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
 #: must not be rendered as a prompt).
@@ -63,11 +64,12 @@ class ValidationPrompt:
     seed: int | None = None
     edit_image: Path | tuple[Path, ...] | None = None
     input_image: Path | None = None
+    end_image: Path | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
         edits = [self.edit_image] if isinstance(self.edit_image, Path) else list(self.edit_image or ())
-        return [*edits, *([self.input_image] if self.input_image is not None else [])]
+        return [*edits, *(path for path in (self.input_image, self.end_image) if path is not None)]
 
 
 def looks_like_a_path(value: str) -> bool:
@@ -148,7 +150,7 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
     if ("height" in entry) != ("width" in entry):
         problems.append('gives one of "height" and "width"; give both, or neither for the run\'s default size')
     images: dict[str, Any] = {}
-    for key in ("edit_image", "input_image"):
+    for key in ("edit_image", "input_image", "end_image"):
         if key in entry:
             names = entry[key] if key == "edit_image" and isinstance(entry[key], list) else [entry[key]]
             paths = []
@@ -274,7 +276,8 @@ class ValidationConfig:
         edits = prompt.edit_image
         images = {"edit_image": ([_open(path) for path in edits] if isinstance(edits, tuple) else _open(edits))
                   if edits is not None else None,
-                  "input_image": _open(prompt.input_image) if prompt.input_image is not None else None}
+                  **{key: _open(getattr(prompt, key)) if getattr(prompt, key) is not None else None
+                     for key in ("input_image", "end_image")}}
         height, width = self.size(prompt, size_multiple)
         arguments = {"prompt": prompt.prompt, "negative_prompt": prompt.negative_prompt, "height": height,
                      "width": width, "seed": self.seed if prompt.seed is None else prompt.seed,

@@ -73,3 +73,15 @@ def test_a_missing_file_that_looks_like_a_path_is_an_error_naming_it(tmp_path, m
 def test_an_empty_value_is_refused():
     with pytest.raises(ValidationError, match="--validation_prompts ' ' is empty; pass a prompt in quotes"):
         read_validation_prompts(" ")
+
+
+def test_a_first_last_frame_entry_passes_both_images_and_a_missing_one_is_named(tmp_path):
+    Image.new("RGB", (48, 32), (200, 30, 30)).save(tmp_path / "first.png")
+    Image.new("RGB", (48, 32), (30, 30, 200)).save(tmp_path / "last.png")
+    prompts = read_validation_prompts(prompt_file(tmp_path, input_image="first.png", end_image="last.png"))
+    config = ValidationConfig(tuple(prompts), every_steps=1, every_epochs=None, max_pixels=64 * 64)
+    arguments = config.call_arguments(prompts[0], 16)
+    assert arguments["input_image"].getpixel((0, 0)) == (200, 30, 30)
+    assert arguments["end_image"].getpixel((0, 0)) == (30, 30, 200)
+    with pytest.raises(ValidationError, match="end_image"):
+        read_validation_prompts(prompt_file(tmp_path, input_image="first.png", end_image="gone.png"))
