@@ -7,7 +7,7 @@ _WAN21_T2V = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, 
                   freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 _VACE = "Wan VACE (video editing and reference-to-video) is not supported here"
-_FUN = "the Wan Fun models (InP, Control, Control-Camera) are not supported here"
+_FUN_INP = "the Wan Fun InP (first/last-frame inpainting) models are not supported here"
 
 SPEC = FamilySpec(
     name="wan_video",
@@ -35,7 +35,9 @@ SPEC = FamilySpec(
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
         "Wan-AI/Wan2.1-VACE-": _VACE, "iic/VACE-Wan2.1-": _VACE, "PAI/Wan2.2-VACE-Fun-": _VACE,
-        "PAI/Wan2.1-Fun-": _FUN, "PAI/Wan2.2-Fun-": _FUN,
+        "PAI/Wan2.1-Fun-1.3B-InP": _FUN_INP, "PAI/Wan2.1-Fun-14B-InP": _FUN_INP,
+        "PAI/Wan2.1-Fun-V1.1-1.3B-InP": _FUN_INP, "PAI/Wan2.1-Fun-V1.1-14B-InP": _FUN_INP,
+        "PAI/Wan2.2-Fun-A14B-InP": _FUN_INP,
         "Wan-AI/Wan2.1-FLF2V-": "Wan2.1-FLF2V (first-last-frame-to-video) is not supported here",
         "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
