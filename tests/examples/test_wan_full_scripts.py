@@ -120,6 +120,7 @@ ANIMATE_2 = ("Wan-AI/Wan2.2-Animate-2-14B:videomodel/Wan-AI/models_t5_umt5-xxl-e
              "Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth")
 # The distinguishing flags of the reference's full/ Wan scripts for releases not supported here (each script's first
 # command; the Wan2.2 experts' second commands differ only in low_noise_model/), and what the refusal line names.
+# The Fun Control and Control-Camera scripts run: tests/examples/test_wan_fun_scripts.py.
 REFUSED = {
     "LongCat-Video": (refused(f"meituan-longcat/LongCat-Video:dit/diffusion_pytorch_model*.safetensors,"
                               f"{T2V_14B_ENCODERS}", "--trainable_models", "dit"), "LongCat-Video"),
@@ -137,21 +138,10 @@ REFUSED = {
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
     "Wan2.1-FLF2V-14B-720P": (refused(wan_files("Wan-AI/Wan2.1-FLF2V-14B-720P", clip=True), "--trainable_models",
                                       "dit", "--extra_inputs", "input_image,end_image"), "Wan2.1-FLF2V"),
-    "Wan2.1-Fun-1.3B-Control": fun("Wan2.1-Fun-1.3B-Control", "control_video"),
     "Wan2.1-Fun-1.3B-InP": fun("Wan2.1-Fun-1.3B-InP", "input_image,end_image"),
-    "Wan2.1-Fun-14B-Control": fun("Wan2.1-Fun-14B-Control", "control_video"),
     "Wan2.1-Fun-14B-InP": fun("Wan2.1-Fun-14B-InP", "input_image,end_image"),
-    "Wan2.1-Fun-V1.1-1.3B-Control-Camera": fun("Wan2.1-Fun-V1.1-1.3B-Control-Camera",
-                                               "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.1-Fun-V1.1-1.3B-Control": fun("Wan2.1-Fun-V1.1-1.3B-Control", "control_video,reference_image"),
     "Wan2.1-Fun-V1.1-1.3B-InP": fun("Wan2.1-Fun-V1.1-1.3B-InP", "input_image,end_image"),
-    "Wan2.1-Fun-V1.1-14B-Control-Camera": fun("Wan2.1-Fun-V1.1-14B-Control-Camera",
-                                              "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.1-Fun-V1.1-14B-Control": fun("Wan2.1-Fun-V1.1-14B-Control", "control_video,reference_image"),
     "Wan2.1-Fun-V1.1-14B-InP": fun("Wan2.1-Fun-V1.1-14B-InP", "input_image,end_image"),
-    "Wan2.2-Fun-A14B-Control-Camera": fun_a14b("Wan2.2-Fun-A14B-Control-Camera",
-                                               "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.2-Fun-A14B-Control": fun_a14b("Wan2.2-Fun-A14B-Control", "control_video,reference_image"),
     "Wan2.2-Fun-A14B-InP": fun_a14b("Wan2.2-Fun-A14B-InP", "input_image,end_image"),
     "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
     "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),

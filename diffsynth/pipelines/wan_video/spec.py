@@ -15,6 +15,8 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.wan_video:WanVideoPipeline",
     plan_name="wan",
     denoiser_class="WanTransformer3DModel",
+    # The PAI Fun Control / Control-Camera DiT (fun_model.py): diffusers' class plus ref_conv and a camera adapter.
+    denoiser_subclasses=("WanFunTransformer3DModel",),
     video=True,
     model_ids=("Wan-AI/Wan2.1-T2V-1.3B", "Wan-AI/Wan2.1-T2V-14B", "Wan-AI/Wan2.1-I2V-14B-480P",
                "Wan-AI/Wan2.1-I2V-14B-720P", "Wan-AI/Wan2.2-T2V-A14B", "Wan-AI/Wan2.2-I2V-A14B",
