@@ -20,7 +20,10 @@ SPEC = FamilySpec(
     video=True,
     model_ids=("Wan-AI/Wan2.1-T2V-1.3B", "Wan-AI/Wan2.1-T2V-14B", "Wan-AI/Wan2.1-I2V-14B-480P",
                "Wan-AI/Wan2.1-I2V-14B-720P", "Wan-AI/Wan2.2-T2V-A14B", "Wan-AI/Wan2.2-I2V-A14B",
-               "Wan-AI/Wan2.2-TI2V-5B"),
+               "Wan-AI/Wan2.2-TI2V-5B", "PAI/Wan2.1-Fun-1.3B-Control", "PAI/Wan2.1-Fun-14B-Control",
+               "PAI/Wan2.1-Fun-V1.1-1.3B-Control", "PAI/Wan2.1-Fun-V1.1-14B-Control",
+               "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera", "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera",
+               "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera"),
     releases=(
         Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
                 ("Wan-AI/Wan2.1-T2V-14B*",)),
