@@ -7,7 +7,9 @@ Which model is loaded is read from the transformer (``fun_kind``):
   latents for Wan2.1, 4 mask channels and 16 latents for Wan2.2). ``y`` is the normalised VAE latents of
   ``control_video`` followed by the image condition of ``input_image`` (``ImageConditionUnit``'s ``y``, keeping its
   last channels) or zeros without one. Without an image, a transformer with CLIP cross-attention reads zero CLIP
-  features (257 tokens, as the ViT-H/14 gives).
+  features (257 tokens, as the ViT-H/14 gives). The reference zeroes the image condition whenever there are no CLIP
+  features, so for Wan2.2 (no CLIP encoder) it ignores ``input_image``; here the image is used, as its channels are
+  there for it (its training scripts pass no image, so training is the same).
 - ``"camera"``: the transformer has the camera adapter. ``camera_control_direction`` becomes the Plücker embedding of
   ``camera.py``; the image condition is the first frame's latents (a one-frame video) on latent frame 0 and zeros
   after it for Wan2.1 (16 channels), ``ImageConditionUnit``'s mask and latents for Wan2.2 (20 channels).
