@@ -23,8 +23,8 @@ from PIL import Image
 from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.core.loader import ModelConfig, load_model
 from diffsynth.lora import read_lora
-from diffsynth.testing.tiny_wan_fun import FUN_ALIASES, FUN_RELEASES, build_tiny_wan_fun_repos
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+from diffsynth.testing.tiny_wan_fun import FUN_ALIASES, FUN_RELEASES, build_tiny_wan_fun_repos
 from diffsynth.training import entry as trainer
 from tests.conftest import load_lora_into_diffusers, reset_accelerate_state
 

@@ -24,7 +24,6 @@ from torch import nn
 from .original import CAMERA_UNSHUFFLE
 
 
-
 class CameraAdapter(nn.Module):
     """The Control-Camera adapter: pixel unshuffle by 8, a patch convolution, one residual block of 3x3 convolutions.
 
