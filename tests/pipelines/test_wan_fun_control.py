@@ -247,3 +247,12 @@ def test_load_model_builds_the_fun_class_from_the_released_folder(fun_root, monk
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(fun_root))
     dit = load_model(ModelConfig(model_id=WAN22_CAMERA, origin_file_pattern=files(WAN22_CAMERA)[1]), torch.float32)
     assert type(dit).__name__ == "WanFunTransformer3DModel" and dit.config.camera_channels == 24
+
+
+def test_samples_get_the_inputs_their_model_reads(pipes):
+    assert pipes[V10].sample_input_problems(set()) and not pipes[V10].sample_input_problems({"control_video"})
+    assert pipes[V10].sample_input_problems({"control_video", "reference_image"})
+    assert not pipes[V11].sample_input_problems({"control_video", "reference_image"})
+    assert pipes[CAMERA].sample_input_problems({"input_image", "control_video"})
+    assert not pipes[CAMERA].sample_input_problems({"input_image", "camera_control_direction"})
+    assert pipes[WAN22].sample_input_problems({"control_video", "camera_control_direction"})

@@ -51,6 +51,20 @@ def fun_kind(dit: torch.nn.Module | None) -> str | None:
     return "control" if extra in (2 * CONTROL_CHANNELS, 2 * CONTROL_CHANNELS + MASK_CHANNELS) else None
 
 
+def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
+    """What a sample's Fun inputs (``inputs``: the names it gives) lack or give in vain for the loaded transformer."""
+    kind, problems = fun_kind(pipe.dit), []
+    if kind == "control" and "control_video" not in inputs:
+        problems.append(f'{pipe.describe_transformer()} is a Wan Fun Control model: give a "control_video"')
+    if kind != "control" and "control_video" in inputs:
+        problems.append(f'"control_video" was given, but {pipe.describe_transformer()} is not a Fun Control model')
+    if "reference_image" in inputs and getattr(pipe.dit, "ref_conv", None) is None:
+        problems.append(f'"reference_image" was given, but {pipe.describe_transformer()} takes none')
+    if kind != "camera" and inputs & {"camera_control_direction", "camera_control_speed"}:
+        problems.append(f'a camera motion was given, but {pipe.describe_transformer()} has no camera adapter')
+    return problems
+
+
 def _normalised_latents(pipe: WanVideoPipeline, frames: Sequence[Image.Image]) -> torch.Tensor:
     pixels = video_to_tensor(frames).to(pipe.device, pipe.vae.dtype)
     latents = pipe.vae.encode(pixels).latent_dist.mode().float()

@@ -48,7 +48,7 @@ from ..common import (
     tensor_to_images,
 )
 from .camera import CAMERA_SPEED
-from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind
+from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
 from .original import UMT5_TOKENIZER_FOLDER
 from .units import (
@@ -328,7 +328,7 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
-        ``edit_image``."""
+        ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -337,7 +337,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
         if "edit_image" in inputs:
             problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
-        return problems
+        return problems + fun_sample_problems(self, inputs)
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
