@@ -256,3 +256,21 @@ def test_samples_get_the_inputs_their_model_reads(pipes):
     assert pipes[CAMERA].sample_input_problems({"input_image", "control_video"})
     assert not pipes[CAMERA].sample_input_problems({"input_image", "camera_control_direction"})
     assert pipes[WAN22].sample_input_problems({"control_video", "camera_control_direction"})
+
+
+def test_a_stage_without_the_transformer_says_the_fun_inputs_need_it(pipes):
+    pipe = pipes[V11]
+    dit, pipe.dit = pipe.dit, None
+    try:
+        with pytest.raises(ValueError, match="needs the transformer loaded"):
+            FunControlUnit().process(pipe, frames(1), 32, 48, 5, y=None, clip_feature=None)
+    finally:
+        pipe.dit = dit
+
+
+def test_a_saved_diffusers_folder_of_the_fun_transformer_loads_back(pipes, tmp_path):
+    dit = pipes[WAN22_CAMERA].dit
+    dit.save_pretrained(tmp_path / "transformer")
+    loaded = load_model(ModelConfig(path=sorted(str(p) for p in (tmp_path / "transformer").glob("*.safetensors"))),
+                        torch.float32)
+    assert_same_model(loaded, dit)

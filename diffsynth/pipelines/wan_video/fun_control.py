@@ -51,6 +51,14 @@ def fun_kind(dit: torch.nn.Module | None) -> str | None:
     return "control" if extra in (2 * CONTROL_CHANNELS, 2 * CONTROL_CHANNELS + MASK_CHANNELS) else None
 
 
+def require_transformer(pipe: WanVideoPipeline, name: str) -> None:
+    """A ``ValueError`` when ``name`` is given to a pipeline without its transformer (a split run's first stage):
+    the transformer's input width decides how the Fun inputs are laid out."""
+    if pipe.dit is None:
+        raise ValueError(f"{name} needs the transformer loaded: its input channels decide how the Fun inputs are laid "
+                         "out; train the Wan Fun models in one stage (without --task sft:data_process)")
+
+
 def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
     """What a sample's Fun inputs (``inputs``: the names it gives) lack or give in vain for the loaded transformer."""
     kind, problems = fun_kind(pipe.dit), []
@@ -93,6 +101,7 @@ class FunControlUnit(PipelineUnit):
                 raise ValueError(f"{pipe.describe_transformer()} is a Wan Fun Control model and needs "
                                  "control_video=[PIL frames] (e.g. depth or edge maps of the video to make)")
             return {}
+        require_transformer(pipe, "control_video")
         if kind != "control":
             raise ValueError(f"control_video was given, but {pipe.describe_transformer()} is not a Wan Fun Control "
                              "model; load e.g. PAI/Wan2.1-Fun-V1.1-1.3B-Control, or drop control_video")
@@ -125,6 +134,7 @@ class FunCameraUnit(PipelineUnit):
                 width: int, num_frames: int, y: torch.Tensor | None) -> dict:
         if fun_kind(pipe.dit) != "camera":
             if camera_control_direction is not None:
+                require_transformer(pipe, "camera_control_direction")
                 raise ValueError(f"camera_control_direction was given, but {pipe.describe_transformer()} has no camera "
                                  "adapter; load a Control-Camera model (e.g. PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera)")
             return {"camera_latents": None}
@@ -154,7 +164,8 @@ class FunReferenceUnit(PipelineUnit):
                 clip_feature: torch.Tensor | None) -> dict[str, Any]:
         if reference_image is None:
             return {"reference_latents": None}
-        if pipe.dit is not None and getattr(pipe.dit, "ref_conv", None) is None:
+        require_transformer(pipe, "reference_image")
+        if getattr(pipe.dit, "ref_conv", None) is None:
             raise ValueError(f"reference_image was given, but {pipe.describe_transformer()} takes none; load a "
                              "Fun-V1.1 Control model (e.g. PAI/Wan2.1-Fun-V1.1-1.3B-Control), or drop reference_image")
         if not isinstance(reference_image, Image.Image):
