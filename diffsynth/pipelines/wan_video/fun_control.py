@@ -28,14 +28,13 @@ from PIL import Image
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import video_to_tensor
 from .camera import CAMERA_SPEED, camera_latents, camera_poses, check_direction, plucker_embedding
-from .image import ImageEmbedderUnit, check_image
+from .image import MASK_CHANNELS, ImageConditionUnit, ImageEmbedderUnit, check_image
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
 
-# Control latents have the Wan2.1 VAE's channels; Wan2.2's image condition adds a 4-channel mask.
+# Control latents have the Wan2.1 VAE's channels; Wan2.2's image condition adds the 4-channel mask.
 CONTROL_CHANNELS = 16
-MASK_CHANNELS = 4
 # Tokens of the ViT-H/14 CLIP features the Fun models were trained with (zeros stand in without an image).
 CLIP_TOKENS = 257
 
@@ -74,10 +73,7 @@ def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
 
 
 def _normalised_latents(pipe: WanVideoPipeline, frames: Sequence[Image.Image]) -> torch.Tensor:
-    pixels = video_to_tensor(frames).to(pipe.device, pipe.vae.dtype)
-    latents = pipe.vae.encode(pixels).latent_dist.mode().float()
-    mean, inverse_std = pipe.latent_statistics(latents)
-    return (latents - mean) * inverse_std
+    return ImageConditionUnit._normalised_latents(pipe, video_to_tensor(frames))
 
 
 def _sized(image: Image.Image, width: int, height: int) -> Image.Image:
