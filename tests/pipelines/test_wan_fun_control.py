@@ -195,9 +195,9 @@ def test_wan21_camera_y_is_the_first_frame_alone_on_latent_frame_zero(pipes):
     torch.testing.assert_close(out["y"][:, :, :1], expected, rtol=1e-5, atol=1e-5)
     poses = camera_poses("Left", 5, 1 / 54)
     assert torch.equal(out["camera_latents"], camera_latents(plucker_embedding(poses, 32, 48)))
-    kept = FunCameraUnit().process(pipes[WAN22_CAMERA], "Left", 1 / 54, None, image, 32, 48, 5,
-                                   y=torch.ones(1, 20, 2, 4, 6))
-    assert "y" not in kept  # Wan2.2: the image-to-video mask and latents, as ImageConditionUnit made them
+    given = torch.ones(1, 20, 2, 4, 6)
+    kept = FunCameraUnit().process(pipes[WAN22_CAMERA], "Left", 1 / 54, None, image, 32, 48, 5, y=given)
+    assert kept["y"] is given  # Wan2.2: the image-to-video mask and latents, as ImageConditionUnit made them
 
 
 # ---- each input steers the video -----------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class FunControlUnit(PipelineUnit):
             if kind == "control":
                 raise ValueError(f"{pipe.describe_transformer()} is a Wan Fun Control model and needs "
                                  "control_video=[PIL frames] (e.g. depth or edge maps of the video to make)")
-            return {}
+            return {"y": y, "clip_feature": clip_feature}
         require_transformer(pipe, "control_video")
         if kind != "control":
             raise ValueError(f"control_video was given, but {pipe.describe_transformer()} is not a Wan Fun Control "
@@ -133,14 +133,14 @@ class FunCameraUnit(PipelineUnit):
                 require_transformer(pipe, "camera_control_direction")
                 raise ValueError(f"camera_control_direction was given, but {pipe.describe_transformer()} has no camera "
                                  "adapter; load a Control-Camera model (e.g. PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera)")
-            return {"camera_latents": None}
+            return {"camera_latents": None, "y": y}
         camera = None
         if camera_control_direction is not None:
             speed = CAMERA_SPEED if camera_control_speed is None else float(camera_control_speed)
             poses = camera_poses(check_direction(camera_control_direction), num_frames, speed, camera_control_origin)
             camera = camera_latents(plucker_embedding(poses, height, width)).to(pipe.device, pipe.torch_dtype)
         if input_image is None or y is None or y.shape[1] == pipe.dit.config.in_channels - pipe.latent_channels:
-            return {"camera_latents": camera}
+            return {"camera_latents": camera, "y": y}
         first = _normalised_latents(pipe, [_sized(check_image(input_image), width, height)])
         image = first.new_zeros(pipe.latent_shape(height, width, num_frames))
         image[:, :, :1] = first
@@ -159,7 +159,7 @@ class FunReferenceUnit(PipelineUnit):
     def process(self, pipe: WanVideoPipeline, reference_image: Image.Image | None, height: int, width: int,
                 clip_feature: torch.Tensor | None) -> dict[str, Any]:
         if reference_image is None:
-            return {"reference_latents": None}
+            return {"reference_latents": None, "clip_feature": clip_feature}
         require_transformer(pipe, "reference_image")
         if getattr(pipe.dit, "ref_conv", None) is None:
             raise ValueError(f"reference_image was given, but {pipe.describe_transformer()} takes none; load a "
