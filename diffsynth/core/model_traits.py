@@ -9,8 +9,8 @@ imports nothing, so registering costs nothing):
 - layers whose forward casts its input to the layer's weight dtype without listing them in the class's
   ``_keep_in_fp32_modules``, which fp8 storage must leave alone;
 - modules of diffusers or transformers, besides the library's top level, that hold model classes a release's
-  ``config.json`` names (diffusers keeps some models in their pipeline's package), registered by the room whose
-  releases name them.
+  ``config.json`` names (diffusers keeps some models in their pipeline's package), or a room's own subclasses of
+  them, registered by the room whose releases name them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 _READERS: list[str] = []
 _INPUT_CASTING_LAYERS: dict[str, tuple[str, ...]] = {}
-_MODEL_MODULES: list[str] = []
+_MODEL_MODULES: list[tuple[str, str]] = []
 
 
 def register_original_layout(reader: str) -> None:
@@ -67,21 +67,24 @@ def input_casting_layers(class_name: str) -> tuple[str, ...]:
     return _INPUT_CASTING_LAYERS.get(class_name, ())
 
 
-def register_model_module(module: str) -> None:
-    """Records ``module`` (e.g. ``"diffusers.pipelines.<name>"``) as holding model classes that loading looks up by
-    name when the library's top level lacks them; its library is the first part of the name.
+def register_model_module(module: str, library: str | None = None) -> None:
+    """Records ``module`` as holding model classes that loading looks up by name when the library's top level lacks
+    them: a submodule of diffusers or transformers (e.g. ``"diffusers.pipelines.<name>"``, whose library is the
+    first part of the name), or a room's own module of subclasses of a library's models, with ``library`` named.
 
     Raises:
-        ValueError: ``module`` is not a submodule of diffusers or transformers.
+        ValueError: ``module`` is not a submodule of diffusers or transformers and ``library`` is not one of them.
     """
-    library, dot, rest = module.partition(".")
+    first, dot, rest = module.partition(".")
+    library = library or first
     if library not in ("diffusers", "transformers") or not dot or not rest:
         raise ValueError(f"module={module!r} must be a submodule of diffusers or transformers, e.g. "
-                         "'diffusers.pipelines.<name>'")
-    if module not in _MODEL_MODULES:
-        _MODEL_MODULES.append(module)
+                         "'diffusers.pipelines.<name>', or a module of their subclasses with library='diffusers' "
+                         "or 'transformers'")
+    if (module, library) not in _MODEL_MODULES:
+        _MODEL_MODULES.append((module, library))
 
 
 def model_modules(library: str) -> list[str]:
     """The modules of ``library`` registered with ``register_model_module``, in registration order."""
-    return [module for module in _MODEL_MODULES if module.partition(".")[0] == library]
+    return [module for module, owner in _MODEL_MODULES if owner == library]

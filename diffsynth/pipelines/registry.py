@@ -96,6 +96,8 @@ class FamilySpec:
         pipeline: ``"module:Class"`` of its pipeline, as its ``train.py`` passes it to ``cli``.
         plan_name: The planner's ``--pipeline`` value.
         denoiser_class: The diffusers class of its denoiser (what a LoRA trains).
+        denoiser_subclasses: Its room's subclasses of that class (released variants with modules diffusers' class
+            lacks), which are the family's denoisers too.
         video: Whether it trains on videos (``cli(..., video=True)``).
         model_ids: The released repositories it trains (their ids as the reference's scripts name them).
         releases: The released denoisers the planner knows without files.
@@ -127,6 +129,7 @@ class FamilySpec:
     example_folder: str
     docs_page: str
     planner_inputs: str = ""
+    denoiser_subclasses: tuple[str, ...] = ()
     video: bool = False
     model_ids: tuple[str, ...] = ()
     releases: tuple[Release, ...] = ()
@@ -214,8 +217,9 @@ def _only(matches: Callable[[FamilySpec], bool], missing: str) -> FamilySpec:
 
 
 def family_of_class(class_name: str) -> FamilySpec | None:
-    """The family whose denoiser is ``class_name`` (a diffusers class name), or None."""
-    return next((spec for spec in families() if spec.denoiser_class == class_name), None)
+    """The family whose denoiser is ``class_name`` (a diffusers class name or a room's subclass of one), or None."""
+    return next((spec for spec in families()
+                 if class_name == spec.denoiser_class or class_name in spec.denoiser_subclasses), None)
 
 
 def family_of_plan_name(plan_name: str) -> FamilySpec:

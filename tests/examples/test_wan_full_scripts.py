@@ -105,15 +105,6 @@ def refused(models: str, *flags: str) -> list[str]:
     return [*DATA, "--model_id_with_origin_paths", models, *flags]
 
 
-def fun(name: str, inputs: str, clip: bool = True) -> tuple[list[str], str]:
-    return refused(wan_files(f"PAI/{name}", clip), "--trainable_models", "dit", "--extra_inputs", inputs), "Wan Fun"
-
-
-def fun_a14b(name: str, inputs: str) -> tuple[list[str], str]:
-    return refused(wan_files(f"PAI/{name}", dit="high_noise_model/diffusion_pytorch_model*.safetensors"),
-                   "--trainable_models", "dit", "--extra_inputs", inputs), "Wan Fun"
-
-
 def vace(repo: str, dit: str = "diffusion_pytorch_model*.safetensors") -> tuple[list[str], str]:
     return refused(wan_files(repo, dit=dit), "--trainable_models", "vace", "--extra_inputs",
                    "vace_video,vace_reference_image"), "VACE"
@@ -126,6 +117,7 @@ ANIMATE_2 = ("Wan-AI/Wan2.2-Animate-2-14B:videomodel/Wan-AI/models_t5_umt5-xxl-e
              "Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth")
 # The distinguishing flags of the reference's full/ Wan scripts for releases not supported here (each script's first
 # command; the Wan2.2 experts' second commands differ only in low_noise_model/), and what the refusal line names.
+# The Fun Control and Control-Camera scripts run: tests/examples/test_wan_fun_scripts.py.
 REFUSED = {
     "LongCat-Video": (refused(f"meituan-longcat/LongCat-Video:dit/diffusion_pytorch_model*.safetensors,"
                               f"{T2V_14B_ENCODERS}", "--trainable_models", "dit"), "LongCat-Video"),
@@ -141,17 +133,6 @@ REFUSED = {
     "Wan2.1-1.3b-speedcontrol-v1": (
         refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
-    "Wan2.1-Fun-1.3B-Control": fun("Wan2.1-Fun-1.3B-Control", "control_video"),
-    "Wan2.1-Fun-14B-Control": fun("Wan2.1-Fun-14B-Control", "control_video"),
-    "Wan2.1-Fun-V1.1-1.3B-Control-Camera": fun("Wan2.1-Fun-V1.1-1.3B-Control-Camera",
-                                               "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.1-Fun-V1.1-1.3B-Control": fun("Wan2.1-Fun-V1.1-1.3B-Control", "control_video,reference_image"),
-    "Wan2.1-Fun-V1.1-14B-Control-Camera": fun("Wan2.1-Fun-V1.1-14B-Control-Camera",
-                                              "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.1-Fun-V1.1-14B-Control": fun("Wan2.1-Fun-V1.1-14B-Control", "control_video,reference_image"),
-    "Wan2.2-Fun-A14B-Control-Camera": fun_a14b("Wan2.2-Fun-A14B-Control-Camera",
-                                               "input_image,camera_control_direction,camera_control_speed"),
-    "Wan2.2-Fun-A14B-Control": fun_a14b("Wan2.2-Fun-A14B-Control", "control_video,reference_image"),
     "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
     "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),
     "Wan2.1-VACE-14B": vace("Wan-AI/Wan2.1-VACE-14B"),

@@ -85,7 +85,7 @@ class ImageConditionUnit(PipelineUnit):
                                  "Wan-AI/Wan2.1-FLF2V-14B-720P, PAI/Wan2.1-Fun-1.3B-InP), or drop it")
         if input_image is None:
             # Without a loaded transformer (a stage that leaves it out) there is nothing to check against.
-            if pipe.dit is not None and mode == "channels":
+            if pipe.dit is not None and pipe.needs_input_image():
                 raise ValueError(f"{pipe.describe_transformer()} is an image-to-video model and needs the first "
                                  "frame: pass input_image=<PIL image>, or load a text-to-video Wan transformer")
             return {"y": None, "first_frame_latents": None}

@@ -26,10 +26,18 @@ from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, converted_entries, renamed_entries
 from ...core.loader.pth import PTH_SUFFIX
 from ...core.loader.state_dict import read_headers
+from ...core.model_traits import register_model_module
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
 from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
 
 ORIGINAL_DIT_CLASS = "WanModel"
+# The Fun releases' DiT (reference-image convolution, camera adapter) is a subclass kept in this room.
+FUN_DIT_CLASS = "WanFunTransformer3DModel"
+register_model_module("diffsynth.pipelines.wan_video.fun_model", library="diffusers")
+# Tensors of the Fun releases' extra modules, named alike in WanFunTransformer3DModel.
+_FUN_PREFIXES = ("ref_conv.", "control_adapter.")
+# The camera adapter's pixel unshuffle (the VAE's spatial compression): its convolution reads 64x the camera channels.
+CAMERA_UNSHUFFLE = 8
 # The tokenizer folder every original Wan repository ships beside the T5 file (t5_tokenizer in wan/configs/*.py).
 UMT5_TOKENIZER_FOLDER = "google/umt5-xxl"
 # Defaults of WanModel.__init__ in wan/modules/model.py, for fields a config.json leaves out.
@@ -90,9 +98,10 @@ def identify(files: list[Path]) -> OriginalModel | None:
         return None
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
+    config = dit_config(config, shapes, folder / "config.json")
     return OriginalModel(
-        kind="dit", library="diffusers", class_name="WanTransformer3DModel",
-        config=dit_config(config, shapes, folder / "config.json"),
+        kind="dit", library="diffusers",
+        class_name=FUN_DIT_CLASS if "reference_conv" in config else "WanTransformer3DModel", config=config,
         entries=renamed_entries(entries, dit_model_keys(list(entries))), source=folder,
     )  # fmt: skip
 
@@ -152,6 +161,9 @@ def dit_original_keys(model_keys: list[str]) -> dict[str, str]:
         if module in _DIT_TOP:
             original[key] = f"{_DIT_TOP[module]}.{param}"
             continue
+        if key.startswith(_FUN_PREFIXES):
+            original[key] = key
+            continue
         parts = key.split(".")
         layer = ".".join(parts[2:-1]) if parts[-1] in ("weight", "bias") else ".".join(parts[2:])
         suffix = f".{parts[-1]}" if parts[-1] in ("weight", "bias") else ""
@@ -189,6 +201,10 @@ def dit_config(original: dict[str, Any], shapes: dict[str, tuple[int, ...]], con
         config.update(image_dim=shapes["img_emb.proj.0.weight"][0], added_kv_proj_dim=dim)
     if "img_emb.emb_pos" in shapes:
         config["pos_embed_seq_len"] = shapes["img_emb.emb_pos"][1]
+    if any(key.startswith(_FUN_PREFIXES) for key in shapes):  # a Fun release: WanFunTransformer3DModel
+        camera = shapes.get("control_adapter.conv.weight")
+        config.update(reference_conv="ref_conv.weight" in shapes,
+                      camera_channels=None if camera is None else camera[1] // CAMERA_UNSHUFFLE**2)
     return config
 
 
@@ -214,7 +230,8 @@ def dit_original_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
     ``model_type`` is informational: loaders read the weights' shapes."""
     config = dict(model.config)
+    fun = "reference_conv" in config  # the Fun releases name themselves i2v whatever their width
     model_type = "flf2v" if config.get("pos_embed_seq_len") else (
-        "i2v" if config.get("image_dim") or config.get("in_channels") == 36 else (
+        "i2v" if fun or config.get("image_dim") or config.get("in_channels") == 36 else (
         "ti2v" if config.get("in_channels") == 48 else "t2v"))
     return original_dit_config_json(config, model_type)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ...core.data.cells import positive_integer
+from ...core.data.cells import positive_integer, real, text
 from ...core.loader import ModelConfig
 from ..common import (
     LatentsUnit,
@@ -47,6 +47,8 @@ from ..common import (
     sibling_folder,
     tensor_to_images,
 )
+from .camera import CAMERA_SPEED
+from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
 from .original import UMT5_TOKENIZER_FOLDER
 from .units import (
@@ -69,6 +71,7 @@ I2V_BOUNDARY_RATIO = 0.9
 
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
+    "WanFunTransformer3DModel": "dit",
     "AutoencoderKLWan": "vae",
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
@@ -107,7 +110,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     """Wan video generation and the computation its training shares; see the module docstring."""
 
     model_roles = MODEL_ROLES
-    model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio")
+    model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio", "reference_latents",
+                       "camera_latents")
     training_columns = ("video", "prompt")
     # Extra inputs a sample may leave out: the reference takes the first (last) frame of the video for them.
     derived_inputs = ("input_image", "end_image")
@@ -116,12 +120,14 @@ class WanVideoPipeline(TextToLatentPipeline):
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     scheduler_preset = "wan"
-    input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
+    input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer,
+                   "camera_control_direction": text, "camera_control_speed": real}
+    image_inputs = ("control_video", "reference_image")
     #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
     unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, LatentsUnit,
-                    PromptEmbedderUnit, ImageEmbedderUnit)
+                    PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
@@ -218,6 +224,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             return "channels"
         return "first_frame" if self.dit.config.out_channels == WAN22_LATENT_CHANNELS else None
 
+    def needs_input_image(self) -> bool:
+        """Whether the transformer cannot run without ``input_image``: an image-to-video one, save a Fun Control
+        model (whose image condition is zeros without one)."""
+        return self.image_conditioning() == "channels" and fun_kind(self.dit) != "control"
+
     def takes_image_embedding(self) -> bool:
         """Whether the transformer reads ``clip_feature`` (its ``image_dim`` is set)."""
         if self.dit is None:
@@ -253,7 +264,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             ValueError: ``input_image`` or ``end_image`` is a path that was not loaded.
         """
         derived = {}
-        for name, index, needed in (("input_image", 0, self.image_conditioning() == "channels"),
+        for name, index, needed in (("input_image", 0, self.needs_input_image()),
                                     ("end_image", -1, self.takes_two_images())):
             image = sample.get(name)
             if isinstance(image, str):
@@ -286,13 +297,14 @@ class WanVideoPipeline(TextToLatentPipeline):
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  y: torch.Tensor | None = None, clip_feature: torch.Tensor | None = None,
                  first_frame_latents: torch.Tensor | None = None, boundary_ratio: float | None = None,
+                 reference_latents: torch.Tensor | None = None, camera_latents: torch.Tensor | None = None,
                  **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``latents`` at ``timestep`` (scale 0 to 1000).
 
         With an image-to-video transformer, ``y`` is concatenated to the latents along channels and ``clip_feature``
         goes to the image cross-attention. A Wan2.2-latent (TI2V) transformer gets one timestep per token, as
         diffusers gives it with ``expand_timesteps``; with ``first_frame_latents`` the first latent frame is that
-        condition, at timestep 0.
+        condition, at timestep 0. A Fun transformer also takes ``reference_latents`` and ``camera_latents``.
 
         Raises:
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
@@ -310,8 +322,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                              "a text-to-video one must not get it")
         if dit.config.out_channels == WAN22_LATENT_CHANNELS and y is None:
             hidden, timestep = _first_frame_inputs(hidden, timestep, first_frame_latents)
+        fun = {name: value for name, value in (("reference_latents", reference_latents),
+                                               ("camera_latents", camera_latents)) if value is not None}
         return dit(hidden_states=hidden.to(dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
-                   encoder_hidden_states_image=clip_feature, return_dict=False)[0]
+                   encoder_hidden_states_image=clip_feature, return_dict=False, **fun)[0]
 
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
         """The final latents through the VAE, as ``(B, frames, 3, H, W)`` values in ``[0, 1]``; a first-frame
@@ -327,10 +341,10 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
-        ``edit_image``."""
+        ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
-        if mode == "channels" and "input_image" not in inputs:
+        if self.needs_input_image() and "input_image" not in inputs:
             problems.append(f'{self.describe_transformer()} is an image-to-video model: give an "input_image"')
         if mode is None and "input_image" in inputs:
             problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
@@ -340,7 +354,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f'"end_image" was given, but {self.describe_transformer()} takes no last frame')
         if "edit_image" in inputs:
             problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
-        return problems
+        return problems + fun_sample_problems(self, inputs)
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
@@ -352,8 +366,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                  end_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  height: int = 480, width: int = 832, num_frames: int = 81, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 50, max_sequence_length: int = 512,
-                 boundary_ratio: float | None = None, output_type: str = "pil",
-                 progress_bar: bool = True) -> list[Image.Image] | torch.Tensor:
+                 boundary_ratio: float | None = None, output_type: str = "pil", progress_bar: bool = True,
+                 control_video: Sequence[Image.Image] | None = None, reference_image: Image.Image | None = None,
+                 camera_control_direction: str | None = None, camera_control_speed: float = CAMERA_SPEED,
+                 camera_control_origin: Sequence[float] | None = None) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -377,6 +393,12 @@ class WanVideoPipeline(TextToLatentPipeline):
                 the low-noise expert takes over; default the release's (0.875 text-to-video, 0.9 image-to-video).
             output_type: ``"pil"`` for a list of frames, ``"pt"`` for a ``(1, frames, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
+            control_video: Wan Fun Control: the control frames (depth, edges, pose...), at least ``num_frames``.
+            reference_image: Fun-V1.1 / Wan2.2-Fun Control: an image whose look the video takes.
+            camera_control_direction: Control-Camera: the camera motion, e.g. ``"Left"`` or ``"RightUp"``
+                (``camera.DIRECTIONS``); needs ``input_image``.
+            camera_control_speed: Control-Camera: the motion per frame (the reference's default 1/54).
+            camera_control_origin: Control-Camera: the first pose, 19 numbers (default ``camera.CAMERA_ORIGIN``).
         """
         check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
@@ -390,6 +412,9 @@ class WanVideoPipeline(TextToLatentPipeline):
             "end_image": end_image, "denoising_strength": denoising_strength,
             "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
+            "control_video": control_video, "reference_image": reference_image,
+            "camera_control_direction": camera_control_direction, "camera_control_speed": camera_control_speed,
+            "camera_control_origin": camera_control_origin,
         }  # fmt: skip
         video = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                              progress_bar=progress_bar)

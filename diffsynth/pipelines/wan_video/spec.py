@@ -7,7 +7,6 @@ _WAN21_T2V = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, 
                   freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 _VACE = "Wan VACE (video editing and reference-to-video) is not supported here"
-_FUN = "the Wan Fun Control and Control-Camera models are not supported here"
 
 SPEC = FamilySpec(
     name="wan_video",
@@ -15,12 +14,17 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.wan_video:WanVideoPipeline",
     plan_name="wan",
     denoiser_class="WanTransformer3DModel",
+    # The PAI Fun Control / Control-Camera DiT (fun_model.py): diffusers' class plus ref_conv and a camera adapter.
+    denoiser_subclasses=("WanFunTransformer3DModel",),
     video=True,
     model_ids=("Wan-AI/Wan2.1-T2V-1.3B", "Wan-AI/Wan2.1-T2V-14B", "Wan-AI/Wan2.1-I2V-14B-480P",
                "Wan-AI/Wan2.1-I2V-14B-720P", "Wan-AI/Wan2.2-T2V-A14B", "Wan-AI/Wan2.2-I2V-A14B",
                "Wan-AI/Wan2.2-TI2V-5B", "Wan-AI/Wan2.1-FLF2V-14B-720P", "PAI/Wan2.1-Fun-1.3B-InP",
                "PAI/Wan2.1-Fun-14B-InP", "PAI/Wan2.1-Fun-V1.1-1.3B-InP", "PAI/Wan2.1-Fun-V1.1-14B-InP",
-               "PAI/Wan2.2-Fun-A14B-InP"),
+               "PAI/Wan2.2-Fun-A14B-InP", "PAI/Wan2.1-Fun-1.3B-Control", "PAI/Wan2.1-Fun-14B-Control",
+               "PAI/Wan2.1-Fun-V1.1-1.3B-Control", "PAI/Wan2.1-Fun-V1.1-14B-Control",
+               "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera", "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera",
+               "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera"),
     releases=(
         Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
                 ("Wan-AI/Wan2.1-T2V-14B*",)),
@@ -37,10 +41,6 @@ SPEC = FamilySpec(
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
         "Wan-AI/Wan2.1-VACE-": _VACE, "iic/VACE-Wan2.1-": _VACE, "PAI/Wan2.2-VACE-Fun-": _VACE,
-        # The Fun InP models are supported: only the Control and Control-Camera ones are refused.
-        "PAI/Wan2.1-Fun-1.3B-Control": _FUN, "PAI/Wan2.1-Fun-14B-Control": _FUN,
-        "PAI/Wan2.1-Fun-V1.1-1.3B-Control": _FUN, "PAI/Wan2.1-Fun-V1.1-14B-Control": _FUN,
-        "PAI/Wan2.2-Fun-A14B-Control": _FUN,
         "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
         "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",

@@ -105,8 +105,7 @@ class SampleRenderer:
         self.device, self.output_path, self.model_logger, self.meter = device, Path(output_path), model_logger, meter
         problems = [f"--validation_prompts entry {number}: {problem}"
                     for number, prompt in enumerate(config.prompts, start=1)
-                    for problem in pipe.sample_input_problems({key for key in ("edit_image", "input_image", "end_image")
-                                                               if getattr(prompt, key) is not None})]
+                    for problem in pipe.sample_input_problems(prompt.inputs())]
         if problems:
             raise ValueError("\n".join(problems))
         self.streamed = [name for name in rendering_model_names(pipe) if name not in placed]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# LoRA of PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera (the reference's command). Run from the repository root. The
+# dataset's metadata.csv has the columns video, prompt, camera_control_direction (Left, Right, Up, Down, LeftUp,
+# LeftDown, RightUp, RightDown, In, Out) and camera_control_speed (e.g. 0.0185); input_image is the metadata's
+# column when it has one (add it to --data_file_keys), else the first frame of the clip. See docs/en/Wan_Control.md
+# for the dataset layout and inference.
+set -e
+
+accelerate launch examples/wanvideo/model_training/train.py \
+  --dataset_base_path data/diffsynth_example_dataset/wanvideo/Wan2.1-Fun-V1.1-1.3B-Control-Camera \
+  --dataset_metadata_path data/diffsynth_example_dataset/wanvideo/Wan2.1-Fun-V1.1-1.3B-Control-Camera/metadata.csv \
+  --height 480 \
+  --width 832 \
+  --dataset_repeat 100 \
+  --model_id_with_origin_paths "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera:diffusion_pytorch_model*.safetensors,PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera:models_t5_umt5-xxl-enc-bf16.pth,PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera:Wan2.1_VAE.pth,PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera:models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth" \
+  --learning_rate 1e-5 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/Wan2.1-Fun-V1.1-1.3B-Control-Camera_lora" \
+  --lora_base_model "dit" \
+  --lora_target_modules "q,k,v,o,ffn.0,ffn.2" \
+  --lora_rank 32 \
+  --extra_inputs "input_image,camera_control_direction,camera_control_speed"
