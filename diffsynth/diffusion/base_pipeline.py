@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
 from ..core.loader import ModelConfig, SharedLoad, load_component, load_skeleton, model_class_name
+from ..core.loader.original_layout import join_parts
 from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (
@@ -244,7 +245,11 @@ class BasePipeline(torch.nn.Module):
         if name is None:
             raise ValueError(f"{config.describe()} loads {type(component).__name__}, which {type(self).__name__} has "
                              f"no slot for; it takes {sorted(self.model_roles)} and a tokenizer")
-        if getattr(self, name, None) is not None:
+        held = getattr(self, name, None)
+        if held is not None:
+            # The other half of a model cut in two files (LTX-2's VAE encoder and decoder) joins the held one.
+            if isinstance(held, torch.nn.Module) and join_parts(held, component):
+                return name
             raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
         setattr(self, name, component)
         self.model_configs[name] = config

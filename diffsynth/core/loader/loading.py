@@ -26,7 +26,7 @@ from ..file_memo import one_load, read_json
 from ..model_traits import identify_original, model_modules
 from .config import ModelConfig
 from .errors import ModelLoadError
-from .original_layout import OriginalModel
+from .original_layout import OriginalModel, leave_out
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
 from .shared_loading import SharedLoad, load_shared
@@ -194,6 +194,8 @@ def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, Or
 def _empty_model(shards: list[Path], dtype: torch.dtype) -> tuple[str, torch.nn.Module, Path, OriginalModel | None]:
     library, cls, folder, original = _blueprint(shards)
     model = build_empty_model(library, cls, folder, dtype, config=original.config if original else None)
+    if original is not None and original.absent:  # a part the files do not hold: no weights planned for it
+        leave_out(model, original.absent)
     return library, model, folder, original
 
 

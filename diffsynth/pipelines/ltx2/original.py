@@ -100,10 +100,7 @@ def identify(files: list[Path]) -> OriginalModel | None:
         keys = {key: connectors_key_to_original(key) for key in expected}
         kind = "connectors"
     elif any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
-        raise ModelLoadError(
-            f"{file} holds an LTX-2 VAE or vocoder under LTX-2's own key names (video_vae_encoder, audio_vae_decoder, "
-            "audio_vocoder, ... of LTX-2-Repackage), which this loader does not read yet: load "
-            "Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors (and audio_vae/, vocoder/) instead")
+        return _part(file, entries, shapes)
     else:
         return None
     _refuse_missing(file, sorted(official for official in keys.values() if official not in shapes), name)
@@ -111,6 +108,21 @@ def identify(files: list[Path]) -> OriginalModel | None:
     keys.update({key: key for key in shapes if key not in used})  # left as they are: reported as unexpected
     return OriginalModel(kind=kind, library="diffusers", class_name=name, config=config,
                          entries=renamed_entries(entries, keys), source=file)
+
+
+def _part(file: Path, entries, shapes: dict[str, tuple[int, ...]]) -> OriginalModel:
+    """A VAE or vocoder file of LTX-2-Repackage (one component's keys; ``original_vae``, ``original_audio``)."""
+    from .original_audio import audio_vae_model, vocoder_model
+    from .original_vae import video_vae_model
+
+    readers = {"vae.": ("vae", video_vae_model), "audio_vae.": ("audio_vae", audio_vae_model),
+               "vocoder.": ("vocoder", vocoder_model)}
+    found = sorted({prefix for prefix in readers for key in shapes if key.startswith(prefix)})
+    if len(found) != 1:
+        raise ModelLoadError(f"{file} holds several LTX-2 components ({', '.join(p.rstrip('.') for p in found)}) "
+                             "without the transformer; load each from its own file of LTX-2-Repackage")
+    section, read = readers[found[0]]
+    return read(file, entries, _metadata_section(file, section))
 
 
 def _is_connector(key: str) -> bool:
