@@ -43,6 +43,9 @@ _GEMMA_RELEASE_PREFIXES = {"model.language_model.": "language_model.model.", "mo
 LTX2_REPACKAGE_PATTERNS = {
     "dit": "transformer.safetensors",
     "connectors": "text_encoder_post_modules.safetensors",
+}
+# The VAE halves and the vocoder, by the slot part they fill.
+LTX2_REPACKAGE_PARTS = {
     "vae_encoder": "video_vae_encoder.safetensors",
     "vae_decoder": "video_vae_decoder.safetensors",
     "audio_vae_encoder": "audio_vae_encoder.safetensors",
@@ -51,10 +54,10 @@ LTX2_REPACKAGE_PATTERNS = {
 }
 
 
-def official_metadata(transformer: torch.nn.Module, connectors: torch.nn.Module, audio_vae: torch.nn.Module,
-                      vocoder: torch.nn.Module) -> dict[str, str]:
-    """The ``config`` metadata entry of LTX-2's files (its ``transformer``, ``audio_vae`` and ``vocoder``
-    sections) for these models."""
+def official_metadata(transformer: torch.nn.Module, connectors: torch.nn.Module,
+                      audio_vae: torch.nn.Module | None = None, vocoder: torch.nn.Module | None = None) -> dict[str, str]:
+    """The ``config`` metadata entry of LTX-2's files (its ``transformer`` section, and given both audio models its
+    ``audio_vae`` and ``vocoder`` sections) for these models."""
     dit, text = transformer.config, connectors.config
     section = {
         "num_attention_heads": dit.num_attention_heads, "attention_head_dim": dit.attention_head_dim,
@@ -71,7 +74,8 @@ def official_metadata(transformer: torch.nn.Module, connectors: torch.nn.Module,
         "audio_connector_attention_head_dim": text.audio_connector_attention_head_dim,
         "connector_positional_embedding_max_pos": [text.connector_rope_base_seq_len],
     }  # fmt: skip
-    return {"config": json.dumps({"transformer": section, **_audio_sections(audio_vae, vocoder)})}
+    audio = _audio_sections(audio_vae, vocoder) if audio_vae is not None and vocoder is not None else {}
+    return {"config": json.dumps({"transformer": section, **audio})}
 
 
 def _audio_sections(audio_vae: torch.nn.Module, vocoder: torch.nn.Module) -> dict:

@@ -12,6 +12,11 @@ file                                official keys                              d
 ``text_encoder_post_modules``       ``text_embedding_projection.*``,           ``LTX2TextConnectors``
                                     ``model.diffusion_model.{video,audio}_
                                     embeddings_connector.*``
+``video_vae_{encoder,decoder}``     ``vae.{encoder,decoder}.*``,               ``AutoencoderKLLTX2Video`` (each half
+                                    ``vae.per_channel_statistics.*``           alone, or joined; ``original_vae``)
+``audio_vae_{encoder,decoder}``     ``audio_vae.{encoder,decoder}.*``,         ``AutoencoderKLLTX2Audio`` (likewise;
+                                    ``audio_vae.per_channel_statistics.*``     ``original_audio``)
+``audio_vocoder``                   ``vocoder.*``                              ``LTX2Vocoder`` (``original_audio``)
 ==================================  =========================================  ========================================
 
 Diffusers renamed few layers: the transformer's input projections (``patchify_proj`` -> ``proj_in``), its AdaLN
@@ -71,11 +76,12 @@ _METADATA_NAMES = {
 
 
 def identify(files: list[Path]) -> OriginalModel | None:
-    """The LTX-2 component one official-layout file holds (the transformer or the text connectors), or None.
+    """The LTX-2 component one official-layout file holds (the transformer, the text connectors, a VAE or half of
+    one, the vocoder), or None.
 
     Raises:
-        ModelLoadError: The file holds every component at once (JoyAI-Echo's release) or a VAE or the vocoder (not
-            read in this layout yet), or lacks tensors its structure needs; the message names the file.
+        ModelLoadError: The file holds every component at once (JoyAI-Echo's release), or lacks tensors its
+            structure needs; the message names the file.
     """
     found = single_file_entries(list(files))
     if found is None:

@@ -8,10 +8,12 @@ means`` -> ``latents_{mean,std}``) differ. As the video VAE's (``original_vae``)
 the whole class with the other half left out, and join when both are given. The vocoder renames its convolutions
 (``conv_pre`` / ``conv_post`` -> ``conv_in`` / ``conv_out``, ``ups`` -> ``upsamplers``, ``resblocks`` -> ``resnets``).
 
-Widths, depths, the latent channels and kernel sizes come from the tensors. The rest is read from the file's ``config``
+Widths, depths, the latent channels and kernel sizes come from the tensors (the audio statistics are those of the
+latents patched with their mel bins, 128 in the release, not of the latent channels). The rest is read from the file's ``config``
 metadata under LTX-2's names when present, else the release's values: for the audio VAE the mel bins
 (``audio_vae.model.params.ddconfig.mel_bins`` or ``preprocessing.mel.n_mel_channels``; 64), the sample rate
-(``model.params.sampling_rate``; 16 kHz), the mel hop (``preprocessing.stft.hop_length``; 160) and causality
+(``model.params.sampling_rate``; 16 kHz), whether the encoder makes a log-variance per channel (``ddconfig.double_z``;
+yes), the mel hop (``preprocessing.stft.hop_length``; 160) and causality
 (``preprocessing.stft.causal``); for the vocoder its upsampling strides (``vocoder.upsample_rates``: the release's
 ``[6, 5, 2, 2, 2]`` for its kernels ``[16, 15, 8, 4, 4]``, no default for other kernels), the residual blocks'
 dilations (``resblock_dilation_sizes``; ``[1, 3, 5]`` each) and the output rate (``output_sample_rate``; 24 kHz).
@@ -32,7 +34,7 @@ AUDIO_PREFIX = "audio_vae."
 VOCODER_PREFIX = "vocoder."
 _STATISTICS = {"latents_mean": "mean-of-means", "latents_std": "std-of-means"}
 # Settings of both halves that only the encoder / the decoder file records (the other half's are taken on joining).
-_ENCODER_KEYS = ("in_channels", "double_z")
+_ENCODER_KEYS = ("in_channels",)
 _DECODER_KEYS = ("output_channels",)
 # The release's vocoder strides for its upsampling kernels (the strides are in no tensor).
 _RELEASE_VOCODER = {(16, 15, 8, 4, 4): [6, 5, 2, 2, 2]}
@@ -79,10 +81,11 @@ def audio_vae_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any
     Raises:
         ModelLoadError: A tensor the structure is read from is missing, or the halves disagree.
     """
-    latent = shape(shapes, f"{AUDIO_PREFIX}{STATISTICS}mean-of-means", file, "audio VAE")[0]
+    shape(shapes, f"{AUDIO_PREFIX}{STATISTICS}mean-of-means", file, "audio VAE")  # (of the patched latents)
     ddconfig = _get(metadata, "model", "params", "ddconfig") or {}
+    double_z = ddconfig.get("double_z", True)
     config: dict[str, Any] = {
-        "latent_channels": latent, "attn_resolutions": None,
+        "double_z": double_z, "attn_resolutions": None,
         "resolution": ddconfig.get("resolution", 256), "norm_type": ddconfig.get("norm_type", "pixel"),
         "causality_axis": ddconfig.get("causality_axis", "height"), "dropout": ddconfig.get("dropout", 0.0),
         "sample_rate": _get(metadata, "model", "params", "sampling_rate") or 16000,
@@ -102,10 +105,15 @@ def audio_vae_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any
         if half == "encoder":
             conv_in = shape(shapes, f"{AUDIO_PREFIX}encoder.conv_in.conv.weight", file, "audio VAE encoder")
             made = shape(shapes, f"{AUDIO_PREFIX}encoder.conv_out.conv.weight", file, "audio VAE encoder")[0]
-            config.update(in_channels=conv_in[1], double_z=made == 2 * latent)
+            found = {"in_channels": conv_in[1], "latent_channels": made // 2 if double_z else made}
         else:
             conv_out = shape(shapes, f"{AUDIO_PREFIX}decoder.conv_out.conv.weight", file, "audio VAE decoder")
-            config["output_channels"] = conv_out[0]
+            conv_in = shape(shapes, f"{AUDIO_PREFIX}decoder.conv_in.conv.weight", file, "audio VAE decoder")
+            found = {"output_channels": conv_out[0], "latent_channels": conv_in[1]}
+        if config.setdefault("latent_channels", found["latent_channels"]) != found["latent_channels"]:
+            raise ModelLoadError(f"{file}: the audio VAE's encoder and decoder disagree on the latent channels; the "
+                                 "file mixes two models")
+        config.update(found)
     return config
 
 

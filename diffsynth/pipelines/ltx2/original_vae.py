@@ -17,7 +17,8 @@ convolutions that compress between them; ``up_blocks.<i>`` in the decoding order
 ``mean-of-stds``, ...) are not used by the class and are skipped.
 
 Widths, depths, the compression of each step (spatial, temporal or both, from how many channels its convolution
-makes), the patch size and the latent channels come from the tensors. Whether the decoder's upsamplers add a residual
+makes), the patch size and the latent channels come from the tensors; the encoder is causal in time, the decoder not
+(LTX-2's and LTX-2.3's, which diffusers' defaults do not say). Whether the decoder's upsamplers add a residual
 is not in them: the ``decoder_blocks`` of the ``vae`` section of the file's ``config`` metadata says it when present,
 else LTX-2's decoder has it (every upsampler spatiotemporal and halving the channels) and LTX-2.3's does not.
 """
@@ -276,7 +277,9 @@ def video_vae_model(file: Path, entries: dict[str, CheckpointEntry], metadata: d
     shapes = {key: entry.shape for key, entry in entries.items()}
     latent = shape(shapes, f"{VAE_PREFIX}{STATISTICS}mean-of-means", file, "video VAE")[0]
     has = {half: any(key.startswith(f"{VAE_PREFIX}{half}.") for key in shapes) for half in ("encoder", "decoder")}
-    config: dict[str, Any] = {"in_channels": _RGB, "out_channels": _RGB, "latent_channels": latent, "patch_size_t": 1}
+    # LTX-2's encoder is causal in time and its decoder is not; no tensor records it (diffusers' default differs)
+    config: dict[str, Any] = {"in_channels": _RGB, "out_channels": _RGB, "latent_channels": latent, "patch_size_t": 1,
+                              "encoder_causal": True, "decoder_causal": False}
     names: dict[str, str] = {}
     absent = {}
     for half, layout in (("encoder", encoder_layout), ("decoder", decoder_layout)):
