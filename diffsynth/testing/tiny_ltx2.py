@@ -105,7 +105,8 @@ def _gemma(tokenizer):
     return Gemma3ForConditionalGeneration(config)
 
 
-def _transformer():
+def _transformer(**switches):
+    """The tiny transformer; ``switches`` are config entries set on top (LTX-2.3's, in ``tiny_ltx23``)."""
     from diffusers import LTX2VideoTransformer3DModel
 
     return LTX2VideoTransformer3DModel(
@@ -114,14 +115,15 @@ def _transformer():
         audio_in_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4,
         audio_out_channels=AUDIO_LATENT_CHANNELS * AUDIO_MEL_BINS // 4, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=TEXT_HIDDEN_SIZE,
-        vae_scale_factors=(8, 32, 32), rope_double_precision=False, rope_type="split",
+        vae_scale_factors=(8, 32, 32), rope_double_precision=False, rope_type="split", **switches,
     )  # fmt: skip
 
 
-def _connectors():
+def _connectors(**switches):
+    """The tiny text connectors; ``switches`` are config entries set on top (LTX-2.3's, in ``tiny_ltx23``)."""
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
 
-    return LTX2TextConnectors(
+    config = dict(
         caption_channels=TEXT_HIDDEN_SIZE, text_proj_in_factor=TEXT_LAYERS + 1,
         video_connector_num_attention_heads=4, video_connector_attention_head_dim=TEXT_HIDDEN_SIZE // 4,
         video_connector_num_layers=1, video_connector_num_learnable_registers=None,
@@ -129,6 +131,7 @@ def _connectors():
         audio_connector_num_layers=1, audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32,
         rope_double_precision=False, rope_type="split",
     )  # fmt: skip
+    return LTX2TextConnectors(**{**config, **switches})
 
 
 def _random_statistics(model: torch.nn.Module) -> None:

@@ -38,6 +38,7 @@ from .tiny_flux import (
 from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
+from .tiny_ltx23 import LTX23_BUILDERS
 from .tiny_wan import (
     WAN22_A14B_PATTERNS,
     WAN22_I2V_MODEL_ID,
@@ -272,6 +273,7 @@ BUILDERS = {
     **Z_IMAGE_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
+    **LTX23_BUILDERS,
 }
 
 

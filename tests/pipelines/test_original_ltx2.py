@@ -130,21 +130,11 @@ def test_gemma_in_its_released_layout_loads_with_the_tokenizer_at_the_repository
     assert max(distance(render_ours(released), render_ours(reference))) < PARITY
 
 
-def test_per_stream_text_projections_are_refused_as_not_read_yet(tmp_path, tiny_root):
-    tensors = load_file(str(tiny_root / LTX2_REPACKAGE_MODEL_ID / "text_encoder_post_modules.safetensors"))
-    tensors["text_embedding_projection.video_aggregate_embed.weight"] = tensors.pop(
-        "text_embedding_projection.aggregate_embed.weight")
-    file = tmp_path / "text_encoder_post_modules.safetensors"
-    save_file(tensors, str(file))
-    with pytest.raises(ModelLoadError, match="per stream.*LTX-2.3.*connectors/"):
-        identify([file])
-
-
 def test_an_ltx23_shaped_transformer_reads_its_gates_and_modulation_from_the_tensors(tmp_path):
     # LTX-2.3's transformer: gated attention, modulated cross-attention with its prompt embedders, and no caption
     # projection (its connectors project the prompt)
     changes = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True,
-               "use_prompt_embeddings": False}
+               "use_prompt_embeddings": False, "perturbed_attn": True}
     with seeded(3):
         reference = LTX2VideoTransformer3DModel.from_config({**plain(_transformer().config), **changes})
     file = tmp_path / "transformer.safetensors"

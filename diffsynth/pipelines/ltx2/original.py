@@ -22,9 +22,10 @@ file                                official keys                              d
 Diffusers renamed few layers: the transformer's input projections (``patchify_proj`` -> ``proj_in``), its AdaLN
 embedders (``adaln_single`` -> ``time_embed``; ``naming._EMBEDDERS``), the per-block audio-video modulation tables
 and the query / key norms (``q_norm`` -> ``norm_q``); the connectors' blocks (``transformer_1d_blocks``) and the
-Gemma feature projection (``text_embedding_projection.aggregate_embed`` -> ``text_proj_in``). The maps are written
-here as diffusers -> official, and applied to every key of the class built from the file's config, so a key the file
-lacks is named before anything loads and a key the file has beyond them is reported as unexpected.
+Gemma feature projection (``text_embedding_projection.aggregate_embed`` -> ``text_proj_in``; LTX-2.3's one per
+stream, ``video_aggregate_embed`` -> ``video_text_proj_in`` and the audio's likewise). The maps are written here as
+diffusers -> official, and applied to every key of the class built from the file's config, so a key the file lacks
+is named before anything loads and a key the file has beyond them is reported as unexpected.
 
 Widths come from the tensors. How a width splits into attention heads, and the rotary settings, are not in the
 tensors: they are read from the ``config`` JSON Lightricks writes in the file's safetensors metadata (its
@@ -55,6 +56,8 @@ _PROJECTION = "text_embedding_projection."
 _OTHER_COMPONENTS = ("vae.per_channel_statistics.", "audio_vae.per_channel_statistics.", "vocoder.conv_pre.")
 # LTX-2 and LTX-2.3: 32 heads in every attention; what the official code assumes when the metadata says nothing.
 _HEADS = 32
+# Gemma-3 12B's hidden width, which LTX-2.3's per-stream projections read and its metadata leaves out.
+GEMMA_WIDTH = 3840
 # LTX-2's settings that neither the tensors nor (always) the metadata record (diffusers' config of the release).
 _DIT_DEFAULTS = {
     "patch_size": 1, "patch_size_t": 1, "vae_scale_factors": [8, 32, 32], "pos_embed_max_pos": 20,
@@ -226,6 +229,8 @@ def transformer_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, A
         "audio_gated_attn": f"{block}audio_attn1.to_gate_logits.weight" in shapes,
         # LTX-2.3 modulates the cross-attention too: nine AdaLN parameters per block rather than six
         "cross_attn_mod": cross_attn_mod, "audio_cross_attn_mod": audio_cross_attn_mod,
+        # no tensors: the attention processor that can skip attention for STG, which diffusers' LTX-2.3 config has
+        "perturbed_attn": cross_attn_mod or audio_cross_attn_mod,
         # only read with that modulation, whose prompt embedder a file may leave out (LTX-2.5's)
         "use_prompt_adaln_single": f"{p}prompt_adaln_single.linear.weight" in shapes
         or not (cross_attn_mod or audio_cross_attn_mod),
@@ -260,19 +265,17 @@ def transformer_key_to_original(key: str) -> str:
 
 
 def connectors_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any], file: Path) -> dict[str, Any]:
-    """The ``LTX2TextConnectors`` config of a ``text_encoder_post_modules`` file: widths, depths and registers from
-    its tensors, heads from the metadata's ``connector_*`` entries or LTX-2's (its 3840-wide connectors have 30 heads
-    of 128: the head dim is the one kept).
+    """The ``LTX2TextConnectors`` config of a ``text_encoder_post_modules`` file: widths, depths, gates and registers
+    from its tensors, heads from the metadata's ``connector_*`` entries or LTX-2's (its 3840-wide connectors have 30
+    heads of 128: the head dim is the one kept).
+
+    LTX-2 projects Gemma's features once, to the connectors' width (``aggregate_embed``); LTX-2.3 once per stream
+    (``video_aggregate_embed``, ``audio_aggregate_embed``, with biases), to each stream's width, from features whose
+    Gemma width only the metadata's ``caption_channels`` records (else Gemma-3 12B's 3840, which LTX-2.3 reads).
 
     Raises:
         ModelLoadError: A tensor the sizes are read from is missing, or the head count does not divide the width.
     """
-    if f"{_PROJECTION}aggregate_embed.weight" not in shapes:
-        found = sorted(key for key in shapes if key.startswith(_PROJECTION))
-        raise ModelLoadError(f"{file} projects Gemma's features per stream ({found[0]!r}, ...), as LTX-2.3's "
-                             "text_encoder_post_modules does; only LTX-2's single projection is read in this layout: "
-                             "load the connectors from the diffusers folder (connectors/) of the release")
-    projection = shapes[f"{_PROJECTION}aggregate_embed.weight"]
     config = dict(_CONNECTOR_DEFAULTS)
     for modality in ("video", "audio"):
         prefix = f"{DIT_PREFIX}{modality}_embeddings_connector."
@@ -288,24 +291,39 @@ def connectors_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, An
             f"{modality}_connector_num_learnable_registers": registers[0] if registers else None,
             f"{modality}_gated_attn": f"{prefix}transformer_1d_blocks.0.attn1.to_gate_logits.weight" in shapes,
         })  # fmt: skip
-    caption_channels = config["video_connector_num_attention_heads"] * config["video_connector_attention_head_dim"]
-    if projection[1] % caption_channels:
-        raise ModelLoadError(f"{file}: the text projection reads {projection[1]} features, not a multiple of the "
-                             f"connectors' width {caption_channels}; the file is not LTX-2's text_encoder_post_modules")
+    if f"{_PROJECTION}aggregate_embed.weight" in shapes:
+        features = shapes[f"{_PROJECTION}aggregate_embed.weight"][1]
+        caption_channels = config["video_connector_num_attention_heads"] * config["video_connector_attention_head_dim"]
+        bias = f"{_PROJECTION}aggregate_embed.bias" in shapes
+    else:
+        video = _shape(shapes, f"{_PROJECTION}video_aggregate_embed.weight", file, "text projection")
+        audio = _shape(shapes, f"{_PROJECTION}audio_aggregate_embed.weight", file, "text projection")
+        features, caption_channels = video[1], metadata.get("caption_channels") or GEMMA_WIDTH
+        bias = f"{_PROJECTION}video_aggregate_embed.bias" in shapes
+        config.update(per_modality_projections=True, video_hidden_dim=video[0], audio_hidden_dim=audio[0])
+    if features % caption_channels:
+        raise ModelLoadError(f"{file}: the text projection reads {features} features, not a multiple of Gemma's "
+                             f"width {caption_channels}; the file is not LTX-2's text_encoder_post_modules")
     if "rope_type" in metadata:
         config["rope_type"] = metadata["rope_type"]
     if "connector_positional_embedding_max_pos" in metadata:
         (config["connector_rope_base_seq_len"],) = metadata["connector_positional_embedding_max_pos"]
     if "frequencies_precision" in metadata:
         config["rope_double_precision"] = metadata["frequencies_precision"] == "float64"
-    return {**config, "caption_channels": caption_channels, "text_proj_in_factor": projection[1] // caption_channels}
+    return {**config, "caption_channels": caption_channels, "text_proj_in_factor": features // caption_channels,
+            "proj_bias": bias}
+
+
+_PROJECTIONS = {"text_proj_in.": "aggregate_embed.", "video_text_proj_in.": "video_aggregate_embed.",
+                "audio_text_proj_in.": "audio_aggregate_embed."}
 
 
 def connectors_key_to_original(key: str) -> str:
     """The official name of an ``LTX2TextConnectors`` key (``text_proj_in.weight`` ->
     ``text_embedding_projection.aggregate_embed.weight``)."""
-    if key.startswith("text_proj_in."):
-        return _PROJECTION + "aggregate_embed." + key.removeprefix("text_proj_in.")
+    for name, official in _PROJECTIONS.items():
+        if key.startswith(name):
+            return _PROJECTION + official + key.removeprefix(name)
     modality, _, rest = key.partition("_connector.")
     rest = rest.replace("transformer_blocks.", "transformer_1d_blocks.", 1)
     rest = rest.replace(".norm_q.", ".q_norm.").replace(".norm_k.", ".k_norm.")

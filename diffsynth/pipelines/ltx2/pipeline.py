@@ -103,8 +103,9 @@ class LTX2AudioVideoPipeline(BasePipeline):
     unit_classes = (ShapeCheckUnit, FrameCountUnit, InContextVideoUnit, NoiseUnit, InputVideoEmbedderUnit,
                     ImageConditionUnit, InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
     training_columns = ("video", "prompt")
-    # Image-to-audio+video training may leave the first frame out: it is the video's own.
-    derived_inputs = ("input_images",)
+    # Image-to-audio+video training may leave the first frame out: it is the video's own (``input_image``, the
+    # reference's name in its I2AV scripts, always is).
+    derived_inputs = ("input_images", "input_image")
     #: Training runs without CFG, its prompts cut as inference cuts them by default.
     training_state = {"cfg_scale": 1, "seed": None, "rand_device": "cpu", "max_sequence_length": 1024}
 
@@ -200,11 +201,14 @@ class LTX2AudioVideoPipeline(BasePipeline):
 
     def derived_training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str]) -> dict[str, Any]:
         """With ``--extra_inputs input_images`` (image-to-audio+video), the given first frame: the sample's
-        ``input_images`` column when it has one (an image, or a list holding one), else the video's first frame.
+        ``input_images`` column when it has one (an image, or a list holding one), else the video's first frame; with
+        ``input_image`` (the reference's I2AV scripts), the video's first frame.
 
         Raises:
             ValueError: The column holds a path that was not loaded.
         """
+        if "input_image" in extra_inputs and "input_images" not in extra_inputs:
+            return {"input_images": [sample["video"][0]]}
         if "input_images" not in extra_inputs:
             return {}
         images = sample.get("input_images")

@@ -22,12 +22,18 @@ def planner_inputs(model: nn.Module, height: int, width: int, frames: int, dtype
     audio_frames = max(1, round(frames / FRAME_RATE * config.audio_sampling_rate / config.audio_hop_length
                                 / config.audio_scale_factor))
     sigma = torch.empty(batch, device=meta)
+    # LTX-2's prompt tokens are Gemma-wide (the transformer projects them); LTX-2.3's connectors hand each stream
+    # tokens of its cross-attention's width.
+    if config.use_prompt_embeddings:
+        video_prompt = audio_prompt = config.caption_channels
+    else:
+        video_prompt, audio_prompt = config.cross_attention_dim, config.audio_cross_attention_dim
     return dict(
         hidden_states=torch.empty(batch, grid[0] * grid[1] * grid[2], config.in_channels, dtype=dtype, device=meta),
         audio_hidden_states=torch.empty(batch, audio_frames, config.audio_in_channels, dtype=dtype, device=meta),
-        encoder_hidden_states=torch.empty(batch, prompt_tokens, config.caption_channels, dtype=dtype, device=meta),
-        audio_encoder_hidden_states=torch.empty(batch, prompt_tokens, config.caption_channels, dtype=dtype,
-                                                device=meta),
+        encoder_hidden_states=torch.empty(batch, prompt_tokens, video_prompt, dtype=dtype, device=meta),
+        audio_encoder_hidden_states=torch.empty(batch, prompt_tokens, audio_prompt, dtype=dtype, device=meta),
         timestep=sigma, audio_timestep=sigma, sigma=sigma, num_frames=grid[0], height=grid[1], width=grid[2],
-        fps=FRAME_RATE, audio_num_frames=audio_frames, return_dict=False,
+        fps=FRAME_RATE, audio_num_frames=audio_frames, use_cross_timestep=bool(config.cross_attn_mod),
+        return_dict=False,
     )  # fmt: skip

@@ -2,6 +2,9 @@
 
 from ..registry import FamilySpec, LoraTools, Release
 
+_LTX23 = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True, "audio_cross_attn_mod": True,
+          "use_prompt_embeddings": False, "perturbed_attn": True, "rope_type": "split"}
+
 SPEC = FamilySpec(
     name="ltx2",
     title="LTX-2",
@@ -9,10 +12,15 @@ SPEC = FamilySpec(
     plan_name="ltx2",
     denoiser_class="LTX2VideoTransformer3DModel",
     video=True,
-    model_ids=("Lightricks/LTX-2",),
-    # diffusers' defaults are the released LTX-2 19B transformer (Gemma-3 12B's 3840-wide prompt, 48 blocks).
-    releases=(Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),),
-    layouts=("diffusers", "LTX-2 key names (LTX-2-Repackage transformer, text_encoder_post_modules)"),
+    model_ids=("Lightricks/LTX-2", "Lightricks/LTX-2.3"),
+    # diffusers' defaults are the released LTX-2 19B transformer (Gemma-3 12B's 3840-wide prompt, 48 blocks); LTX-2.3
+    # keeps its widths and depth and adds gated attention and the prompt's timestep modulation, its connectors
+    # handing each stream prompt tokens of its own width (diffusers' conversion config of the release).
+    releases=(
+        Release("ltx2-19b", {}, ("Lightricks/LTX-2",)),
+        Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*")),
+    ),
+    layouts=("diffusers", "LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules)"),
     original_readers=("diffsynth.pipelines.ltx2.original:identify",),
     # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
     prompt_tokens=1024,

@@ -1,0 +1,160 @@
+"""A tiny random-weight LTX-2.3, in the released diffusers layout (``diffusers/LTX-2.3-Diffusers``) and in the
+reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer and ``text_encoder_post_modules``).
+
+What LTX-2.3 changes against LTX-2 (diffusers' conversion config of the release), every switch on here:
+
+- the transformer (``transformer/``): gated attention in both streams (``gated_attn``, ``audio_gated_attn``), the
+  prompt cross-attention modulated by the timestep (``cross_attn_mod``, ``audio_cross_attn_mod``: nine AdaLN
+  parameters per block and the ``prompt_adaln`` embedders), no caption projection (``use_prompt_embeddings=False``:
+  the connectors hand each stream prompt tokens of its own cross-attention width) and the STG-ready attention
+  (``perturbed_attn``);
+- the text connectors (``connectors/``): one Gemma feature projection per stream (``per_modality_projections``, with
+  biases) to the video and the audio width, gated attention and learnable registers in both connectors;
+- the vocoder (``vocoder/``): ``LTX2VocoderWithBWE``, a vocoder at the audio VAE's 16 kHz followed by a bandwidth
+  extender that writes 48 kHz, three times the rate, as the release's.
+
+The Gemma-3 text encoder, its tokenizer, the video VAE, the audio VAE and the scheduler are the tiny LTX-2's
+(``tiny_ltx2``; the release changed the VAEs' depth and kept their interfaces). The bandwidth extender's STFT holds a
+Hann-windowed DFT and a random non-negative mel filter bank (the release stores both as buffers; diffusers builds them
+as zeros), so the extender sees the first vocoder's sound. The repackaged files carry the ``config`` metadata
+LTX-2's files do, plus the Gemma width as ``caption_channels`` (the release leaves it out: its Gemma is always the
+3840-wide 12B), which the per-stream projections do not record on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from ..core.files import atomic_save_safetensors
+from ..pipelines.ltx2.original import connectors_key_to_original, transformer_key_to_original
+from ..pipelines.ltx2.units import SCHEDULER_CONFIG
+from .tiny_common import SHARD_SIZE, model_index, prepare_repo, seeded, write_json
+from .tiny_ltx2 import (
+    _COMPONENTS,
+    _SEEDS,
+    AUDIO_MEL_BINS,
+    TEXT_HIDDEN_SIZE,
+    _audio_vae,
+    _connectors,
+    _gemma,
+    _transformer,
+    _video_vae,
+    build_gemma_tokenizer,
+)
+from .tiny_ltx2_repackage import _original, official_metadata
+
+LTX23_MODEL_ID = "diffusers/LTX-2.3-Diffusers"
+LTX23_REPACKAGE_MODEL_ID = "DiffSynth-Studio/LTX-2.3-Repackage"
+# The diffusers folders as given to --model_id_with_origin_paths (the same as LTX-2's).
+LTX23_PATTERNS = {
+    "dit": "transformer/diffusion_pytorch_model*.safetensors",
+    "text_encoder": "text_encoder/model*.safetensors",
+    "connectors": "connectors/diffusion_pytorch_model.safetensors",
+    "vae": "vae/diffusion_pytorch_model.safetensors",
+    "audio_vae": "audio_vae/diffusion_pytorch_model.safetensors",
+    "vocoder": "vocoder/diffusion_pytorch_model.safetensors",
+    "tokenizer": "tokenizer/",
+}
+LTX23_REPACKAGE_PATTERNS = {"dit": "transformer.safetensors", "connectors": "text_encoder_post_modules.safetensors"}
+
+# The transformer's LTX-2.3 switches (diffusers' conversion config of the release).
+TRANSFORMER_SWITCHES = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True,
+                        "audio_cross_attn_mod": True, "use_prompt_embeddings": False, "perturbed_attn": True}
+# The connectors' LTX-2.3 switches: per-stream projections to the transformer's cross-attention widths (16 and 8 on
+# the tiny transformer), gated attention and registers (8 here; a prompt's length is a multiple of them).
+CONNECTOR_SWITCHES = {
+    "per_modality_projections": True, "proj_bias": True, "video_hidden_dim": 16, "audio_hidden_dim": 8,
+    "video_connector_num_attention_heads": 2, "video_connector_attention_head_dim": 8,
+    "audio_connector_num_attention_heads": 2, "audio_connector_attention_head_dim": 4,
+    "video_gated_attn": True, "audio_gated_attn": True,
+    "video_connector_num_learnable_registers": 8, "audio_connector_num_learnable_registers": 8,
+}  # fmt: skip
+# The vocoder writes 16 kHz (the audio VAE's rate), the extender 3 x 16 kHz: its upsampling is 3 x its STFT hop.
+BWE_HOP, BWE_FILTER, BWE_MEL_BINS = 4, 16, 4
+VOCODER_INPUT_RATE, VOCODER_OUTPUT_RATE = 16000, 48000
+
+_COMPONENTS_23 = {**_COMPONENTS, "vocoder": ("ltx2", "LTX2VocoderWithBWE")}
+
+
+def _transformer_23():
+    return _transformer(**TRANSFORMER_SWITCHES)
+
+
+def _connectors_23():
+    return _connectors(**CONNECTOR_SWITCHES)
+
+
+def _stft_buffers(vocoder: torch.nn.Module) -> None:
+    """Fills the extender's STFT buffers (zeros as diffusers builds them): a Hann-windowed DFT, its inverse and a
+    random non-negative mel filter bank."""
+    stft = vocoder.mel_stft.stft_fn
+    length = stft.forward_basis.shape[-1]
+    frequencies = torch.arange(length // 2 + 1, dtype=torch.float64)[:, None]
+    angle = 2 * math.pi * frequencies * torch.arange(length, dtype=torch.float64)[None] / length
+    window = torch.hann_window(length, periodic=True, dtype=torch.float64)
+    basis = torch.cat([torch.cos(angle), -torch.sin(angle)]) * window
+    with torch.no_grad():
+        stft.forward_basis.copy_(basis[:, None].float())
+        stft.inverse_basis.copy_((basis / length)[:, None].float())
+        vocoder.mel_stft.mel_basis.copy_(torch.rand_like(vocoder.mel_stft.mel_basis))
+
+
+def _vocoder_23():
+    from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
+
+    vocoder = LTX2VocoderWithBWE(
+        in_channels=2 * AUDIO_MEL_BINS, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+        upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+        bwe_in_channels=2 * BWE_MEL_BINS, bwe_hidden_channels=32, bwe_out_channels=2,
+        bwe_upsample_kernel_sizes=[5, 4, 4], bwe_upsample_factors=[3, 2, 2], bwe_resnet_kernel_sizes=[3],
+        bwe_resnet_dilations=[[1, 3, 5]], filter_length=BWE_FILTER, hop_length=BWE_HOP, window_length=BWE_FILTER,
+        num_mel_channels=BWE_MEL_BINS, input_sampling_rate=VOCODER_INPUT_RATE,
+        output_sampling_rate=VOCODER_OUTPUT_RATE,
+    )  # fmt: skip
+    _stft_buffers(vocoder)
+    return vocoder
+
+
+def build_tiny_ltx23(root: Path, model_id: str = LTX23_MODEL_ID, seed: int = 0) -> Path:
+    """Writes the tiny LTX-2.3 at ``root/<model_id>`` in the diffusers layout (float32; ``LTX2Pipeline`` loads it).
+
+    Seeds: ``seed`` plus LTX-2's offset per component, so the shared components equal the tiny LTX-2's.
+    """
+    repo = prepare_repo(root, model_id)
+    tokenizer = build_gemma_tokenizer()
+    tokenizer.save_pretrained(repo / "tokenizer")
+    builders = {"text_encoder": lambda: _gemma(tokenizer), "transformer": _transformer_23,
+                "connectors": _connectors_23, "vae": _video_vae, "audio_vae": _audio_vae, "vocoder": _vocoder_23}
+    for folder, build in builders.items():
+        with seeded(seed + _SEEDS[folder]):
+            model = build()
+        shard = SHARD_SIZE if folder in ("transformer", "text_encoder") else "1GB"
+        model.save_pretrained(repo / folder, max_shard_size=shard)
+    write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
+    write_json(repo / "model_index.json", model_index("LTX2Pipeline", _COMPONENTS_23))
+    return repo
+
+
+def build_tiny_ltx23_repackage(root: Path, model_id: str = LTX23_REPACKAGE_MODEL_ID, seed: int = 0) -> Path:
+    """Writes the tiny LTX-2.3 transformer and text connectors (the same seeds as ``build_tiny_ltx23``'s) under
+    LTX-2's key names at ``root/<model_id>``."""
+    repo = prepare_repo(root, model_id)
+    with seeded(seed + _SEEDS["transformer"]):
+        transformer = _transformer_23()
+    with seeded(seed + _SEEDS["connectors"]):
+        connectors = _connectors_23()
+    section = json.loads(official_metadata(transformer, connectors)["config"])
+    section["transformer"]["caption_channels"] = TEXT_HIDDEN_SIZE
+    metadata = {"config": json.dumps(section)}
+    atomic_save_safetensors(_original(transformer, transformer_key_to_original), repo / "transformer.safetensors",
+                            metadata=metadata)
+    atomic_save_safetensors(_original(connectors, connectors_key_to_original),
+                            repo / "text_encoder_post_modules.safetensors", metadata=metadata)
+    return repo
+
+
+LTX23_BUILDERS = {"ltx23": build_tiny_ltx23, "ltx23_repackage": build_tiny_ltx23_repackage}

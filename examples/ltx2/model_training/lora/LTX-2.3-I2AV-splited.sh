@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# LoRA on LTX-2.3's audio+video transformer for image-to-audio+video, trained in two stages. Run from the
+# repository root.
+#
+# The commands are the reference's (DiffSynth-Studio) with its flags and values. Its model files too, except the two
+# VAE encoders: the reference names DiffSynth-Studio/LTX-2.3-Repackage:video_vae_encoder.safetensors and
+# DiffSynth-Studio/LTX-2.3-Repackage:audio_vae_encoder.safetensors, which are not read here yet, so the video and
+# audio VAEs come from the diffusers folders of diffusers/LTX-2.3-Diffusers (vae/, audio_vae/). The transformer and
+# the text connectors (LTX-2.3's per-stream Gemma projections) come from LTX-2.3-Repackage, Gemma-3 from Google's
+# release.
+#
+# The dataset: a folder of clips plus metadata.csv with the columns video,prompt,input_audio (input_audio names a sound
+# file or a video whose sound track is used, often the clip itself). The reference downloads its example with
+#   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "ltx2/LTX-2.3-I2AV-splited/*" --local_dir ./data/diffsynth_example_dataset
+# and a small drawn one takes its place with
+#   python -m diffsynth.core.data.example_dataset --kind video --audio --num_frames 121 --output data/diffsynth_example_dataset/ltx2/LTX-2.3-I2AV-splited
+# Stage 1 (sft:data_process) loads Gemma, the text connectors and both VAEs and caches each clip's prompt tokens (one
+# set per stream), video and audio latents, and its first frame's latents: --extra_inputs input_image (the reference's
+# name) makes the clip's own first frame the image condition, as --extra_inputs input_images does without an
+# input_images column. Stage 2 (sft:train) loads the transformer alone and trains from the cache. That frame stays
+# clean, as at inference (pipe(prompt, input_images=[image], ...)); the loss is the other frames' mean squared error
+# plus the sound's.
+set -e
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path data/diffsynth_example_dataset/ltx2/LTX-2.3-I2AV-splited \
+  --dataset_metadata_path data/diffsynth_example_dataset/ltx2/LTX-2.3-I2AV-splited/metadata.csv \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio,input_image" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 1 \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2.3-Repackage:text_encoder_post_modules.safetensors,diffusers/LTX-2.3-Diffusers:vae/diffusion_pytorch_model.safetensors,diffusers/LTX-2.3-Diffusers:audio_vae/diffusion_pytorch_model.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2.3-I2AV_lora-splited-cache" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_k,to_q,to_v,to_out.0" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --task "sft:data_process"
+
+accelerate launch examples/ltx2/model_training/train.py \
+  --dataset_base_path ./models/train/LTX2.3-I2AV_lora-splited-cache \
+  --data_file_keys "video,input_audio" \
+  --extra_inputs "input_audio,input_image" \
+  --height 512 \
+  --width 768 \
+  --num_frames 121 \
+  --dataset_repeat 100 \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2.3-Repackage:transformer.safetensors" \
+  --learning_rate 1e-4 \
+  --num_epochs 5 \
+  --remove_prefix_in_ckpt "pipe.dit." \
+  --output_path "./models/train/LTX2.3-I2AV_lora" \
+  --lora_base_model "dit" \
+  --lora_target_modules "to_k,to_q,to_v,to_out.0" \
+  --lora_rank 32 \
+  --use_gradient_checkpointing \
+  --task "sft:train"
