@@ -1,5 +1,6 @@
 """A tiny random-weight LTX-2.3, in the released diffusers layout (``diffusers/LTX-2.3-Diffusers``) and in the
-reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer and ``text_encoder_post_modules``).
+reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer, ``text_encoder_post_modules`` and
+the four VAE halves, ``video_vae_encoder`` ... ``audio_vae_decoder``; not the vocoder).
 
 What LTX-2.3 changes against LTX-2 (diffusers' conversion config of the release), every switch on here:
 
@@ -45,7 +46,7 @@ from .tiny_ltx2 import (
     _video_vae,
     build_gemma_tokenizer,
 )
-from .tiny_ltx2_repackage import _original, official_metadata
+from .tiny_ltx2_repackage import _original, audio_vae_section, official_metadata, vae_part_files
 
 LTX23_MODEL_ID = "diffusers/LTX-2.3-Diffusers"
 LTX23_REPACKAGE_MODEL_ID = "DiffSynth-Studio/LTX-2.3-Repackage"
@@ -60,6 +61,9 @@ LTX23_PATTERNS = {
     "tokenizer": "tokenizer/",
 }
 LTX23_REPACKAGE_PATTERNS = {"dit": "transformer.safetensors", "connectors": "text_encoder_post_modules.safetensors"}
+LTX23_REPACKAGE_PARTS = {"vae_encoder": "video_vae_encoder.safetensors", "vae_decoder": "video_vae_decoder.safetensors",
+                         "audio_vae_encoder": "audio_vae_encoder.safetensors",
+                         "audio_vae_decoder": "audio_vae_decoder.safetensors"}
 
 # The transformer's LTX-2.3 switches (diffusers' conversion config of the release).
 TRANSFORMER_SWITCHES = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True,
@@ -154,6 +158,15 @@ def build_tiny_ltx23_repackage(root: Path, model_id: str = LTX23_REPACKAGE_MODEL
                             metadata=metadata)
     atomic_save_safetensors(_original(connectors, connectors_key_to_original),
                             repo / "text_encoder_post_modules.safetensors", metadata=metadata)
+    with seeded(seed + _SEEDS["vae"]):
+        vae = _video_vae()
+    with seeded(seed + _SEEDS["audio_vae"]):
+        audio_vae = _audio_vae()
+    # the audio VAE's mel bins and rates, in which the tiny differs from the release (no vocoder file: its layout with
+    # the bandwidth extender is not read)
+    metadata = {"config": json.dumps({**section, "audio_vae": audio_vae_section(audio_vae)})}
+    for name, tensors in vae_part_files(vae, audio_vae).items():
+        atomic_save_safetensors(tensors, repo / f"{name}.safetensors", metadata=metadata)
     return repo
 
 

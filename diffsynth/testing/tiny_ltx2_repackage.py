@@ -80,17 +80,23 @@ def official_metadata(transformer: torch.nn.Module, connectors: torch.nn.Module,
 
 def _audio_sections(audio_vae: torch.nn.Module, vocoder: torch.nn.Module) -> dict:
     """The ``audio_vae`` and ``vocoder`` sections of LTX-2's ``config`` metadata for these models."""
-    audio, voc = audio_vae.config, vocoder.config
+    voc = vocoder.config
     return {
-        "audio_vae": {"model": {"params": {"sampling_rate": audio.sample_rate, "ddconfig": {
-            "mel_bins": audio.mel_bins, "resolution": audio.resolution, "ch": audio.base_channels,
-            "ch_mult": list(audio.ch_mult), "z_channels": audio.latent_channels}}},
-            "preprocessing": {"stft": {"hop_length": audio.mel_hop_length, "causal": audio.is_causal}}},
+        "audio_vae": audio_vae_section(audio_vae),
         "vocoder": {"upsample_rates": list(voc.upsample_factors), "upsample_kernel_sizes": list(voc.upsample_kernel_sizes),
                     "resblock_kernel_sizes": list(voc.resnet_kernel_sizes),
                     "resblock_dilation_sizes": [list(d) for d in voc.resnet_dilations],
                     "upsample_initial_channel": voc.hidden_channels, "output_sample_rate": voc.output_sampling_rate},
     }  # fmt: skip
+
+
+def audio_vae_section(audio_vae: torch.nn.Module) -> dict:
+    """The ``audio_vae`` section of LTX-2's ``config`` metadata for this diffusers audio VAE."""
+    audio = audio_vae.config
+    return {"model": {"params": {"sampling_rate": audio.sample_rate, "ddconfig": {
+                "mel_bins": audio.mel_bins, "resolution": audio.resolution, "ch": audio.base_channels,
+                "ch_mult": list(audio.ch_mult), "z_channels": audio.latent_channels}}},
+            "preprocessing": {"stft": {"hop_length": audio.mel_hop_length, "causal": audio.is_causal}}}
 
 
 def _original(model: torch.nn.Module, rename) -> dict[str, torch.Tensor]:
@@ -115,13 +121,19 @@ def build_tiny_ltx2_repackage(root: Path, model_id: str = LTX2_REPACKAGE_MODEL_I
     files = {
         "transformer": _original(transformer, transformer_key_to_original),
         "text_encoder_post_modules": _original(connectors, connectors_key_to_original),
-        **_halves("video_vae", _with_unused_statistics(_original(vae, video_vae_key_namer(dict(vae.config))))),
-        **_halves("audio_vae", _original(audio_vae, audio_vae_key_to_original)),
+        **vae_part_files(vae, audio_vae),
         "audio_vocoder": _original(vocoder, vocoder_key_to_original),
     }
     for name, state_dict in files.items():
         atomic_save_safetensors(state_dict, repo / f"{name}.safetensors", metadata=metadata)
     return repo
+
+
+def vae_part_files(vae: torch.nn.Module, audio_vae: torch.nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    """``{file stem: tensors}`` of the four VAE halves of a Repackage repo (``video_vae_encoder``, ...) for these
+    diffusers VAEs, under LTX-2's key names."""
+    video = _with_unused_statistics(_original(vae, video_vae_key_namer(dict(vae.config))))
+    return {**_halves("video_vae", video), **_halves("audio_vae", _original(audio_vae, audio_vae_key_to_original))}
 
 
 def _with_unused_statistics(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

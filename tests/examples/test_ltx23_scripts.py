@@ -1,5 +1,5 @@
 """The reference's LTX-2.3 scripts run as written on the tiny repos they name (``DiffSynth-Studio/LTX-2.3-Repackage``'s
-transformer and per-stream text connectors, Gemma-3's release, the VAEs of ``diffusers/LTX-2.3-Diffusers``), through
+transformer, per-stream text connectors and VAE encoders, Gemma-3's release), through
 the trainer's ``main``, with the sizes, frames, epochs and repeats made small: LoRA text-to-audio+video, image-to-
 audio+video (``--extra_inputs input_audio,input_image``) and IC-LoRA, and the full runs of both. Each LoRA loads
 fully into diffusers' pipeline of the tiny LTX-2.3 and changes its output; each full run writes the whole
