@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, SharedLoad, load_component, load_skeleton, model_class_name
+from ..core.loader import ModelConfig, SharedLoad, load_component, load_components, load_skeleton, model_class_name
 from ..core.loader.original_layout import join_parts
 from ..core.loader.loading import resolve_dtype
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
@@ -180,11 +180,14 @@ class BasePipeline(torch.nn.Module):
         pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
         for config in model_configs:
             if config in skeleton_configs:
-                component = load_skeleton(config, torch_dtype=dtype)
+                components = [load_skeleton(config, torch_dtype=dtype)]
             else:
+                # a file holding several models (a single-file release) gives each the pipeline has a slot for
                 shared = shared_weights(config) if shared_weights is not None else None
-                component = load_component(config, torch_dtype=dtype, device=pipe.offload_device, shared=shared)
-            pipe._assign(component, config)
+                components = load_components(config, torch_dtype=dtype, device=pipe.offload_device, shared=shared,
+                                             wanted=cls.model_roles.__contains__)
+            for component in components:
+                pipe._assign(component, config)
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
             pipe._assign(load_component(tokenizer), tokenizer)

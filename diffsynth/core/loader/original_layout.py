@@ -4,6 +4,9 @@ A family whose releases ship another layout (Wan's ``WanModel`` folders and ``.p
 writes a reader ``identify(files) -> OriginalModel | None`` in its own room and names it in its ``FamilySpec``; the
 pipelines' registry registers it with ``core.original_layouts``, and loading asks each reader in turn.
 
+A release may hold several models in one file (LTX-2's single files): the file loads as its first model, and
+``OriginalModel.others`` describes the rest, which ``loading.load_components`` loads too.
+
 Some releases cut one model in files that load alone (LTX-2's VAE: an encoder file for training, a decoder file for
 inference). Such a file loads as the whole class with the other part left out (``OriginalModel.absent``): the part is
 an ``AbsentPart``, which holds no weight and names the missing file when called; ``join_parts`` puts two such halves
@@ -36,6 +39,8 @@ class OriginalModel:
         absent: Submodules the files do not hold (``"decoder"`` of an encoder-only VAE) -> ``(message, config
             keys)``: loading puts an ``AbsentPart`` there, which raises the message when called; the config keys are
             those describing the part, taken from the other half's model by ``join_parts``.
+        others: Further models the same file holds (a release in one file): loading the file gives this model,
+            ``loading.load_components`` each of them too.
     """
 
     kind: str
@@ -45,6 +50,7 @@ class OriginalModel:
     entries: dict[str, CheckpointEntry] = field(repr=False)
     source: Path
     absent: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    others: tuple[OriginalModel, ...] = ()
 
 
 class AbsentPart(torch.nn.Module):

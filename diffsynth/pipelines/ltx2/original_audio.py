@@ -39,7 +39,7 @@ _DECODER_KEYS = ("output_channels",)
 # The release's vocoder strides for its upsampling kernels (the strides are in no tensor).
 _RELEASE_VOCODER = {(16, 15, 8, 4, 4): [6, 5, 2, 2, 2]}
 # Keys only LTX-2.3's vocoder with bandwidth extension has (its activations' parameters, its second vocoder).
-_BWE_MARKERS = (".alpha", ".beta", "bwe", "mel_stft")
+_BWE_MARKERS = (".alpha", ".beta", "bwe_generator", "mel_stft", "vocoder.vocoder.")
 
 
 def _get(section: dict[str, Any], *path: str) -> Any:
@@ -152,6 +152,12 @@ def vocoder_key_to_original(key: str) -> str:
     return f"{VOCODER_PREFIX}{_VOCODER_RENAMES.get(head, head)}{dot}{rest}"
 
 
+def is_bandwidth_extended(keys) -> bool:
+    """Whether vocoder ``keys`` are LTX-2.3's vocoder with bandwidth extension (its two generators, snake
+    activations, the extender's STFT)."""
+    return any(marker in key for key in keys for marker in _BWE_MARKERS)
+
+
 def vocoder_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any], file: Path) -> dict[str, Any]:
     """The ``LTX2Vocoder`` config of an ``audio_vocoder`` file: widths and kernels from its tensors, strides,
     dilations and output rate from ``metadata`` (the ``vocoder`` section of its ``config``) or the release's.
@@ -161,7 +167,7 @@ def vocoder_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, Any],
             strides neither the metadata nor the release gives.
     """
     p = VOCODER_PREFIX
-    if any(marker in key for key in shapes for marker in _BWE_MARKERS):
+    if is_bandwidth_extended(shapes):
         raise ModelLoadError(f"{file} holds LTX-2.3's vocoder with bandwidth extension (snake activations, a second "
                              "vocoder), whose LTX-2 key names are not read yet: load the vocoder/ folder of the "
                              "diffusers layout of the release (LTX2VocoderWithBWE) instead")
