@@ -250,7 +250,7 @@ class BasePipeline(torch.nn.Module):
                              f"no slot for; it takes {sorted(self.model_roles)} and a tokenizer")
         held = getattr(self, name, None)
         if held is not None:
-            # The other half of a model cut in two files (LTX-2's VAE encoder and decoder) joins the held one.
+            # The other half of a model cut in two files (a VAE's encoder file and decoder file) joins the held one.
             if isinstance(held, torch.nn.Module) and join_parts(held, component):
                 return name
             raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")

@@ -4,10 +4,10 @@ A family whose releases ship another layout (Wan's ``WanModel`` folders and ``.p
 writes a reader ``identify(files) -> OriginalModel | None`` in its own room and names it in its ``FamilySpec``; the
 pipelines' registry registers it with ``core.original_layouts``, and loading asks each reader in turn.
 
-A release may hold several models in one file (LTX-2's single files): the file loads as its first model, and
+A release may hold several models in one file (a whole pipeline's weights): the file loads as its first model, and
 ``OriginalModel.others`` describes the rest, which ``loading.load_components`` loads too.
 
-Some releases cut one model in files that load alone (LTX-2's VAE: an encoder file for training, a decoder file for
+Some releases cut one model in files that load alone (a VAE as an encoder file for training and a decoder file for
 inference). Such a file loads as the whole class with the other part left out (``OriginalModel.absent``): the part is
 an ``AbsentPart``, which holds no weight and names the missing file when called; ``join_parts`` puts two such halves
 together when a pipeline is given both files.
