@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
 from ..core.loader import ModelConfig, SharedLoad, load_component, load_components, load_skeleton, model_class_name
-from ..core.loader.original_layout import join_parts
 from ..core.loader.loading import resolve_dtype
+from ..core.loader.original_layout import join_parts
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (
     PruneCacheUnit,

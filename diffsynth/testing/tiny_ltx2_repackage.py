@@ -32,7 +32,16 @@ from ..pipelines.ltx2.original import connectors_key_to_original, transformer_ke
 from ..pipelines.ltx2.original_audio import audio_vae_key_to_original, vocoder_key_to_original
 from ..pipelines.ltx2.original_vae import video_vae_key_namer
 from .tiny_common import prepare_repo, save_sharded_safetensors, seeded
-from .tiny_ltx2 import _SEEDS, _audio_vae, _connectors, _gemma, _transformer, _video_vae, _vocoder, build_gemma_tokenizer
+from .tiny_ltx2 import (
+    _SEEDS,
+    _audio_vae,
+    _connectors,
+    _gemma,
+    _transformer,
+    _video_vae,
+    _vocoder,
+    build_gemma_tokenizer,
+)
 
 LTX2_REPACKAGE_MODEL_ID = "DiffSynth-Studio/LTX-2-Repackage"
 GEMMA_MODEL_ID = "google/gemma-3-12b-it-qat-q4_0-unquantized"

@@ -63,3 +63,31 @@ def test_a_truncated_component_of_the_file_is_refused_naming_the_file_and_the_ke
         save_file(tensors, str(file), metadata=handle.metadata())
     with pytest.raises(ModelLoadError, match=rf"{JOYAI_ECHO_FILE} lacks .*{key.replace('.', '[.]')}"):
         identify([file])
+
+
+def test_ltx2s_single_file_gives_every_component_the_vocoder_too(tmp_path, tiny_root, monkeypatch):
+    # Lightricks' ltx-2-19b-dev.safetensors layout: the Repackage files put back together, with their metadata
+    from diffsynth.testing.tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
+    from diffsynth.testing.tiny_ltx2_repackage import LTX2_REPACKAGE_MODEL_ID
+    from tests.pipelines import test_ltx2
+
+    repackage = tiny_root / LTX2_REPACKAGE_MODEL_ID
+    tensors = {key: value for file in sorted(repackage.glob("*.safetensors"))
+               for key, value in load_file(str(file)).items()}
+    with safe_open(str(repackage / "transformer.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+    folder = tmp_path / "Lightricks" / "LTX-2"
+    folder.mkdir(parents=True)
+    save_file(tensors, str(folder / "ltx-2-19b-dev.safetensors"), metadata=metadata)
+    text_encoder = tmp_path / LTX2_MODEL_ID / "text_encoder"
+    text_encoder.parent.mkdir(parents=True, exist_ok=True)
+    text_encoder.symlink_to(tiny_root / LTX2_MODEL_ID / "text_encoder")
+    (tmp_path / LTX2_MODEL_ID / "tokenizer").symlink_to(tiny_root / LTX2_MODEL_ID / "tokenizer")
+    monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tmp_path))
+    pipe = LTX2AudioVideoPipeline.from_pretrained(torch.float32, "cpu", [
+        ModelConfig(model_id=LTX2_MODEL_ID, origin_file_pattern="ltx-2-19b-dev.safetensors"),
+        ModelConfig(model_id=LTX2_MODEL_ID, origin_file_pattern=LTX2_PATTERNS["text_encoder"])])
+    assert all(pipe.model_configs[slot].origin_file_pattern == "ltx-2-19b-dev.safetensors"
+               for slot in ("dit", "connectors", "vae", "audio_vae", "vocoder"))
+    reference = test_ltx2.render_ours(test_ltx2.load_ours(tiny_root))
+    assert max(distance(test_ltx2.render_ours(pipe), reference)) < PARITY

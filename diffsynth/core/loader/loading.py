@@ -16,8 +16,8 @@ import importlib
 import inspect
 import logging
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

@@ -22,8 +22,8 @@ SPEC = FamilySpec(
         Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*",
                                        "jd-opensource/JoyAI-Echo")),
     ),
-    layouts=("diffusers", "LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules, VAE "
-                          "halves, LTX-2 vocoder; single files such as JoyAI-Echo-release)"),
+    layouts=("diffusers", ("LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules, VAE "
+                           "halves, LTX-2 vocoder; single files such as JoyAI-Echo-release)")),
     original_readers=("diffsynth.pipelines.ltx2.original:identify",),
     # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
     prompt_tokens=1024,
