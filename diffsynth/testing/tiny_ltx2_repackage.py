@@ -64,7 +64,8 @@ LTX2_REPACKAGE_PARTS = {
 
 
 def official_metadata(transformer: torch.nn.Module, connectors: torch.nn.Module,
-                      audio_vae: torch.nn.Module | None = None, vocoder: torch.nn.Module | None = None) -> dict[str, str]:
+                      audio_vae: torch.nn.Module | None = None,
+                      vocoder: torch.nn.Module | None = None) -> dict[str, str]:
     """The ``config`` metadata entry of LTX-2's files (its ``transformer`` section, and given both audio models its
     ``audio_vae`` and ``vocoder`` sections) for these models."""
     dit, text = transformer.config, connectors.config
@@ -92,7 +93,8 @@ def _audio_sections(audio_vae: torch.nn.Module, vocoder: torch.nn.Module) -> dic
     voc = vocoder.config
     return {
         "audio_vae": audio_vae_section(audio_vae),
-        "vocoder": {"upsample_rates": list(voc.upsample_factors), "upsample_kernel_sizes": list(voc.upsample_kernel_sizes),
+        "vocoder": {"upsample_rates": list(voc.upsample_factors),
+                    "upsample_kernel_sizes": list(voc.upsample_kernel_sizes),
                     "resblock_kernel_sizes": list(voc.resnet_kernel_sizes),
                     "resblock_dilation_sizes": [list(d) for d in voc.resnet_dilations],
                     "upsample_initial_channel": voc.hidden_channels, "output_sample_rate": voc.output_sampling_rate},

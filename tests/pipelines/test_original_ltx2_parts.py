@@ -143,7 +143,8 @@ def test_halves_of_two_different_models_are_refused(tmp_path, tiny_root):
 def _configs(tiny_root, parts, diffusers_slots):
     configs = [ModelConfig(model_id=LTX2_REPACKAGE_MODEL_ID, origin_file_pattern=pattern)
                for pattern in (*LTX2_REPACKAGE_PATTERNS.values(), *(LTX2_REPACKAGE_PARTS[part] for part in parts))]
-    configs += [ModelConfig(model_id=LTX2_MODEL_ID, origin_file_pattern=LTX2_PATTERNS[slot]) for slot in diffusers_slots]
+    configs += [ModelConfig(model_id=LTX2_MODEL_ID, origin_file_pattern=LTX2_PATTERNS[slot])
+                for slot in diffusers_slots]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
         return LTX2AudioVideoPipeline.from_pretrained(torch.float32, "cpu", configs)
@@ -233,7 +234,8 @@ def test_the_video_vaes_structure_is_read_from_the_release_tensors(settings):
     entries = _official_entries(release, video_vae_key_namer(dict(release.config)), extra=UNUSED)
     # the reference's splitter layout: LTX-2's flat block lists (9 encoder blocks, 7 decoder blocks for LTX-2)
     if settings is RELEASE_VAE:
-        assert {"vae.encoder.down_blocks.8.res_blocks.1.conv2.conv.weight", "vae.encoder.down_blocks.1.conv.conv.weight",
+        assert {"vae.encoder.down_blocks.8.res_blocks.1.conv2.conv.weight",
+                "vae.encoder.down_blocks.1.conv.conv.weight",
                 "vae.decoder.up_blocks.6.res_blocks.4.conv1.conv.weight", "vae.decoder.up_blocks.1.conv.conv.weight",
                 "vae.per_channel_statistics.std-of-means"} <= set(entries)
         assert not any(".resnets." in key or "mid_block" in key for key in entries)

@@ -9,8 +9,8 @@ the whole class with the other half left out, and join when both are given. The 
 (``conv_pre`` / ``conv_post`` -> ``conv_in`` / ``conv_out``, ``ups`` -> ``upsamplers``, ``resblocks`` -> ``resnets``).
 
 Widths, depths, the latent channels and kernel sizes come from the tensors (the audio statistics are those of the
-latents patched with their mel bins, 128 in the release, not of the latent channels). The rest is read from the file's ``config``
-metadata under LTX-2's names when present, else the release's values: for the audio VAE the mel bins
+latents patched with their mel bins, 128 in the release, not of the latent channels). The rest is read from the
+file's ``config`` metadata under LTX-2's names when present, else the release's values: for the audio VAE the mel bins
 (``audio_vae.model.params.ddconfig.mel_bins`` or ``preprocessing.mel.n_mel_channels``; 64), the sample rate
 (``model.params.sampling_rate``; 16 kHz), whether the encoder makes a log-variance per channel (``ddconfig.double_z``;
 yes), the mel hop (``preprocessing.stft.hop_length``; 160) and causality
@@ -28,7 +28,9 @@ from typing import Any
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel
 from ...core.loader.state_dict import CheckpointEntry
-from .original_vae import STATISTICS, count, missing_half, part_model, shape
+from .original import _block_count as count
+from .original import _shape as shape
+from .original_vae import STATISTICS, missing_half, part_model
 
 AUDIO_PREFIX = "audio_vae."
 VOCODER_PREFIX = "vocoder."

@@ -26,7 +26,6 @@ else LTX-2's decoder has it (every upsampler spatiotemporal and halving the chan
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,9 @@ from typing import Any
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, renamed_entries
 from ...core.loader.state_dict import CheckpointEntry
+from .original import _block_count as count
+from .original import _model_keys, _refuse_missing
+from .original import _shape as shape
 
 VAE_PREFIX = "vae."
 STATISTICS = "per_channel_statistics."
@@ -66,28 +68,12 @@ class Block:
 # ---- shared by the part readers ---------------------------------------------------------------------------------
 
 
-def shape(shapes: dict[str, tuple[int, ...]], key: str, file: Path, what: str) -> tuple[int, ...]:
-    """The shape of ``key``, or an error naming the file and the key."""
-    if key not in shapes:
-        raise ModelLoadError(f"{file} lacks {key!r}, which every LTX-2 {what} has; the file is incomplete (an "
-                             "interrupted download?): download it again")
-    return shapes[key]
-
-
-def count(keys, prefix: str) -> int:
-    """How many numbered children ``prefix.<i>.`` the keys hold."""
-    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
-    return 1 + max((int(match[1]) for key in keys if (match := pattern.match(key))), default=-1)
-
-
 def part_model(file: Path, entries: dict[str, CheckpointEntry], class_name: str, config: dict[str, Any],
                to_original, kind: str, absent: dict[str, tuple[str, tuple[str, ...]]] | None = None,
                skipped: tuple[str, ...] = ()) -> OriginalModel:
     """The ``OriginalModel`` of one part file: every key of ``class_name`` built from ``config`` (but those of the
     ``absent`` submodules) named by ``to_original``; a key the file lacks is refused here, a key it has beyond them
     (but the ``skipped`` prefixes) is left for loading to report as unexpected."""
-    from .original import _model_keys, _refuse_missing
-
     absent = absent or {}
     keys = {key: to_original(key) for key in _model_keys(class_name, config)
             if key.partition(".")[0] not in absent}
