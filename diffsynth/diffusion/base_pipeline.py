@@ -31,8 +31,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, SharedLoad, load_component, load_skeleton, model_class_name
+from ..core.loader import ModelConfig, SharedLoad, load_component, load_components, load_skeleton, model_class_name
 from ..core.loader.loading import resolve_dtype
+from ..core.loader.original_layout import join_parts
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (
     PruneCacheUnit,
@@ -179,11 +180,14 @@ class BasePipeline(torch.nn.Module):
         pipe = cls(device=device, torch_dtype=dtype, offload_device=offload_device)
         for config in model_configs:
             if config in skeleton_configs:
-                component = load_skeleton(config, torch_dtype=dtype)
+                components = [load_skeleton(config, torch_dtype=dtype)]
             else:
+                # a file holding several models (a single-file release) gives each the pipeline has a slot for
                 shared = shared_weights(config) if shared_weights is not None else None
-                component = load_component(config, torch_dtype=dtype, device=pipe.offload_device, shared=shared)
-            pipe._assign(component, config)
+                components = load_components(config, torch_dtype=dtype, device=pipe.offload_device, shared=shared,
+                                             wanted=cls.model_roles.__contains__)
+            for component in components:
+                pipe._assign(component, config)
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
             pipe._assign(load_component(tokenizer), tokenizer)
@@ -244,7 +248,11 @@ class BasePipeline(torch.nn.Module):
         if name is None:
             raise ValueError(f"{config.describe()} loads {type(component).__name__}, which {type(self).__name__} has "
                              f"no slot for; it takes {sorted(self.model_roles)} and a tokenizer")
-        if getattr(self, name, None) is not None:
+        held = getattr(self, name, None)
+        if held is not None:
+            # The other half of a model cut in two files (a VAE's encoder file and decoder file) joins the held one.
+            if isinstance(held, torch.nn.Module) and join_parts(held, component):
+                return name
             raise ValueError(f"{config.describe()} loads a second {name}; give each model one config")
         setattr(self, name, component)
         self.model_configs[name] = config

@@ -146,7 +146,7 @@ def _video_vae():
 
     vae = AutoencoderKLLTX2Video(
         in_channels=3, out_channels=3, latent_channels=VIDEO_LATENT_CHANNELS, block_out_channels=(8,),
-        decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
+        decoder_block_out_channels=(8,), layers_per_block=(1, 1), decoder_layers_per_block=(1, 1),
         spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False),
         downsample_type=("spatiotemporal",), upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False,
         patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,

@@ -1,5 +1,7 @@
 """A tiny random-weight LTX-2.3, in the released diffusers layout (``diffusers/LTX-2.3-Diffusers``) and in the
-reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer and ``text_encoder_post_modules``).
+reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer, ``text_encoder_post_modules`` and
+the four VAE halves, ``video_vae_encoder`` ... ``audio_vae_decoder``; not the vocoder), and JoyAI-Echo's release
+(``jd-opensource/JoyAI-Echo:JoyAI-Echo-release.safetensors``: every component in one file).
 
 What LTX-2.3 changes against LTX-2 (diffusers' conversion config of the release), every switch on here:
 
@@ -45,10 +47,12 @@ from .tiny_ltx2 import (
     _video_vae,
     build_gemma_tokenizer,
 )
-from .tiny_ltx2_repackage import _original, official_metadata
+from .tiny_ltx2_repackage import _original, audio_vae_section, official_metadata, vae_part_files
 
 LTX23_MODEL_ID = "diffusers/LTX-2.3-Diffusers"
 LTX23_REPACKAGE_MODEL_ID = "DiffSynth-Studio/LTX-2.3-Repackage"
+JOYAI_ECHO_MODEL_ID = "jd-opensource/JoyAI-Echo"
+JOYAI_ECHO_FILE = "JoyAI-Echo-release.safetensors"
 # The diffusers folders as given to --model_id_with_origin_paths (the same as LTX-2's).
 LTX23_PATTERNS = {
     "dit": "transformer/diffusion_pytorch_model*.safetensors",
@@ -60,6 +64,9 @@ LTX23_PATTERNS = {
     "tokenizer": "tokenizer/",
 }
 LTX23_REPACKAGE_PATTERNS = {"dit": "transformer.safetensors", "connectors": "text_encoder_post_modules.safetensors"}
+LTX23_REPACKAGE_PARTS = {"vae_encoder": "video_vae_encoder.safetensors", "vae_decoder": "video_vae_decoder.safetensors",
+                         "audio_vae_encoder": "audio_vae_encoder.safetensors",
+                         "audio_vae_decoder": "audio_vae_decoder.safetensors"}
 
 # The transformer's LTX-2.3 switches (diffusers' conversion config of the release).
 TRANSFORMER_SWITCHES = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True,
@@ -153,7 +160,45 @@ def build_tiny_ltx23_repackage(root: Path, model_id: str = LTX23_REPACKAGE_MODEL
                             metadata=metadata)
     atomic_save_safetensors(_original(connectors, connectors_key_to_original),
                             repo / "text_encoder_post_modules.safetensors", metadata=metadata)
+    with seeded(seed + _SEEDS["vae"]):
+        vae = _video_vae()
+    with seeded(seed + _SEEDS["audio_vae"]):
+        audio_vae = _audio_vae()
+    # the audio VAE's mel bins and rates, in which the tiny differs from the release (no vocoder file: its layout with
+    # the bandwidth extender is not read)
+    metadata = {"config": json.dumps({**section, "audio_vae": audio_vae_section(audio_vae)})}
+    for name, tensors in vae_part_files(vae, audio_vae).items():
+        atomic_save_safetensors(tensors, repo / f"{name}.safetensors", metadata=metadata)
     return repo
 
 
-LTX23_BUILDERS = {"ltx23": build_tiny_ltx23, "ltx23_repackage": build_tiny_ltx23_repackage}
+def build_tiny_joyai_echo(root: Path, model_id: str = JOYAI_ECHO_MODEL_ID, seed: int = 0) -> Path:
+    """Writes ``JoyAI-Echo-release.safetensors`` at ``root/<model_id>``: every component of the tiny LTX-2.3 (the
+    same seeds as ``build_tiny_ltx23``'s) in one file under LTX-2's key names, as Lightricks' single files and
+    JoyAI-Echo's release hold them.
+
+    The vocoder with bandwidth extension is written under its two generators' prefixes (``vocoder.vocoder.``,
+    ``vocoder.bwe_generator.``, ``vocoder.mel_stft.``), as LTX-2.3's release nests them; the reader leaves it out.
+    """
+    repo = prepare_repo(root, model_id)
+    models = {}
+    for name, build in (("transformer", _transformer_23), ("connectors", _connectors_23), ("vae", _video_vae),
+                        ("audio_vae", _audio_vae), ("vocoder", _vocoder_23)):
+        with seeded(seed + _SEEDS[name]):
+            models[name] = build()
+    section = json.loads(official_metadata(models["transformer"], models["connectors"])["config"])
+    section["transformer"]["caption_channels"] = TEXT_HIDDEN_SIZE
+    section["audio_vae"] = audio_vae_section(models["audio_vae"])
+    halves = vae_part_files(models["vae"], models["audio_vae"])
+    tensors = {
+        **_original(models["transformer"], transformer_key_to_original),
+        **_original(models["connectors"], connectors_key_to_original),
+        **{key: tensor for half in halves.values() for key, tensor in half.items()},
+        **{f"vocoder.{key}": tensor.contiguous() for key, tensor in models["vocoder"].state_dict().items()},
+    }
+    atomic_save_safetensors(tensors, repo / JOYAI_ECHO_FILE, metadata={"config": json.dumps(section)})
+    return repo
+
+
+LTX23_BUILDERS = {"ltx23": build_tiny_ltx23, "ltx23_repackage": build_tiny_ltx23_repackage,
+                  "joyai_echo": build_tiny_joyai_echo}

@@ -1,5 +1,5 @@
 """The reference's LTX-2.3 scripts run as written on the tiny repos they name (``DiffSynth-Studio/LTX-2.3-Repackage``'s
-transformer and per-stream text connectors, Gemma-3's release, the VAEs of ``diffusers/LTX-2.3-Diffusers``), through
+transformer, per-stream text connectors and VAE encoders, Gemma-3's release), through
 the trainer's ``main``, with the sizes, frames, epochs and repeats made small: LoRA text-to-audio+video, image-to-
 audio+video (``--extra_inputs input_audio,input_image``) and IC-LoRA, and the full runs of both. Each LoRA loads
 fully into diffusers' pipeline of the tiny LTX-2.3 and changes its output; each full run writes the whole
@@ -107,3 +107,24 @@ def test_the_full_scripts_train_the_whole_transformer(workdir, model_root, scrip
     assert any(not torch.equal(saved[key], value) for key, value in
                LTX2VideoTransformer3DModel.from_pretrained(str(model_root / LTX23_MODEL_ID),
                                                           subfolder="transformer").state_dict().items())
+
+
+def test_the_joyai_echo_lora_script_trains_from_the_one_release_file(workdir, model_root):
+    stage_one, stage_two = run_script("lora/JoyAI-Echo-T2AV-splited.sh")
+    assert stage_one["cached"] == 2 and stage_two["global_step"] == 2
+    # stage 2 named the release file alone: it gave the transformer (and the other models it holds)
+    pipe = stage_two["module"].pipe
+    assert pipe.model_configs["dit"].model_id == "jd-opensource/JoyAI-Echo" and pipe.dit.config.gated_attn
+    for shared in cached(workdir, "JoyAI-Echo-T2AV_lora-splited-cache"):
+        assert shared["trains_audio"]
+    path = workdir / "models/train/JoyAI-Echo-T2AV_lora/epoch-0.safetensors"
+    assert lora_update(path) > 0 and all(key.startswith("diffusion_model.") for key in load_file(str(path)))
+    assert_loads_in_diffusers(model_root, path)
+
+
+def test_the_joyai_echo_full_script_trains_the_whole_transformer(workdir):
+    configs = [config for config, _ in script_commands(LTX2, "full/JoyAI-Echo-T2AV-splited.sh", CHANGES)]
+    assert configs == [None, LTX2.parents[2] / ZERO2]
+    _, result = run_script("full/JoyAI-Echo-T2AV-splited.sh")
+    saved = load_file(str(workdir / "models/train/JoyAI-Echo-T2AV-full/epoch-0.safetensors"))
+    assert set(saved) == set(result["module"].pipe.dit.state_dict()) and result["global_step"] == 2

@@ -14,7 +14,15 @@ The tiny-model builders live in ``diffsynth.testing.tiny_models`` (imported on d
 
 from .config import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, parse_model_paths
 from .errors import ModelConfigError, ModelFilesNotFoundError, ModelLoadError
-from .loading import load_component, load_model, load_model_from_files, load_skeleton, load_tokenizer, model_class_name
+from .loading import (
+    load_component,
+    load_components,
+    load_model,
+    load_model_from_files,
+    load_skeleton,
+    load_tokenizer,
+    model_class_name,
+)
 from .resolve import model_base_path, resolve_files
 from .shared_loading import SharedLoad
 
@@ -25,6 +33,7 @@ __all__ = [
     "ModelLoadError",
     "SharedLoad",
     "load_component",
+    "load_components",
     "load_model",
     "load_model_from_files",
     "load_skeleton",

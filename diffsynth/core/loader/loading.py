@@ -16,6 +16,7 @@ import importlib
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..file_memo import one_load, read_json
 from ..model_traits import identify_original, model_modules
 from .config import ModelConfig
 from .errors import ModelLoadError
-from .original_layout import OriginalModel
+from .original_layout import OriginalModel, leave_out
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
 from .shared_loading import SharedLoad, load_shared
@@ -191,9 +192,16 @@ def _blueprint(shards: list[Path]) -> tuple[str, type[torch.nn.Module], Path, Or
     return library, cls, folder, None
 
 
-def _empty_model(shards: list[Path], dtype: torch.dtype) -> tuple[str, torch.nn.Module, Path, OriginalModel | None]:
-    library, cls, folder, original = _blueprint(shards)
+def _empty_model(shards: list[Path], dtype: torch.dtype,
+                 original: OriginalModel | None = None) -> tuple[str, torch.nn.Module, Path, OriginalModel | None]:
+    if original is not None:  # one of the further models of a file (``OriginalModel.others``)
+        library, cls, folder = original.library, library_class(original.library, original.class_name,
+                                                               original.source), original.source
+    else:
+        library, cls, folder, original = _blueprint(shards)
     model = build_empty_model(library, cls, folder, dtype, config=original.config if original else None)
+    if original is not None and original.absent:  # a part the files do not hold: no weights planned for it
+        leave_out(model, original.absent)
     return library, model, folder, original
 
 
@@ -223,7 +231,7 @@ def _tie_weights(model: torch.nn.Module, missing: set[str]) -> None:
 
 def load_model_from_files(
     files: list[Path], torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
-    shared: SharedLoad | None = None,
+    shared: SharedLoad | None = None, original: OriginalModel | None = None,
 ) -> torch.nn.Module:
     """Loads one model from its safetensors shards and the ``config.json`` beside them.
 
@@ -235,6 +243,8 @@ def load_model_from_files(
         shared: Load the weights it selects once per machine into host memory the run's processes there share
             (``shared_loading.py``; every process of the run must then load the same models in the same order);
             the rest goes to ``device``. None: this process loads its own copy.
+        original: Load this model the files hold (one of a file's ``OriginalModel.others``) rather than the one
+            their reader names first.
 
     Returns:
         The model, in eval mode, with no tensor left on the meta device.
@@ -264,7 +274,7 @@ def load_model_from_files(
     if reason is not None:
         raise ModelLoadError(f"cannot load {folder}: {reason}; download or copy the missing files")
     with one_load():  # each shard is opened once, for its header and its tensors
-        library, model, folder, original = _empty_model(shards, dtype)
+        library, model, folder, original = _empty_model(shards, dtype, original)
         cls = type(model)
         expected = model.state_dict()
         if original is not None:  # already under the model's names
@@ -373,6 +383,20 @@ def load_tokenizer(config: ModelConfig):
             f"cannot load the tokenizer in {folder} ({type(error).__name__}: {error}); restore the repository's "
             "tokenizer files"
         ) from error
+
+
+def load_components(
+    config: ModelConfig, torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
+    shared: SharedLoad | None = None, wanted: Callable[[str], bool] = lambda class_name: True,
+) -> list:
+    """Everything a config's files hold: ``load_component``'s model (or tokenizer), then each further model of a
+    file holding several (``OriginalModel.others``) whose class ``wanted`` accepts (the classes a pipeline has
+    slots for). ``shared`` applies to the first model only."""
+    first = load_component(config, torch_dtype=torch_dtype, device=device, shared=shared)
+    shards = weight_files(resolve_files(config))
+    original = identify_original(shards) if shards else None
+    others = [other for other in (original.others if original is not None else ()) if wanted(other.class_name)]
+    return [first, *(load_model_from_files(shards, torch_dtype, device, original=other) for other in others)]
 
 
 def load_component(

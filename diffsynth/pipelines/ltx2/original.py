@@ -12,6 +12,11 @@ file                                official keys                              d
 ``text_encoder_post_modules``       ``text_embedding_projection.*``,           ``LTX2TextConnectors``
                                     ``model.diffusion_model.{video,audio}_
                                     embeddings_connector.*``
+``video_vae_{encoder,decoder}``     ``vae.{encoder,decoder}.*``,               ``AutoencoderKLLTX2Video`` (each half
+                                    ``vae.per_channel_statistics.*``           alone, or joined; ``original_vae``)
+``audio_vae_{encoder,decoder}``     ``audio_vae.{encoder,decoder}.*``,         ``AutoencoderKLLTX2Audio`` (likewise;
+                                    ``audio_vae.per_channel_statistics.*``     ``original_audio``)
+``audio_vocoder``                   ``vocoder.*``                              ``LTX2Vocoder`` (``original_audio``)
 ==================================  =========================================  ========================================
 
 Diffusers renamed few layers: the transformer's input projections (``patchify_proj`` -> ``proj_in``), its AdaLN
@@ -37,6 +42,7 @@ from typing import Any
 
 from ...core.loader.errors import ModelLoadError
 from ...core.loader.original_layout import OriginalModel, renamed_entries, single_file_entries
+from ...core.loader.state_dict import CheckpointEntry
 from ...core.model_traits import register_model_module
 from .naming import _EMBEDDERS
 
@@ -46,9 +52,10 @@ register_model_module("diffusers.pipelines.ltx2")
 DIT_PREFIX = "model.diffusion_model."
 _CONNECTORS = ("video_embeddings_connector", "audio_embeddings_connector")
 _PROJECTION = "text_embedding_projection."
-# Keys only LTX-2's VAEs and vocoder have in its own layout (latent statistics, the vocoder's first convolution);
-# a file holding them next to the transformer holds every component (JoyAI-Echo's release): one model per file here.
-_OTHER_COMPONENTS = ("vae.per_channel_statistics.", "audio_vae.per_channel_statistics.", "vocoder.conv_pre.")
+# Keys only LTX-2's VAEs and vocoder have in its own layout (latent statistics, the vocoders' first convolution or
+# LTX-2.3's two generators); a file holding them next to the transformer holds every component (JoyAI-Echo's release).
+_OTHER_COMPONENTS = ("vae.per_channel_statistics.", "audio_vae.per_channel_statistics.", "vocoder.conv_pre.",
+                     "vocoder.vocoder.", "vocoder.bwe_generator.")
 # LTX-2 and LTX-2.3: 32 heads in every attention; what the official code assumes when the metadata says nothing.
 _HEADS = 32
 # Gemma-3 12B's hidden width, which LTX-2.3's per-stream projections read and its metadata leaves out.
@@ -74,11 +81,15 @@ _METADATA_NAMES = {
 
 
 def identify(files: list[Path]) -> OriginalModel | None:
-    """The LTX-2 component one official-layout file holds (the transformer or the text connectors), or None.
+    """The LTX-2 component one official-layout file holds (the transformer, the text connectors, a VAE or half of
+    one, the vocoder), or None.
+
+    A file holding every component (Lightricks' single files, JoyAI-Echo's release) loads as its transformer, with
+    the other components in ``OriginalModel.others`` (``original_bundle``).
 
     Raises:
-        ModelLoadError: The file holds every component at once (JoyAI-Echo's release) or a VAE or the vocoder (not
-            read in this layout yet), or lacks tensors its structure needs; the message names the file.
+        ModelLoadError: The file lacks tensors its structure needs, or holds a layout not read here; the message
+            names the file.
     """
     found = single_file_entries(list(files))
     if found is None:
@@ -87,33 +98,50 @@ def identify(files: list[Path]) -> OriginalModel | None:
     shapes = {key: entry.shape for key, entry in entries.items()}
     dit = [key for key in shapes if key.startswith(DIT_PREFIX) and not _is_connector(key)]
     if dit and any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
-        raise ModelLoadError(
-            f"{file} holds every LTX-2 component in one file (the transformer with the VAEs and the vocoder, as "
-            "JoyAI-Echo-release.safetensors does); this loader reads one model per file: load the components from "
-            "DiffSynth-Studio/LTX-2-Repackage (transformer.safetensors, text_encoder_post_modules.safetensors, ...) "
-            "or from the diffusers folders of Lightricks/LTX-2")
+        from .original_bundle import single_file_model  # every component in one file (JoyAI-Echo's release)
+
+        return single_file_model(file, entries)
     if dit:
-        config = transformer_config(shapes, _metadata_section(file, "transformer"), file)
-        name, expected = "LTX2VideoTransformer3DModel", _model_keys("LTX2VideoTransformer3DModel", config)
-        keys = {key: transformer_key_to_original(key) for key in expected}
-        kind = "dit"
-    elif any(key.startswith(_PROJECTION) for key in shapes):
-        config = connectors_config(shapes, _metadata_section(file, "transformer"), file)
-        name, expected = "LTX2TextConnectors", _model_keys("LTX2TextConnectors", config)
-        keys = {key: connectors_key_to_original(key) for key in expected}
-        kind = "connectors"
-    elif any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
-        raise ModelLoadError(
-            f"{file} holds an LTX-2 VAE or vocoder under LTX-2's own key names (video_vae_encoder, audio_vae_decoder, "
-            "audio_vocoder, ... of LTX-2-Repackage), which this loader does not read yet: load "
-            "Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors (and audio_vae/, vocoder/) instead")
+        return component_model(file, entries, "dit")
+    if any(key.startswith(_PROJECTION) for key in shapes):
+        return component_model(file, entries, "connectors")
+    if any(key.startswith(_OTHER_COMPONENTS) for key in shapes):
+        return _part(file, entries, shapes)
+    return None
+
+
+def component_model(file: Path, entries: dict[str, CheckpointEntry], kind: str) -> OriginalModel:
+    """The transformer (``kind`` "dit") or the text connectors ("connectors") ``entries`` hold under LTX-2's names;
+    a key of the class the entries lack is refused here, one they have beyond it is left for loading to report."""
+    shapes = {key: entry.shape for key, entry in entries.items()}
+    metadata = _metadata_section(file, "transformer")
+    if kind == "dit":
+        config = transformer_config(shapes, metadata, file)
+        name, rename = "LTX2VideoTransformer3DModel", transformer_key_to_original
     else:
-        return None
+        config = connectors_config(shapes, metadata, file)
+        name, rename = "LTX2TextConnectors", connectors_key_to_original
+    keys = {key: rename(key) for key in _model_keys(name, config)}
     _refuse_missing(file, sorted(official for official in keys.values() if official not in shapes), name)
     used = set(keys.values())
     keys.update({key: key for key in shapes if key not in used})  # left as they are: reported as unexpected
     return OriginalModel(kind=kind, library="diffusers", class_name=name, config=config,
                          entries=renamed_entries(entries, keys), source=file)
+
+
+def _part(file: Path, entries, shapes: dict[str, tuple[int, ...]]) -> OriginalModel:
+    """A VAE or vocoder file of LTX-2-Repackage (one component's keys; ``original_vae``, ``original_audio``)."""
+    from .original_audio import audio_vae_model, vocoder_model
+    from .original_vae import video_vae_model
+
+    readers = {"vae.": ("vae", video_vae_model), "audio_vae.": ("audio_vae", audio_vae_model),
+               "vocoder.": ("vocoder", vocoder_model)}
+    found = sorted({prefix for prefix in readers for key in shapes if key.startswith(prefix)})
+    if len(found) != 1:
+        raise ModelLoadError(f"{file} holds several LTX-2 components ({', '.join(p.rstrip('.') for p in found)}) "
+                             "without the transformer; load each from its own file of LTX-2-Repackage")
+    section, read = readers[found[0]]
+    return read(file, entries, _metadata_section(file, section))
 
 
 def _is_connector(key: str) -> bool:

@@ -12,15 +12,18 @@ SPEC = FamilySpec(
     plan_name="ltx2",
     denoiser_class="LTX2VideoTransformer3DModel",
     video=True,
-    model_ids=("Lightricks/LTX-2", "Lightricks/LTX-2.3"),
+    model_ids=("Lightricks/LTX-2", "Lightricks/LTX-2.3", "jd-opensource/JoyAI-Echo"),
     # diffusers' defaults are the released LTX-2 19B transformer (Gemma-3 12B's 3840-wide prompt, 48 blocks); LTX-2.3
     # keeps its widths and depth and adds gated attention and the prompt's timestep modulation, its connectors
     # handing each stream prompt tokens of its own width (diffusers' conversion config of the release).
     releases=(
         Release("ltx2-19b", {}, ("Lightricks/LTX-2", "DiffSynth-Studio/LTX-2-Repackage")),
-        Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*")),
+        # JoyAI-Echo is a fine-tune of LTX-2.3 (released as one file)
+        Release("ltx2.3-22b", _LTX23, ("Lightricks/LTX-2.3*", "diffusers/LTX-2.3-*", "DiffSynth-Studio/LTX-2.3-*",
+                                       "jd-opensource/JoyAI-Echo")),
     ),
-    layouts=("diffusers", "LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules)"),
+    layouts=("diffusers", ("LTX-2 key names (LTX-2- and LTX-2.3-Repackage transformer, text_encoder_post_modules, VAE "
+                           "halves, LTX-2 vocoder; single files such as JoyAI-Echo-release)")),
     original_readers=("diffsynth.pipelines.ltx2.original:identify",),
     # Gemma pads every prompt to 1024 tokens (the connectors keep the real ones, as registers fill the rest).
     prompt_tokens=1024,

@@ -2,8 +2,8 @@
 # The whole LTX-2 audio+video transformer fine-tuned from clips with sound, in two stages. Run from the repository
 # root.
 #
-# The commands are the reference's (DiffSynth-Studio) with its model files but the VAEs' (see
-# lora/LTX-2-T2AV-splited.sh for the files, the dataset and the stages). Stage 2 trains every weight of the transformer
+# The commands are the reference's (DiffSynth-Studio) with its model files (see lora/LTX-2-T2AV-splited.sh for the
+# files, the dataset and the stages). Stage 2 trains every weight of the transformer
 # (--trainable_models dit) and writes it to --output_path as epoch-<e>.safetensors.
 set -e
 
@@ -16,7 +16,7 @@ accelerate launch examples/ltx2/model_training/train.py \
   --width 768 \
   --num_frames 121 \
   --dataset_repeat 1 \
-  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:audio_vae/diffusion_pytorch_model.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,DiffSynth-Studio/LTX-2-Repackage:video_vae_encoder.safetensors,DiffSynth-Studio/LTX-2-Repackage:audio_vae_encoder.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
   --learning_rate 1e-5 \
   --num_epochs 2 \
   --remove_prefix_in_ckpt "pipe.dit." \

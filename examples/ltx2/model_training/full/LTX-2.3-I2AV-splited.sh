@@ -2,11 +2,9 @@
 # The whole LTX-2.3 audio+video transformer fine-tuned for image-to-audio+video, in two stages. Run from the
 # repository root.
 #
-# The commands are the reference's (DiffSynth-Studio) with its flags and values. Its model files too, except the two
-# VAE encoders: the reference names DiffSynth-Studio/LTX-2.3-Repackage:video_vae_encoder.safetensors and
-# DiffSynth-Studio/LTX-2.3-Repackage:audio_vae_encoder.safetensors, which are not read here yet, so the video and
-# audio VAEs come from the diffusers folders of diffusers/LTX-2.3-Diffusers (vae/, audio_vae/). The transformer and
-# the text connectors (LTX-2.3's per-stream Gemma projections) come from LTX-2.3-Repackage, Gemma-3 from Google's
+# The commands are the reference's (DiffSynth-Studio) with its flags, values and model files: the transformer, the
+# text connectors (LTX-2.3's per-stream Gemma projections) and the two VAE encoders (each loads as its VAE without
+# the decoder, which stage 1 never calls) come from DiffSynth-Studio/LTX-2.3-Repackage, Gemma-3 from Google's
 # release.
 #
 # Stage 2 trains every weight of the transformer (--trainable_models dit) under the reference's accelerate config
@@ -23,7 +21,7 @@ accelerate launch examples/ltx2/model_training/train.py \
   --width 768 \
   --num_frames 121 \
   --dataset_repeat 1 \
-  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2.3-Repackage:text_encoder_post_modules.safetensors,diffusers/LTX-2.3-Diffusers:vae/diffusion_pytorch_model.safetensors,diffusers/LTX-2.3-Diffusers:audio_vae/diffusion_pytorch_model.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2.3-Repackage:text_encoder_post_modules.safetensors,DiffSynth-Studio/LTX-2.3-Repackage:video_vae_encoder.safetensors,DiffSynth-Studio/LTX-2.3-Repackage:audio_vae_encoder.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
   --learning_rate 1e-5 \
   --num_epochs 5 \
   --remove_prefix_in_ckpt "pipe.dit." \

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # IC-LoRA (in-context control) on LTX-2's audio+video transformer, trained in two stages. Run from the repository root.
 #
-# The commands are the reference's (DiffSynth-Studio) with its flags, values and model files, except the two VAE
-# encoders, which come from the diffusers folders of Lightricks/LTX-2 (LTX-2-Repackage's VAE files are not read yet;
-# see LTX-2-T2AV-splited.sh and docs/en/LTX2.md).
+# The commands are the reference's (DiffSynth-Studio) with its flags, values and model files (LTX-2-Repackage's
+# transformer, text connectors and VAE encoders, Gemma-3's release; see LTX-2-T2AV-splited.sh).
 #
 # The metadata is a JSON list of rows such as
 #   {"video": "clip.mp4", "prompt": "...", "input_audio": "clip.mp4", "in_context_videos": ["clip_depth.mp4"],
@@ -25,7 +24,7 @@ accelerate launch examples/ltx2/model_training/train.py \
   --width 768 \
   --num_frames 81 \
   --dataset_repeat 1 \
-  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:audio_vae/diffusion_pytorch_model.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,DiffSynth-Studio/LTX-2-Repackage:video_vae_encoder.safetensors,DiffSynth-Studio/LTX-2-Repackage:audio_vae_encoder.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
   --learning_rate 1e-4 \
   --num_epochs 5 \
   --remove_prefix_in_ckpt "pipe.dit." \

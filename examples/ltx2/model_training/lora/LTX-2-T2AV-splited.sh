@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # LoRA on LTX-2's audio+video transformer from clips with sound, trained in two stages. Run from the repository root.
 #
-# The commands are the reference's (DiffSynth-Studio) with its flags, values and model files, except the two VAE
-# encoders: the transformer and the text connectors come from DiffSynth-Studio/LTX-2-Repackage (LTX-2's own key
-# names) and Gemma-3 from Google's release, while the video and audio VAEs come from the diffusers folders of
-# Lightricks/LTX-2, as LTX-2-Repackage's video_vae_encoder / audio_vae_encoder files are not read yet (docs/en/LTX2.md).
+# The commands are the reference's (DiffSynth-Studio) with its flags, values and model files: the transformer, the
+# text connectors and the two VAE encoders come from DiffSynth-Studio/LTX-2-Repackage (LTX-2's own key names, loaded
+# into diffusers' classes; each encoder file loads as its VAE without the decoder, which stage 1 never calls) and
+# Gemma-3 from Google's release.
 #
 # The dataset is a folder of clips plus metadata.csv with the columns video,prompt,input_audio: input_audio names a
 # sound file or a video whose sound track is used (often the clip itself). To try it on a small drawn dataset:
@@ -24,7 +24,7 @@ accelerate launch examples/ltx2/model_training/train.py \
   --width 768 \
   --num_frames 121 \
   --dataset_repeat 1 \
-  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,Lightricks/LTX-2:vae/diffusion_pytorch_model.safetensors,Lightricks/LTX-2:audio_vae/diffusion_pytorch_model.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
+  --model_id_with_origin_paths "DiffSynth-Studio/LTX-2-Repackage:text_encoder_post_modules.safetensors,DiffSynth-Studio/LTX-2-Repackage:video_vae_encoder.safetensors,DiffSynth-Studio/LTX-2-Repackage:audio_vae_encoder.safetensors,google/gemma-3-12b-it-qat-q4_0-unquantized:model-*.safetensors" \
   --learning_rate 1e-4 \
   --num_epochs 5 \
   --remove_prefix_in_ckpt "pipe.dit." \
