@@ -16,9 +16,9 @@ with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``,
 ``input_image`` (Wan image-to-video: the first frame), ``end_image`` (Wan first-last-frame models: the last frame)
 and the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` frames), ``reference_image``,
 ``camera_control_direction`` and ``camera_control_speed``; paths are relative to the file's folder. Everything is
-checked when the flags are parsed, before any model loads: the file, every entry, every image (its header), and every size,
-which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``),
-so that rendering stays within the run's memory plan.
+checked when the flags are parsed, before any model loads: the file, every entry, every image (its header), and
+every size, which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``;
+``--num_frames``), so that rendering stays within the run's memory plan.
 """
 
 from __future__ import annotations
