@@ -96,7 +96,7 @@ def _script_counts(row: FamilyRow) -> list[str]:
 def _text_cells(row: FamilyRow) -> list[list[str]]:
     """Each column's lines for the terminal table."""
     return [[row.title, f"({row.folder})"], [row.pipeline], list(row.release_ids) or ["-"],
-            [line for layout in row.layouts for line in textwrap.wrap(layout, LAYOUT_WIDTH)],
+            [line for layout in row.layouts for line in textwrap.wrap(layout, LAYOUT_WIDTH, break_on_hyphens=False)],
             list(row.lora_formats), list(row.architectures) or ["-"], _script_counts(row), list(row.refused) or ["-"]]
 
 
