@@ -35,8 +35,10 @@ PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_WORKERS)
 
 # A worker takes whole modules (loadscope), so a module's fixtures (its trainer runs) run once, not once per worker:
 # 719 s against 805 s here. The fast loop has few such fixtures and balances better test by test (105 s against 113).
+# The modules go out in collection order, the longest first (FIRST_MODULES in tests/conftest.py), so that no long one
+# is left to run alone at the end.
 test: setup browser
-	$(PYTEST) --dist loadscope tests
+	$(PYTEST) --dist loadscope --no-loadscope-reorder tests
 
 # The inner loop: the tests not marked slow (whole trainer runs, child processes, model grids; see tests/conftest.py).
 test-fast: setup browser

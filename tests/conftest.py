@@ -57,6 +57,23 @@ SLOW_MODULES = (
 )
 # A test function parametrized into this many items or more that builds a model is a model grid.
 MODEL_GRID_SIZE = 8
+# The longest modules, longest first (--durations on the 2-core machine, 2026-12-07: 170 to 590 s each of 5200 s),
+# collected first. ``make test`` hands whole modules to the workers in collection order (``--dist loadscope
+# --no-loadscope-reorder``; xdist's own reorder puts modules with few tests last, and so its longest ones, which then
+# ran alone at the end). The DeepSpeed module leads: the first run under DeepSpeed builds its CPU op while the other
+# runs wait on torch's lock, so it builds while the other worker plans rather than idles.
+FIRST_MODULES = (
+    "tests/training/test_trainer_deepspeed.py",
+    "tests/pipelines/test_family_kit_planner.py",
+    "tests/examples/test_multi_process_scripts.py",
+    "tests/training/test_launch.py",
+    "tests/core/planning/test_shallow.py",
+    "tests/training/placement/test_shared_host_weights.py",
+    "tests/training/test_trainer.py",
+    "tests/core/loader/test_shared_loading.py",
+    "tests/examples/test_qwen_reference_scripts.py",
+    "tests/training/loop/test_soak.py",
+)
 
 
 def is_slow_call(value) -> bool:
@@ -133,8 +150,15 @@ def model_grid_repeats(items) -> list:
             and reaches(grid[0], is_model_class) for repeat in grid[1:]]
 
 
+def first_modules_first(item) -> int:
+    """The sort key that collects ``FIRST_MODULES`` first, in their order (a stable sort keeps the rest's)."""
+    module = item.nodeid.split("::", 1)[0]
+    return FIRST_MODULES.index(module) if module in FIRST_MODULES else len(FIRST_MODULES)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Marks the slow tests ``slow`` (``make test-fast`` leaves them out), and skips ``gpu`` tests without CUDA.
+    """Collects ``FIRST_MODULES`` first, marks the slow tests ``slow`` (``make test-fast`` leaves them out), and
+    skips ``gpu`` tests without CUDA.
 
     Slow by rule, so that no test has to be decorated to leave the fast loop:
 
@@ -154,6 +178,11 @@ def pytest_collection_modifyitems(config, items):
     ``fresh_accelerate_state`` is no sign: modules request it for all their tests, flag checks included.
     ``@pytest.mark.slow`` makes any test slow; ``@pytest.mark.fast`` keeps one out of the rule.
     """
+    missing = [module for module in FIRST_MODULES if not (REPO / module).is_file()]
+    if missing:
+        raise pytest.UsageError(f"FIRST_MODULES of tests/conftest.py names {missing}, which do not exist: rename or "
+                                "drop them there")
+    items.sort(key=first_modules_first)
     ruled = [item for item in items if not item.get_closest_marker("fast") and not item.get_closest_marker("slow")]
     for item in [item for item in ruled if item.nodeid.startswith(SLOW_MODULES) or reaches(item, is_slow_call)]:
         item.add_marker(pytest.mark.slow)

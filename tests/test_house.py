@@ -33,6 +33,13 @@ def metrics():
     return house.house_metrics(PACKAGE)
 
 
+@pytest.fixture(scope="module")
+def every_import():
+    """What each module imports at all (lazily or under TYPE_CHECKING too): one parse of the package for the tests
+    below, which each read it."""
+    return house.import_graph(house.load_modules(PACKAGE), run_time_only=False)
+
+
 def _write_package(root: Path, files: dict[str, str]) -> Path:
     for name, source in files.items():
         path = root / name
@@ -48,21 +55,19 @@ def test_importing_the_pipelines_loads_nothing_of_the_trainer():
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS_ABOVE))
-def test_no_layer_imports_a_layer_above_it(layer):
-    graph = house.import_graph(house.load_modules(PACKAGE), run_time_only=False)
+def test_no_layer_imports_a_layer_above_it(layer, every_import):
     above = tuple(f"diffsynth.{name}" for name in LAYERS_ABOVE[layer])
-    upward = sorted(f"{module} -> {target}" for module, targets in graph.items()
+    upward = sorted(f"{module} -> {target}" for module, targets in every_import.items()
                     if module.startswith(f"diffsynth.{layer}.") or module == f"diffsynth.{layer}"
                     for target in targets if target.startswith(above))
     assert upward == []
 
 
-def test_the_trainer_config_imports_nothing_else_of_the_trainer():
+def test_the_trainer_config_imports_nothing_else_of_the_trainer(every_import):
     # The config sits at the bottom of the trainer: every other folder reads it, it reads none of them (lazily or
     # under TYPE_CHECKING neither), so its flags parse and check without the rest of the trainer.
-    graph = house.import_graph(house.load_modules(PACKAGE), run_time_only=False)
     config = "diffsynth.training.config"
-    upward = sorted(f"{module} -> {target}" for module, targets in graph.items()
+    upward = sorted(f"{module} -> {target}" for module, targets in every_import.items()
                     if module == config or module.startswith(f"{config}.")
                     for target in targets
                     if (target == "diffsynth.training" or target.startswith("diffsynth.training."))
