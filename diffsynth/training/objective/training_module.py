@@ -182,7 +182,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if preset_lora is not None:
             self._merge_preset_lora(*preset_lora)
         if self.adapter.use_dora and lora_base_model in (*fp8_models, *(quant_models or {})):
-            # peft's DoRA reads the base weight's row norms every step; it cannot read fp8 or quantized storage.
+            # peft's DoRA reads the base weight's row norms every step; it cannot read fp8 or quantized storage. The
+            # trainer refuses this before loading (startup.model_checks); this guards the Python API.
             raise ValueError(f"--use_dora on {lora_base_model}, whose weights --fp8_models / --quant_options store "
                              "compressed: DoRA needs the base weights as they are; drop --use_dora or the storage flag")
         if self.stage != "data_process":
