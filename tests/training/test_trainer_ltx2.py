@@ -151,3 +151,33 @@ def test_an_nf4_transformer_trains_a_lora_close_to_the_full_precision_one(one_st
     # About 9% weight error: the losses stay within a few percent, and the LoRA moves the way the bf16 one does.
     assert all(abs(a - b) < 0.05 * b for a, b in zip(nf4_result["losses"], result["losses"]))
     assert 0 < max_difference(lora(nf4, "epoch-0"), lora(output, "epoch-0")) < 2e-2
+
+
+def test_clips_with_and_without_sound_share_batches_as_accumulation_trains_them(clips, tiny_root, tmp_path):
+    """A row whose input_audio cell is empty trains its video alone, in a batch of two as with accumulation, and in
+    a split run from the cache."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in clips.glob("*.*"):
+        (mixed / path.name).symlink_to(path)
+    header, with_sound, without = (clips / "metadata.csv").read_text().splitlines()
+    (mixed / "metadata.csv").write_text(f"{header}\n{with_sound}\n{without.rsplit(',', 1)[0]},\n")
+    argv = [*models("dit", *ENCODERS), *COMMON]
+    accumulated, accumulated_result = run_once(tiny_root, tmp_path / "accumulated", lambda out: train(
+        [*raw(mixed), *argv, "--aspect_ratio_buckets", "--gradient_accumulation_steps", "2", "--output_path",
+         str(out)]))
+    batched, batched_result = run_once(tiny_root, tmp_path / "batched", lambda out: train(
+        [*raw(mixed), *argv, "--batch_size", "2", "--output_path", str(out)]))
+    assert_trained(batched_result, 1)
+    assert batched_result["losses"] == pytest.approx(accumulated_result["losses"], abs=2e-5)
+    assert max_difference(lora(batched, "epoch-0"), lora(accumulated, "epoch-0")) < 2e-5
+    cache = tmp_path / "cache"
+    run_once(tiny_root, tmp_path, lambda _: train(
+        [*raw(mixed), *models(*ENCODERS), *COMMON, "--batch_size", "2", "--task", "sft:data_process",
+         "--output_path", str(cache)]))
+    flags = sorted(load_cache_sample(path)["shared"]["trains_audio"].item() for path in list_cache_files(cache))
+    assert flags == [False, True]
+    split, _ = run_once(tiny_root, tmp_path / "split", lambda out: train(
+        ["--dataset_base_path", str(cache), *models("dit"), *COMMON, "--batch_size", "2", "--task", "sft:train",
+         "--output_path", str(out)]))
+    assert max_difference(lora(split, "epoch-0"), lora(batched, "epoch-0")) < 2e-5

@@ -96,8 +96,9 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
         column_types: Columns whose cells are converted (``cells.convert_cells``), e.g. ``{"seed": integer}``.
-        optional_file_keys: Data-file columns a row may leave empty (a loss mask); an empty cell is dropped from the
-            row, as if the column were absent, instead of being refused.
+        optional_file_keys: Data-file columns a row may leave empty (a loss mask, LTX-2's sound); an empty cell is
+            dropped from the row, as if the column were absent, instead of being refused, also in a required
+            column (which the metadata must still have).
 
     Returns:
         The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
@@ -128,7 +129,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
     converted, pixels, options = [], 0, {}
     for number, row in enumerate(rows, start=1):
         where = f"row {number}"
-        blank = [column for column in required_columns if _is_blank(row.get(column))]
+        blank = [column for column in required_columns
+                 if column not in optional_file_keys and _is_blank(row.get(column))]
         problems += [DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
                      for column in blank]
         problems += [DatasetError(f"{where} column {column!r} holds {row[column]!r}, not text; write it as a JSON "

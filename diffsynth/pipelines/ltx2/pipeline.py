@@ -105,6 +105,8 @@ class LTX2AudioVideoPipeline(BasePipeline):
     training_columns = ("video", "prompt")
     # Image-to-audio+video training may leave the first frame out: it is the video's own.
     derived_inputs = ("input_images",)
+    # A clip without sound leaves its input_audio cell empty: it trains the video alone, also in a batch with sound.
+    optional_inputs = ("input_audio",)
     #: Training runs without CFG, its prompts cut as inference cuts them by default.
     training_state = {"cfg_scale": 1, "seed": None, "rand_device": "cpu", "max_sequence_length": 1024}
 
@@ -215,12 +217,17 @@ class LTX2AudioVideoPipeline(BasePipeline):
             images = [sample["video"][0]]
         return {"input_images": images if isinstance(images, list) else [images]}
 
-    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
-        """The video's predicted tokens, and the sound's when the sample has sound: the loss adds their mean squared
-        errors (the reference's video loss plus audio loss)."""
+    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice | torch.Tensor, ...] | None, ...]:
+        """The video's predicted tokens, and the sound's of the samples with sound: the loss adds their mean squared
+        errors (the reference's video loss plus audio loss); in a batch mixing clips with and without sound, the
+        sound's region names the samples it scores (``trains_audio``, one flag per sample)."""
         tokens = inputs_shared["video_tokens"]
         video = (slice(None), slice(self._first_predicted_token(inputs_shared), tokens))
-        return (video, (slice(None), slice(tokens, None))) if inputs_shared.get("trains_audio") else (video,)
+        # A bool per sample; a cache written before the flag became a tensor holds a plain bool.
+        rows = torch.as_tensor(inputs_shared.get("trains_audio", False)).reshape(-1)
+        if not rows.any():
+            return (video,)
+        return (video, (slice(None) if rows.all() else rows, slice(tokens, None)))
 
     @staticmethod
     def _first_predicted_token(inputs_shared: dict) -> int:
