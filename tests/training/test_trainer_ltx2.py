@@ -181,3 +181,25 @@ def test_clips_with_and_without_sound_share_batches_as_accumulation_trains_them(
         ["--dataset_base_path", str(cache), *models("dit"), *COMMON, "--batch_size", "2", "--task", "sft:train",
          "--output_path", str(out)]))
     assert max_difference(lora(split, "epoch-0"), lora(batched, "epoch-0")) < 2e-5
+
+
+def test_frame_rate_sets_the_rows_without_one_and_a_new_rate_recomputes_the_cache(clips, tiny_root, tmp_path):
+    folder = tmp_path / "rates"
+    folder.mkdir()
+    for path in clips.glob("*.*"):
+        (folder / path.name).symlink_to(path)
+    header, first, second = (clips / "metadata.csv").read_text().splitlines()
+    (folder / "metadata.csv").write_text(f"{header},frame_rate\n{first},25\n{second},\n")  # the second row has none
+    cache = tmp_path / "cache"
+
+    def cached_rates(*flags):
+        run_once(tiny_root, tmp_path, lambda _: train(
+            [*raw(folder), *models(*ENCODERS), *COMMON, *flags, "--task", "sft:data_process", "--output_path",
+             str(cache)]))
+        shared = [load_cache_sample(path)["shared"] for path in sorted(list_cache_files(cache))]
+        for state in shared:  # the sound is cut to the clip's seconds at its rate (the tiny audio VAE's is 16 kHz)
+            assert state["audio_frames"] == LTX2AudioVideoPipeline().audio_frames(5, state["frame_rate"])
+        return [state["frame_rate"] for state in shared]
+
+    assert cached_rates("--frame_rate", "12") == [25.0, 12.0]
+    assert cached_rates() == [25.0, 24.0]  # the reference's default; the flag's change recomputed the row

@@ -56,7 +56,8 @@ def check_repeat(repeat: int) -> None:
         raise DatasetError(f"--dataset_repeat {repeat!r} must be an integer of at least 1 (1 reads each sample once)")
 
 
-def _is_blank(value: Any) -> bool:
+def is_blank(value: Any) -> bool:
+    """Whether a metadata cell is empty: missing (None) or only whitespace."""
     return value is None or (isinstance(value, str) and not value.strip())
 
 
@@ -130,14 +131,14 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
     for number, row in enumerate(rows, start=1):
         where = f"row {number}"
         blank = [column for column in required_columns
-                 if column not in optional_file_keys and _is_blank(row.get(column))]
+                 if column not in optional_file_keys and is_blank(row.get(column))]
         problems += [DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
                      for column in blank]
         problems += [DatasetError(f"{where} column {column!r} holds {row[column]!r}, not text; write it as a JSON "
                                   'string, e.g. "a cat"') for column in TEXT_COLUMNS
                      if column in row and row[column] is not None and not isinstance(row[column], str)]
         row, cell_problems = convert_row(row, column_types or {})
-        row = {key: value for key, value in row.items() if key not in optional_file_keys or not _is_blank(value)}
+        row = {key: value for key, value in row.items() if key not in optional_file_keys or not is_blank(value)}
         problems += [DatasetError(f"{where} {problem}") for problem in cell_problems]
         converted.append(row)
         for key in data_file_keys:
@@ -168,7 +169,7 @@ def _split_file_lists(row: dict[str, Any], data_file_keys: Sequence[str]) -> dic
 def _file_list(value: Any, where: str, key: str) -> list[str]:
     """A data-file cell as a list of paths; a cell holds one path or a list of them."""
     values = value if isinstance(value, list) else [value]
-    if not values or any(_is_blank(item) or not isinstance(item, str) for item in values):
+    if not values or any(is_blank(item) or not isinstance(item, str) for item in values):
         raise DatasetError(
             f"{where} column {key!r} holds {value!r}; it must be a file path relative to --dataset_base_path (or a "
             f"list of them). Fill it in, remove the row, or leave {key!r} out of --data_file_keys"

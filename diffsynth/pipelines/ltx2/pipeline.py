@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 
 from ...core.data.cells import integer, positive_integer, real, text
+from ...core.data.dataset import is_blank
 from ...core.loader import ModelConfig
 from ...core.model_traits import register_model_module
 from ...diffusion.base_pipeline import BasePipeline
@@ -184,12 +185,15 @@ class LTX2AudioVideoPipeline(BasePipeline):
 
     def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
         """The sample's ``video`` frames as ``input_video`` at their own size and count, at the sample's
-        ``frame_rate`` (a metadata column; 24 without one), which sets how much sound the clip holds.
+        ``frame_rate`` (a metadata column; the trainer's ``--frame_rate`` fills rows without one; 24 without either),
+        which sets how much sound the clip holds.
 
         Raises:
             ValueError: The ``frame_rate`` cell is not a positive number.
         """
-        frames, frame_rate = sample["video"], sample.get("frame_rate", DEFAULT_FRAME_RATE)
+        frames, frame_rate = sample["video"], sample.get("frame_rate")
+        if is_blank(frame_rate):  # an empty cell, as a row of a CSV whose other rows give their rate
+            frame_rate = DEFAULT_FRAME_RATE
         try:
             frame_rate = float(frame_rate)
         except (TypeError, ValueError):

@@ -80,6 +80,26 @@ def warn_about_unread_columns(config: RunConfig, pipeline_class: type[BasePipeli
     return unread
 
 
+def column_default_problems(config: RunConfig, pipeline_class: type[BasePipeline]) -> list[str]:
+    """Flags that fill a column the rows lack (``--frame_rate``) must fill one this task reads; stage 2 reads the
+    cache, where stage 1 applied them (a warning, as for the sizes)."""
+    defaults = config.dataset.column_defaults
+    if not defaults:
+        return []
+    if config.training.stage == "train":
+        for name, value in defaults.items():
+            logger.warning("--%s %s has no effect on --task %s: stage 1 applied it and the cache holds the result",
+                           name, value, config.training.task)
+        return []
+    used, loss = _used_inputs(config, pipeline_class)
+    problems = [f"--{name} {value} has no effect on {pipeline_class.__name__}: neither its units nor {loss} read a "
+                f"{name} (it reads the first --num_frames frames of each clip as they are); drop --{name}"
+                for name, value in defaults.items() if name not in used]
+    return problems + [f"--{name} {value} has no effect: --extra_inputs {config.model.extra_inputs} makes every row "
+                       f"give its own {name}; drop --{name}, or drop {name} from --extra_inputs to use it for rows "
+                       "without one" for name, value in defaults.items() if name in config.model.extra_input_names]
+
+
 def flag_effect_problems(config: RunConfig) -> list[str]:
     """Flags with no effect in the chosen task and mode: errors, except the warnings the reference's commands need."""
     training, flags = config.training, config.to_flags()
@@ -116,6 +136,7 @@ def check_inputs_used(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
     Raises:
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
-    problems = extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
+    problems = (extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
+                + column_default_problems(config, pipeline_class))
     if problems:
         raise FlagError(problems)
