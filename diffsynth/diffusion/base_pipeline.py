@@ -78,6 +78,8 @@ class BasePipeline(torch.nn.Module):
     model_fn_params: tuple[str, ...] = ()
     #: Metadata columns every training sample needs.
     training_columns: tuple[str, ...] = ()
+    #: Metadata columns ``training_media`` reads where a row has them (LTX-2: ``frame_rate``).
+    optional_columns: tuple[str, ...] = ()
     #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
     derived_inputs: tuple[str, ...] = ()
     #: ``--extra_inputs`` file columns a row may leave empty, the state then lacking the input (LTX-2: the sound of

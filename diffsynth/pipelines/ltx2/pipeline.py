@@ -104,6 +104,7 @@ class LTX2AudioVideoPipeline(BasePipeline):
     unit_classes = (ShapeCheckUnit, FrameCountUnit, InContextVideoUnit, NoiseUnit, InputVideoEmbedderUnit,
                     ImageConditionUnit, InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
     training_columns = ("video", "prompt")
+    optional_columns = ("frame_rate",)
     # Image-to-audio+video training may leave the first frame out: it is the video's own.
     derived_inputs = ("input_images",)
     # A clip without sound leaves its input_audio cell empty: it trains the video alone, also in a batch with sound.

@@ -70,7 +70,8 @@ def extra_input_problems(config: RunConfig, pipeline_class: type[BasePipeline]) 
 def warn_about_unread_columns(config: RunConfig, pipeline_class: type[BasePipeline],
                               columns: Iterable[str]) -> list[str]:
     """Warns about metadata columns this task could read as inputs but ``--extra_inputs`` leaves out; returns them."""
-    passed = {*config.model.extra_input_names, *pipeline_class.training_columns, *config.dataset.file_keys}
+    passed = {*config.model.extra_input_names, *pipeline_class.training_columns, *config.dataset.file_keys,
+              *pipeline_class.optional_columns}
     used, _ = _used_inputs(config, pipeline_class)
     unread = sorted(column for column in columns if column in used and column not in passed)
     if unread:

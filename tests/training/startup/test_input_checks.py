@@ -71,6 +71,12 @@ def test_frame_rate_is_refused_where_nothing_reads_it_and_warned_about_in_stage_
         check_inputs_used(flags("--frame_rate", "30", "--task", "sft:train", video=True, metadata=False),
                           LTX2AudioVideoPipeline)
     assert "--frame_rate 30.0 has no effect on --task sft:train: stage 1 applied it" in caplog.text
+    # A frame_rate column is read where a row has it: no advice to pass it with --extra_inputs, which the flag refuses.
+    columns = {"video", "prompt", "frame_rate"}
+    assert warn_about_unread_columns(flags("--frame_rate", "30", video=True), LTX2AudioVideoPipeline, columns) == []
+    assert warn_about_unread_columns(flags(video=True), LTX2AudioVideoPipeline, columns) == []
+    assert warn_about_unread_columns(flags(video=True), WanVideoPipeline, {"video", "prompt", "input_image"}) == [
+        "input_image"]  # teeth: a column Wan could read and is not given
 
 
 def test_inputs_the_task_reads_pass():
