@@ -78,7 +78,8 @@ class BasePipeline(torch.nn.Module):
     model_fn_params: tuple[str, ...] = ()
     #: Metadata columns every training sample needs.
     training_columns: tuple[str, ...] = ()
-    #: Metadata columns ``training_media`` reads where a row has them (LTX-2: ``frame_rate``).
+    #: Metadata columns ``training_media`` reads where a row has them (LTX-2: ``frame_rate``); part of a cached
+    #: sample's fingerprint, and not warned about as unread.
     optional_columns: tuple[str, ...] = ()
     #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
     derived_inputs: tuple[str, ...] = ()

@@ -222,6 +222,8 @@ class UnifiedDataset(Dataset):
             ``bucket_key``: the trainer checks that they match the shape of their row's image or video.
         buckets: Bring images and frames to aspect-ratio buckets (``buckets``) so that samples can share batches;
             ``bucket_key`` then tells which samples share a shape.
+        optional_columns: Columns the pipeline reads where a row has them (LTX-2's ``frame_rate``): like the
+            required ones, part of each sample's fingerprint.
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -235,7 +237,8 @@ class UnifiedDataset(Dataset):
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
                  keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
-                 buckets: bool = False, optional_file_keys: Sequence[str] = ()) -> None:
+                 buckets: bool = False, optional_file_keys: Sequence[str] = (),
+                 optional_columns: Sequence[str] = ()) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -250,7 +253,7 @@ class UnifiedDataset(Dataset):
         self.repeat = repeat
         self.data_file_keys = tuple(data_file_keys)
         #: The columns a pipeline reads from a row; only they enter a sample's fingerprint.
-        self.read_columns = tuple(dict.fromkeys([*required_columns, *data_file_keys]))
+        self.read_columns = tuple(dict.fromkeys([*required_columns, *optional_columns, *data_file_keys]))
         self.on_bad_sample = on_bad_sample
         self.keep_row_indices = keep_row_indices
         self.optional_file_keys = tuple(optional_file_keys)

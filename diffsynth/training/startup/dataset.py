@@ -75,6 +75,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             num_frames=DEFAULT_NUM_FRAMES if entry.num_frames is None else entry.num_frames,
             allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
             keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional,
+            optional_columns=pipeline_class.optional_columns,
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                           if name in pipeline_class.input_types},
         )  # fmt: skip
