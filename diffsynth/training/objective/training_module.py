@@ -365,7 +365,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         """The initial state of one sample: a dataset row, or a cached state in stage 2 (moved to the device)."""
         if self.stage == "train":
             return tuple(move_to_device(dict(sample[scope]), self.pipe.device) for scope in ("shared", "posi", "nega"))
-        given = {name: value for name, value in sample.items() if name not in self.column_defaults or not is_blank(value)}
+        given = {name: value for name, value in sample.items()
+                 if name not in self.column_defaults or not is_blank(value)}
         shared, posi, nega = self.pipe.training_inputs({**self.column_defaults, **given}, self.extra_inputs)
         mask = pixel_mask(sample.get(MASK_COLUMN)) if self.loss.mask is not None else None
         return ({**shared, LOSS_MASK_KEY: mask} if mask is not None else shared), posi, nega
