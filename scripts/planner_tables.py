@@ -1,17 +1,19 @@
-"""Writes the memory planner's tables for the released Qwen-Image, Wan2.1, Z-Image, FLUX.1 and FLUX.2 [klein]
-denoisers into the docs: per model every placement in Low_VRAM, and the placement chosen for each GPU size in
-Multi_GPU, from the same predictions, so that the pages cannot disagree with the planner or with each other; and the
-full fine-tunes of Qwen-Image and Wan2.1-14B per optimizer setup, GPU size and host RAM size in Full_Fine_Tuning.
+"""Writes the memory planner's tables for the released Qwen-Image, Wan2.1, Z-Image, FLUX.1, FLUX.2 [klein] and
+LTX-2 denoisers into the docs: per model every placement in Low_VRAM, and the placement chosen for each GPU size in
+Multi_GPU, from the same predictions, so that the pages cannot disagree with the planner or with each other; the
+full fine-tunes of Qwen-Image and Wan2.1-14B per optimizer setup, GPU size and host RAM size in Full_Fine_Tuning; and
+a family page's own runs with every placement on the 24 and 32 GB GPUs (LTX2).
 
-    python scripts/planner_tables.py            # rewrites the tables in docs/{en,zh}/Low_VRAM.md, Multi_GPU.md and
-                                                # Full_Fine_Tuning.md
+    python scripts/planner_tables.py            # rewrites the tables in docs/{en,zh}/Low_VRAM.md, Multi_GPU.md,
+                                                # Full_Fine_Tuning.md and LTX2.md
     python scripts/planner_tables.py --print    # prints them instead
 
-The runs planned are LoRA rank 32 on the example scripts' layers, bf16 weights (and Qwen-Image once more with fp8
-storage), one sample per step: Qwen-Image and Z-Image at 1024x1024 with 256 prompt tokens, FLUX.1 and FLUX.2 [klein]
-at 1024x1024 with 512, Wan2.1-T2V at 832x480 with 81 frames; device budgets are each profile's memory less 0.5 GiB,
-the host budget 128 GiB. Everything is predicted on the meta device (no weights, no GPU); it takes minutes.
-The full fine-tunes train every transformer weight in bf16, from a stage-1 cache, at the same shapes.
+The runs planned are LoRA rank 32 on the example scripts' layers, bf16 weights (and Qwen-Image and LTX-2 once more
+with fp8 storage), one sample per step: Qwen-Image and Z-Image at 1024x1024 with 256 prompt tokens, FLUX.1 and FLUX.2
+[klein] at 1024x1024 with 512, Wan2.1-T2V at 832x480 with 81 frames, LTX-2 at 768x512 with 121 frames and its sound
+(1,024 prompt tokens); device budgets are each profile's memory less 0.5 GiB, the host budget 128 GiB. Everything is
+predicted on the meta device (no weights, no GPU); it takes minutes. The full fine-tunes train every transformer
+weight in bf16, from a stage-1 cache, at the same shapes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from diffsynth.core.planning.profiles import GIB, PROFILES
 from diffsynth.core.planning.training_state import TrainingSetup
 from diffsynth.pipelines.flux.pipeline import FluxPipeline
 from diffsynth.pipelines.flux2_klein.pipeline import Flux2KleinPipeline
+from diffsynth.pipelines.ltx2.pipeline import LTX2AudioVideoPipeline
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
@@ -50,14 +53,18 @@ from diffsynth.training.placement.planner import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-LOW_VRAM_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "h100-80gb")
-GPU_SIZE_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "l40s-48gb", "h100-80gb")
+LOW_VRAM_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "rtx5090-32gb", "h100-80gb")
+GPU_SIZE_PROFILES = ("rtx4070-12gb", "rtx4080-16gb", "rtx4090-24gb", "rtx5090-32gb", "l40s-48gb", "h100-80gb")
 DETAIL_PROFILE = "rtx4090-24gb"
+# A family page shows every placement on both consumer cards its users ask about.
+FAMILY_DETAIL_PROFILES = ("rtx4090-24gb", "rtx5090-32gb")
 HOST_BUDGET = 128 * GIB
 QWEN_IMAGE_FLAGS = ["--lora_target_modules", "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,"
                     "img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1", "--height", "1024", "--width", "1024"]
 SQUARE = ["--height", "1024", "--width", "1024"]
 WAN_FLAGS = ["--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--height", "480", "--width", "832", "--num_frames", "81"]
+LTX2_FLAGS = ["--lora_target_modules", "to_k,to_q,to_v,to_out.0", "--height", "512", "--width", "768", "--num_frames",
+              "121"]
 # The reference's FLUX.2 [klein] targets: its scripts name single_transformer_blocks.0-19.attn.to_out one by one.
 FLUX2_FLAGS = ["--lora_target_modules", ",".join([
     "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
@@ -98,13 +105,22 @@ RUNS = (
         Flux2KleinPipeline, tuple(FLUX2_FLAGS)),
     Run("FLUX.2 [klein] 9B LoRA, 1024x1024", "FLUX.2 [klein] 9B LoRA，1024x1024", "flux.2-klein-9b",
         Flux2KleinPipeline, tuple(FLUX2_FLAGS)),
+    Run("LTX-2 (19B) LoRA, 768x512, 121 frames with sound", "LTX-2（19B）LoRA，768x512，121 帧（含声音）", "ltx2-19b",
+        LTX2AudioVideoPipeline, tuple(LTX2_FLAGS), video=True),
+    Run("LTX-2 (19B) LoRA, 768x512, 121 frames with sound, frozen weights in fp8 (--fp8_models)",
+        "LTX-2（19B）LoRA，768x512，121 帧（含声音），冻结权重 fp8（--fp8_models）", "ltx2-19b",
+        LTX2AudioVideoPipeline, tuple(LTX2_FLAGS), video=True, fp8=True),
 )
+FAMILY_PAGES = {"LTX2.md": "ltx2-19b"}
+"""The family pages that show their own runs (those of this architecture), every placement on
+``FAMILY_DETAIL_PROFILES``."""
 Outcome = PlanReport | NoPlanFits
 """What the planner answers for one run on one profile: the report, or why nothing fits."""
 Planned = list[tuple[Run, Workload, dict[str, Outcome]]]
 """Each run with its workload and its outcome per profile name."""
 
 LOW_VRAM_MARKERS = ("<!-- planner-tables:start -->", "<!-- planner-tables:end -->")
+FAMILY_MARKERS = ("<!-- planner-family:start -->", "<!-- planner-family:end -->")
 GPU_SIZE_MARKERS = ("<!-- planner-gpu-sizes:start -->", "<!-- planner-gpu-sizes:end -->")
 WORDS = {
     "en": {"model": "model", "gpu": "{size} GB ({profile})",
@@ -151,8 +167,9 @@ def least_device_memory(error: NoPlanFits) -> str:
     return str(error).split("The least device memory within the host budget: ")[-1].split(" with")[0]
 
 
-def low_vram_tables(planned: Planned) -> str:
-    """The Markdown of Low_VRAM: per run, the chosen plan on each profile, and every placement on the 24 GB one."""
+def low_vram_tables(planned: Planned, details: tuple[str, ...] = (DETAIL_PROFILE,)) -> str:
+    """The Markdown of Low_VRAM: per run, the chosen plan on each profile, and every placement on the ``details``
+    ones (the 24 GB one)."""
     sections = []
     for run, workload, outcomes in planned:
         lines = [f"#### {run.title}", "", f"{workload.model_bytes / GIB:.1f} GiB of weights, "
@@ -169,11 +186,12 @@ def low_vram_tables(planned: Planned) -> str:
             lines.append(f"| {name} | {chosen.plan.describe()} | {chosen.plan.checkpointing} | "
                          f"{chosen.device_bytes / GIB:.1f} | {chosen.host_bytes / GIB:.1f} | "
                          f"{chosen.step_seconds:.1f} |")
-        detail = outcomes[DETAIL_PROFILE]
-        if isinstance(detail, PlanReport):
-            lines += ["", f"Every placement on {DETAIL_PROFILE} (the best of each kind; device budget "
-                          f"{detail.vram_bytes / GIB:.1f} GiB, host {HOST_BUDGET / GIB:.0f} GiB):", "",
-                      format_table(detail.rows, detail.vram_bytes, detail.ram_bytes, detail.chosen)]
+        for name in details:
+            detail = outcomes[name]
+            if isinstance(detail, PlanReport):
+                lines += ["", f"Every placement on {name} (the best of each kind; device budget "
+                              f"{detail.vram_bytes / GIB:.1f} GiB, host {HOST_BUDGET / GIB:.0f} GiB):", "",
+                          format_table(detail.rows, detail.vram_bytes, detail.ram_bytes, detail.chosen)]
         sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 
@@ -230,7 +248,7 @@ FULL_SETUPS = (
 )
 """The optimizer setups of the full fine-tunes: torch's AdamW (two bf16 moments), bitsandbytes' AdamW8bit with
 ``--fused_optimizer_step``, and that with ``--ema_decay``."""
-FULL_PROFILES = ("rtx4090-24gb", "l40s-48gb", "h100-80gb")
+FULL_PROFILES = ("rtx4090-24gb", "rtx5090-32gb", "l40s-48gb", "h100-80gb")
 FULL_HOST_GIB = (64, 128, 256, 512)
 FULL_MARKERS = ("<!-- planner-full-training:start -->", "<!-- planner-full-training:end -->")
 FULL_WORDS = {
@@ -327,6 +345,9 @@ def pages(planned: Planned, full: FullPlanned) -> dict[Path, tuple[tuple[str, st
         written[folder / "Low_VRAM.md"] = (LOW_VRAM_MARKERS, low_vram)
         written[folder / "Multi_GPU.md"] = (GPU_SIZE_MARKERS, gpu_size_table(planned, language))
         written[folder / "Full_Fine_Tuning.md"] = (FULL_MARKERS, full_training_table(full, language))
+        for page, architecture in FAMILY_PAGES.items():
+            own = [entry for entry in planned if entry[0].architecture == architecture]
+            written[folder / page] = (FAMILY_MARKERS, low_vram_tables(own, FAMILY_DETAIL_PROFILES))
     return written
 
 

@@ -79,8 +79,14 @@ class BasePipeline(torch.nn.Module):
     model_fn_params: tuple[str, ...] = ()
     #: Metadata columns every training sample needs.
     training_columns: tuple[str, ...] = ()
+    #: Metadata columns ``training_media`` reads where a row has them (LTX-2: ``frame_rate``); part of a cached
+    #: sample's fingerprint, and not warned about as unread.
+    optional_columns: tuple[str, ...] = ()
     #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
     derived_inputs: tuple[str, ...] = ()
+    #: ``--extra_inputs`` file columns a row may leave empty, the state then lacking the input (LTX-2: the sound of
+    #: ``input_audio``, so that clips with and without sound share a dataset and a batch).
+    optional_inputs: tuple[str, ...] = ()
     #: Keyword arguments of ``from_pretrained`` (and ``companion_configs``) beyond the shared ones, which the trainer
     #: fills from flags only some pipelines take (Qwen-Image: ``processor_config``, ``zero_cond_t``).
     load_options: tuple[str, ...] = ()
@@ -266,11 +272,13 @@ class BasePipeline(torch.nn.Module):
 
     def training_inputs(self, sample: dict[str, Any], extra_inputs: Sequence[str] = ()) -> tuple[dict, dict, dict]:
         """The unit state for one dataset sample: its media (``training_media``), then ``training_state``, then the
-        ``extra_inputs`` columns (which may override that state), then what the pipeline derives
-        (``derived_training_inputs``); the prompt is the positive branch's, the negative one stays empty."""
+        ``extra_inputs`` columns (which may override that state; an ``optional_inputs`` column the row leaves empty
+        is left out), then what the pipeline derives (``derived_training_inputs``); the prompt is the positive
+        branch's, the negative one stays empty."""
+        given = [name for name in extra_inputs if name not in self.derived_inputs
+                 and (name in sample or name not in self.optional_inputs)]
         inputs_shared = {
-            **self.training_media(sample), **self.training_state,
-            **{name: sample[name] for name in extra_inputs if name not in self.derived_inputs},
+            **self.training_media(sample), **self.training_state, **{name: sample[name] for name in given},
             **self.derived_training_inputs(sample, extra_inputs),
         }  # fmt: skip
         return inputs_shared, {"prompt": sample["prompt"]}, {}
@@ -287,7 +295,8 @@ class BasePipeline(torch.nn.Module):
         """The parts of the latents a training loss compares (each an index into them; None for all of it), whose
         mean squared errors it adds up, each averaged on its own. By default the whole latents; pipelines whose inputs
         fix part of the latents (a given first frame) leave that part out, and LTX-2 scores its video's tokens and its
-        sound's apart."""
+        sound's apart. An index may start with a ``(batch,)`` bool tensor instead of a slice: the samples the region
+        scores (LTX-2's sound, in a batch mixing clips with and without it); the others add 0 for it."""
         return (None,)
 
     def model_names(self) -> list[str]:

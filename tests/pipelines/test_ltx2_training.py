@@ -63,7 +63,7 @@ def test_clips_are_cut_or_padded_with_silence_and_latents_fitted():
 def test_a_clip_with_sound_holds_its_audio_latents_after_the_video(pipe):
     shared, _, _ = state(pipe, (tone(440.0), RATE))
     tokens, frames = shared["video_tokens"], shared["audio_frames"]
-    assert shared["trains_audio"] is True
+    assert shared["trains_audio"].tolist() == [True]
     assert shared["input_latents"].shape == (1, tokens + frames, 8)
     # Independent of the unit: the sound's first 5 / 25 s, its mel spectrogram, the audio VAE's mode, normalised.
     waveform = tone(440.0)[:, :round(5 / 25 * RATE)]
@@ -89,7 +89,7 @@ def test_sound_at_another_rate_and_in_mono_is_resampled_to_the_same_latents(pipe
 def test_without_sound_the_audio_tokens_are_zero_and_untrained(pipe):
     shared, _, _ = state(pipe)
     tokens = shared["video_tokens"]
-    assert shared["trains_audio"] is False and shared["input_latents"][:, tokens:].abs().max() == 0
+    assert shared["trains_audio"].tolist() == [False] and shared["input_latents"][:, tokens:].abs().max() == 0
     assert pipe.loss_regions(shared) == ((slice(None), slice(0, tokens)),)
 
 
@@ -134,6 +134,32 @@ def test_the_loss_adds_the_videos_and_the_sounds_errors(pipe):
         silent_loss, (silent_video, _) = loss_and_parts(pipe, *state(pipe))
     assert torch.allclose(loss, video + audio, rtol=1e-5) and audio > 1e-3
     assert torch.allclose(silent_loss, silent_video, rtol=1e-5)
+
+
+def test_a_batch_mixing_clips_with_and_without_sound_scores_each_as_alone(pipe):
+    from diffsynth.training.objective.batches import collate_states
+
+    loss_fn = FlowMatchSFTLoss()
+    # The silent row as the dataset gives it: its empty input_audio cell is no key at all.
+    silent = pipe.run_units(*pipe.training_inputs({"video": clip(1), "prompt": "a door", "frame_rate": 25.0},
+                                                  ["input_audio"]))
+    states = [state(pipe, (tone(440.0), RATE)), silent]
+    batch = collate_states(states, loss_fn.state_keys(pipe), pipe.padded_inputs)
+    assert batch[0]["trains_audio"].tolist() == [True, False]
+
+    def generators():
+        return [torch.Generator().manual_seed(seed) for seed in (1, 2)]
+
+    with torch.no_grad():
+        together = loss_fn.per_sample(pipe, *batch, generators=generators())
+        alone = torch.cat([loss_fn.per_sample(pipe, *one, generators=[generator])
+                           for one, generator in zip(states, generators())])
+        # Teeth: scoring the silent clip's (zero) sound as well moves its loss.
+        scored = loss_fn.per_sample(pipe, {**batch[0], "trains_audio": torch.tensor([True, True])}, *batch[1:],
+                                    generators=generators())
+    assert torch.allclose(together, alone, rtol=1e-5)
+    assert torch.allclose(loss_fn(pipe, *batch, generators=generators()), alone.mean(), rtol=1e-5)
+    assert scored[1] - alone[1] > 1e-2 * alone[1] and torch.allclose(scored[0], alone[0], rtol=1e-5)
 
 
 def test_lora_names_are_ltx2s_and_diffusers_converts_them_back(pipe):

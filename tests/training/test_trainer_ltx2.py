@@ -16,6 +16,7 @@ from diffsynth.core.data.example_dataset import build_example_video_dataset
 from diffsynth.pipelines.ltx2 import LTX2AudioVideoPipeline
 from diffsynth.testing.tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
 from diffsynth.training.entry import main
+from tests.core.test_quant import needs_bitsandbytes
 from tests.training.conftest import assert_trained, lora, max_difference, run_once
 
 ENCODERS = ("text_encoder", "connectors", "vae", "audio_vae")
@@ -135,3 +136,70 @@ def test_image_to_audio_video_training_runs_split_as_in_one_stage(one_stage, cli
     split, _ = run_once(tiny_root, tmp_path / "two", lambda out: train(
         ["--dataset_base_path", str(cache), *models("dit"), *i2av, "--task", "sft:train", "--output_path", str(out)]))
     assert max_difference(lora(split, "epoch-0"), lora(output, "epoch-0")) < 1e-5
+
+
+@needs_bitsandbytes
+def test_an_nf4_transformer_trains_a_lora_close_to_the_full_precision_one(one_stage, clips, tiny_root, tmp_path):
+    import bitsandbytes as bnb
+
+    output, result = one_stage
+    nf4, nf4_result = run_once(tiny_root, tmp_path, lambda out: train(
+        [*raw(clips), *models("dit", *ENCODERS), *COMMON, "--quant_options", f"{MODELS['dit']}:bitsandbytes_nf4",
+         "--output_path", str(out)]))
+    assert isinstance(nf4_result["module"].pipe.dit.transformer_blocks[0].attn1.to_q.base_layer, bnb.nn.Linear4bit)
+    assert_trained(nf4_result, 2)
+    # About 9% weight error: the losses stay within a few percent, and the LoRA moves the way the bf16 one does.
+    assert all(abs(a - b) < 0.05 * b for a, b in zip(nf4_result["losses"], result["losses"]))
+    assert 0 < max_difference(lora(nf4, "epoch-0"), lora(output, "epoch-0")) < 2e-2
+
+
+def test_clips_with_and_without_sound_share_batches_as_accumulation_trains_them(clips, tiny_root, tmp_path):
+    """A row whose input_audio cell is empty trains its video alone, in a batch of two as with accumulation, and in
+    a split run from the cache."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in clips.glob("*.*"):
+        (mixed / path.name).symlink_to(path)
+    header, with_sound, without = (clips / "metadata.csv").read_text().splitlines()
+    (mixed / "metadata.csv").write_text(f"{header}\n{with_sound}\n{without.rsplit(',', 1)[0]},\n")
+    argv = [*models("dit", *ENCODERS), *COMMON]
+    accumulated, accumulated_result = run_once(tiny_root, tmp_path / "accumulated", lambda out: train(
+        [*raw(mixed), *argv, "--aspect_ratio_buckets", "--gradient_accumulation_steps", "2", "--output_path",
+         str(out)]))
+    batched, batched_result = run_once(tiny_root, tmp_path / "batched", lambda out: train(
+        [*raw(mixed), *argv, "--batch_size", "2", "--output_path", str(out)]))
+    assert_trained(batched_result, 1)
+    assert batched_result["losses"] == pytest.approx(accumulated_result["losses"], abs=2e-5)
+    assert max_difference(lora(batched, "epoch-0"), lora(accumulated, "epoch-0")) < 2e-5
+    cache = tmp_path / "cache"
+    run_once(tiny_root, tmp_path, lambda _: train(
+        [*raw(mixed), *models(*ENCODERS), *COMMON, "--batch_size", "2", "--task", "sft:data_process",
+         "--output_path", str(cache)]))
+    flags = sorted(load_cache_sample(path)["shared"]["trains_audio"].item() for path in list_cache_files(cache))
+    assert flags == [False, True]
+    split, _ = run_once(tiny_root, tmp_path / "split", lambda out: train(
+        ["--dataset_base_path", str(cache), *models("dit"), *COMMON, "--batch_size", "2", "--task", "sft:train",
+         "--output_path", str(out)]))
+    assert max_difference(lora(split, "epoch-0"), lora(batched, "epoch-0")) < 2e-5
+
+
+def test_frame_rate_sets_the_rows_without_one_and_a_new_rate_recomputes_the_cache(clips, tiny_root, tmp_path):
+    folder = tmp_path / "rates"
+    folder.mkdir()
+    for path in clips.glob("*.*"):
+        (folder / path.name).symlink_to(path)
+    header, first, second = (clips / "metadata.csv").read_text().splitlines()
+    (folder / "metadata.csv").write_text(f"{header},frame_rate\n{first},25\n{second},\n")  # the second row has none
+    cache = tmp_path / "cache"
+
+    def cached_rates(*flags):
+        run_once(tiny_root, tmp_path, lambda _: train(
+            [*raw(folder), *models(*ENCODERS), *COMMON, *flags, "--task", "sft:data_process", "--output_path",
+             str(cache)]))
+        shared = [load_cache_sample(path)["shared"] for path in sorted(list_cache_files(cache))]
+        for state in shared:  # the sound is cut to the clip's seconds at its rate (the tiny audio VAE's is 16 kHz)
+            assert state["audio_frames"] == LTX2AudioVideoPipeline().audio_frames(5, state["frame_rate"])
+        return [state["frame_rate"] for state in shared]
+
+    assert cached_rates("--frame_rate", "12") == [25.0, 12.0]
+    assert cached_rates() == [25.0, 24.0]  # the reference's default; the flag's change recomputed the row

@@ -56,7 +56,8 @@ def check_repeat(repeat: int) -> None:
         raise DatasetError(f"--dataset_repeat {repeat!r} must be an integer of at least 1 (1 reads each sample once)")
 
 
-def _is_blank(value: Any) -> bool:
+def is_blank(value: Any) -> bool:
+    """Whether a metadata cell is empty: missing (None) or only whitespace."""
     return value is None or (isinstance(value, str) and not value.strip())
 
 
@@ -96,8 +97,9 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         file_options: Settings for the operators that name them in ``FileOperator.options`` (a video's
             ``num_frames`` and ``allow_shorter``); the operators' defaults apply to missing ones.
         column_types: Columns whose cells are converted (``cells.convert_cells``), e.g. ``{"seed": integer}``.
-        optional_file_keys: Data-file columns a row may leave empty (a loss mask); an empty cell is dropped from the
-            row, as if the column were absent, instead of being refused.
+        optional_file_keys: Data-file columns a row may leave empty (a loss mask, LTX-2's sound); an empty cell is
+            dropped from the row, as if the column were absent, instead of being refused, also in a required
+            column (which the metadata must still have).
 
     Returns:
         The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
@@ -128,14 +130,15 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
     converted, pixels, options = [], 0, {}
     for number, row in enumerate(rows, start=1):
         where = f"row {number}"
-        blank = [column for column in required_columns if _is_blank(row.get(column))]
+        blank = [column for column in required_columns
+                 if column not in optional_file_keys and is_blank(row.get(column))]
         problems += [DatasetError(f"{where} has no value in column {column!r}; fill it in or remove the row")
                      for column in blank]
         problems += [DatasetError(f"{where} column {column!r} holds {row[column]!r}, not text; write it as a JSON "
                                   'string, e.g. "a cat"') for column in TEXT_COLUMNS
                      if column in row and row[column] is not None and not isinstance(row[column], str)]
         row, cell_problems = convert_row(row, column_types or {})
-        row = {key: value for key, value in row.items() if key not in optional_file_keys or not _is_blank(value)}
+        row = {key: value for key, value in row.items() if key not in optional_file_keys or not is_blank(value)}
         problems += [DatasetError(f"{where} {problem}") for problem in cell_problems]
         converted.append(row)
         for key in data_file_keys:
@@ -166,7 +169,7 @@ def _split_file_lists(row: dict[str, Any], data_file_keys: Sequence[str]) -> dic
 def _file_list(value: Any, where: str, key: str) -> list[str]:
     """A data-file cell as a list of paths; a cell holds one path or a list of them."""
     values = value if isinstance(value, list) else [value]
-    if not values or any(_is_blank(item) or not isinstance(item, str) for item in values):
+    if not values or any(is_blank(item) or not isinstance(item, str) for item in values):
         raise DatasetError(
             f"{where} column {key!r} holds {value!r}; it must be a file path relative to --dataset_base_path (or a "
             f"list of them). Fill it in, remove the row, or leave {key!r} out of --data_file_keys"
@@ -219,6 +222,8 @@ class UnifiedDataset(Dataset):
             ``bucket_key``: the trainer checks that they match the shape of their row's image or video.
         buckets: Bring images and frames to aspect-ratio buckets (``buckets``) so that samples can share batches;
             ``bucket_key`` then tells which samples share a shape.
+        optional_columns: Columns the pipeline reads where a row has them (LTX-2's ``frame_rate``): like the
+            required ones, part of each sample's fingerprint.
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -232,7 +237,8 @@ class UnifiedDataset(Dataset):
                  division_factor: int = DEFAULT_DIVISION_FACTOR, num_frames: int = DEFAULT_NUM_FRAMES,
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
                  keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
-                 buckets: bool = False, optional_file_keys: Sequence[str] = ()) -> None:
+                 buckets: bool = False, optional_file_keys: Sequence[str] = (),
+                 optional_columns: Sequence[str] = ()) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -247,7 +253,7 @@ class UnifiedDataset(Dataset):
         self.repeat = repeat
         self.data_file_keys = tuple(data_file_keys)
         #: The columns a pipeline reads from a row; only they enter a sample's fingerprint.
-        self.read_columns = tuple(dict.fromkeys([*required_columns, *data_file_keys]))
+        self.read_columns = tuple(dict.fromkeys([*required_columns, *optional_columns, *data_file_keys]))
         self.on_bad_sample = on_bad_sample
         self.keep_row_indices = keep_row_indices
         self.optional_file_keys = tuple(optional_file_keys)

@@ -22,7 +22,7 @@ GIB = 1024**3
 PCIE4_X16 = 32.0
 """GB/s per direction of a PCIe 4.0 x16 link (16 GT/s x 16 lanes, 128b/130b encoding): RTX 40 series, A100, L40S."""
 PCIE5_X16 = 64.0
-"""GB/s per direction of PCIe 5.0 x16 (32 GT/s): H100 and H200."""
+"""GB/s per direction of PCIe 5.0 x16 (32 GT/s): RTX 50 series, H100 and H200."""
 
 COMPUTE_EFFICIENCY = 0.4
 """Assumed share of the peak dense throughput a diffusion transformer's training step achieves (attention, norms,
@@ -92,6 +92,9 @@ PROFILES = {profile.name: profile for profile in (
     DeviceProfile("rtx4090-24gb", 24 * GIB, PCIE4_X16, 165.2,
                   "NVIDIA Ada Lovelace architecture whitepaper, appendix (GeForce RTX 4090: 24 GB, BF16 tensor with FP32 "
                   "accumulate 165.2 TFLOPS dense); PCIe 4.0 x16"),
+    DeviceProfile("rtx5090-32gb", 32 * GIB, PCIE5_X16, 209.5,
+                  "NVIDIA RTX Blackwell GPU architecture whitepaper, appendix (GeForce RTX 5090: 32 GB GDDR7, BF16 tensor "
+                  "with FP32 accumulate 209.5 TFLOPS dense, 419 with sparsity); PCIe 5.0 x16"),
     DeviceProfile("l40s-48gb", 48 * GIB, PCIE4_X16, 362.05,
                   "NVIDIA L40S datasheet (48 GB GDDR6, BF16 tensor 362.05 TFLOPS dense, 733 with sparsity); PCIe 4.0 x16"),
     DeviceProfile("a100-80gb", 80 * GIB, PCIE4_X16, 312.0,
@@ -103,7 +106,7 @@ PROFILES = {profile.name: profile for profile in (
                   "NVIDIA H200 datasheet (SXM: 141 GB HBM3e, BF16 tensor 1,979 TFLOPS with sparsity, half dense); PCIe "
                   "5.0 x16"),
 )}
-"""The 12, 16, 24, 48, 80 and 141 GB classes."""
+"""The 12, 16, 24, 32, 48, 80 and 141 GB classes."""
 
 
 def profile_named(name: str) -> DeviceProfile:

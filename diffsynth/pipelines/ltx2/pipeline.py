@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 
 from ...core.data.cells import integer, positive_integer, real, text
+from ...core.data.dataset import is_blank
 from ...core.loader import ModelConfig
 from ...core.model_traits import register_model_module
 from ...diffusion.base_pipeline import BasePipeline
@@ -103,9 +104,12 @@ class LTX2AudioVideoPipeline(BasePipeline):
     unit_classes = (ShapeCheckUnit, FrameCountUnit, InContextVideoUnit, NoiseUnit, InputVideoEmbedderUnit,
                     ImageConditionUnit, InputAudioEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
     training_columns = ("video", "prompt")
+    optional_columns = ("frame_rate",)
     # Image-to-audio+video training may leave the first frame out: it is the video's own (``input_image``, the
     # reference's name in its I2AV scripts, always is).
     derived_inputs = ("input_images", "input_image")
+    # A clip without sound leaves its input_audio cell empty: it trains the video alone, also in a batch with sound.
+    optional_inputs = ("input_audio",)
     #: Training runs without CFG, its prompts cut as inference cuts them by default.
     training_state = {"cfg_scale": 1, "seed": None, "rand_device": "cpu", "max_sequence_length": 1024}
 
@@ -183,12 +187,15 @@ class LTX2AudioVideoPipeline(BasePipeline):
 
     def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
         """The sample's ``video`` frames as ``input_video`` at their own size and count, at the sample's
-        ``frame_rate`` (a metadata column; 24 without one), which sets how much sound the clip holds.
+        ``frame_rate`` (a metadata column; the trainer's ``--frame_rate`` fills rows without one; 24 without either),
+        which sets how much sound the clip holds.
 
         Raises:
             ValueError: The ``frame_rate`` cell is not a positive number.
         """
-        frames, frame_rate = sample["video"], sample.get("frame_rate", DEFAULT_FRAME_RATE)
+        frames, frame_rate = sample["video"], sample.get("frame_rate")
+        if is_blank(frame_rate):  # an empty cell, as a row of a CSV whose other rows give their rate
+            frame_rate = DEFAULT_FRAME_RATE
         try:
             frame_rate = float(frame_rate)
         except (TypeError, ValueError):
@@ -219,12 +226,17 @@ class LTX2AudioVideoPipeline(BasePipeline):
             images = [sample["video"][0]]
         return {"input_images": images if isinstance(images, list) else [images]}
 
-    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice, ...] | None, ...]:
-        """The video's predicted tokens, and the sound's when the sample has sound: the loss adds their mean squared
-        errors (the reference's video loss plus audio loss)."""
+    def loss_regions(self, inputs_shared: dict) -> tuple[tuple[slice | torch.Tensor, ...] | None, ...]:
+        """The video's predicted tokens, and the sound's of the samples with sound: the loss adds their mean squared
+        errors (the reference's video loss plus audio loss); in a batch mixing clips with and without sound, the
+        sound's region names the samples it scores (``trains_audio``, one flag per sample)."""
         tokens = inputs_shared["video_tokens"]
         video = (slice(None), slice(self._first_predicted_token(inputs_shared), tokens))
-        return (video, (slice(None), slice(tokens, None))) if inputs_shared.get("trains_audio") else (video,)
+        # A bool per sample; a cache written before the flag became a tensor holds a plain bool.
+        rows = torch.as_tensor(inputs_shared.get("trains_audio", False)).reshape(-1)
+        if not rows.any():
+            return (video,)
+        return (video, (slice(None) if rows.all() else rows, slice(tokens, None)))
 
     @staticmethod
     def _first_predicted_token(inputs_shared: dict) -> int:

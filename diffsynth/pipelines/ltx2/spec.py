@@ -30,5 +30,7 @@ SPEC = FamilySpec(
     # Files name layers as LTX-2's own code (diffusion_model. + its names), which ComfyUI and diffusers' loader read.
     lora_tools=LoraTools("LTX2LoraLoaderMixin"),
     example_folder="examples/ltx2/model_training",
+    # Its train.py's own flag (its --tokenizer_path and --initialize_model_on_cpu are Qwen-Image's too).
+    reference_flags=("--frame_rate",),
     docs_page="LTX2.md",
 )

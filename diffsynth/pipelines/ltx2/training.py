@@ -8,10 +8,12 @@ audio processing does (Hann-windowed STFT magnitudes, ``n_fft`` 1024, the VAE's 
 the rate, ``log(max(mel, 1e-5))``), encoded (the distribution's mode, so a cached latent equals a one-stage run's),
 fitted to the clip's ``audio_frames`` latent frames and normalised with the VAE's statistics.
 
-Without sound (a ``video,prompt`` dataset, the reference's no-audio runs, which load no audio VAE) the audio tokens
-are zeros and the loss scores the video alone, so the audio stream seen by the transformer is the noise the loss adds
-at the drawn timestep. With sound the loss is the reference's: the video's mean squared error plus the audio's, at one
-timestep (``LTX2AudioVideoPipeline.loss_regions``).
+Without sound (a ``video,prompt`` dataset, the reference's no-audio runs, which load no audio VAE, or a row of a
+``video,prompt,input_audio`` dataset whose ``input_audio`` cell is empty) the audio tokens are zeros and the loss
+scores the video alone, so the audio stream seen by the transformer is the noise the loss adds at the drawn timestep.
+With sound the loss is the reference's: the video's mean squared error plus the audio's, at one timestep
+(``LTX2AudioVideoPipeline.loss_regions``). A batch may mix clips with and without sound: each sample's loss is what
+it would be alone.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ class InputVideoEmbedderUnit(PipelineUnit):
 
 class InputAudioEmbedderUnit(PipelineUnit):
     """Appends the sound's tokens to the video's as ``input_latents`` (zeros without ``input_audio``) and says in
-    ``trains_audio`` whether the loss scores them; see the module docstring."""
+    ``trains_audio`` (a ``(1,)`` bool tensor, which a batch joins into one flag per sample) whether the loss scores
+    them; see the module docstring."""
 
     def __init__(self) -> None:
         super().__init__(input_params=("video_input_latents", "input_audio", "num_frames", "frame_rate",
@@ -105,10 +108,11 @@ class InputAudioEmbedderUnit(PipelineUnit):
         if input_audio is None:
             silence = video_input_latents.new_zeros(video_input_latents.shape[0], audio_frames,
                                                     video_input_latents.shape[2])
-            return {"input_latents": torch.cat([video_input_latents, silence], dim=1), "trains_audio": False}
+            return {"input_latents": torch.cat([video_input_latents, silence], dim=1),
+                    "trains_audio": torch.tensor([False])}
         audio = self.encode(pipe, input_audio, num_frames / frame_rate, audio_frames)
         return {"input_latents": torch.cat([video_input_latents, audio.to(video_input_latents)], dim=1),
-                "trains_audio": True}
+                "trains_audio": torch.tensor([True])}
 
     @staticmethod
     def encode(pipe: LTX2AudioVideoPipeline, input_audio: tuple[torch.Tensor, int], seconds: float,

@@ -43,6 +43,7 @@ class DatasetSection(Section):
     max_pixels: int = 1024 * 1024
     num_frames: int | None = None
     allow_shorter_videos: bool = False
+    frame_rate: float | None = None
     batch_size: int = 1
     aspect_ratio_buckets: bool = False
     reg_dataset_metadata_path: str | None = None
@@ -57,6 +58,7 @@ class DatasetSection(Section):
         ("max_pixels", MIN_PIXELS, True, "--max_pixels 1048576 (1024x1024)"),
         ("batch_size", 1, True, "--batch_size 1"),
         ("prior_loss_weight", 0.0, True, "--prior_loss_weight 1.0"),
+        ("frame_rate", 0.0, False, "--frame_rate 24 (the clips' frames per second)"),
     )
 
     @classmethod
@@ -90,6 +92,12 @@ class DatasetSection(Section):
             group.add_argument("--allow_shorter_videos", action="store_true",
                                help="Trim clips shorter than --num_frames to their largest 4k+1 frame count instead of "
                                     "refusing them (samples then differ in length).")
+            group.add_argument("--frame_rate", type=float, default=None,
+                               help="LTX-2: the clips' frames per second, for rows without a frame_rate column (the "
+                                    "column wins where a row has it; unset: 24, the reference's default). It sets "
+                                    "how many seconds of sound a clip of --num_frames frames holds and the video's "
+                                    "time positions. The clips are read as they are, not resampled to it. Refused "
+                                    "for models that read no frame rate.")
         else:
             _add_size_flags(parser.add_argument_group("Image size"))
         group = parser.add_argument_group("Batches")
@@ -155,6 +163,11 @@ class DatasetSection(Section):
         return self.batch_size > 1 or self.aspect_ratio_buckets
 
     @property
+    def column_defaults(self) -> dict[str, Any]:
+        """The values a sample takes for the columns its row lacks, from flags: ``--frame_rate`` for ``frame_rate``."""
+        return {} if self.frame_rate is None else {"frame_rate": self.frame_rate}
+
+    @property
     def file_keys(self) -> list[str]:
         """The metadata columns that hold file paths (``--data_file_keys``)."""
         return split_csv(self.data_file_keys)
@@ -162,7 +175,7 @@ class DatasetSection(Section):
     def flags(self) -> dict[str, Any]:
         flags = super().flags()
         if self.num_frames is None:  # the image trainer has no video flags
-            del flags["num_frames"], flags["allow_shorter_videos"]
+            del flags["num_frames"], flags["allow_shorter_videos"], flags["frame_rate"]
         if self.datasets:
             flags[DATASETS_KEY] = [entry.to_config() for entry in self.datasets]
         else:  # a run without the list writes no key for it

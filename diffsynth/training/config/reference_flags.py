@@ -77,6 +77,8 @@ NOTES: dict[str, str] = {
     "--wandb_project": "default diffsynth",
     "--find_unused_parameters": "only DDP reads it",
     "--num_frames": "the Wan trainer's, as there",
+    "--frame_rate": "LTX-2 only, in the video trainer: the frame rate of rows without a frame_rate column; the "
+                    "clips are read as they are, where the reference resamples them to it",
     "--extra_inputs": "a name nothing in the task reads is refused; metadata cells are typed as the pipeline reads "
                       "them (seed an int, cfg_scale a float)",
     "--preset_lora_path": "any LoRA layout the trainer reads",

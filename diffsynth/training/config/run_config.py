@@ -20,7 +20,7 @@ from .timesteps import TimestepFlags
 from .console import ConsoleSection
 from .dataset import DatasetSection
 from .dataset_entries import regularization_problems
-from .errors import FlagError
+from .errors import FlagError, split_csv
 from .lora import LoraSection
 from .masked_loss import MaskedLossSection, masked_loss_problems
 from .model import ModelSection
@@ -110,6 +110,23 @@ def _quant_problems(model: ModelSection, placement: PlacementConfig) -> list[str
     return problems
 
 
+def _dora_storage_problems(lora: LoraSection, model: ModelSection, training: TrainingSection) -> list[str]:
+    """DoRA on compressed weights where the flags alone tell: a training stage whose every model is stored in fp8 or
+    4-bit (a split run's stage 2 that loads the transformer alone). Otherwise which model an entry loads is read from
+    its files' config, before any weight loads (``startup.model_checks``)."""
+    if not (lora.use_dora and lora.lora_base_model) or training.stage == "data_process" or model.model_paths:
+        return []
+    from .quant_flags import parse_quant_options
+
+    loaded = split_csv(model.model_id_with_origin_paths)
+    compressed = {*split_csv(model.fp8_models), *parse_quant_options(model.quant_options)}
+    if not loaded or not set(loaded) <= compressed:
+        return []
+    return [f"--use_dora with --lora_base_model {lora.lora_base_model}, whose weights --fp8_models / --quant_options "
+            "store compressed (they name every model this run loads): DoRA reads the base weights as they are every "
+            "step; drop --use_dora (a plain LoRA trains on them), or drop the storage flag"]
+
+
 def _timestep_problems(training: TrainingSection, timesteps: TimestepFlags) -> list[str]:
     if training.family != "sft" and not timesteps.is_reference:
         return [f"--timestep_sampling {timesteps.timestep_sampling} / --weighting_scheme {timesteps.weighting_scheme} "
@@ -153,6 +170,7 @@ CROSS_CHECKS: tuple[tuple[Callable[..., list[str]], tuple[str, ...]], ...] = (
     (_task_problems, ("training", "dataset")),
     (_regularization_problems, ("training", "dataset")),
     (_quant_problems, ("model", "placement")),
+    (_dora_storage_problems, ("lora", "model", "training")),
     (_timestep_problems, ("training", "timesteps")),
     (_validation_problems, ("validation", "training", "dataset")),
     (_validation_loss_problems, ("validation_loss", "training")),

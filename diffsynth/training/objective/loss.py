@@ -87,15 +87,18 @@ class LatentsLoss:
     def per_sample_losses(self, pipe: BasePipeline, inputs_shared: dict, prediction: torch.Tensor,
                           target: torch.Tensor) -> torch.Tensor:
         """The squared error of each sample over each of the pipeline's ``loss_regions``, each averaged on its own and
-        then added up, weighted by the mask if any."""
+        then added up (a region that scores some samples only adds 0 to the others), weighted by the mask if any."""
         weight = self.mask.weights(inputs_shared, target) if self.mask is not None else None
         losses = []
         for region in pipe.loss_regions(inputs_shared):
+            rows = None
+            if region is not None and torch.is_tensor(region[0]):  # the samples the region scores
+                rows, region = region[0], (slice(None), *region[1:])
             if region is None:
-                losses.append(_per_sample_mse(prediction, target, weight))
+                loss = _per_sample_mse(prediction, target, weight)
             else:
-                losses.append(_per_sample_mse(prediction[region], target[region],
-                                              None if weight is None else weight[region]))
+                loss = _per_sample_mse(prediction[region], target[region], None if weight is None else weight[region])
+            losses.append(loss if rows is None else loss * rows.to(loss.device, loss.dtype))
         return sum(losses)
 
     def per_sample(self, pipe: BasePipeline, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...core.data.dataset import is_blank
 from ...core.data.fingerprint import digest, weights_digest
 from ...core.finite import NonFiniteTensorError
 from ...core.fp8 import holds_fp8_layers, store_model_in_fp8
@@ -148,6 +149,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         adapter: The adapter's type (``--lora_type``, ``--use_dora``, ``--lokr_factor``); its rank and alpha are
             ``lora_rank`` and ``lora_alpha``. Default: a plain LoRA.
         loss_mask: Weigh the loss by each row's ``mask`` column (``--masked_loss``, ``loss_mask``); None: unmasked.
+        column_defaults: Values for the columns a row lacks or leaves empty (``--frame_rate`` for ``frame_rate``); a
+            row's own value wins.
 
     Raises:
         ValueError: A named model is missing from the pipeline, a target module matches nothing, or nothing is
@@ -163,7 +166,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                  preset_lora: tuple[str, str | Path] | None = None,
                  quant_models: Mapping[str, QuantConfig] | None = None,
                  timestep_sampling: TimestepFlags | None = None, adapter: AdapterSettings | None = None,
-                 loss_mask: LossMask | None = None) -> None:
+                 loss_mask: LossMask | None = None, column_defaults: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.adapter = adapter or AdapterSettings()
         self.task = task
@@ -172,6 +175,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.loss = (FlowMatchSFTLoss(*timestep_boundaries, TimestepSampling.of(timestep_sampling or TimestepFlags()),
                                       mask=loss_mask) if self.family == "sft" else LOSSES[self.family](mask=loss_mask))
         self.extra_inputs = tuple(extra_inputs)
+        self.column_defaults = dict(column_defaults or {})
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
         self.trained_model_names = tuple(name for name in dict.fromkeys([*trainable_models, lora_base_model]) if name)
@@ -182,7 +186,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if preset_lora is not None:
             self._merge_preset_lora(*preset_lora)
         if self.adapter.use_dora and lora_base_model in (*fp8_models, *(quant_models or {})):
-            # peft's DoRA reads the base weight's row norms every step; it cannot read fp8 or quantized storage.
+            # peft's DoRA reads the base weight's row norms every step; it cannot read fp8 or quantized storage. The
+            # trainer refuses this before loading (startup.model_checks); this guards the Python API.
             raise ValueError(f"--use_dora on {lora_base_model}, whose weights --fp8_models / --quant_options store "
                              "compressed: DoRA needs the base weights as they are; drop --use_dora or the storage flag")
         if self.stage != "data_process":
@@ -351,14 +356,18 @@ class DiffusionTrainingModule(torch.nn.Module):
             identity = _preprocessor_identity(component)
             if identity is not None:
                 models[name] = {"class": type(component).__name__, "state": identity}
+        # Defaults enter only when given, so that caches made without them keep their fingerprints.
+        defaults = {"column_defaults": self.column_defaults} if self.column_defaults else {}
         return {"pipeline": type(self.pipe).__name__, "torch_dtype": str(self.pipe.torch_dtype),
-                "units": [type(unit).__name__ for unit in self.unrelated_units], "models": models}
+                "units": [type(unit).__name__ for unit in self.unrelated_units], "models": models, **defaults}
 
     def pipeline_inputs(self, sample: dict[str, Any]) -> tuple[dict, dict, dict]:
         """The initial state of one sample: a dataset row, or a cached state in stage 2 (moved to the device)."""
         if self.stage == "train":
             return tuple(move_to_device(dict(sample[scope]), self.pipe.device) for scope in ("shared", "posi", "nega"))
-        shared, posi, nega = self.pipe.training_inputs(sample, self.extra_inputs)
+        given = {name: value for name, value in sample.items()
+                 if name not in self.column_defaults or not is_blank(value)}
+        shared, posi, nega = self.pipe.training_inputs({**self.column_defaults, **given}, self.extra_inputs)
         mask = pixel_mask(sample.get(MASK_COLUMN)) if self.loss.mask is not None else None
         return ({**shared, LOSS_MASK_KEY: mask} if mask is not None else shared), posi, nega
 

@@ -62,6 +62,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
                          f"the {name} column as paths; add it, e.g. --data_file_keys image,{name}"
                          for name in unloaded])
     caching = config.training.stage == "data_process"
+    optional = (*optional_file_columns(config), *pipeline_class.optional_inputs)
     if caching and repeat > 1:
         logger.warning("--dataset_repeat %d is ignored by --task %s: each sample is cached once; pass the repeat "
                        "to the training stage", repeat, config.training.task)
@@ -73,7 +74,8 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             required_columns=pipeline_class.required_columns(extra_inputs),
             num_frames=DEFAULT_NUM_FRAMES if entry.num_frames is None else entry.num_frames,
             allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
-            keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional_file_columns(config),
+            keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional,
+            optional_columns=pipeline_class.optional_columns,
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                           if name in pipeline_class.input_types},
         )  # fmt: skip

@@ -70,7 +70,8 @@ def extra_input_problems(config: RunConfig, pipeline_class: type[BasePipeline]) 
 def warn_about_unread_columns(config: RunConfig, pipeline_class: type[BasePipeline],
                               columns: Iterable[str]) -> list[str]:
     """Warns about metadata columns this task could read as inputs but ``--extra_inputs`` leaves out; returns them."""
-    passed = {*config.model.extra_input_names, *pipeline_class.training_columns, *config.dataset.file_keys}
+    passed = {*config.model.extra_input_names, *pipeline_class.training_columns, *config.dataset.file_keys,
+              *pipeline_class.optional_columns}
     used, _ = _used_inputs(config, pipeline_class)
     unread = sorted(column for column in columns if column in used and column not in passed)
     if unread:
@@ -78,6 +79,26 @@ def warn_about_unread_columns(config: RunConfig, pipeline_class: type[BasePipeli
                        "name them; add them (e.g. --extra_inputs %s) or remove the columns", unread,
                        config.training.task, ",".join(unread))
     return unread
+
+
+def column_default_problems(config: RunConfig, pipeline_class: type[BasePipeline]) -> list[str]:
+    """Flags that fill a column the rows lack (``--frame_rate``) must fill one this task reads; stage 2 reads the
+    cache, where stage 1 applied them (a warning, as for the sizes)."""
+    defaults = config.dataset.column_defaults
+    if not defaults:
+        return []
+    if config.training.stage == "train":
+        for name, value in defaults.items():
+            logger.warning("--%s %s has no effect on --task %s: stage 1 applied it and the cache holds the result",
+                           name, value, config.training.task)
+        return []
+    used, loss = _used_inputs(config, pipeline_class)
+    problems = [f"--{name} {value} has no effect on {pipeline_class.__name__}: neither its units nor {loss} read a "
+                f"{name} (it reads the first --num_frames frames of each clip as they are); drop --{name}"
+                for name, value in defaults.items() if name not in used]
+    return problems + [f"--{name} {value} has no effect: --extra_inputs {config.model.extra_inputs} makes every row "
+                       f"give its own {name}; drop --{name}, or drop {name} from --extra_inputs to use it for rows "
+                       "without one" for name, value in defaults.items() if name in config.model.extra_input_names]
 
 
 def flag_effect_problems(config: RunConfig) -> list[str]:
@@ -116,6 +137,7 @@ def check_inputs_used(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
     Raises:
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
-    problems = extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
+    problems = (extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
+                + column_default_problems(config, pipeline_class))
     if problems:
         raise FlagError(problems)

@@ -1,6 +1,7 @@
 """Checks of the flags that name models or their parts, made on weightless builds before any weight loads.
 
-``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models``, ``--blocks_to_swap``,
+``--lora_base_model``, ``--trainable_models``, ``--lora_target_modules``, ``--fp8_models`` (also against
+``--use_dora``), ``--blocks_to_swap``,
 ``--preset_lora_model`` / ``--preset_lora_path``, the exclusions of ``--quant_options`` and a weights file given as
 ``--resume_from_checkpoint`` can only be checked against the models themselves. Loading a 20B-parameter pipeline takes
 minutes, so each model's slot is read from its ``config.json`` and the models whose structure matters (the LoRA's
@@ -71,6 +72,22 @@ def _fp8_problems(run: RunConfig, configs: Sequence[ModelConfig], slots: dict[st
         problems.append(f"--fp8_models includes {full}, which --trainable_models trains in full; fp8 storage is for "
                         "frozen weights: drop one of the two (a LoRA on an fp8 model trains)")
     return problems
+
+
+def _dora_problems(run: RunConfig, slots: dict[str, ModelConfig], quantized: set[str]) -> list[str]:
+    """DoRA on a model stored in fp8 or 4-bit: peft's DoRA reads the base weight's row norms every step, which it
+    cannot do from fp8 or quantized storage. Which slot an entry fills is known only from its files' config, so this
+    is checked here rather than with the flags."""
+    name = run.lora.lora_base_model
+    if not run.lora.use_dora or name not in slots:
+        return []
+    fp8 = run.model.fp8_models and slots[name] in parse_model_id_with_origin_paths(run.model.fp8_models)
+    if not fp8 and name not in quantized:
+        return []
+    flag, value = ("--fp8_models", run.model.fp8_models) if fp8 else ("--quant_options", run.model.quant_options)
+    return [f"--use_dora with --lora_base_model {name}, whose weights {flag} {value} stores compressed: DoRA reads "
+            f"the base weights as they are every step; drop --use_dora (a plain LoRA trains on {flag}), or drop "
+            f"{name}'s entry from {flag}"]
 
 
 def _block_swap_problems(blocks_to_swap: int, denoisers: dict[str, torch.nn.Module]) -> list[str]:
@@ -194,6 +211,7 @@ def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
         denoisers = pipeline_class.denoising_model_names if run.placement.blocks_to_swap else ()
         wanted = {run.lora.lora_base_model, *denoisers} - set(skeletons)
         skeletons.update(_skeletons(wanted, slots, run.model.torch_dtype))
+        problems += _dora_problems(run, slots, quantized)
         problems += _lora_target_problems(run, pipeline_class, skeletons.get(run.lora.lora_base_model))
         problems += _block_swap_problems(run.placement.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})

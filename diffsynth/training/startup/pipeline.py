@@ -121,4 +121,5 @@ def build_training_module(config: RunConfig, pipe: BasePipeline) -> DiffusionTra
         quant_models=quantized_models(config.model.quant_options, pipe.model_configs),
         adapter=AdapterSettings(lora.lora_type, use_dora=lora.use_dora, lokr_factor=lora.lokr_factor),
         loss_mask=LossMask(config.masked_loss.weight) if config.masked_loss.masked_loss else None,
+        column_defaults=config.dataset.column_defaults,
     )  # fmt: skip

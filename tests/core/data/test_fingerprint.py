@@ -61,6 +61,11 @@ def test_a_column_the_pipeline_does_not_read_is_left_out(tmp_path):
     before = make_dataset(tmp_path).fingerprint(0, MODELS)
     after = make_dataset(tmp_path, "image,prompt,notes\na.png,a red square,changed\nb.png,a blue square,y\n")
     assert after.fingerprint(0, MODELS).changed_parts(before) == []
+    # A column the pipeline reads where a row has it (LTX-2's frame_rate) is in.
+    before = make_dataset(tmp_path, optional_columns=["notes"]).fingerprint(0, MODELS)
+    after = make_dataset(tmp_path, "image,prompt,notes\na.png,a red square,again\nb.png,a blue square,y\n",
+                         optional_columns=["notes"])
+    assert after.fingerprint(0, MODELS).changed_parts(before) == ["row"]
 
 
 def test_a_touched_file_is_rehashed_and_keeps_its_fingerprint_while_unchanged_stats_reuse_the_stored_hash(tmp_path):

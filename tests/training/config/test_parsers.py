@@ -75,7 +75,8 @@ def test_defaults_match_the_reference_and_extras_change_nothing():
     # The reference's Wan trainer forces gradient checkpointing on (examples/wanvideo/model_training/train.py).
     assert vars(video) == {**REFERENCE_DEFAULTS, **EXTRA_DEFAULTS, **DEPARTURES, **SAFETY_DEFAULTS, **CONSOLE_DEFAULTS,
                            **CONFIG_DEFAULTS, **REFUSED_DEFAULTS,
-                           "num_frames": 81, "allow_shorter_videos": False, "use_gradient_checkpointing": True}
+                           "num_frames": 81, "allow_shorter_videos": False, "frame_rate": None,
+                           "use_gradient_checkpointing": True}
     assert "Always on for video (Wan) training" in " ".join(build_parser(video=True).format_help().split())
 
 
@@ -228,6 +229,19 @@ def test_num_frames_must_be_4k_plus_1(capsys):
     assert "--num_frames 80 must be 4k+1" in error and "--num_frames 81" in error
 
 
+def test_frame_rate_must_be_a_positive_number(capsys):
+    assert parse_args(VALID + ["--frame_rate", "29.97"], video=True).dataset.column_defaults == {"frame_rate": 29.97}
+    assert parse_args(VALID, video=True).dataset.column_defaults == {}
+    for value in ("0", "-24"):
+        with pytest.raises(SystemExit):
+            parse_args(VALID + [f"--frame_rate={value}"], video=True)
+        assert (f"--frame_rate {float(value)} must be greater than 0.0; pass e.g. --frame_rate 24 (the clips' frames "
+                "per second)") in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(SystemExit):  # the image trainer has no video flags
+        parse_args(VALID + ["--frame_rate", "24"])
+    assert "unknown flag" in capsys.readouterr().err
+
+
 def test_checkpointing_offload_implies_checkpointing():
     placement = parse_args(VALID + ["--use_gradient_checkpointing_offload"]).placement
     assert placement.gradient_checkpointing and placement.use_gradient_checkpointing_offload
@@ -257,7 +271,7 @@ def test_flag_table_lists_every_flag_under_its_group():
              if not isinstance(action, argparse._HelpAction)]
     assert len(flags) == (len(REFERENCE_DEFAULTS) + len(EXTRA_DEFAULTS) + len(DEPARTURES) + len(SAFETY_DEFAULTS)
                           + len(CONSOLE_DEFAULTS) + len(CONFIG_DEFAULTS) + len(REFUSED_DEFAULTS)
-                          + 2)  # + the video flags --num_frames, --allow_shorter_videos
+                          + 3)  # + the video flags --num_frames, --allow_shorter_videos, --frame_rate
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == flags
     assert "--help" not in table
@@ -288,14 +302,16 @@ def test_the_float_flags_are_the_ones_expected():
                                 "--max_timestep_boundary", "--checkpoint_every_minutes", "--lora_alpha",
                                 "--cpu_offload_split_threshold", "--progress_interval_seconds", "--sigmoid_scale",
                                 "--logit_mean", "--logit_std", "--discrete_flow_shift", "--mode_scale",
-                                "--validation_cfg_scale", "--ema_decay", "--prior_loss_weight", "--unmasked_weight"}
+                                "--validation_cfg_scale", "--ema_decay", "--prior_loss_weight", "--unmasked_weight",
+                                "--frame_rate"}
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
 @pytest.mark.parametrize("flag", FLOAT_FLAGS)
 def test_every_float_flag_refuses_nan_and_inf(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse_args(VALID + ["--enable_model_cpu_offload", f"{flag}={value}"])  # "-inf" alone reads as a flag
+        # "-inf" alone reads as a flag; the video trainer's parser has every float flag.
+        parse_args(VALID + ["--enable_model_cpu_offload", f"{flag}={value}"], video=True)
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"{flag} {float(value)} must be a finite number (nan and inf are refused); pass e.g. {flag} " in error

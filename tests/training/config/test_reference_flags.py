@@ -16,7 +16,7 @@ def test_every_reference_flag_is_known_to_one_of_the_trainers():
     assert "| missing |" not in table and table.count("\n") == len(REFERENCE_FLAGS) + 2
     wan_only = {flag for flag, where in REFERENCE_FLAGS.items() if where == "wanvideo train.py"}
     image = {option for action in build_parser()._actions for option in action.option_strings}
-    assert set(REFERENCE_FLAGS) - image <= {"--num_frames"} and wan_only - {"--num_frames"} <= image
+    assert set(REFERENCE_FLAGS) - image <= {"--num_frames", "--frame_rate"} and wan_only - {"--num_frames"} <= image
 
 
 @pytest.mark.parametrize("flag", sorted(UNSUPPORTED))

@@ -43,16 +43,19 @@ def test_a_row_of_the_gpu_size_table_names_each_chosen_plan_and_its_memory():
     outcomes = {"rtx4070-12gb": none,
                 "rtx4080-16gb": report(Plan("offload", "h2d", 51, ring_size=2), 15.2, 74.3, "rtx4080-16gb"),
                 "rtx4090-24gb": report(Plan("on", "h2d", 39, ring_size=2), 23.4, 59.1, "rtx4090-24gb"),
+                "rtx5090-32gb": report(Plan("on", "h2d", 24, ring_size=2), 30.9, 54.1, "rtx5090-32gb"),
                 "l40s-48gb": report(Plan("on", "classic", 2), 47.0, 41.0, "l40s-48gb"),
                 "h100-80gb": report(Plan("on", "device"), 48.7, 3.0, "h100-80gb")}
     assert TABLES.gpu_size_row(run, outcomes, "en") == (
         "| Qwen-Image (20B) LoRA, 1024x1024 | none fits (the least any plan needs: 13.2 GiB) | H2D ring 51/2 (pinned), "
-        "checkpointing offload: 15.2 / 74.3 GiB | H2D ring 39/2 (pinned), checkpointing on: 23.4 / 59.1 GiB | block "
-        "swap 2 (pinned), checkpointing on: 47.0 / 41.0 GiB | all on the GPU, checkpointing on: 48.7 / 3.0 GiB |")
+        "checkpointing offload: 15.2 / 74.3 GiB | H2D ring 39/2 (pinned), checkpointing on: 23.4 / 59.1 GiB | H2D "
+        "ring 24/2 (pinned), checkpointing on: 30.9 / 54.1 GiB | block swap 2 (pinned), checkpointing on: 47.0 / 41.0 "
+        "GiB | all on the GPU, checkpointing on: 48.7 / 3.0 GiB |")
     assert TABLES.gpu_size_row(run, outcomes, "zh") == (
         "| Qwen-Image（20B）LoRA，1024x1024 | 都放不下（任何方案最少需要 13.2 GiB） | H2D ring 51/2 (pinned)，梯度检查点 "
-        "offload：15.2 / 74.3 GiB | H2D ring 39/2 (pinned)，梯度检查点 on：23.4 / 59.1 GiB | block swap 2 (pinned)，"
-        "梯度检查点 on：47.0 / 41.0 GiB | all on the GPU，梯度检查点 on：48.7 / 3.0 GiB |")
+        "offload：15.2 / 74.3 GiB | H2D ring 39/2 (pinned)，梯度检查点 on：23.4 / 59.1 GiB | H2D ring 24/2 (pinned)，"
+        "梯度检查点 on：30.9 / 54.1 GiB | block swap 2 (pinned)，梯度检查点 on：47.0 / 41.0 GiB | all on the GPU，梯度检查点 "
+        "on：48.7 / 3.0 GiB |")
 
 
 def test_the_tables_are_written_between_their_markers_only():

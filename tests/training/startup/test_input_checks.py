@@ -53,6 +53,32 @@ def test_extra_inputs_nothing_reads_are_refused(pipeline_class, argv, unread):
     assert "neither its units nor FlowMatchSFTLoss read them" in str(error.value)
 
 
+def test_frame_rate_is_refused_where_nothing_reads_it_and_warned_about_in_stage_two(caplog):
+    from diffsynth.pipelines.ltx2 import LTX2AudioVideoPipeline
+
+    check_inputs_used(flags("--frame_rate", "30", video=True), LTX2AudioVideoPipeline)
+    with pytest.raises(FlagError) as error:
+        check_inputs_used(flags("--frame_rate", "30", video=True), WanVideoPipeline)
+    assert error.value.problems == [
+        "--frame_rate 30.0 has no effect on WanVideoPipeline: neither its units nor FlowMatchSFTLoss read a frame_rate "
+        "(it reads the first --num_frames frames of each clip as they are); drop --frame_rate"]
+    with pytest.raises(FlagError) as error:  # a column every row must give leaves nothing to default
+        check_inputs_used(flags("--frame_rate", "30", "--extra_inputs", "frame_rate", video=True),
+                          LTX2AudioVideoPipeline)
+    assert error.value.problems[0].startswith("--frame_rate 30.0 has no effect: --extra_inputs frame_rate makes every "
+                                              "row give its own frame_rate; drop --frame_rate")
+    with caplog.at_level(logging.WARNING):
+        check_inputs_used(flags("--frame_rate", "30", "--task", "sft:train", video=True, metadata=False),
+                          LTX2AudioVideoPipeline)
+    assert "--frame_rate 30.0 has no effect on --task sft:train: stage 1 applied it" in caplog.text
+    # A frame_rate column is read where a row has it: no advice to pass it with --extra_inputs, which the flag refuses.
+    columns = {"video", "prompt", "frame_rate"}
+    assert warn_about_unread_columns(flags("--frame_rate", "30", video=True), LTX2AudioVideoPipeline, columns) == []
+    assert warn_about_unread_columns(flags(video=True), LTX2AudioVideoPipeline, columns) == []
+    assert warn_about_unread_columns(flags(video=True), WanVideoPipeline, {"video", "prompt", "input_image"}) == [
+        "input_image"]  # teeth: a column Wan could read and is not given
+
+
 def test_inputs_the_task_reads_pass():
     check_inputs_used(flags("--extra_inputs", ",".join(DISTILL), "--task", "direct_distill"), QwenImagePipeline)
     check_inputs_used(flags("--extra_inputs", "edit_image"), QwenImagePipeline)

@@ -7,6 +7,7 @@ from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
+from tests.training.conftest import quant_cases
 from tests.training.test_trainer import COMMON, PATTERN, raw
 
 
@@ -56,6 +57,42 @@ def test_targets_block_swap_and_fp8_conflicts_are_reported_together(dataset, tmp
     assert problems[1].startswith("--lora_target_modules entries ['nothing'] match no module of dit")
     assert problems[2] == (f"--blocks_to_swap {blocks + 1}, but dit (QwenImageTransformer2DModel) has only {blocks} "
                            f"blocks in transformer_blocks; pass at most --blocks_to_swap {blocks}")
+
+
+@pytest.mark.parametrize("storage", quant_cases(PATTERN["dit"]))
+def test_dora_on_a_compressed_base_is_refused_before_any_weight_loads(dataset, tmp_path, storage):
+    flag, value = storage
+    assert problems_of(dataset, tmp_path, "--use_dora", *storage) == [
+        f"--use_dora with --lora_base_model dit, whose weights {flag} {value} stores compressed: DoRA reads the base "
+        f"weights as they are every step; drop --use_dora (a plain LoRA trains on {flag}), or drop dit's entry from "
+        f"{flag}"]
+
+
+def test_dora_on_a_stage_whose_every_model_is_compressed_is_refused_with_the_flags(tmp_path, capsys):
+    from diffsynth.training.config import RunConfig
+    from diffsynth.training.config.parsers import build_parser
+
+    missing = "nobody/missing-model:transformer.safetensors"  # neither on disk nor downloadable: never looked for
+    argv = ["--dataset_base_path", str(tmp_path), "--task", "sft:train", "--output_path", str(tmp_path / "out"),
+            "--model_id_with_origin_paths", missing, "--lora_base_model", "dit", "--lora_target_modules", "to_q",
+            "--use_dora", "--fp8_models", missing]
+    with pytest.raises(SystemExit) as exit_info:
+        main(QwenImagePipeline, argv)
+    assert exit_info.value.code == 2
+    assert ("--use_dora with --lora_base_model dit, whose weights --fp8_models / --quant_options store compressed "
+            "(they name every model this run loads): DoRA reads the base weights as they are every step; drop "
+            "--use_dora (a plain LoRA trains on them), or drop the storage flag") in " ".join(
+        capsys.readouterr().err.split())
+    # Stage 1 trains nothing: its compressed encoders are no reason to refuse the split run's repeated --use_dora.
+    stage_one = [*argv[:3], "sft:data_process", *argv[4:], "--dataset_metadata_path", str(tmp_path / "m.csv")]
+    assert RunConfig.from_namespace(build_parser().parse_args(stage_one)).lora.use_dora
+
+
+def test_dora_beside_a_compressed_text_encoder_is_not_refused(dataset, tmp_path):
+    # A wrong target makes the run stop here; DoRA on the full-precision dit is not among the problems.
+    (problem,) = problems_of(dataset, tmp_path, "--use_dora", "--fp8_models", PATTERN["text_encoder"],
+                             "--lora_target_modules", "nothing")
+    assert problem.startswith("--lora_target_modules entries ['nothing'] match no module of dit")
 
 
 def test_empty_lora_targets_are_reported(dataset, tmp_path):
