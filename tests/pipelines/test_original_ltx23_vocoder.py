@@ -31,17 +31,17 @@ from tests.pipelines.test_ltx23 import load_ours, render_ours
 from tests.pipelines.test_original_ltx2 import PARITY, plain
 
 # diffusers' LTX-2.3 conversion config of the release's vocoder (scripts/convert_ltx2_to_diffusers.py, version 2.3).
-RELEASE_BWE_VOCODER = dict(
-    in_channels=128, hidden_channels=1536, out_channels=2, upsample_kernel_sizes=[11, 4, 4, 4, 4, 4],
-    upsample_factors=[5, 2, 2, 2, 2, 2], resnet_kernel_sizes=[3, 7, 11], resnet_dilations=[[1, 3, 5]] * 3,
-    act_fn="snakebeta", antialias=True, antialias_ratio=2, antialias_kernel_size=12, final_act_fn=None,
-    final_bias=False, bwe_in_channels=128, bwe_hidden_channels=512, bwe_out_channels=2,
-    bwe_upsample_kernel_sizes=[12, 11, 4, 4, 4], bwe_upsample_factors=[6, 5, 2, 2, 2],
-    bwe_resnet_kernel_sizes=[3, 7, 11], bwe_resnet_dilations=[[1, 3, 5]] * 3, bwe_act_fn="snakebeta",
-    bwe_antialias=True, bwe_antialias_ratio=2, bwe_antialias_kernel_size=12, bwe_final_act_fn=None,
-    bwe_final_bias=False, filter_length=512, hop_length=80, window_length=512, num_mel_channels=64,
-    input_sampling_rate=16000, output_sampling_rate=48000,
-)  # fmt: skip
+RELEASE_BWE_VOCODER = {
+    "in_channels": 128, "hidden_channels": 1536, "out_channels": 2, "upsample_kernel_sizes": [11, 4, 4, 4, 4, 4],
+    "upsample_factors": [5, 2, 2, 2, 2, 2], "resnet_kernel_sizes": [3, 7, 11], "resnet_dilations": [[1, 3, 5]] * 3,
+    "act_fn": "snakebeta", "antialias": True, "antialias_ratio": 2, "antialias_kernel_size": 12,
+    "final_act_fn": None, "final_bias": False, "bwe_in_channels": 128, "bwe_hidden_channels": 512,
+    "bwe_out_channels": 2, "bwe_upsample_kernel_sizes": [12, 11, 4, 4, 4], "bwe_upsample_factors": [6, 5, 2, 2, 2],
+    "bwe_resnet_kernel_sizes": [3, 7, 11], "bwe_resnet_dilations": [[1, 3, 5]] * 3, "bwe_act_fn": "snakebeta",
+    "bwe_antialias": True, "bwe_antialias_ratio": 2, "bwe_antialias_kernel_size": 12, "bwe_final_act_fn": None,
+    "bwe_final_bias": False, "filter_length": 512, "hop_length": 80, "window_length": 512, "num_mel_channels": 64,
+    "input_sampling_rate": 16000, "output_sampling_rate": 48000,
+}  # fmt: skip
 
 
 def vocoder_file(tiny_root: Path) -> Path:
