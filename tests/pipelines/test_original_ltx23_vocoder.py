@@ -105,6 +105,17 @@ def test_a_truncated_vocoder_file_is_refused_naming_the_file_and_the_key(tmp_pat
         identify([file])
 
 
+def test_an_extender_that_does_not_read_the_first_vocoders_mel_bins_is_refused(tiny_root):
+    file = vocoder_file(tiny_root)
+    shapes = {key: tuple(tensor.shape) for key, tensor in load_file(str(file)).items()}
+    with safe_open(str(file), framework="pt") as handle:
+        section = json.loads(handle.metadata()["config"])["vocoder"]
+    bins, frequencies = shapes["vocoder.mel_stft.mel_basis"]
+    shapes["vocoder.mel_stft.mel_basis"] = (bins + 1, frequencies)
+    with pytest.raises(ModelLoadError, match=rf"{file.name}: the bandwidth extender reads {2 * bins} channels"):
+        bwe_vocoder_config(shapes, section, file)
+
+
 def test_the_final_activation_follows_ltx2s_metadata(tiny_root):
     file = vocoder_file(tiny_root)
     shapes = {key: tuple(tensor.shape) for key, tensor in load_file(str(file)).items()}

@@ -240,8 +240,8 @@ def bwe_vocoder_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, A
     (``{"vocoder": {...}, "bwe": {...}}``, LTX-2.3's ``vocoder`` section) or the release's.
 
     Raises:
-        ModelLoadError: A missing tensor, or upsampling kernels whose strides neither the metadata nor the release
-            gives.
+        ModelLoadError: A missing tensor, upsampling kernels whose strides neither the metadata nor the release
+            gives, or an extender that does not read the first vocoder's mel bins.
     """
     main, bwe = dict(metadata.get("vocoder") or {}), dict(metadata.get("bwe") or {})
     first, second = (f"{VOCODER_PREFIX}{name}." for name in _GENERATORS)
@@ -252,6 +252,10 @@ def bwe_vocoder_config(shapes: dict[str, tuple[int, ...]], metadata: dict[str, A
     config.update({f"bwe_{key}": value for key, value in extender.items()})
     basis = shape(shapes, f"{VOCODER_PREFIX}mel_stft.stft_fn.forward_basis", file, "LTX-2.3 vocoder")
     mel = shape(shapes, f"{VOCODER_PREFIX}mel_stft.mel_basis", file, "LTX-2.3 vocoder")
+    if config["bwe_in_channels"] != config["out_channels"] * mel[0]:
+        raise ModelLoadError(f"{file}: the bandwidth extender reads {config['bwe_in_channels']} channels, not the "
+                             f"{config['out_channels']} x {mel[0]} mel bins of the first vocoder's sound; the file "
+                             "mixes two models")
     config.update(filter_length=basis[-1], window_length=basis[-1], num_mel_channels=mel[0],
                   hop_length=bwe.get("hop_length", 80), input_sampling_rate=bwe.get("input_sampling_rate", 16000),
                   output_sampling_rate=bwe.get("output_sampling_rate", 48000))
