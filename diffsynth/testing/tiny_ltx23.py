@@ -1,6 +1,6 @@
 """A tiny random-weight LTX-2.3, in the released diffusers layout (``diffusers/LTX-2.3-Diffusers``) and in the
-reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer, ``text_encoder_post_modules`` and
-the four VAE halves, ``video_vae_encoder`` ... ``audio_vae_decoder``; not the vocoder), and JoyAI-Echo's release
+reference's repackaged one (``DiffSynth-Studio/LTX-2.3-Repackage``: the transformer, ``text_encoder_post_modules``,
+the four VAE halves, ``video_vae_encoder`` ... ``audio_vae_decoder``, and ``audio_vocoder``), and JoyAI-Echo's release
 (``jd-opensource/JoyAI-Echo:JoyAI-Echo-release.safetensors``: every component in one file).
 
 What LTX-2.3 changes against LTX-2 (diffusers' conversion config of the release), every switch on here:
@@ -19,7 +19,8 @@ The Gemma-3 text encoder, its tokenizer, the video VAE, the audio VAE and the sc
 (``tiny_ltx2``; the release changed the VAEs' depth and kept their interfaces). The bandwidth extender's STFT holds a
 Hann-windowed DFT and a random non-negative mel filter bank (the release stores both as buffers; diffusers builds them
 as zeros), so the extender sees the first vocoder's sound. The repackaged files carry the ``config`` metadata
-LTX-2's files do, plus the Gemma width as ``caption_channels`` (the release leaves it out: its Gemma is always the
+LTX-2's files do (the vocoder's in LTX-2.3's two sections, ``vocoder`` and ``bwe``, as the tiny's strides and rates are
+not the release's), plus the Gemma width as ``caption_channels`` (the release leaves it out: its Gemma is always the
 3840-wide 12B), which the per-stream projections do not record on their own.
 """
 
@@ -33,6 +34,7 @@ import torch
 
 from ..core.files import atomic_save_safetensors
 from ..pipelines.ltx2.original import connectors_key_to_original, transformer_key_to_original
+from ..pipelines.ltx2.original_audio import bwe_vocoder_key_to_original
 from ..pipelines.ltx2.units import SCHEDULER_CONFIG
 from .tiny_common import SHARD_SIZE, model_index, prepare_repo, seeded, write_json
 from .tiny_ltx2 import (
@@ -66,7 +68,8 @@ LTX23_PATTERNS = {
 LTX23_REPACKAGE_PATTERNS = {"dit": "transformer.safetensors", "connectors": "text_encoder_post_modules.safetensors"}
 LTX23_REPACKAGE_PARTS = {"vae_encoder": "video_vae_encoder.safetensors", "vae_decoder": "video_vae_decoder.safetensors",
                          "audio_vae_encoder": "audio_vae_encoder.safetensors",
-                         "audio_vae_decoder": "audio_vae_decoder.safetensors"}
+                         "audio_vae_decoder": "audio_vae_decoder.safetensors",
+                         "vocoder": "audio_vocoder.safetensors"}
 
 # The transformer's LTX-2.3 switches (diffusers' conversion config of the release).
 TRANSFORMER_SWITCHES = {"gated_attn": True, "audio_gated_attn": True, "cross_attn_mod": True,
@@ -125,6 +128,28 @@ def _vocoder_23():
     return vocoder
 
 
+def _generator_section(config, prefix: str) -> dict:
+    """One generator's part of LTX-2.3's ``vocoder`` metadata (LTX-2's names) for a diffusers vocoder ``config``."""
+    final = config[f"{prefix}final_act_fn"]
+    return {"upsample_initial_channel": config[f"{prefix}hidden_channels"], "resblock": "AMP1",
+            "upsample_rates": list(config[f"{prefix}upsample_factors"]),
+            "upsample_kernel_sizes": list(config[f"{prefix}upsample_kernel_sizes"]),
+            "resblock_kernel_sizes": list(config[f"{prefix}resnet_kernel_sizes"]),
+            "resblock_dilation_sizes": [list(d) for d in config[f"{prefix}resnet_dilations"]],
+            "activation": config[f"{prefix}act_fn"], "use_bias_at_final": config[f"{prefix}final_bias"],
+            "apply_final_activation": final is not None, "use_tanh_at_final": final == "tanh"}
+
+
+def bwe_vocoder_section(vocoder: torch.nn.Module) -> dict:
+    """The ``vocoder`` section of LTX-2.3's ``config`` metadata (``{"vocoder": ..., "bwe": ...}``) for this diffusers
+    ``LTX2VocoderWithBWE``."""
+    config = vocoder.config
+    return {"vocoder": _generator_section(config, ""),
+            "bwe": {**_generator_section(config, "bwe_"), "input_sampling_rate": config.input_sampling_rate,
+                    "output_sampling_rate": config.output_sampling_rate, "hop_length": config.hop_length,
+                    "n_fft": config.filter_length, "num_mels": config.num_mel_channels}}
+
+
 def build_tiny_ltx23(root: Path, model_id: str = LTX23_MODEL_ID, seed: int = 0) -> Path:
     """Writes the tiny LTX-2.3 at ``root/<model_id>`` in the diffusers layout (float32; ``LTX2Pipeline`` loads it).
 
@@ -164,10 +189,13 @@ def build_tiny_ltx23_repackage(root: Path, model_id: str = LTX23_REPACKAGE_MODEL
         vae = _video_vae()
     with seeded(seed + _SEEDS["audio_vae"]):
         audio_vae = _audio_vae()
-    # the audio VAE's mel bins and rates, in which the tiny differs from the release (no vocoder file: its layout with
-    # the bandwidth extender is not read)
-    metadata = {"config": json.dumps({**section, "audio_vae": audio_vae_section(audio_vae)})}
-    for name, tensors in vae_part_files(vae, audio_vae).items():
+    with seeded(seed + _SEEDS["vocoder"]):
+        vocoder = _vocoder_23()
+    # the audio models' sizes and rates, in which the tiny differs from the release
+    metadata = {"config": json.dumps({**section, "audio_vae": audio_vae_section(audio_vae),
+                                      "vocoder": bwe_vocoder_section(vocoder)})}
+    files = {**vae_part_files(vae, audio_vae), "audio_vocoder": _original(vocoder, bwe_vocoder_key_to_original)}
+    for name, tensors in files.items():
         atomic_save_safetensors(tensors, repo / f"{name}.safetensors", metadata=metadata)
     return repo
 
@@ -178,7 +206,7 @@ def build_tiny_joyai_echo(root: Path, model_id: str = JOYAI_ECHO_MODEL_ID, seed:
     JoyAI-Echo's release hold them.
 
     The vocoder with bandwidth extension is written under its two generators' prefixes (``vocoder.vocoder.``,
-    ``vocoder.bwe_generator.``, ``vocoder.mel_stft.``), as LTX-2.3's release nests them; the reader leaves it out.
+    ``vocoder.bwe_generator.``, ``vocoder.mel_stft.``) in LTX-2's layer names, as LTX-2.3's release nests them.
     """
     repo = prepare_repo(root, model_id)
     models = {}
@@ -189,12 +217,13 @@ def build_tiny_joyai_echo(root: Path, model_id: str = JOYAI_ECHO_MODEL_ID, seed:
     section = json.loads(official_metadata(models["transformer"], models["connectors"])["config"])
     section["transformer"]["caption_channels"] = TEXT_HIDDEN_SIZE
     section["audio_vae"] = audio_vae_section(models["audio_vae"])
+    section["vocoder"] = bwe_vocoder_section(models["vocoder"])
     halves = vae_part_files(models["vae"], models["audio_vae"])
     tensors = {
         **_original(models["transformer"], transformer_key_to_original),
         **_original(models["connectors"], connectors_key_to_original),
         **{key: tensor for half in halves.values() for key, tensor in half.items()},
-        **{f"vocoder.{key}": tensor.contiguous() for key, tensor in models["vocoder"].state_dict().items()},
+        **_original(models["vocoder"], bwe_vocoder_key_to_original),
     }
     atomic_save_safetensors(tensors, repo / JOYAI_ECHO_FILE, metadata={"config": json.dumps(section)})
     return repo

@@ -1,8 +1,6 @@
 """A file holding every LTX-2 component (JoyAI-Echo's release, LTX-2.3-shaped): named once, it gives the pipeline
-its transformer, text connectors and both VAEs, each equal to the diffusers-layout model, and the pipeline renders
-what the diffusers one does; its vocoder with bandwidth extension is left out with a warning."""
-
-import logging
+its transformer, text connectors, both VAEs and the vocoder with bandwidth extension, each equal to the
+diffusers-layout model, and the pipeline renders what the diffusers one does, the 48 kHz waveform included."""
 
 import pytest
 import torch
@@ -13,50 +11,56 @@ from diffsynth.core.loader import ModelConfig, ModelLoadError
 from diffsynth.core.loader.loading import load_components, load_model_from_files
 from diffsynth.pipelines import LTX2AudioVideoPipeline
 from diffsynth.pipelines.ltx2.original import identify
-from diffsynth.testing.tiny_ltx23 import JOYAI_ECHO_FILE, JOYAI_ECHO_MODEL_ID, LTX23_MODEL_ID, LTX23_PATTERNS
+from diffsynth.testing.tiny_ltx23 import (
+    JOYAI_ECHO_FILE,
+    JOYAI_ECHO_MODEL_ID,
+    LTX23_MODEL_ID,
+    LTX23_PATTERNS,
+    VOCODER_OUTPUT_RATE,
+)
 from tests.pipelines.test_ltx2 import distance
 from tests.pipelines.test_ltx23 import load_ours, render_ours
 
 PARITY = 1e-6
 JOYAI = ModelConfig(model_id=JOYAI_ECHO_MODEL_ID, origin_file_pattern=JOYAI_ECHO_FILE)
 # The diffusers folders the file's components match, by slot.
-FOLDERS = {"dit": "transformer", "connectors": "connectors", "vae": "vae", "audio_vae": "audio_vae"}
+FOLDERS = {"dit": "transformer", "connectors": "connectors", "vae": "vae", "audio_vae": "audio_vae",
+           "vocoder": "vocoder"}
 
 
-def test_the_file_gives_each_component_equal_to_the_diffusers_one(tiny_root, monkeypatch, caplog):
+def test_the_file_gives_each_component_equal_to_the_diffusers_one(tiny_root, monkeypatch):
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-    with caplog.at_level(logging.WARNING):
-        components = load_components(JOYAI, torch_dtype=torch.float32)
-    assert "bandwidth extension" in caplog.text and "writes no sound" in caplog.text
+    components = load_components(JOYAI, torch_dtype=torch.float32)
     assert [type(model).__name__ for model in components] == [
-        "LTX2VideoTransformer3DModel", "LTX2TextConnectors", "AutoencoderKLLTX2Video", "AutoencoderKLLTX2Audio"]
+        "LTX2VideoTransformer3DModel", "LTX2TextConnectors", "AutoencoderKLLTX2Video", "AutoencoderKLLTX2Audio",
+        "LTX2VocoderWithBWE"]
     for model, folder in zip(components, FOLDERS.values()):
         reference = load_model_from_files([tiny_root / LTX23_MODEL_ID / folder], torch_dtype=torch.float32)
         ours, theirs = model.state_dict(), reference.state_dict()
         assert set(ours) == set(theirs) and all(torch.equal(ours[key], theirs[key]) for key in ours)
-    # every tensor of the file is used but the vocoder's and the video VAE's unused statistics
+    # every tensor of the file is used but the video VAE's unused statistics
     file = tiny_root / JOYAI_ECHO_MODEL_ID / JOYAI_ECHO_FILE
     original = identify([file])
     used = {entry.checkpoint_key for model in (original, *original.others) for entry in model.entries.values()}
-    left = set(load_file(str(file))) - used
-    assert left and all(key.startswith("vocoder.") or key.endswith(("channel", "mean-of-stds")) for key in left)
+    assert set(load_file(str(file))) - used == {"vae.per_channel_statistics.channel",
+                                                "vae.per_channel_statistics.mean-of-stds"}
 
 
 def test_the_pipeline_from_the_file_renders_what_the_diffusers_one_does(tiny_root, monkeypatch):
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
-    configs = [JOYAI, *(ModelConfig(model_id=LTX23_MODEL_ID, origin_file_pattern=LTX23_PATTERNS[slot])
-                        for slot in ("text_encoder", "vocoder"))]
+    configs = [JOYAI, ModelConfig(model_id=LTX23_MODEL_ID, origin_file_pattern=LTX23_PATTERNS["text_encoder"])]
     pipe = LTX2AudioVideoPipeline.from_pretrained(torch.float32, "cpu", configs)
     assert all(pipe.model_configs[slot] == JOYAI for slot in FOLDERS)
+    assert pipe.audio_sample_rate == VOCODER_OUTPUT_RATE
     reference = render_ours(load_ours(tiny_root))
     assert max(distance(render_ours(pipe), reference)) < PARITY
     assert min(distance(render_ours(pipe, seed=8), reference)) > 100 * PARITY
 
 
-def test_a_truncated_component_of_the_file_is_refused_naming_the_file_and_the_key(tmp_path, tiny_root):
+@pytest.mark.parametrize("key", ["audio_vae.decoder.conv_out.conv.bias", "vocoder.bwe_generator.act_post.act.beta"])
+def test_a_truncated_component_of_the_file_is_refused_naming_the_file_and_the_key(tmp_path, tiny_root, key):
     source = tiny_root / JOYAI_ECHO_MODEL_ID / JOYAI_ECHO_FILE
     tensors = load_file(str(source))
-    key = "audio_vae.decoder.conv_out.conv.bias"
     del tensors[key]
     file = tmp_path / JOYAI_ECHO_FILE
     with safe_open(str(source), framework="pt") as handle:

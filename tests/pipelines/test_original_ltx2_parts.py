@@ -178,15 +178,6 @@ def test_a_truncated_part_file_is_refused_naming_the_file_and_the_key(tmp_path, 
             identify([file])
 
 
-def test_the_vocoder_with_bandwidth_extension_is_refused_by_name(tmp_path, tiny_root):
-    tensors = load_file(str(part_file(tiny_root, "vocoder")))
-    tensors["vocoder.bwe_generator.conv_pre.weight"] = torch.zeros(2, 2, 7)
-    file = tmp_path / "audio_vocoder.safetensors"
-    save_file(tensors, str(file))
-    with pytest.raises(ModelLoadError, match="audio_vocoder.safetensors holds LTX-2.3's vocoder with bandwidth"):
-        identify([file])
-
-
 # ---- the release's structure from its tensors alone (no metadata; built on the meta device) -----------------------
 
 # diffusers' LTX-2 release configs (Lightricks/LTX-2 vae/, audio_vae/, vocoder/).

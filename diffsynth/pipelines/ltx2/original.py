@@ -16,7 +16,9 @@ file                                official keys                              d
                                     ``vae.per_channel_statistics.*``           alone, or joined; ``original_vae``)
 ``audio_vae_{encoder,decoder}``     ``audio_vae.{encoder,decoder}.*``,         ``AutoencoderKLLTX2Audio`` (likewise;
                                     ``audio_vae.per_channel_statistics.*``     ``original_audio``)
-``audio_vocoder``                   ``vocoder.*``                              ``LTX2Vocoder`` (``original_audio``)
+``audio_vocoder``                   ``vocoder.*``; LTX-2.3's                   ``LTX2Vocoder``; LTX-2.3's
+                                    ``vocoder.{vocoder,bwe_generator,          ``LTX2VocoderWithBWE``
+                                    mel_stft}.*``                              (``original_audio``)
 ==================================  =========================================  ========================================
 
 Diffusers renamed few layers: the transformer's input projections (``patchify_proj`` -> ``proj_in``), its AdaLN

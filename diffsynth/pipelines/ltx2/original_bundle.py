@@ -6,25 +6,21 @@ The file loads as its transformer; the other components it holds are that model'
 read by its own map from its keys (``model.diffusion_model.*_embeddings_connector`` and ``text_embedding_projection``:
 the text connectors; ``vae.``, ``audio_vae.``: both halves of each VAE, joined; ``vocoder.``), so a pipeline given the
 file once gets every model it has a slot for (``core.loader.load_components``). That is what the reference's scripts
-do: both stages name the file alone (with Gemma for stage 1), and each stage uses what it needs.
-
-LTX-2.3's vocoder with bandwidth extension is not read in this layout: the file's other components load without it,
-and a warning says that the pipeline then writes no sound (training does not use the vocoder).
+do: both stages name the file alone (with Gemma for stage 1), and each stage uses what it needs. LTX-2.3's vocoder
+with bandwidth extension (``vocoder.vocoder.*``, ``vocoder.bwe_generator.*``, ``vocoder.mel_stft.*``) loads as
+diffusers' ``LTX2VocoderWithBWE``, as from the Repackage's ``audio_vocoder`` file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 from ...core.loader.original_layout import OriginalModel
 from ...core.loader.state_dict import CheckpointEntry
 from .original import _PROJECTION, _is_connector, _metadata_section, component_model
-from .original_audio import audio_vae_model, is_bandwidth_extended, vocoder_model
+from .original_audio import audio_vae_model, vocoder_model
 from .original_vae import video_vae_model
-
-logger = logging.getLogger(__name__)
 
 # The components after the transformer, by the prefix of their keys, with their reader and metadata section.
 _READERS = {"vae.": ("vae", video_vae_model), "audio_vae.": ("audio_vae", audio_vae_model),
@@ -53,11 +49,6 @@ def single_file_model(file: Path, entries: dict[str, CheckpointEntry]) -> Origin
         others.append(component_model(file, groups["connectors"], "connectors"))
     for prefix, (section, read) in _READERS.items():
         if prefix not in groups:
-            continue
-        if prefix == "vocoder." and is_bandwidth_extended(groups[prefix]):
-            logger.warning("%s: its vocoder is LTX-2.3's with bandwidth extension, whose layout is not read here; the "
-                           "file's other components load without it, so the pipeline writes no sound (load a "
-                           "vocoder/ folder of the diffusers layout to add it)", file)
             continue
         others.append(read(file, groups[prefix], _metadata_section(file, section)))
     return dataclasses.replace(component_model(file, groups["dit"], "dit"), others=tuple(others))

@@ -3,8 +3,8 @@
 # from clips with sound, trained in two stages. Run from the repository root.
 #
 # The commands are the reference's (DiffSynth-Studio) with its flags, values and model files. The release file is
-# named once: it gives the transformer, the text connectors and both VAEs (docs/en/LTX2.md, "One file holding every
-# component"); its vocoder with bandwidth extension is not read, which training does not need. Stage 1
+# named once: it gives the transformer, the text connectors, both VAEs and the vocoder (docs/en/LTX2.md, "One file
+# holding every component"), of which training uses the first three. Stage 1
 # (sft:data_process) loads it with Gemma-3 and caches each clip's prompt tokens (one width per stream), video and audio
 # latents; stage 2 (sft:train) loads it alone and trains the transformer from the cache. The LoRA is written to
 # --output_path as epoch-<e>.safetensors under LTX-2's own layer names.
