@@ -41,11 +41,14 @@ class Release:
         architecture: The planner's name for it (``--architecture``), e.g. ``"wan2.1-t2v-14b"``.
         config: Its diffusers config (the class's ``__init__`` arguments that differ from diffusers' defaults).
         model_ids: Repository ids (shell patterns, matched ignoring case) whose files hold it.
+        denoiser_class: Its diffusers class where it is not the family's ``denoiser_class`` (one of its
+            ``other_denoiser_classes``, e.g. Wan VACE's).
     """
 
     architecture: str
     config: Mapping[str, Any] = field(default_factory=dict)
     model_ids: tuple[str, ...] = ()
+    denoiser_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class FamilySpec:
         lora_tools: How the real tools load its LoRA files.
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
+        other_denoiser_classes: Further diffusers classes of its denoisers (variants diffusers models apart, e.g.
+            ``WanVACETransformer3DModel``), which share its LoRA naming, planner inputs and tools.
         reference_flags: The reference trainer's flags that only this family's ``train.py`` defines (all parse; the
             trainer's config says what it does with each).
         example_folder: Its ``examples/<folder>/model_training`` folder (the reference's scripts).
@@ -139,6 +144,7 @@ class FamilySpec:
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()
+    other_denoiser_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The room's own modules by convention: planning.py and naming.py beside the spec.
@@ -215,7 +221,8 @@ def _only(matches: Callable[[FamilySpec], bool], missing: str) -> FamilySpec:
 
 def family_of_class(class_name: str) -> FamilySpec | None:
     """The family whose denoiser is ``class_name`` (a diffusers class name), or None."""
-    return next((spec for spec in families() if spec.denoiser_class == class_name), None)
+    return next((spec for spec in families()
+                 if class_name == spec.denoiser_class or class_name in spec.other_denoiser_classes), None)
 
 
 def family_of_plan_name(plan_name: str) -> FamilySpec:

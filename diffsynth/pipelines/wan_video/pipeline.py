@@ -57,6 +57,7 @@ from .units import (
     PromptEmbedderUnit,
     round_frames,
 )
+from .vace import VaceUnit, vace_inputs
 
 __all__ = ["ModelConfig", "WanVideoPipeline", "save_video"]
 
@@ -69,6 +70,7 @@ I2V_BOUNDARY_RATIO = 0.9
 
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
+    "WanVACETransformer3DModel": "dit",
     "AutoencoderKLWan": "vae",
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
@@ -107,7 +109,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     """Wan video generation and the computation its training shares; see the module docstring."""
 
     model_roles = MODEL_ROLES
-    model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio")
+    model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio", "vace_context",
+                       "vace_scale")
     training_columns = ("video", "prompt")
     # Extra inputs a sample may leave out: the reference takes the first frame of the video for them.
     derived_inputs = ("input_image",)
@@ -120,8 +123,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
-    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, LatentsUnit,
-                    PromptEmbedderUnit, ImageEmbedderUnit)
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, VaceUnit,
+                    LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
@@ -224,6 +227,12 @@ class WanVideoPipeline(TextToLatentPipeline):
             return self.image_encoder is not None
         return self.dit.config.image_dim is not None
 
+    def takes_vace(self) -> bool | None:
+        """Whether the transformer has VACE blocks (reads ``vace_context``); None without a loaded transformer."""
+        if self.dit is None:
+            return None
+        return "vace_layers" in self.dit.config
+
     def describe_transformer(self) -> str:
         """The transformer's image-related config, for error messages."""
         if self.dit is None:
@@ -276,13 +285,14 @@ class WanVideoPipeline(TextToLatentPipeline):
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  y: torch.Tensor | None = None, clip_feature: torch.Tensor | None = None,
                  first_frame_latents: torch.Tensor | None = None, boundary_ratio: float | None = None,
+                 vace_context: torch.Tensor | None = None, vace_scale: float | None = None,
                  **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``latents`` at ``timestep`` (scale 0 to 1000).
 
         With an image-to-video transformer, ``y`` is concatenated to the latents along channels and ``clip_feature``
         goes to the image cross-attention. A Wan2.2-latent (TI2V) transformer gets one timestep per token, as
         diffusers gives it with ``expand_timesteps``; with ``first_frame_latents`` the first latent frame is that
-        condition, at timestep 0.
+        condition, at timestep 0. A VACE transformer reads ``vace_context``, its hints scaled by ``vace_scale``.
 
         Raises:
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
@@ -297,8 +307,9 @@ class WanVideoPipeline(TextToLatentPipeline):
                              "a text-to-video one must not get it")
         if dit.config.out_channels == WAN22_LATENT_CHANNELS and y is None:
             hidden, timestep = _first_frame_inputs(hidden, timestep, first_frame_latents)
+        control = {} if vace_context is None else vace_inputs(dit, vace_context, vace_scale)
         return dit(hidden_states=hidden.to(dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
-                   encoder_hidden_states_image=clip_feature, return_dict=False)[0]
+                   encoder_hidden_states_image=clip_feature, return_dict=False, **control)[0]
 
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
         """The final latents through the VAE, as ``(B, frames, 3, H, W)`` values in ``[0, 1]``; a first-frame
@@ -308,6 +319,7 @@ class WanVideoPipeline(TextToLatentPipeline):
         first = inputs_shared.get("first_frame_latents")
         if first is not None:
             latents = torch.cat([first.to(latents), latents[:, :, 1:]], dim=2)
+        latents = latents[:, :, inputs_shared.get("vace_reference_frames") or 0:]  # VACE reference images' frames
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
@@ -335,8 +347,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                  denoising_strength: float = 1.0,
                  height: int = 480, width: int = 832, num_frames: int = 81, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 50, max_sequence_length: int = 512,
-                 boundary_ratio: float | None = None, output_type: str = "pil",
-                 progress_bar: bool = True) -> list[Image.Image] | torch.Tensor:
+                 boundary_ratio: float | None = None, vace_video: Sequence[Image.Image] | None = None,
+                 vace_video_mask: Sequence[Image.Image] | None = None,
+                 vace_reference_image: Image.Image | Sequence[Image.Image] | None = None, vace_scale: float = 1.0,
+                 output_type: str = "pil", progress_bar: bool = True) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -356,6 +370,12 @@ class WanVideoPipeline(TextToLatentPipeline):
             max_sequence_length: Prompt tokens the text encoder sees (padded to this length).
             boundary_ratio: With two experts (``dit2`` loaded), the fraction of the 1000 training timesteps at which
                 the low-noise expert takes over; default the release's (0.875 text-to-video, 0.9 image-to-video).
+            vace_video: For a VACE model: frames to condition on (``vace.py``); default black frames.
+            vace_video_mask: For a VACE model: frames, white where to generate, black where to keep ``vace_video``;
+                default all white.
+            vace_reference_image: For a VACE model: one image or a list, fitted into the frame on a white canvas;
+                their frames are generated first and dropped from the output.
+            vace_scale: For a VACE model: the scale of its hints (diffusers' ``conditioning_scale``).
             output_type: ``"pil"`` for a list of frames, ``"pt"`` for a ``(1, frames, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
         """
@@ -371,6 +391,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             "denoising_strength": denoising_strength,
             "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
+            "vace_video": vace_video, "vace_video_mask": vace_video_mask,
+            "vace_reference_image": vace_reference_image, "vace_scale": vace_scale,
         }  # fmt: skip
         video = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                              progress_bar=progress_bar)

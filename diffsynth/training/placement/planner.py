@@ -91,7 +91,7 @@ def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
 
     spec, release = releases()[name]
     with torch.device("meta"):
-        model = getattr(diffusers, spec.denoiser_class)(**release.config)
+        model = getattr(diffusers, release.denoiser_class or spec.denoiser_class)(**release.config)
     return model.to(resolve_dtype(dtype)).eval()
 
 
