@@ -88,10 +88,32 @@ def test_each_control_input_moves_the_output(pipes):
     """Each input changes the video by at least 20 times the parity tolerance (the tiny model's hints are weak)."""
     ours, _ = pipes
     base = render(ours, frames(1), mask_frames(True), frames(2, 1)[0])
-    for other in (dict(video=frames(4)), dict(mask=mask_frames(False)), dict(references=frames(5, 1)[0])):
+    for other in (dict(video=frames(4)), dict(mask=mask_frames(False)), dict(references=None)):
         inputs = {"video": frames(1), "mask": mask_frames(True), "references": frames(2, 1)[0], **other}
         assert (render(ours, **inputs) - base).abs().max() > 2e-3, other
     assert (render(ours, frames(1), mask_frames(True), frames(2, 1)[0], vace_scale=0.0) - base).abs().max() > 2e-3
+
+
+def test_the_control_context_equals_diffusers_and_each_reference_image_shows_in_it(pipes):
+    """The context itself (the tiny model's reference frames barely reach the frames kept, so the video cannot show
+    which reference image was given): diffusers' preprocessing and latents, reference frames in its order."""
+    from diffsynth.pipelines.wan_video.vace import VaceUnit
+
+    ours, theirs = pipes
+    video, mask, images = frames(1), mask_frames(True), [frames(2, 1)[0], frames(6, 1, size=(16, 40))[0]]
+
+    def context(references):
+        return VaceUnit().process(ours, video, mask, references, 32, 48, 5, 0, "cpu", None, None)["vace_context"]
+
+    pixels, pixel_mask, fitted = theirs.preprocess_conditions(video, mask, images, 1, 32, 48, 5, torch.float32, "cpu")
+    expected = torch.cat([theirs.prepare_video_latents(pixels, pixel_mask, fitted),
+                          theirs.prepare_masks(pixel_mask, fitted)], dim=1)
+    ours_context = context(images)
+    assert ours_context.shape == expected.shape == (1, 96, 4, 4, 6)
+    assert (ours_context - expected).abs().max() < 1e-5
+    other = context([frames(5, 1)[0], images[1]])
+    assert (other - ours_context)[:, :, 1].abs().max() > 0.1  # the first image is placed last, as diffusers does
+    assert torch.equal(other[:, :, 0], ours_context[:, :, 0])
 
 
 def test_a_reference_image_of_another_shape_is_fitted_on_a_white_canvas(pipes):
