@@ -118,6 +118,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
+    # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
+    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding"))}
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer}
     #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
