@@ -328,7 +328,7 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
-        ``edit_image``."""
+        ``edit_image``; only a VACE transformer takes the VACE inputs, and a mask only with its video."""
         problems = []
         mode = self.image_conditioning()
         if mode == "channels" and "input_image" not in inputs:
@@ -337,6 +337,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f'"input_image" was given, but {self.describe_transformer()} takes no image')
         if "edit_image" in inputs:
             problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
+        given = sorted(inputs & {"vace_video", "vace_video_mask", "vace_reference_image"})
+        if given and self.takes_vace() is False:
+            problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
+        if "vace_video_mask" in inputs and "vace_video" not in inputs:
+            problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
         return problems
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:

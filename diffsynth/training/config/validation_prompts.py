@@ -13,7 +13,8 @@ are skipped) or a JSON list whose entries are prompts or objects::
 
 with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``, ``num_frames`` (video), ``fps``
 (video), ``seed``, ``edit_image`` (Qwen-Image-Edit: a path, or a list of paths for Edit-2509 / 2511) and
-``input_image`` (Wan image-to-video: the first frame); paths are relative to the file's folder. Everything is checked
+``input_image`` (Wan image-to-video: the first frame), ``vace_video`` / ``vace_video_mask`` (Wan VACE: clips read
+at the render's size and frame count) and ``vace_reference_image`` (a path or a list); paths are relative to the file's folder. Everything is checked
 when the flags are parsed, before any model loads: the file, every entry, every image (its header), and every size,
 which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``),
 so that rendering stays within the run's memory plan.
@@ -31,15 +32,21 @@ from PIL import Image
 from ...core.data.buckets import bucket_sizes, nearest_bucket
 from ...core.data.errors import DatasetError
 from ...core.data.image_modes import check_mode, upright_rgb, upright_size
-from ...core.data.video import is_valid_frame_count
+from ...core.data.operators import ResizeConfig
+from ...core.data.video import VIDEO_EXTENSIONS, LoadVideo, is_valid_frame_count
 from .errors import FlagError
 
 if TYPE_CHECKING:
     from .dataset import DatasetSection
     from .validation import ValidationSection
 
-PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
-               "input_image")
+#: The entries' image inputs (the list-valued ones may hold several paths) and video inputs (a clip's path, read at
+#: the render's size and frame count), as the pipelines' calls name them.
+IMAGE_KEYS = ("edit_image", "input_image", "vace_reference_image")
+LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image")
+VIDEO_KEYS = ("vace_video", "vace_video_mask")
+INPUT_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
+PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", *INPUT_KEYS)
 DEFAULT_FPS = 16  # Wan's frame rate
 #: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
 #: must not be rendered as a prompt).
@@ -63,11 +70,14 @@ class ValidationPrompt:
     seed: int | None = None
     edit_image: Path | tuple[Path, ...] | None = None
     input_image: Path | None = None
+    vace_reference_image: Path | tuple[Path, ...] | None = None
+    vace_video: Path | None = None
+    vace_video_mask: Path | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
-        edits = [self.edit_image] if isinstance(self.edit_image, Path) else list(self.edit_image or ())
-        return [*edits, *([self.input_image] if self.input_image is not None else [])]
+        paths = [getattr(self, key) for key in IMAGE_KEYS]
+        return [one for value in paths for one in ([value] if isinstance(value, Path) else list(value or ()))]
 
 
 def looks_like_a_path(value: str) -> bool:
@@ -148,20 +158,27 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
     if ("height" in entry) != ("width" in entry):
         problems.append('gives one of "height" and "width"; give both, or neither for the run\'s default size')
     images: dict[str, Any] = {}
-    for key in ("edit_image", "input_image"):
+    for key in INPUT_KEYS:
         if key in entry:
-            names = entry[key] if key == "edit_image" and isinstance(entry[key], list) else [entry[key]]
+            names = entry[key] if key in LIST_IMAGE_KEYS and isinstance(entry[key], list) else [entry[key]]
             paths = []
             for name in names:
                 if not isinstance(name, str) or not name:
                     problems.append(f'"{key}" holds {name!r}; give a path relative to the prompt file')
                     continue
                 paths.append(folder / name)
-                problems += _image_problems(folder / name, key)
+                problems += _image_problems(folder / name, key) if key in IMAGE_KEYS else _video_problems(folder / name,
+                                                                                                      key)
             images[key] = tuple(paths) if isinstance(entry[key], list) else (paths[0] if paths else None)
     if problems:
         raise ValidationError(problems)
     return ValidationPrompt(**{**{key: value for key, value in entry.items() if key not in images}, **images})
+
+
+def _video_problems(path: Path, key: str) -> list[str]:
+    if not path.is_file() or path.suffix.lower() not in VIDEO_EXTENSIONS:
+        return [f'"{key}" {path} is not a video file ({", ".join(VIDEO_EXTENSIONS)}); fix the path']
+    return []
 
 
 def _image_problems(path: Path, key: str) -> list[str]:
@@ -271,11 +288,13 @@ class ValidationConfig:
 
     def call_arguments(self, prompt: ValidationPrompt, size_multiple: int) -> dict[str, Any]:
         """The pipeline call for one entry: its size, seed, steps, guidance and images (opened now)."""
-        edits = prompt.edit_image
-        images = {"edit_image": ([_open(path) for path in edits] if isinstance(edits, tuple) else _open(edits))
-                  if edits is not None else None,
-                  "input_image": _open(prompt.input_image) if prompt.input_image is not None else None}
+        images = {key: [_open(path) for path in value] if isinstance(value, tuple) else _open(value)
+                  for key in IMAGE_KEYS if (value := getattr(prompt, key)) is not None}
         height, width = self.size(prompt, size_multiple)
+        frames = prompt.num_frames or self.max_frames or 1
+        resize = ResizeConfig(height=height, width=width, division_factor=size_multiple)
+        images.update({key: LoadVideo(frames).load(value, resize) for key in VIDEO_KEYS
+                       if (value := getattr(prompt, key)) is not None})
         arguments = {"prompt": prompt.prompt, "negative_prompt": prompt.negative_prompt, "height": height,
                      "width": width, "seed": self.seed if prompt.seed is None else prompt.seed,
                      "num_inference_steps": self.num_inference_steps, "progress_bar": False,

@@ -35,7 +35,7 @@ from ...core.loader import load_component
 from ...core.offload_training import OffloadTrainingManager, ResidencyMeter
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.placement import PlacementConfig
-from ..config.validation_prompts import DEFAULT_FPS, ValidationConfig
+from ..config.validation_prompts import DEFAULT_FPS, INPUT_KEYS, ValidationConfig
 from ..outputs.logger import SAMPLES_DIR, ModelLogger
 from ..outputs.run_report import format_bytes as _size
 from ..placement.placers import Placer
@@ -105,7 +105,7 @@ class SampleRenderer:
         self.device, self.output_path, self.model_logger, self.meter = device, Path(output_path), model_logger, meter
         problems = [f"--validation_prompts entry {number}: {problem}"
                     for number, prompt in enumerate(config.prompts, start=1)
-                    for problem in pipe.sample_input_problems({key for key in ("edit_image", "input_image")
+                    for problem in pipe.sample_input_problems({key for key in INPUT_KEYS
                                                                if getattr(prompt, key) is not None})]
         if problems:
             raise ValueError("\n".join(problems))
