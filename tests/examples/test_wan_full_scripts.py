@@ -108,11 +108,6 @@ def fun_a14b(name: str, inputs: str) -> tuple[list[str], str]:
                    "--trainable_models", "dit", "--extra_inputs", inputs), "Wan Fun"
 
 
-def vace(repo: str, dit: str = "diffusion_pytorch_model*.safetensors") -> tuple[list[str], str]:
-    return refused(wan_files(repo, dit=dit), "--trainable_models", "vace", "--extra_inputs",
-                   "vace_video,vace_reference_image"), "VACE"
-
-
 DANCER = ("wantodance_music_path,wantodance_reference_image,wantodance_fps,wantodance_keyframes,"
           "wantodance_keyframes_mask")
 ANIMATE_2 = ("Wan-AI/Wan2.2-Animate-2-14B:videomodel/Wan-AI/models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.2-Animate-2-14B:"
@@ -153,10 +148,6 @@ REFUSED = {
                                                "input_image,camera_control_direction,camera_control_speed"),
     "Wan2.2-Fun-A14B-Control": fun_a14b("Wan2.2-Fun-A14B-Control", "control_video,reference_image"),
     "Wan2.2-Fun-A14B-InP": fun_a14b("Wan2.2-Fun-A14B-InP", "input_image,end_image"),
-    "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
-    "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),
-    "Wan2.1-VACE-14B": vace("Wan-AI/Wan2.1-VACE-14B"),
-    "Wan2.2-VACE-Fun-A14B": vace("PAI/Wan2.2-VACE-Fun-A14B", "high_noise_model/diffusion_pytorch_model*.safetensors"),
     "Wan2.2-Animate-14B": (refused(wan_files("Wan-AI/Wan2.2-Animate-14B", clip=True), "--trainable_models",
                                    "animate_adapter", "--extra_inputs",
                                    "input_image,animate_pose_video,animate_face_video"), "Wan2.2-Animate"),

@@ -155,3 +155,33 @@ def test_bad_vace_input_is_refused_before_denoising(pipes, tiny_root):
     plain = load(tiny_root, "Wan-AI/Wan2.1-T2V-1.3B", ORIGINAL[:1] + ORIGINAL[2:])
     with pytest.raises(ValueError, match="vace_video given, but the transformer .* has no VACE blocks"):
         render(plain, video=frames(1))
+
+
+def test_vace_names_the_vace_modules_of_the_transformer_and_only_a_vace_one_has_them():
+    from diffsynth.testing.tiny_wan import tiny_wan_transformer
+    from diffsynth.testing.tiny_wan_vace import tiny_wan_vace_transformer
+    from diffsynth.training.objective.training_module import scoped_targets
+
+    vace = tiny_wan_vace_transformer(0)
+    assert WanVideoPipeline.host_model("vace") == "dit"
+    assert WanVideoPipeline.part_scope("vace", vace) == (("vace_blocks", "vace_patch_embedding"), ())
+    assert WanVideoPipeline.part_scope("dit", vace) == ((), ("vace_blocks", "vace_patch_embedding"))
+    assert WanVideoPipeline.part_scope("dit", tiny_wan_transformer(0)) == ((), ())
+    inside = scoped_targets(vace, ["to_q"], *WanVideoPipeline.part_scope("vace", vace))
+    outside = scoped_targets(vace, ["to_q"], *WanVideoPipeline.part_scope("dit", vace))
+    assert inside == [f"vace_blocks.{i}.attn{j}.to_q" for i in range(2) for j in (1, 2)]
+    assert outside == [f"blocks.{i}.attn{j}.to_q" for i in range(2) for j in (1, 2)]
+    with pytest.raises(ValueError, match="vace is part of dit, but the loaded WanTransformer3DModel has no "
+                                         "vace_blocks, vace_patch_embedding"):
+        WanVideoPipeline.part_scope("vace", tiny_wan_transformer(0))
+
+
+def test_units_do_what_they_declare_with_reference_images(pipes):
+    from tests.pipelines.declarations import check_declarations
+
+    ours, _ = pipes
+    ours.scheduler.set_timesteps(2)
+    shared = {"cfg_scale": 2.0, "height": 32, "width": 48, "num_frames": 5, "seed": 0, "rand_device": "cpu",
+              "input_video": frames(0), "max_sequence_length": 16, "vace_video": frames(1),
+              "vace_video_mask": mask_frames(True), "vace_reference_image": frames(2, 1)[0]}
+    assert check_declarations(ours, shared, {"prompt": PROMPT}, {"negative_prompt": ""}) == {}

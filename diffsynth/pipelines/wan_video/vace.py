@@ -92,7 +92,8 @@ class VaceUnit(PipelineUnit):
     """Encodes the VACE inputs into ``vace_context`` (None for a transformer without VACE blocks, which then refuses
     them), and with reference images lengthens the noise and, in training, the target latents by their frames.
 
-    ``vace_reference_frames`` tells ``decode`` how many leading latent frames to drop.
+    ``vace_reference_frames`` tells ``decode`` how many leading latent frames to drop. ``noise`` and
+    ``input_latents`` pass through unchanged without reference images.
     """
 
     def __init__(self) -> None:
@@ -112,7 +113,7 @@ class VaceUnit(PipelineUnit):
             if given:
                 raise ValueError(f"{', '.join(given)} given, but {pipe.describe_transformer()} has no VACE blocks; "
                                  "load a VACE model (e.g. Wan-AI/Wan2.1-VACE-1.3B) or drop them")
-            return {"vace_context": None, "vace_reference_frames": 0}
+            return {"vace_context": None, "vace_reference_frames": 0, "noise": noise, "input_latents": input_latents}
         if vace_video_mask is not None and vace_video is None:
             raise ValueError("vace_video_mask was given without vace_video; the mask marks which parts of "
                              "vace_video to keep: pass both")
@@ -136,7 +137,7 @@ class VaceUnit(PipelineUnit):
             latents = torch.cat([torch.cat([encoded, torch.zeros_like(encoded)], dim=1), latents], dim=2)
             folded = torch.cat([torch.zeros_like(folded[:, :, :1]), folded], dim=2)
         outputs = {"vace_context": torch.cat([latents, folded], dim=1).to(pipe.torch_dtype),
-                   "vace_reference_frames": len(references)}
+                   "vace_reference_frames": len(references), "noise": noise, "input_latents": input_latents}
         if references:
             shape = pipe.latent_shape(height, width, num_frames)
             outputs["noise"] = draw_noise(pipe, (*shape[:2], shape[2] + len(references), *shape[3:]), seed,
