@@ -15,7 +15,7 @@ import torch
 
 from ..pipelines.wan_video.original import dit_original_config, dit_original_keys
 from .tiny_common import SHARD_SIZE, model_index, prepare_repo, save_sharded_safetensors, seeded, write_json
-from .tiny_wan import TEXT_DIM, _WAN_COMPONENTS, _write_diffusers_shared, _write_original_shared, tiny_wan_vae
+from .tiny_wan import _WAN_COMPONENTS, TEXT_DIM, _write_diffusers_shared, _write_original_shared, tiny_wan_vae
 
 WAN_VACE_MODEL_ID = "Wan-AI/Wan2.1-VACE-1.3B-diffusers"
 WAN_VACE_ORIGINAL_MODEL_ID = "Wan-AI/Wan2.1-VACE-1.3B"

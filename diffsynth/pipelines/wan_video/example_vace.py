@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import os
 import random
@@ -24,6 +25,14 @@ from ...core.files import atomic_write, atomic_write_text
 
 def _grey(frames: list[Image.Image]) -> list[Image.Image]:
     return [frame.convert("L").convert("RGB") for frame in frames]
+
+
+def _write_clip(path: Path, frames: list[Image.Image]) -> None:
+    atomic_write(path, lambda temporary: write_mp4(temporary, frames))
+
+
+def _save_png(image: Image.Image, path: Path) -> None:
+    image.save(path, format="PNG")
 
 
 def _half_mask(size: tuple[int, int], count: int) -> list[Image.Image]:
@@ -51,13 +60,12 @@ def build_vace_example_dataset(folder: str | os.PathLike, num_videos: int = 2, n
     for index, row in enumerate(rows):
         frames, _ = draw_example_video(rng, num_frames, size)
         control, reference = f"vace_{index:03d}.mp4", f"reference_{index:03d}.png"
-        atomic_write(folder / control, lambda temporary: write_mp4(temporary, _grey(frames)))
-        atomic_write(folder / reference, lambda temporary: frames[0].save(temporary, format="PNG"))
+        _write_clip(folder / control, _grey(frames))
+        atomic_write(folder / reference, functools.partial(_save_png, frames[0]))
         row.update(vace_video=control, vace_reference_image=reference)
         if mask:
             row["vace_video_mask"] = f"mask_{index:03d}.mp4"
-            atomic_write(folder / row["vace_video_mask"],
-                         lambda temporary: write_mp4(temporary, _half_mask(frames[0].size, len(frames))))
+            _write_clip(folder / row["vace_video_mask"], _half_mask(frames[0].size, len(frames)))
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, lineterminator="\n")
     writer.writeheader()

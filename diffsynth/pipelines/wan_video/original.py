@@ -27,7 +27,6 @@ from ...core.loader.original_layout import OriginalModel, converted_entries, ren
 from ...core.loader.pth import PTH_SUFFIX
 from ...core.loader.state_dict import read_headers
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
-from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
 from .original_vace import (
     ORIGINAL_VACE_CLASS,
     VACE_DIT_CLASS,
@@ -36,6 +35,7 @@ from .original_vace import (
     vace_config,
     vace_original_key,
 )
+from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
 
 ORIGINAL_DIT_CLASS = "WanModel"
 # The tokenizer folder every original Wan repository ships beside the T5 file (t5_tokenizer in wan/configs/*.py).

@@ -29,8 +29,8 @@ class ValidationSection(Section):
                            help="Prompts rendered with the LoRA as it trains, by the main process, into "
                                 "output_path/samples/step-N/: one prompt in quotes ('a dog on a beach'), a .txt "
                                 "file (one prompt per line) or a .json list of prompts or objects with prompt, "
-                                "negative_prompt, height, width, num_frames, fps, seed, edit_image, input_image, vace_video, "
-                                "vace_video_mask, vace_reference_image. A "
+                                "negative_prompt, height, width, num_frames, fps, seed, edit_image, input_image, "
+                                "vace_video, vace_video_mask, vace_reference_image. A "
                                 "value that names no file is the prompt, unless it looks like a path (a "
                                 ".txt / .json / .csv suffix, or one word with a /): then it is an error. Checked "
                                 "before the models load.")

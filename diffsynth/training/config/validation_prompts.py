@@ -14,10 +14,10 @@ are skipped) or a JSON list whose entries are prompts or objects::
 with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``, ``num_frames`` (video), ``fps``
 (video), ``seed``, ``edit_image`` (Qwen-Image-Edit: a path, or a list of paths for Edit-2509 / 2511) and
 ``input_image`` (Wan image-to-video: the first frame), ``vace_video`` / ``vace_video_mask`` (Wan VACE: clips read
-at the render's size and frame count) and ``vace_reference_image`` (a path or a list); paths are relative to the file's folder. Everything is checked
-when the flags are parsed, before any model loads: the file, every entry, every image (its header), and every size,
-which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``),
-so that rendering stays within the run's memory plan.
+at the render's size and frame count) and ``vace_reference_image`` (a path or a list); paths are relative to the
+file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry, every
+image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
+``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
 """
 
 from __future__ import annotations

@@ -346,8 +346,8 @@ def plan_placement(run: RunConfig, pipeline_class: Any, device: torch.device,
                         torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES if cuda else None)
     ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
     model, others, fp8 = denoiser_skeleton(run, pipeline_class)
-    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases, scope=pipeline_class.part_scope,
-                              fp8=fp8,
+    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
+                              scope=pipeline_class.part_scope, fp8=fp8,
                               local_processes=local_processes)
     try:
         report = plan_workload(workload, placement, measure_device(device), vram, ram)
