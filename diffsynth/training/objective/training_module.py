@@ -354,7 +354,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         """What a stage-1 cache must agree on with stage 2: pipeline, stage-2 units, keys and trained models."""
         configs = {}
         for name in self.trained_model_names:
-            config = _plain_config(getattr(self.pipe, name, None))
+            config = _plain_config(getattr(self.pipe, self.pipe.host_model(name), None))
             if config is not None:
                 configs[name] = config
         split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss_keys)
