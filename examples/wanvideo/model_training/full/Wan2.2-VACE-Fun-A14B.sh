@@ -13,10 +13,11 @@
 #   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.2-VACE-Fun-A14B/*" --local_dir ./data/diffsynth_example_dataset
 # or draw a small one at the same place:
 #   python -m diffsynth.pipelines.wan_video.example_vace --num_frames 49 --output data/diffsynth_example_dataset/wanvideo/Wan2.2-VACE-Fun-A14B
-# Gradient checkpointing is always on for Wan, as in the reference. Each epoch writes the trained VACE weights as epoch-<e>.safetensors (diffusers names) and the whole
-# transformer as the diffusers folder epoch-<e>.dit/ (docs/en/Full_Fine_Tuning.md).
-# Samples while training take the control inputs too: --validation_prompts with a --validation_inputs file
-# (docs/en/Wan_Control.md).
+# Gradient checkpointing is always on for Wan, as in the reference. Each epoch writes the trained VACE weights as
+# epoch-<e>.safetensors (diffusers names) and the whole transformer as the diffusers folder epoch-<e>.dit/
+# (docs/en/Full_Fine_Tuning.md).
+# Samples while training take the control inputs too: a --validation_prompts JSON file whose entries name vace_video,
+# vace_video_mask and vace_reference_image (docs/en/Wan_Control.md).
 set -e
 
 accelerate launch --config_file examples/wanvideo/model_training/full/accelerate_config_14B.yaml examples/wanvideo/model_training/train.py \

@@ -11,12 +11,13 @@
 # too, if you have masks: add it to --data_file_keys and --extra_inputs). The reference downloads its example with
 #   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.1-VACE-1.3B-Preview/*" --local_dir ./data/diffsynth_example_dataset
 # or draw a small one at the same place:
-#   python -m diffsynth.pipelines.wan_video.example_vace --num_frames 49 --output data/diffsynth_example_dataset/wanvideo/Wan2.1-VACE-1.3B-Preview
-# Gradient checkpointing is always on for Wan, as in the reference. The LoRA is written to --output_path as epoch-<e>.safetensors under the original Wan names
-# (vace_blocks.<i>.self_attn.q, ...: ComfyUI and DiffSynth-Studio) with a diffusers-named twin
-# epoch-<e>.diffusers.safetensors for diffusers' WanVACEPipeline (docs/en/Using_LoRA.md).
-# Samples while training take the control inputs too: --validation_prompts with a --validation_inputs file
-# (docs/en/Wan_Control.md).
+#   python -m diffsynth.pipelines.wan_video.example_vace --num_frames 81 --output data/diffsynth_example_dataset/wanvideo/Wan2.1-VACE-1.3B-Preview
+# Without --num_frames each sample is the first 81 frames of its clip (the reference's default).
+# Gradient checkpointing is always on for Wan, as in the reference. The LoRA is written to --output_path as
+# epoch-<e>.safetensors under the original Wan names (vace_blocks.<i>.self_attn.q, ...: ComfyUI and DiffSynth-Studio)
+# with a diffusers-named twin epoch-<e>.diffusers.safetensors for diffusers' WanVACEPipeline (docs/en/Using_LoRA.md).
+# Samples while training take the control inputs too: a --validation_prompts JSON file whose entries name vace_video,
+# vace_video_mask and vace_reference_image (docs/en/Wan_Control.md).
 set -e
 
 accelerate launch examples/wanvideo/model_training/train.py \
