@@ -133,15 +133,27 @@ def test_original_release_loads_the_diffusers_weights(tiny_root, pipes, model_id
     assert set(pipe.dit.state_dict()) == set(theirs)
 
 
-def test_wan22_vace_fun_loads_both_experts(tiny_root):
+def test_wan22_vace_fun_runs_both_experts_as_diffusers_does(tiny_root, pipes):
+    from diffusers import WanVACEPipeline
+
     pipe = load(tiny_root, WAN22_VACE_FUN_MODEL_ID, ("high_noise_model/diffusion_pytorch_model*.safetensors",
                                                      "low_noise_model/diffusion_pytorch_model*.safetensors",
                                                      *ORIGINAL[1:]))
     assert type(pipe.dit2).__name__ == "WanVACETransformer3DModel"
     assert not torch.equal(pipe.dit.vace_blocks[0].proj_in.weight, pipe.dit2.vace_blocks[0].proj_in.weight)
-    video = pipe(PROMPT, cfg_scale=1.0, seed=0, vace_video=frames(1), vace_reference_image=frames(2, 1)[0],
-                 output_type="pt", progress_bar=False, max_sequence_length=16, **SIZE)
+    ours, theirs = pipes
+    pipe.scheduler = ours.scheduler
+    # The same tiny text encoder and VAE as the diffusers repo's, with the two experts switching at the release's
+    # boundary (the schedule's second step is below it).
+    experts = WanVACEPipeline(tokenizer=theirs.tokenizer, text_encoder=theirs.text_encoder, vae=theirs.vae,
+                              scheduler=theirs.scheduler, transformer=pipe.dit, transformer_2=pipe.dit2,
+                              boundary_ratio=0.875)
+    experts.set_progress_bar_config(disable=True)
+    inputs = dict(video=frames(1), references=frames(2, 1)[0])
+    video = render(pipe, **inputs)
     assert video.shape == (1, 5, 3, 32, 48)
+    assert (video - reference(experts, **inputs)).abs().max() < 1e-4
+    assert (video - render(pipe, boundary_ratio=0.1, **inputs)).abs().max() > 2e-3  # the low-noise expert matters
 
 
 def test_bad_vace_input_is_refused_before_denoising(pipes, tiny_root):
