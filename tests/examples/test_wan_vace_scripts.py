@@ -34,10 +34,9 @@ def run_vace_script(relative: str, changes: dict[str, str] | None = None) -> lis
     for words in launch_commands((WAN / relative).read_text()):
         train_py, argv = trainer_argv(words)
         assert train_py == WAN / "train.py"
-        argv = small(argv, SIZES)
-        changes = {**({} if "--num_frames" in argv else {"--num_frames": "5"}), **(changes or {})}
-        argv = small(argv, changes) + [word for key, value in changes.items() if key not in argv
-                                       for word in (key, value)]
+        changes = changes or {}
+        argv = small(small(argv, SIZES), changes)
+        argv += [word for key, value in changes.items() if key not in argv for word in (key, value)]
         args = build_parser(video=True).parse_args(argv)
         if not Path(args.dataset_metadata_path).is_file():
             build_vace_example_dataset(args.dataset_base_path, num_videos=1, num_frames=6, size=(48, 32))

@@ -12,7 +12,8 @@
 #   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.1-VACE-1.3B/*" --local_dir ./data/diffsynth_example_dataset
 # or draw a small one at the same place:
 #   python -m diffsynth.pipelines.wan_video.example_vace --num_frames 81 --output data/diffsynth_example_dataset/wanvideo/Wan2.1-VACE-1.3B
-# Without --num_frames each sample is the first 81 frames of its clip (the reference's default).
+# --num_frames 81 is the reference's default, which its command leaves implicit: each sample is the first 81
+# frames of its clip.
 # Gradient checkpointing is always on for Wan, as in the reference. The LoRA is written to --output_path as
 # epoch-<e>.safetensors under the original Wan names (vace_blocks.<i>.self_attn.q, ...: ComfyUI and DiffSynth-Studio)
 # with a diffusers-named twin epoch-<e>.diffusers.safetensors for diffusers' WanVACEPipeline (docs/en/Using_LoRA.md).
@@ -26,6 +27,7 @@ accelerate launch examples/wanvideo/model_training/train.py \
   --data_file_keys "video,vace_video,vace_reference_image" \
   --height 480 \
   --width 832 \
+  --num_frames 81 \
   --dataset_repeat 100 \
   --model_id_with_origin_paths "Wan-AI/Wan2.1-VACE-1.3B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-VACE-1.3B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-VACE-1.3B:Wan2.1_VAE.pth" \
   --learning_rate 1e-4 \
