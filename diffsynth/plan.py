@@ -104,7 +104,7 @@ def _plan(argv: list[str], own_command_line: bool) -> int:
     workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
                               f"{name}{' fp8' if fp8 else ''} at {width}x{height}x{frames}"
                               f"{f', batch {batch_size}' if batch_size > 1 else ''}", fp8=fp8,
-                              local_processes=args.processes_per_machine)
+                              local_processes=args.processes_per_machine, scope=pipeline_class.part_scope)
     profile = profile_named(args.device_profile)
     placement = run.placement
     vram = budget_bytes(placement.vram_budget or "auto", "vram_budget", profile.memory_bytes - DEVICE_MARGIN_BYTES)

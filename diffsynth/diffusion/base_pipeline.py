@@ -114,6 +114,11 @@ class BasePipeline(torch.nn.Module):
     extra_attributes: dict[str, Any] = {}
     #: What a training sample's state holds besides its media and columns (``training_inputs``), e.g. no CFG.
     training_state: dict[str, Any] = {}
+    #: Names the reference's flags (``--trainable_models``, ``--lora_base_model``, ``--remove_prefix_in_ckpt``) give
+    #: to a part of a loaded model, which diffusers keeps in one class: ``{name: (model, its child modules)}``,
+    #: e.g. Wan VACE's ``vace`` (``vace_blocks`` and ``vace_patch_embedding`` of ``dit``). A LoRA on the model itself
+    #: then leaves its parts out, as the reference's separate models do.
+    model_parts: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype | None = None,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:
@@ -298,6 +303,31 @@ class BasePipeline(torch.nn.Module):
         sound's apart. An index may start with a ``(batch,)`` bool tensor instead of a slice: the samples the region
         scores (LTX-2's sound, in a batch mixing clips with and without it); the others add 0 for it."""
         return (None,)
+
+    @classmethod
+    def host_model(cls, name: str) -> str:
+        """The model that holds ``name``: its host for a part (``model_parts``), else ``name`` itself."""
+        return cls.model_parts[name][0] if name in cls.model_parts else name
+
+    @classmethod
+    def part_scope(cls, name: str, model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(inside, outside)``: the child modules of ``model`` (what ``name`` resolves to) that training ``name``
+        covers and those it leaves to its parts; both empty for a model without parts present in it.
+
+        Raises:
+            ValueError: ``name`` is a part that ``model`` lacks.
+        """
+        present = {child for child, _ in model.named_children()}
+        if name in cls.model_parts:
+            host, children = cls.model_parts[name]
+            missing = [child for child in children if child not in present]
+            if missing:
+                raise ValueError(f"{name} is part of {host}, but the loaded {type(model).__name__} has no "
+                                 f"{', '.join(missing)}; load a model that has it, or name {host} instead")
+            return children, ()
+        outside = tuple(prefix for host, prefixes in cls.model_parts.values() if host == name
+                        for prefix in prefixes if prefix in present)
+        return (), outside
 
     def model_names(self) -> list[str]:
         """The names of the models this pipeline holds (its child modules)."""

@@ -135,6 +135,8 @@ class ModuleNaming:
             BFL layout); None where kohya files use the native names.
         block_list: The name of the list of blocks in both namings (``blocks`` for Wan, ``transformer_blocks`` for
             LTX-2).
+        other_block_lists: Further lists of blocks named alike in both namings, whose blocks' layers ``block_layers``
+            maps too (Wan VACE's ``vace_blocks``).
     """
 
     name: str
@@ -144,6 +146,7 @@ class ModuleNaming:
     universal_prefix: str = "diffusion_model."
     fused: FusedNaming | None = None
     block_list: str = "blocks"
+    other_block_lists: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for table in (self.block_layers, self.top_layers):
@@ -158,7 +161,7 @@ class ModuleNaming:
         if block is None:
             return self.top_layers.get(name)
         layer = self.block_layers.get(block["layer"])
-        return None if layer is None else f"{self.block_list}.{block['index']}.{layer}"
+        return None if layer is None else f"{block['list']}.{block['index']}.{layer}"
 
     def to_diffusers(self, native: str) -> str | None:
         """The diffusers name of native layer ``native``, or None when it names no mapped layer."""
@@ -168,11 +171,12 @@ class ModuleNaming:
         if block is None:
             return _inverse(self.top_layers).get(native)
         layer = _inverse(self.block_layers).get(block["layer"])
-        return None if layer is None else f"{self.block_list}.{block['index']}.{layer}"
+        return None if layer is None else f"{block['list']}.{block['index']}.{layer}"
 
     def _block(self, name: str) -> re.Match | None:
         """The ``index`` and ``layer`` of a name inside the block list, or None outside it."""
-        return re.match(rf"^{re.escape(self.block_list)}\.(?P<index>\d+)\.(?P<layer>.+)$", name)
+        lists = "|".join(re.escape(each) for each in (self.block_list, *self.other_block_lists))
+        return re.match(rf"^(?P<list>{lists})\.(?P<index>\d+)\.(?P<layer>.+)$", name)
 
 
 def _inverse(table: Mapping[str, str]) -> dict[str, str]:

@@ -41,11 +41,14 @@ class Release:
         architecture: The planner's name for it (``--architecture``), e.g. ``"wan2.1-t2v-14b"``.
         config: Its diffusers config (the class's ``__init__`` arguments that differ from diffusers' defaults).
         model_ids: Repository ids (shell patterns, matched ignoring case) whose files hold it.
+        denoiser_class: Its diffusers class where it is not the family's ``denoiser_class`` (one of its
+            ``other_denoiser_classes``, e.g. Wan VACE's).
     """
 
     architecture: str
     config: Mapping[str, Any] = field(default_factory=dict)
     model_ids: tuple[str, ...] = ()
+    denoiser_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,6 @@ class FamilySpec:
         pipeline: ``"module:Class"`` of its pipeline, as its ``train.py`` passes it to ``cli``.
         plan_name: The planner's ``--pipeline`` value.
         denoiser_class: The diffusers class of its denoiser (what a LoRA trains).
-        denoiser_subclasses: Its room's subclasses of that class (released variants with modules diffusers' class
-            lacks), which are the family's denoisers too.
         video: Whether it trains on videos (``cli(..., video=True)``).
         model_ids: The released repositories it trains (their ids as the reference's scripts name them).
         releases: The released denoisers the planner knows without files.
@@ -114,6 +115,9 @@ class FamilySpec:
         lora_tools: How the real tools load its LoRA files.
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
+        other_denoiser_classes: Further classes of its denoisers, which share its LoRA naming, planner inputs and
+            tools: diffusers classes of variants diffusers models apart (``WanVACETransformer3DModel``) and the room's
+            subclasses of its class for variants with modules diffusers' class lacks (``WanFunTransformer3DModel``).
         reference_flags: The reference trainer's flags that only this family's ``train.py`` defines (all parse; the
             trainer's config says what it does with each).
         example_folder: Its ``examples/<folder>/model_training`` folder (the reference's scripts).
@@ -129,7 +133,6 @@ class FamilySpec:
     example_folder: str
     docs_page: str
     planner_inputs: str = ""
-    denoiser_subclasses: tuple[str, ...] = ()
     video: bool = False
     model_ids: tuple[str, ...] = ()
     releases: tuple[Release, ...] = ()
@@ -142,6 +145,7 @@ class FamilySpec:
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()
+    other_denoiser_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The room's own modules by convention: planning.py and naming.py beside the spec.
@@ -219,7 +223,7 @@ def _only(matches: Callable[[FamilySpec], bool], missing: str) -> FamilySpec:
 def family_of_class(class_name: str) -> FamilySpec | None:
     """The family whose denoiser is ``class_name`` (a diffusers class name or a room's subclass of one), or None."""
     return next((spec for spec in families()
-                 if class_name == spec.denoiser_class or class_name in spec.denoiser_subclasses), None)
+                 if class_name == spec.denoiser_class or class_name in spec.other_denoiser_classes), None)
 
 
 def family_of_plan_name(plan_name: str) -> FamilySpec:

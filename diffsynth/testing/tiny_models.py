@@ -61,6 +61,7 @@ from .tiny_wan import (
     build_tiny_wan_i2v,
 )
 from .tiny_wan_flf2v import WAN_FLF2V_BUILDERS
+from .tiny_wan_vace import WAN_VACE_BUILDERS
 from .tiny_z_image import Z_IMAGE_BUILDERS
 
 # The Wan and FLUX.1 names are re-exported: tests and scripts import every tiny repo's id and patterns from here.
@@ -270,6 +271,7 @@ BUILDERS = {
     "qwen_image_edit_2511": functools.partial(build_tiny_qwen_image_edit, model_id=QWEN_IMAGE_EDIT_2511_MODEL_ID),
     **WAN_BUILDERS,
     **WAN_FLF2V_BUILDERS,
+    **WAN_VACE_BUILDERS,
     **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
     **Z_IMAGE_BUILDERS,

@@ -105,9 +105,6 @@ def refused(models: str, *flags: str) -> list[str]:
     return [*DATA, "--model_id_with_origin_paths", models, *flags]
 
 
-def vace(repo: str, dit: str = "diffusion_pytorch_model*.safetensors") -> tuple[list[str], str]:
-    return refused(wan_files(repo, dit=dit), "--trainable_models", "vace", "--extra_inputs",
-                   "vace_video,vace_reference_image"), "VACE"
 
 
 DANCER = ("wantodance_music_path,wantodance_reference_image,wantodance_fps,wantodance_keyframes,"
@@ -133,10 +130,6 @@ REFUSED = {
     "Wan2.1-1.3b-speedcontrol-v1": (
         refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
-    "Wan2.1-VACE-1.3B-Preview": vace("iic/VACE-Wan2.1-1.3B-Preview"),
-    "Wan2.1-VACE-1.3B": vace("Wan-AI/Wan2.1-VACE-1.3B"),
-    "Wan2.1-VACE-14B": vace("Wan-AI/Wan2.1-VACE-14B"),
-    "Wan2.2-VACE-Fun-A14B": vace("PAI/Wan2.2-VACE-Fun-A14B", "high_noise_model/diffusion_pytorch_model*.safetensors"),
     "Wan2.2-Animate-14B": (refused(wan_files("Wan-AI/Wan2.2-Animate-14B", clip=True), "--trainable_models",
                                    "animate_adapter", "--extra_inputs",
                                    "input_image,animate_pose_video,animate_face_video"), "Wan2.2-Animate"),

@@ -1,4 +1,5 @@
-"""The original Wan code's layer names (what ComfyUI, DiffSynth-Studio and musubi-tuner run) for LoRA files."""
+"""The original Wan code's layer names (what ComfyUI, DiffSynth-Studio and musubi-tuner run) for LoRA files, VACE's
+``vace_blocks`` included."""
 
 from ...diffusion.module_naming import ModuleNaming
 
@@ -13,6 +14,8 @@ NAMING = ModuleNaming(
         "attn2.to_out.0": "cross_attn.o", "attn2.add_k_proj": "cross_attn.k_img",
         "attn2.add_v_proj": "cross_attn.v_img",
         "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
+        # Only in VACE blocks: the first one's input projection, every one's hint projection.
+        "proj_in": "before_proj", "proj_out": "after_proj",
     },
     top_layers={
         "patch_embedding": "patch_embedding", "proj_out": "head.head",
@@ -23,5 +26,7 @@ NAMING = ModuleNaming(
         "condition_embedder.time_proj": "time_projection.1",
         "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
         "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
+        "vace_patch_embedding": "vace_patch_embedding",
     },
+    other_block_lists=("vace_blocks",),
 )  # fmt: skip

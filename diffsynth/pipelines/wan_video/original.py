@@ -28,6 +28,14 @@ from ...core.loader.pth import PTH_SUFFIX
 from ...core.loader.state_dict import read_headers
 from ...core.model_traits import register_model_module
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
+from .original_vace import (
+    ORIGINAL_VACE_CLASS,
+    VACE_DIT_CLASS,
+    is_vace_config,
+    original_vace_config_json,
+    vace_config,
+    vace_original_key,
+)
 from .original_vae import is_wan22_vae, vae_config, wan21_vae_model_keys, wan22_vae_model_keys
 
 ORIGINAL_DIT_CLASS = "WanModel"
@@ -98,10 +106,14 @@ def identify(files: list[Path]) -> OriginalModel | None:
         return None
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
-    config = dit_config(config, shapes, folder / "config.json")
+    model_config = dit_config(config, shapes, folder / "config.json")
+    vace = is_vace_config(config)
+    if vace:
+        model_config.update(vace_config(config, shapes, model_config["num_layers"]))
+    fun = "reference_conv" in model_config
+    class_name = VACE_DIT_CLASS if vace else FUN_DIT_CLASS if fun else "WanTransformer3DModel"
     return OriginalModel(
-        kind="dit", library="diffusers",
-        class_name=FUN_DIT_CLASS if "reference_conv" in config else "WanTransformer3DModel", config=config,
+        kind="dit", library="diffusers", class_name=class_name, config=model_config,
         entries=renamed_entries(entries, dit_model_keys(list(entries))), source=folder,
     )  # fmt: skip
 
@@ -112,7 +124,8 @@ def _original_dit_config(folder: Path) -> dict[str, Any] | None:
         config = read_json(path)
     except (OSError, ValueError):
         return None  # the diffusers loader reports a missing or broken config.json itself
-    return config if isinstance(config, dict) and config.get("_class_name") == ORIGINAL_DIT_CLASS else None
+    known = (ORIGINAL_DIT_CLASS, ORIGINAL_VACE_CLASS)
+    return config if isinstance(config, dict) and config.get("_class_name") in known else None
 
 
 def _identify_pth(file: Path) -> OriginalModel:
@@ -163,6 +176,10 @@ def dit_original_keys(model_keys: list[str]) -> dict[str, str]:
             continue
         if key.startswith(_FUN_PREFIXES):
             original[key] = key
+            continue
+        vace = vace_original_key(key, _DIT_BLOCK)
+        if vace is not None:
+            original[key] = vace
             continue
         parts = key.split(".")
         layer = ".".join(parts[2:-1]) if parts[-1] in ("weight", "bias") else ".".join(parts[2:])
@@ -230,6 +247,8 @@ def dit_original_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
     ``model_type`` is informational: loaders read the weights' shapes."""
     config = dict(model.config)
+    if "vace_layers" in config:
+        return {**original_dit_config_json(config, "vace"), **original_vace_config_json(config)}
     fun = "reference_conv" in config  # the Fun releases name themselves i2v whatever their width
     model_type = "flf2v" if config.get("pos_embed_seq_len") else (
         "i2v" if fun or config.get("image_dim") or config.get("in_channels") == 36 else (

@@ -59,6 +59,7 @@ from .units import (
     PromptEmbedderUnit,
     round_frames,
 )
+from .vace import VaceUnit, vace_inputs
 
 __all__ = ["ModelConfig", "WanVideoPipeline", "save_video"]
 
@@ -72,6 +73,7 @@ I2V_BOUNDARY_RATIO = 0.9
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
     "WanFunTransformer3DModel": "dit",
+    "WanVACETransformer3DModel": "dit",
     "AutoencoderKLWan": "vae",
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
@@ -111,7 +113,7 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     model_roles = MODEL_ROLES
     model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio", "reference_latents",
-                       "camera_latents")
+                       "camera_latents", "vace_context", "vace_scale")
     training_columns = ("video", "prompt")
     # Extra inputs a sample may leave out: the reference takes the first (last) frame of the video for them.
     derived_inputs = ("input_image", "end_image")
@@ -119,6 +121,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
+    # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
+    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding"))}
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer,
                    "camera_control_direction": text, "camera_control_speed": real}
@@ -126,8 +130,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
-    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, LatentsUnit,
-                    PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, VaceUnit,
+                    LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
@@ -240,6 +244,12 @@ class WanVideoPipeline(TextToLatentPipeline):
         positions for both, ``pos_embed_seq_len``)."""
         return self.dit is not None and self.dit.config.get("pos_embed_seq_len") is not None
 
+    def takes_vace(self) -> bool | None:
+        """Whether the transformer has VACE blocks (reads ``vace_context``); None without a loaded transformer."""
+        if self.dit is None:
+            return None
+        return "vace_layers" in self.dit.config
+
     def describe_transformer(self) -> str:
         """The transformer's image-related config, for error messages."""
         if self.dit is None:
@@ -298,13 +308,15 @@ class WanVideoPipeline(TextToLatentPipeline):
                  y: torch.Tensor | None = None, clip_feature: torch.Tensor | None = None,
                  first_frame_latents: torch.Tensor | None = None, boundary_ratio: float | None = None,
                  reference_latents: torch.Tensor | None = None, camera_latents: torch.Tensor | None = None,
+                 vace_context: torch.Tensor | None = None, vace_scale: float | None = None,
                  **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``latents`` at ``timestep`` (scale 0 to 1000).
 
         With an image-to-video transformer, ``y`` is concatenated to the latents along channels and ``clip_feature``
         goes to the image cross-attention. A Wan2.2-latent (TI2V) transformer gets one timestep per token, as
         diffusers gives it with ``expand_timesteps``; with ``first_frame_latents`` the first latent frame is that
-        condition, at timestep 0. A Fun transformer also takes ``reference_latents`` and ``camera_latents``.
+        condition, at timestep 0. A Fun transformer also takes ``reference_latents`` and ``camera_latents``; a VACE
+        transformer reads ``vace_context``, its hints scaled by ``vace_scale``.
 
         Raises:
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
@@ -322,10 +334,12 @@ class WanVideoPipeline(TextToLatentPipeline):
                              "a text-to-video one must not get it")
         if dit.config.out_channels == WAN22_LATENT_CHANNELS and y is None:
             hidden, timestep = _first_frame_inputs(hidden, timestep, first_frame_latents)
-        fun = {name: value for name, value in (("reference_latents", reference_latents),
-                                               ("camera_latents", camera_latents)) if value is not None}
+        control = {name: value for name, value in (("reference_latents", reference_latents),
+                                                   ("camera_latents", camera_latents)) if value is not None}
+        if vace_context is not None:
+            control.update(vace_inputs(dit, vace_context, vace_scale))
         return dit(hidden_states=hidden.to(dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
-                   encoder_hidden_states_image=clip_feature, return_dict=False, **fun)[0]
+                   encoder_hidden_states_image=clip_feature, return_dict=False, **control)[0]
 
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
         """The final latents through the VAE, as ``(B, frames, 3, H, W)`` values in ``[0, 1]``; a first-frame
@@ -335,13 +349,15 @@ class WanVideoPipeline(TextToLatentPipeline):
         first = inputs_shared.get("first_frame_latents")
         if first is not None:
             latents = torch.cat([first.to(latents), latents[:, :, 1:]], dim=2)
+        latents = latents[:, :, inputs_shared.get("vace_reference_frames") or 0:]  # VACE reference images' frames
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
-        ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``)."""
+        ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``); only a VACE
+        transformer takes the VACE inputs, and a mask only with its video."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -354,6 +370,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f'"end_image" was given, but {self.describe_transformer()} takes no last frame')
         if "edit_image" in inputs:
             problems.append('"edit_image" is for Qwen-Image-Edit; Wan takes "input_image"')
+        given = sorted(inputs & {"vace_video", "vace_video_mask", "vace_reference_image"})
+        if given and self.takes_vace() is False:
+            problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
+        if "vace_video_mask" in inputs and "vace_video" not in inputs:
+            problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
         return problems + fun_sample_problems(self, inputs)
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
@@ -369,7 +390,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                  boundary_ratio: float | None = None, output_type: str = "pil", progress_bar: bool = True,
                  control_video: Sequence[Image.Image] | None = None, reference_image: Image.Image | None = None,
                  camera_control_direction: str | None = None, camera_control_speed: float = CAMERA_SPEED,
-                 camera_control_origin: Sequence[float] | None = None) -> list[Image.Image] | torch.Tensor:
+                 camera_control_origin: Sequence[float] | None = None, vace_video: Sequence[Image.Image] | None = None,
+                 vace_video_mask: Sequence[Image.Image] | None = None,
+                 vace_reference_image: Image.Image | Sequence[Image.Image] | None = None,
+                 vace_scale: float = 1.0) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -399,6 +423,12 @@ class WanVideoPipeline(TextToLatentPipeline):
                 (``camera.DIRECTIONS``); needs ``input_image``.
             camera_control_speed: Control-Camera: the motion per frame (the reference's default 1/54).
             camera_control_origin: Control-Camera: the first pose, 19 numbers (default ``camera.CAMERA_ORIGIN``).
+            vace_video: For a VACE model: frames to condition on (``vace.py``); default black frames.
+            vace_video_mask: For a VACE model: frames, white where to generate, black where to keep ``vace_video``;
+                default all white.
+            vace_reference_image: For a VACE model: one image or a list, fitted into the frame on a white canvas;
+                their frames are generated first and dropped from the output.
+            vace_scale: For a VACE model: the scale of its hints (diffusers' ``conditioning_scale``).
         """
         check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
@@ -415,6 +445,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             "control_video": control_video, "reference_image": reference_image,
             "camera_control_direction": camera_control_direction, "camera_control_speed": camera_control_speed,
             "camera_control_origin": camera_control_origin,
+            "vace_video": vace_video, "vace_video_mask": vace_video_mask,
+            "vace_reference_image": vace_reference_image, "vace_scale": vace_scale,
         }  # fmt: skip
         video = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                              progress_bar=progress_bar)

@@ -19,4 +19,8 @@ def planner_inputs(model: nn.Module, height: int, width: int, frames: int, dtype
                   timestep=torch.empty(batch, device=meta), return_dict=False)
     if config.image_dim:  # image-to-video: CLIP image tokens
         inputs["encoder_hidden_states_image"] = torch.empty(batch, 257, config.image_dim, dtype=dtype, device=meta)
+    if "vace_layers" in config:  # VACE: the control context, as wide as the video's latents
+        latents = inputs["hidden_states"]
+        inputs["control_hidden_states"] = torch.empty(batch, config.vace_in_channels, *latents.shape[2:], dtype=dtype,
+                                                      device=meta)
     return inputs

@@ -6,7 +6,6 @@ from ..registry import FamilySpec, LoraTools, OriginalCheckpoint, Release
 _WAN21_T2V = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                   freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
-_VACE = "Wan VACE (video editing and reference-to-video) is not supported here"
 
 SPEC = FamilySpec(
     name="wan_video",
@@ -15,7 +14,6 @@ SPEC = FamilySpec(
     plan_name="wan",
     denoiser_class="WanTransformer3DModel",
     # The PAI Fun Control / Control-Camera DiT (fun_model.py): diffusers' class plus ref_conv and a camera adapter.
-    denoiser_subclasses=("WanFunTransformer3DModel",),
     video=True,
     model_ids=("Wan-AI/Wan2.1-T2V-1.3B", "Wan-AI/Wan2.1-T2V-14B", "Wan-AI/Wan2.1-I2V-14B-480P",
                "Wan-AI/Wan2.1-I2V-14B-720P", "Wan-AI/Wan2.2-T2V-A14B", "Wan-AI/Wan2.2-I2V-A14B",
@@ -24,14 +22,22 @@ SPEC = FamilySpec(
                "PAI/Wan2.2-Fun-A14B-InP", "PAI/Wan2.1-Fun-1.3B-Control", "PAI/Wan2.1-Fun-14B-Control",
                "PAI/Wan2.1-Fun-V1.1-1.3B-Control", "PAI/Wan2.1-Fun-V1.1-14B-Control",
                "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera", "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera",
-               "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera"),
+               "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera", "Wan-AI/Wan2.1-VACE-1.3B",
+               "Wan-AI/Wan2.1-VACE-14B", "iic/VACE-Wan2.1-1.3B-Preview", "PAI/Wan2.2-VACE-Fun-A14B"),
     releases=(
         Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
                 ("Wan-AI/Wan2.1-T2V-14B*",)),
         Release("wan2.1-t2v-1.3b", dict(_WAN21_T2V, num_attention_heads=12, ffn_dim=8960, num_layers=30),
                 ("Wan-AI/Wan2.1-T2V-1.3B*",)),
+        # VACE: vace_layers as the releases' config.json list them (every second block of 1.3B, every fifth of 14B).
+        Release("wan2.1-vace-1.3b", dict(_WAN21_T2V, num_attention_heads=12, ffn_dim=8960, num_layers=30,
+                                         vace_layers=list(range(0, 30, 2)), vace_in_channels=96),
+                ("Wan-AI/Wan2.1-VACE-1.3B*", "iic/VACE-Wan2.1-1.3B*"), "WanVACETransformer3DModel"),
+        Release("wan2.1-vace-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40,
+                                        vace_layers=list(range(0, 40, 5)), vace_in_channels=96),
+                ("Wan-AI/Wan2.1-VACE-14B*", "PAI/Wan2.2-VACE-Fun-A14B*"), "WanVACETransformer3DModel"),
     ),
-    layouts=("diffusers", "original Wan (WanModel folders, .pth encoders and VAEs)"),
+    layouts=("diffusers", "original Wan (WanModel / VaceWanModel folders, .pth encoders and VAEs)"),
     original_readers=("diffsynth.pipelines.wan_video.original:identify",),
     original_checkpoint=OriginalCheckpoint("diffsynth.pipelines.wan_video.original:dit_to_original",
                                            "diffsynth.pipelines.wan_video.original:dit_original_config"),
@@ -40,7 +46,6 @@ SPEC = FamilySpec(
     scheduler_presets={"wan": dict(shift=5.0)},
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
-        "Wan-AI/Wan2.1-VACE-": _VACE, "iic/VACE-Wan2.1-": _VACE, "PAI/Wan2.2-VACE-Fun-": _VACE,
         "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
         "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
@@ -51,4 +56,5 @@ SPEC = FamilySpec(
                      "--framewise_decoding"),
     example_folder="examples/wanvideo/model_training",
     docs_page="Wan.md",
+    other_denoiser_classes=("WanVACETransformer3DModel", "WanFunTransformer3DModel"),
 )

@@ -265,16 +265,22 @@ class RunConfig:
 
     def with_pipeline_defaults(self, pipeline_class: type[BasePipeline]) -> RunConfig:
         """This config with the flags whose default is the model's filled in from ``pipeline_class``: an unset
-        ``--lora_target_modules`` becomes its ``default_lora_target_modules``.
+        ``--lora_target_modules`` becomes its ``default_lora_target_modules``, and ``--remove_prefix_in_ckpt`` of a
+        model part (``pipe.vace.``) the prefix of the model holding it (``pipe.dit.``).
 
         Every run and plan calls this once it knows its pipeline, before anything reads the targets, so the run's
         records (``training_args.json``, ``config.yaml``, a checkpoint's flags) hold the layers that trained and a
         resume compares those.
         """
         lora = self.lora.with_default_targets(pipeline_class.default_lora_target_modules)
-        if lora is self.lora:
+        output = self.output
+        part = next((name for name in pipeline_class.model_parts if output.remove_prefix_in_ckpt == f"pipe.{name}."),
+                    None)
+        if part is not None:  # the weights of a model part (Wan VACE's pipe.vace.) are named in the model holding it
+            output = dataclasses.replace(output, remove_prefix_in_ckpt=f"pipe.{pipeline_class.host_model(part)}.")
+        if lora is self.lora and output is self.output:
             return self
-        if self.lora.lora_base_model is not None:
+        if lora is not self.lora and self.lora.lora_base_model is not None:
             logger.info("--lora_target_modules unset: %s's defaults %s", pipeline_class.__name__,
                         lora.lora_target_modules)
-        return dataclasses.replace(self, lora=lora)
+        return dataclasses.replace(self, lora=lora, output=output)

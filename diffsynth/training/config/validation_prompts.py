@@ -13,12 +13,13 @@ are skipped) or a JSON list whose entries are prompts or objects::
 
 with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``, ``num_frames`` (video), ``fps``
 (video), ``seed``, ``edit_image`` (Qwen-Image-Edit: a path, or a list of paths for Edit-2509 / 2511),
-``input_image`` (Wan image-to-video: the first frame), ``end_image`` (Wan first-last-frame models: the last frame)
-and the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` frames), ``reference_image``,
-``camera_control_direction`` and ``camera_control_speed``; paths are relative to the file's folder. Everything is
-checked when the flags are parsed, before any model loads: the file, every entry, every image (its header), and
-every size, which may not exceed what training itself computes (``--max_pixels``, or ``--height`` x ``--width``;
-``--num_frames``), so that rendering stays within the run's memory plan.
+``input_image`` (Wan image-to-video: the first frame), ``end_image`` (Wan first-last-frame models: the last frame),
+the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` frames), ``reference_image``,
+``camera_control_direction`` and ``camera_control_speed``, and the Wan VACE inputs ``vace_video`` / ``vace_video_mask``
+(clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list); paths are relative
+to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry,
+every image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
+``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
 """
 
 from __future__ import annotations
@@ -34,21 +35,23 @@ from ...core.data.buckets import bucket_sizes, nearest_bucket
 from ...core.data.errors import DatasetError
 from ...core.data.image_modes import check_mode, upright_rgb, upright_size
 from ...core.data.operators import ResizeConfig
-from ...core.data.video import VIDEO_EXTENSIONS, is_valid_frame_count, load_video
+from ...core.data.video import VIDEO_EXTENSIONS, LoadVideo, is_valid_frame_count
 from .errors import FlagError
 
 if TYPE_CHECKING:
     from .dataset import DatasetSection
     from .validation import ValidationSection
 
-PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", "edit_image",
-               "input_image", "end_image", "reference_image", "control_video", "camera_control_direction",
-               "camera_control_speed")
-#: The keys naming image files, and the one naming a video file (decoded like training's videos when rendering).
-IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image")
-VIDEO_KEY = "control_video"
-#: The keys passed to the pipeline as they are (Wan Fun Control-Camera's motion).
+#: The entries' image inputs (the list-valued ones may hold several paths), video inputs (a clip's path, read at the
+#: render's size and frame count) and the values passed to the pipeline as they are (Wan Fun Control-Camera's motion),
+#: as the pipelines' calls name them.
+IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image")
+LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image")
+VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask")
 CAMERA_KEYS = ("camera_control_direction", "camera_control_speed")
+FILE_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
+INPUT_KEYS = (*FILE_KEYS, *CAMERA_KEYS)
+PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", *INPUT_KEYS)
 DEFAULT_FPS = 16  # Wan's frame rate
 #: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
 #: must not be rendered as a prompt).
@@ -77,16 +80,18 @@ class ValidationPrompt:
     control_video: Path | None = None
     camera_control_direction: str | None = None
     camera_control_speed: float | None = None
+    vace_reference_image: Path | tuple[Path, ...] | None = None
+    vace_video: Path | None = None
+    vace_video_mask: Path | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
-        edits = [self.edit_image] if isinstance(self.edit_image, Path) else list(self.edit_image or ())
-        return [*edits, *(path for path in (self.input_image, self.end_image, self.reference_image)
-                          if path is not None)]
+        paths = [getattr(self, key) for key in IMAGE_KEYS]
+        return [one for value in paths for one in ([value] if isinstance(value, Path) else list(value or ()))]
 
     def inputs(self) -> set[str]:
         """The pipeline inputs the entry gives besides the prompt, sizes and seed."""
-        return {key for key in (*IMAGE_KEYS, VIDEO_KEY, *CAMERA_KEYS) if getattr(self, key) is not None}
+        return {key for key in INPUT_KEYS if getattr(self, key) is not None}
 
 
 def looks_like_a_path(value: str) -> bool:
@@ -166,39 +171,40 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
         problems.append(f'"seed" {seed!r} must be a non-negative integer')
     if ("height" in entry) != ("width" in entry):
         problems.append('gives one of "height" and "width"; give both, or neither for the run\'s default size')
-    problems += _control_problems(entry, folder)
-    images: dict[str, Any] = {VIDEO_KEY: folder / entry[VIDEO_KEY]} if isinstance(entry.get(VIDEO_KEY), str) else {}
-    for key in IMAGE_KEYS:
+    problems += _camera_problems(entry)
+    images: dict[str, Any] = {}
+    for key in FILE_KEYS:
         if key in entry:
-            names = entry[key] if key == "edit_image" and isinstance(entry[key], list) else [entry[key]]
+            names = entry[key] if key in LIST_IMAGE_KEYS and isinstance(entry[key], list) else [entry[key]]
             paths = []
             for name in names:
                 if not isinstance(name, str) or not name:
                     problems.append(f'"{key}" holds {name!r}; give a path relative to the prompt file')
                     continue
                 paths.append(folder / name)
-                problems += _image_problems(folder / name, key)
+                check = _image_problems if key in IMAGE_KEYS else _video_problems
+                problems += check(folder / name, key)
             images[key] = tuple(paths) if isinstance(entry[key], list) else (paths[0] if paths else None)
     if problems:
         raise ValidationError(problems)
     return ValidationPrompt(**{**{key: value for key, value in entry.items() if key not in images}, **images})
 
 
-def _control_problems(entry: dict[str, Any], folder: Path) -> list[str]:
-    """Problems of the Wan Fun Control keys: the control clip's path, the camera motion's types."""
+def _camera_problems(entry: dict[str, Any]) -> list[str]:
+    """Problems of Wan Fun Control-Camera's motion: its values' types."""
     problems = []
-    video = entry.get(VIDEO_KEY)
-    if video is not None and (not isinstance(video, str) or not video):
-        problems.append(f'"{VIDEO_KEY}" holds {video!r}; give a video path relative to the prompt file')
-    elif video is not None and (Path(video).suffix.lower() not in VIDEO_EXTENSIONS or not (folder / video).is_file()):
-        problems.append(f'"{VIDEO_KEY}" {folder / video} is not a video file ({", ".join(VIDEO_EXTENSIONS)}); fix '
-                        "the path")
     direction, speed = entry.get("camera_control_direction"), entry.get("camera_control_speed")
     if direction is not None and (not isinstance(direction, str) or not direction):
         problems.append(f'"camera_control_direction" {direction!r} must name a motion, e.g. "Left"')
     if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)):
         problems.append(f'"camera_control_speed" {speed!r} must be a number, e.g. 0.0185')
     return problems
+
+
+def _video_problems(path: Path, key: str) -> list[str]:
+    if not path.is_file() or path.suffix.lower() not in VIDEO_EXTENSIONS:
+        return [f'"{key}" {path} is not a video file ({", ".join(VIDEO_EXTENSIONS)}); fix the path']
+    return []
 
 
 def _image_problems(path: Path, key: str) -> list[str]:
@@ -308,12 +314,13 @@ class ValidationConfig:
 
     def call_arguments(self, prompt: ValidationPrompt, size_multiple: int) -> dict[str, Any]:
         """The pipeline call for one entry: its size, seed, steps, guidance and images (opened now)."""
-        edits = prompt.edit_image
-        images = {"edit_image": ([_open(path) for path in edits] if isinstance(edits, tuple) else _open(edits))
-                  if edits is not None else None,
-                  **{key: _open(getattr(prompt, key)) if getattr(prompt, key) is not None else None
-                     for key in ("input_image", "end_image", "reference_image")}}
+        images = {key: [_open(path) for path in value] if isinstance(value, tuple) else _open(value)
+                  for key in IMAGE_KEYS if (value := getattr(prompt, key)) is not None}
         height, width = self.size(prompt, size_multiple)
+        frames = prompt.num_frames or self.max_frames or 1
+        resize = ResizeConfig(height=height, width=width, division_factor=size_multiple)
+        images.update({key: LoadVideo(frames).load(value, resize) for key in VIDEO_KEYS
+                       if (value := getattr(prompt, key)) is not None})
         arguments = {"prompt": prompt.prompt, "negative_prompt": prompt.negative_prompt, "height": height,
                      "width": width, "seed": self.seed if prompt.seed is None else prompt.seed,
                      "num_inference_steps": self.num_inference_steps, "progress_bar": False,
@@ -322,9 +329,6 @@ class ValidationConfig:
             arguments["cfg_scale"] = self.cfg_scale
         if self.max_frames is not None:
             arguments["num_frames"] = prompt.num_frames or self.max_frames
-        if prompt.control_video is not None:  # its first num_frames frames, sized like training's videos
-            arguments[VIDEO_KEY] = load_video(prompt.control_video, ResizeConfig(height=height, width=width),
-                                              arguments.get("num_frames", 1))
         arguments.update({key: getattr(prompt, key) for key in CAMERA_KEYS if getattr(prompt, key) is not None})
         return arguments
 

@@ -128,7 +128,8 @@ class TrainingLoop:
         self.prior = PriorLoss(dataset, config.dataset.prior_loss_weight)
         self.deepspeed = deepspeed_config(accelerator) is not None
         # The models trained in full, for --full_checkpoint_format (checked here, before placement and training).
-        model_logger.attach_full_models({name: getattr(module.pipe, name) for name in module.trainable_models})
+        model_logger.attach_full_models({(host := module.pipe.host_model(name)): getattr(module.pipe, host)
+                                         for name in module.trainable_models})
         self._prepare()
         self.ema = None
         if self.training.ema_decay is not None and accelerator.is_main_process:

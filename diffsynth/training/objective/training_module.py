@@ -121,6 +121,29 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     return list(dict.fromkeys(targets))
 
 
+def scoped_targets(model: torch.nn.Module, targets: list[str], inside: Sequence[str],
+                   outside: Sequence[str]) -> list[str]:
+    """``targets`` as the whole names of the layers they select within the child modules ``inside`` (all when empty)
+    and outside those of ``outside`` (a model part's, ``BasePipeline.model_parts``); unchanged without either.
+
+    Raises:
+        ValueError: No selected layer lies in that scope.
+    """
+    if not inside and not outside:
+        return targets
+
+    def within(name: str, children: Sequence[str]) -> bool:
+        return any(name == child or name.startswith(f"{child}.") for child in children)
+
+    names = [name for name, _ in model.named_modules()
+             if any(name == target or name.endswith(f".{target}") for target in targets)
+             and (not inside or within(name, inside)) and not within(name, outside)]
+    if not names:
+        raise ValueError(f"--lora_target_modules {','.join(targets)} select no layer of {type(model).__name__} in "
+                         f"{', '.join(inside) or 'its main blocks'}; name layers those modules have, e.g. 'q,k,v,o'")
+    return names
+
+
 class DiffusionTrainingModule(torch.nn.Module):
     """A pipeline, its trainable parameters, its stage's units and its loss.
 
@@ -224,7 +247,7 @@ class DiffusionTrainingModule(torch.nn.Module):
     # ---- set-up -------------------------------------------------------------------------------------------------
 
     def _model(self, name: str, flag: str) -> torch.nn.Module:
-        model = getattr(self.pipe, name, None)
+        model = getattr(self.pipe, self.pipe.host_model(name), None)
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"{flag} names {name!r}, but the pipeline holds no such model; it holds "
                              f"{self.pipe.model_names()} (load it with --model_id_with_origin_paths or --model_paths)")
@@ -250,7 +273,13 @@ class DiffusionTrainingModule(torch.nn.Module):
     def _make_trainable(self, lora_target_modules: Sequence[str], lora_rank: int, lora_alpha: float | None,
                         lora_checkpoint: str | Path | None) -> None:
         for name in self.trainable_models:
-            self._model(name, "--trainable_models").requires_grad_(True).train()
+            model = self._model(name, "--trainable_models")
+            inside, outside = self.pipe.part_scope(name, model)
+            for child in inside or ("",):
+                model.get_submodule(child).requires_grad_(True)
+            for child in outside:
+                model.get_submodule(child).requires_grad_(False)
+            model.train()
         if self.lora_base_model is not None:
             settings = dataclasses.replace(self.adapter, rank=lora_rank,
                                            alpha=lora_rank if lora_alpha is None else lora_alpha)
@@ -269,6 +298,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                              "'to_q,to_k,to_v,to_out.0'")
         target_modules = resolve_lora_targets(model, target_modules, self.pipe.lora_target_aliases,
                                               self.lora_base_model)
+        target_modules = scoped_targets(model, target_modules, *self.pipe.part_scope(self.lora_base_model, model))
         inject_adapter(model, settings, target_modules)
         config = _plain_config(model) or {}
         self.lora_config = {"lora_rank": settings.rank, "lora_alpha": settings.alpha,
@@ -329,7 +359,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         """What a stage-1 cache must agree on with stage 2: pipeline, stage-2 units, keys and trained models."""
         configs = {}
         for name in self.trained_model_names:
-            config = _plain_config(getattr(self.pipe, name, None))
+            config = _plain_config(getattr(self.pipe, self.pipe.host_model(name), None))
             if config is not None:
                 configs[name] = config
         split = split_pipeline_units(self.pipe.units, self.trained_model_names, self.loss_keys)

@@ -57,7 +57,7 @@ from ...pipelines.registry import families, family_of_class, load, releases
 from ..config.errors import FlagError
 from ..config.placement import PlacementConfig
 from ..objective.adapter import AdapterSettings, inject_adapter
-from ..objective.training_module import TargetAliases, resolve_lora_targets
+from ..objective.training_module import TargetAliases, resolve_lora_targets, scoped_targets
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -91,7 +91,7 @@ def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
 
     spec, release = releases()[name]
     with torch.device("meta"):
-        model = getattr(diffusers, spec.denoiser_class)(**release.config)
+        model = getattr(diffusers, release.denoiser_class or spec.denoiser_class)(**release.config)
     return model.to(resolve_dtype(dtype)).eval()
 
 
@@ -122,24 +122,35 @@ def denoiser_inputs(model: nn.Module, height: int, width: int, frames: int, dtyp
 
 def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence[int] = (),
                    aliases: TargetAliases | None = None, description: str = "", fp8: bool = False,
-                   local_processes: int = 1) -> Workload:
+                   local_processes: int = 1, scope: Any = None) -> Workload:
     """The run's denoiser as a ``Workload``: its LoRA injected as the trainer does (float32, trainable), or trained
     in full with ``--trainable_models``, its frozen Linear weights in fp8 with ``fp8`` (``--fp8_models``), and a step
     on a ``--batch_size`` batch of the largest sample; host memory for ``local_processes`` on a machine, sharing one
     host copy of the frozen weights unless ``--shared_host_weights off``; the optimizer's state by
     ``--customized_optimizer``, the EMA with ``--ema_decay``, gradients one at a time with
-    ``--fused_optimizer_step``."""
+    ``--fused_optimizer_step``. ``scope`` is the pipeline's ``part_scope``: what a model part (Wan VACE's
+    ``vace``) trains of the denoiser."""
     dtype = resolve_dtype(run.model.torch_dtype)
     model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
     model.requires_grad_(False)
     if run.lora.lora_base_model:
         targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
+        if scope is not None:
+            targets = scoped_targets(model, targets, *scope(run.lora.lora_base_model, model))
         settings = AdapterSettings(run.lora.lora_type, run.lora.lora_rank, run.lora.lora_alpha or run.lora.lora_rank,
                                    run.lora.use_dora, run.lora.lokr_factor)
         with torch.device("meta"):  # adapter weights made where they go: nothing is initialised on the CPU first
             inject_adapter(model, settings, targets)  # its trainable weights (LoHa, LoKr, DoRA's too) counted here
     else:
         model.requires_grad_(True)
+        scopes = [scope(name, model) for name in run.training.trainable] if scope is not None else []
+        if any(inside for inside, _ in scopes):  # a model part alone (Wan VACE's vace): the rest stays frozen
+            model.requires_grad_(False)
+        for inside, outside in scopes:
+            for child in inside:
+                model.get_submodule(child).requires_grad_(True)
+            for child in outside:
+                model.get_submodule(child).requires_grad_(False)
     if fp8:
         enable_fp8_storage(model)
     inputs = denoiser_inputs(model, *sample_shape(run.dataset), dtype, batch=run.dataset.batch_size)
@@ -335,7 +346,8 @@ def plan_placement(run: RunConfig, pipeline_class: Any, device: torch.device,
                         torch.cuda.mem_get_info(device)[0] - DEVICE_MARGIN_BYTES if cuda else None)
     ram = budget_bytes(placement.ram_budget, "ram_budget", available_host_bytes())
     model, others, fp8 = denoiser_skeleton(run, pipeline_class)
-    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases, fp8=fp8,
+    workload = build_workload(model, run, others, pipeline_class.lora_target_aliases,
+                              scope=pipeline_class.part_scope, fp8=fp8,
                               local_processes=local_processes)
     try:
         report = plan_workload(workload, placement, measure_device(device), vram, ram)

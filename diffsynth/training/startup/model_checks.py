@@ -204,15 +204,17 @@ def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
         problems += quant_model_problems(run.model, run.training.trainable, configs, slots, trains,
                                          {name: skeletons[name] for name in quantized if name in skeletons})
     if trains:
-        trainable = run.training.trainable
+        # A model part (Wan VACE's vace) is checked on the model that holds it.
+        trainable = [pipeline_class.host_model(name) for name in run.training.trainable]
         problems += _unknown_names("--trainable_models", run.training.trainable_models, trainable, slots)
-        if run.lora.lora_base_model:
-            problems += _unknown_names("--lora_base_model", run.lora.lora_base_model, [run.lora.lora_base_model], slots)
+        lora_model = pipeline_class.host_model(run.lora.lora_base_model) if run.lora.lora_base_model else None
+        if lora_model:
+            problems += _unknown_names("--lora_base_model", run.lora.lora_base_model, [lora_model], slots)
         denoisers = pipeline_class.denoising_model_names if run.placement.blocks_to_swap else ()
-        wanted = {run.lora.lora_base_model, *denoisers} - set(skeletons)
+        wanted = {lora_model, *denoisers} - set(skeletons)
         skeletons.update(_skeletons(wanted, slots, run.model.torch_dtype))
         problems += _dora_problems(run, slots, quantized)
-        problems += _lora_target_problems(run, pipeline_class, skeletons.get(run.lora.lora_base_model))
+        problems += _lora_target_problems(run, pipeline_class, skeletons.get(lora_model))
         problems += _block_swap_problems(run.placement.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})
         problems += _sampling_problems(run, pipeline_class, slots)

@@ -85,3 +85,24 @@ def test_a_first_last_frame_entry_passes_both_images_and_a_missing_one_is_named(
     assert arguments["end_image"].getpixel((0, 0)) == (30, 30, 200)
     with pytest.raises(ValidationError, match="end_image"):
         read_validation_prompts(prompt_file(tmp_path, input_image="first.png", end_image="gone.png"))
+
+
+def test_video_inputs_are_read_at_the_render_size_and_frame_count(tmp_path):
+    from diffsynth.core.data.example_dataset import write_gif
+
+    frames = [Image.new("RGB", (40, 24), (index * 30, 0, 0)) for index in range(7)]
+    write_gif(tmp_path / "control.gif", frames)
+    Image.new("RGB", (40, 24), (0, 0, 200)).save(tmp_path / "ref.png")
+    prompts = read_validation_prompts(prompt_file(tmp_path, vace_video="control.gif",
+                                                  vace_reference_image=["ref.png", "ref.png"]))
+    config = ValidationConfig(tuple(prompts), every_steps=1, every_epochs=None, max_pixels=48 * 32,
+                              fixed_size=(32, 48), max_frames=5)
+    arguments = config.call_arguments(prompts[0], 16)
+    assert len(arguments["vace_video"]) == 5 and arguments["vace_video"][0].size == (48, 32)
+    assert [image.size for image in arguments["vace_reference_image"]] == [(40, 24)] * 2
+
+
+def test_a_video_input_that_is_no_video_file_is_refused_naming_the_key(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "still.png")
+    with pytest.raises(ValidationError, match='"vace_video_mask" .*still.png is not a video file'):
+        read_validation_prompts(prompt_file(tmp_path, vace_video_mask="still.png"))

@@ -35,7 +35,7 @@ def test_a_control_entry_renders_with_its_clip_image_and_camera(tmp_path):
 @pytest.mark.parametrize(("keys", "message"), [
     ({"control_video": "missing.mp4"}, '"control_video"'),
     ({"control_video": "look.png"}, "not a video file"),
-    ({"control_video": 3}, "give a video path"),
+    ({"control_video": 3}, "give a path relative to the prompt file"),
     ({"camera_control_speed": "fast"}, '"camera_control_speed"'),
     ({"camera_control_direction": ""}, '"camera_control_direction"'),
     ({"reference_image": "missing.png"}, '"reference_image"'),

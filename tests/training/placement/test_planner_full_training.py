@@ -86,3 +86,19 @@ def test_no_full_training_plan_fitting_names_the_smallest_host_memory_and_the_le
     assert f"needs {needed / GIB:.1f} GiB of host memory; raise --ram_budget to that" in message
     assert "--customized_optimizer bitsandbytes.optim.AdamW8bit" in message and "--fused_optimizer_step" in message
     assert choose(predictions, least_device, needed, full_training=True).host_bytes <= needed
+
+
+@pytest.mark.parametrize(("flags", "trained"), [(["--trainable_models", "vace"], ("vace_blocks", "vace_patch_embedding")),
+                                                (["--lora_base_model", "vace"], ("vace_blocks",)),
+                                                (["--lora_base_model", "dit"], ("blocks",))])
+def test_a_model_part_plans_only_its_own_modules(flags, trained):
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
+    from diffsynth.training.placement.planner import build_architecture
+
+    args = parse_args(["--model_id_with_origin_paths", "Wan-AI/Wan2.1-VACE-1.3B:diffusion_pytorch_model*.safetensors",
+                       "--dataset_metadata_path", "unused.csv", "--height", "32", "--width", "32", "--num_frames",
+                       "5", *flags], video=True).with_pipeline_defaults(WanVideoPipeline)
+    workload = build_workload(build_architecture("wan2.1-vace-1.3b", "bfloat16"), args, (),
+                              WanVideoPipeline.lora_target_aliases, scope=WanVideoPipeline.part_scope)
+    names = [name for name, param in workload.model.named_parameters() if param.requires_grad]
+    assert names and {name.split(".")[0] for name in names} == set(trained)
