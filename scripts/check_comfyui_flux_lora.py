@@ -59,12 +59,15 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Empty modules for the packages ComfyUI imports at start-up that are not installed (its video and audio
     models' dependencies); the LoRA code never calls them."""
 
-    NAMES = ("torchvision", "torchaudio", "av", "torchsde", "spandrel", "kornia", "einops", "scipy")
+    NAMES = ("torchvision", "torchaudio", "av", "torchsde", "spandrel", "kornia", "einops", "scipy",
+             "comfy_aimdo")  # the last: newer snapshots' memory manager
 
     def find_spec(self, name, path, target=None):
         top = name.split(".")[0]
         if top not in self.NAMES:
             return None
+        if getattr(getattr(sys.modules.get(top), "__spec__", None), "loader", None) is self:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)  # a stand-in's submodule
         sys.meta_path.remove(self)
         try:
             installed = importlib.util.find_spec(top) is not None
@@ -105,10 +108,12 @@ def tiny_flux() -> torch.nn.Module:
                                   pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 14, 14)).eval()
 
 
-def random_lora(model: torch.nn.Module, rank: int = 4, scale: float = 0.5) -> LoRAWeights:
+def random_lora(model: torch.nn.Module, rank: int = 4, scale: float = 0.5,
+                names: list[str] | None = None) -> LoRAWeights:
+    """A random LoRA on ``names`` (default: every LoRA-able layer of ``model``), ``scale`` = alpha / rank."""
     generator = torch.Generator().manual_seed(1)
     layers = {}
-    for name in lora_layer_names(model):
+    for name in lora_layer_names(model) if names is None else names:
         weight = model.get_submodule(name).weight
         layers[name] = LoRALayer(torch.randn(rank, weight.shape[1], generator=generator) * 0.1,
                                  torch.randn(weight.shape[0], rank, generator=generator) * 0.1, scale)
@@ -133,10 +138,11 @@ def to_bfl(state_dict: dict[str, torch.Tensor], key_map: dict) -> dict[str, torc
     return whole
 
 
-def comfyui_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
-    """The check scripts' flags: ``--mirror`` (a bare git mirror of ComfyUI) and ``--rev``."""
+def comfyui_arguments(doc: str, argv: list[str] | None,
+                      mirror: Path = Path("/work/.mirror/Comfy-Org+ComfyUI/repo")) -> argparse.Namespace:
+    """The check scripts' flags: ``--mirror`` (a bare git mirror of ComfyUI; ``mirror`` by default) and ``--rev``."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--mirror", type=Path, default=Path("/work/.mirror/Comfy-Org+ComfyUI/repo"),
+    parser.add_argument("--mirror", type=Path, default=mirror,
                         help="A bare git mirror of Comfy-Org/ComfyUI.")
     parser.add_argument("--rev", default="HEAD", help="The ComfyUI commit to check against.")
     return parser.parse_args(argv)
