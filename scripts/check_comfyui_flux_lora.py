@@ -173,6 +173,30 @@ def comfyui_patches(comfy, model_class: type, unet_config: dict, state_dict: dic
     return patches, messages
 
 
+def comfyui_changes(comfy, model_class: type, path: Path,
+                    base: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, list[str]]:
+    """ComfyUI's change of each base weight (its native names) after loading ``path`` at strength 1.0 on a model of
+    ``model_class``, the number of keys it loaded, and its messages about keys it did not load or adapters that failed
+    (it logs those rather than raising)."""
+    patches, messages = comfyui_patches(comfy, model_class, {}, base, load_file(str(path)))
+    changed = {}
+    for key, adapter in patches.items():
+        patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
+        changed[key] = patched - base[key]
+    loaded = {key for adapter in patches.values() for key in adapter.loaded_keys}
+    return changed, len(loaded), [message for message in messages if "not loaded" in message or "ERROR" in message]
+
+
+def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str:
+    """How far ``theirs`` (weight changes by key) is from ``ours``: the count changed, the ratio range, the largest
+    difference."""
+    both = [key for key in ours if key in theirs]
+    ratios = [float((theirs[key] * ours[key]).sum() / (ours[key] * ours[key]).sum()) for key in both]
+    largest = max((float((theirs[key] - ours[key]).abs().max()) for key in both), default=float("nan"))
+    return (f"weights changed {len(both)}/{len(ours)} (others: {len(set(theirs) - set(ours))}), ratio "
+            f"{min(ratios, default=0):.6f}..{max(ratios, default=0):.6f}, largest difference {largest:.1e}")
+
+
 def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list]:
     """The BFL weights after ComfyUI loads ``lora_file`` at strength 1.0, and the keys it reported unused."""
     unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}

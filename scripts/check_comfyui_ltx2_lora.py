@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling script's ComfyUI export
-from check_comfyui_flux_lora import comfyui_arguments, comfyui_patches, export, import_comfy, random_lora
+from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy, random_lora
 
 from diffsynth.lora import inspect_lora, load_lora, naming_for
 from diffsynth.lora.formats import write_lora
@@ -77,26 +77,6 @@ def comfy_model_check(comfy, arguments: dict, base: dict[str, torch.Tensor]) -> 
             f"({len(misshapen)} of another shape){'; missing: ' + ', '.join(missing[:4]) if missing else ''}")
 
 
-def comfyui_changes(comfy, path: Path, base: dict[str, torch.Tensor]) -> tuple[dict, int, list]:
-    """ComfyUI's change of each base weight after loading ``path`` at strength 1.0, the number of keys it loaded and
-    the messages of the keys it left unused (or an adapter's failure, which it logs rather than raises)."""
-    patches, messages = comfyui_patches(comfy, comfy.model_base.LTXAV, {}, base, load_file(str(path)))
-    changed = {}
-    for key, adapter in patches.items():
-        patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
-        changed[key] = patched - base[key]
-    loaded = {key for adapter in patches.values() for key in adapter.loaded_keys}
-    return changed, len(loaded), [message for message in messages if "not loaded" in message or "ERROR" in message]
-
-
-def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str:
-    both = [key for key in ours if key in theirs]
-    ratios = [float((theirs[key] * ours[key]).sum() / (ours[key] * ours[key]).sum()) for key in both]
-    largest = max((float((theirs[key] - ours[key]).abs().max()) for key in both), default=float("nan"))
-    return (f"weights changed {len(both)}/{len(ours)} (others: {len(set(theirs) - set(ours))}), ratio "
-            f"{min(ratios, default=0):.6f}..{max(ratios, default=0):.6f}, largest difference {largest:.1e}")
-
-
 def lora_files(folder: Path, family: str, model: torch.nn.Module) -> list[tuple[str, Path, dict, object]]:
     """The universal, kohya and diffusers file of a random LoRA on :func:`targets`, each with our merge's change of
     each weight and ``python -m diffsynth.lora inspect``'s emulation of ComfyUI."""
@@ -130,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         for family, (arguments, base, count, runs) in families.items():
             print(f"{family}: {count} LoRA layers; {comfy_model_check(comfy, arguments, base)}")
             for layout, path, ours, emulated in runs:
-                theirs, loaded, unused = comfyui_changes(comfy, path, base)
+                theirs, loaded, unused = comfyui_changes(comfy, comfy.model_base.LTXAV, path, base)
                 print(f"  {layout:<9} keys loaded {loaded}/{len(load_file(str(path)))}, unused {len(unused)}; "
                       f"{compare(ours, theirs)}; emulation: {emulated.mapped}/{emulated.total} layers"
                       + ("" if emulated.strength is None else f" at {emulated.strength:.6f}"))

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from check_comfyui_flux_lora import comfyui_arguments, comfyui_patches, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
+from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
@@ -73,28 +73,6 @@ def peft_changes(adapted: torch.nn.Module) -> dict[str, torch.Tensor]:
     return changes
 
 
-def comfyui_changes(comfy, path: Path, base: dict[str, torch.Tensor]) -> tuple[dict, int, list]:
-    """ComfyUI's change of each base weight (native names) after loading ``path`` at strength 1.0, the number of
-    keys it loaded and the keys it reported unused."""
-
-    patches, messages = comfyui_patches(comfy, comfy.model_base.WAN21, {}, base, load_file(str(path)))
-    changed = {}
-    for key, adapter in patches.items():
-        patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
-        changed[key] = patched - base[key]
-    loaded = {key for adapter in patches.values() for key in adapter.loaded_keys}
-    # Its own messages: keys it did not load, and an adapter's failure (logged, not raised).
-    return changed, len(loaded), [message for message in messages if "not loaded" in message or "ERROR" in message]
-
-
-def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str:
-    both = [key for key in ours if key in theirs]
-    ratios = [float((theirs[key] * ours[key]).sum() / (ours[key] * ours[key]).sum()) for key in both]
-    largest = max((float((theirs[key] - ours[key]).abs().max()) for key in both), default=float("nan"))
-    return (f"changed {len(both)}/{len(ours)}, ratio {min(ratios, default=0):.6f}..{max(ratios, default=0):.6f}, "
-            f"largest difference {largest:.1e}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = comfyui_arguments(__doc__, argv)
     model = tiny_wan()
@@ -123,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ComfyUI {commit[:10]}; tiny Wan, {len(TARGETS)} targets x 2 blocks, alpha / rank != 1")
         for case, layout, path, want, ours in runs:
             keys = len(load_file(str(path)))
-            theirs, loaded, unused = comfyui_changes(comfy, path, base)
+            theirs, loaded, unused = comfyui_changes(comfy, comfy.model_base.WAN21, path, base)
             print(f"{case:<21} {layout:<9} keys loaded {loaded}/{keys}, unused {len(unused)}; ComfyUI vs peft: "
                   f"{compare(want, theirs)}; load_lora vs peft: {compare(want, ours)}")
             for message in unused[:3]:

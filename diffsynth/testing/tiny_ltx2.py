@@ -25,6 +25,7 @@ tokens and single characters, built from scratch; it pads on the left, as the Ge
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -181,11 +182,18 @@ def build_tiny_ltx2(root: Path, model_id: str = LTX2_MODEL_ID, seed: int = 0) ->
 
     Seeds: ``seed`` plus one offset per component (``_SEEDS``).
     """
-    repo = prepare_repo(root, model_id)
+    return write_ltx2_repo(prepare_repo(root, model_id), seed, {"transformer": _transformer,
+                                                                 "connectors": _connectors, "vocoder": _vocoder},
+                           _COMPONENTS)
+
+
+def write_ltx2_repo(repo: Path, seed: int, builders: dict[str, Callable[[], torch.nn.Module]],
+                    components: dict) -> Path:
+    """Writes a tiny LTX-2-family repo in the diffusers layout at ``repo``: Gemma and its tokenizer, the VAEs, and the
+    models ``builders`` give (``transformer``, ``connectors``, ``vocoder``), each under its seed offset."""
     tokenizer = build_gemma_tokenizer()
     tokenizer.save_pretrained(repo / "tokenizer")
-    builders = {"text_encoder": lambda: _gemma(tokenizer), "transformer": _transformer, "connectors": _connectors,
-                "vae": _video_vae, "audio_vae": _audio_vae, "vocoder": _vocoder}
+    builders = {"text_encoder": lambda: _gemma(tokenizer), "vae": _video_vae, "audio_vae": _audio_vae, **builders}
     for folder, build in builders.items():
         with seeded(seed + _SEEDS[folder]):
             model = build()
@@ -193,7 +201,7 @@ def build_tiny_ltx2(root: Path, model_id: str = LTX2_MODEL_ID, seed: int = 0) ->
         shard = SHARD_SIZE if folder in ("transformer", "text_encoder") else "1GB"
         model.save_pretrained(repo / folder, max_shard_size=shard)
     write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
-    write_json(repo / "model_index.json", model_index("LTX2Pipeline", _COMPONENTS))
+    write_json(repo / "model_index.json", model_index("LTX2Pipeline", components))
     return repo
 
 

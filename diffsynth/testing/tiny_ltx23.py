@@ -35,8 +35,7 @@ import torch
 from ..core.files import atomic_save_safetensors
 from ..pipelines.ltx2.original import connectors_key_to_original, transformer_key_to_original
 from ..pipelines.ltx2.original_audio import bwe_vocoder_key_to_original
-from ..pipelines.ltx2.units import SCHEDULER_CONFIG
-from .tiny_common import SHARD_SIZE, model_index, prepare_repo, seeded, write_json
+from .tiny_common import prepare_repo, seeded
 from .tiny_ltx2 import (
     _COMPONENTS,
     _SEEDS,
@@ -44,10 +43,9 @@ from .tiny_ltx2 import (
     TEXT_HIDDEN_SIZE,
     _audio_vae,
     _connectors,
-    _gemma,
     _transformer,
     _video_vae,
-    build_gemma_tokenizer,
+    write_ltx2_repo,
 )
 from .tiny_ltx2_repackage import _original, audio_vae_section, official_metadata, vae_part_files
 
@@ -155,19 +153,9 @@ def build_tiny_ltx23(root: Path, model_id: str = LTX23_MODEL_ID, seed: int = 0) 
 
     Seeds: ``seed`` plus LTX-2's offset per component, so the shared components equal the tiny LTX-2's.
     """
-    repo = prepare_repo(root, model_id)
-    tokenizer = build_gemma_tokenizer()
-    tokenizer.save_pretrained(repo / "tokenizer")
-    builders = {"text_encoder": lambda: _gemma(tokenizer), "transformer": _transformer_23,
-                "connectors": _connectors_23, "vae": _video_vae, "audio_vae": _audio_vae, "vocoder": _vocoder_23}
-    for folder, build in builders.items():
-        with seeded(seed + _SEEDS[folder]):
-            model = build()
-        shard = SHARD_SIZE if folder in ("transformer", "text_encoder") else "1GB"
-        model.save_pretrained(repo / folder, max_shard_size=shard)
-    write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
-    write_json(repo / "model_index.json", model_index("LTX2Pipeline", _COMPONENTS_23))
-    return repo
+    return write_ltx2_repo(prepare_repo(root, model_id), seed, {"transformer": _transformer_23,
+                                                                 "connectors": _connectors_23, "vocoder": _vocoder_23},
+                           _COMPONENTS_23)
 
 
 def build_tiny_ltx23_repackage(root: Path, model_id: str = LTX23_REPACKAGE_MODEL_ID, seed: int = 0) -> Path:
