@@ -32,6 +32,16 @@ def in_process_runs(base, fresh_accelerate_state):
     """Every test here runs the trainer in-process on the tiny repos."""
 
 
+@pytest.fixture
+def pythons_ctrl_c():
+    """Python's own SIGINT handler, as in a terminal: a test run earlier in the same worker process (a launcher, a
+    library) may have left another one, and the second Ctrl-C hands the signal to whatever was there before."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("pythons_ctrl_c")
 def test_the_first_signal_asks_and_a_second_ctrl_c_aborts_at_once():
     before = signal.getsignal(signal.SIGINT)
     with PreemptionListener() as listener:
@@ -42,6 +52,7 @@ def test_the_first_signal_asks_and_a_second_ctrl_c_aborts_at_once():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.usefixtures("pythons_ctrl_c")
 def test_a_repeated_sigterm_only_repeats_the_request_and_ctrl_c_then_aborts(caplog):
     heard = []
 

@@ -4,6 +4,7 @@
 # LeftDown, RightUp, RightDown, In, Out) and camera_control_speed (e.g. 0.0185); input_image is the metadata's
 # column when it has one (add it to --data_file_keys), else the first frame of the clip. See docs/en/Wan_Control.md
 # for the dataset layout and inference.
+# --num_frames 81 is the reference's default, which its command leaves implicit.
 set -e
 
 accelerate launch --config_file examples/wanvideo/model_training/full/accelerate_config_14B.yaml examples/wanvideo/model_training/train.py \
@@ -11,6 +12,7 @@ accelerate launch --config_file examples/wanvideo/model_training/full/accelerate
   --dataset_metadata_path data/diffsynth_example_dataset/wanvideo/Wan2.1-Fun-V1.1-14B-Control-Camera/metadata.csv \
   --height 480 \
   --width 832 \
+  --num_frames 81 \
   --dataset_repeat 100 \
   --model_id_with_origin_paths "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera:diffusion_pytorch_model*.safetensors,PAI/Wan2.1-Fun-V1.1-14B-Control-Camera:models_t5_umt5-xxl-enc-bf16.pth,PAI/Wan2.1-Fun-V1.1-14B-Control-Camera:Wan2.1_VAE.pth,PAI/Wan2.1-Fun-V1.1-14B-Control-Camera:models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth" \
   --learning_rate 1e-5 \

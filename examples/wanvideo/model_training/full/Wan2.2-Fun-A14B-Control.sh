@@ -5,6 +5,7 @@
 # control clip: depth, edges, pose... as long as the video) and reference_image (an image file whose look the video
 # takes). No first frame is given: the image condition is zeros, as in the reference. See docs/en/Wan_Control.md for
 # the dataset layout and inference.
+# --num_frames 81 is the reference's default, which its command leaves implicit.
 set -e
 
 accelerate launch --config_file examples/wanvideo/model_training/full/accelerate_config_14B.yaml examples/wanvideo/model_training/train.py \
@@ -13,6 +14,7 @@ accelerate launch --config_file examples/wanvideo/model_training/full/accelerate
   --data_file_keys "video,control_video,reference_image" \
   --height 480 \
   --width 832 \
+  --num_frames 81 \
   --dataset_repeat 100 \
   --model_id_with_origin_paths "PAI/Wan2.2-Fun-A14B-Control:high_noise_model/diffusion_pytorch_model*.safetensors,PAI/Wan2.2-Fun-A14B-Control:models_t5_umt5-xxl-enc-bf16.pth,PAI/Wan2.2-Fun-A14B-Control:Wan2.1_VAE.pth" \
   --learning_rate 1e-4 \
@@ -31,6 +33,7 @@ accelerate launch --config_file examples/wanvideo/model_training/full/accelerate
   --data_file_keys "video,control_video,reference_image" \
   --height 480 \
   --width 832 \
+  --num_frames 81 \
   --dataset_repeat 100 \
   --model_id_with_origin_paths "PAI/Wan2.2-Fun-A14B-Control:low_noise_model/diffusion_pytorch_model*.safetensors,PAI/Wan2.2-Fun-A14B-Control:models_t5_umt5-xxl-enc-bf16.pth,PAI/Wan2.2-Fun-A14B-Control:Wan2.1_VAE.pth" \
   --learning_rate 1e-4 \
