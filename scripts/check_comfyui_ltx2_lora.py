@@ -29,15 +29,8 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling script's ComfyUI export
-from check_comfyui_flux_lora import (
-    comfyui_arguments,
-    comfyui_changes,
-    compare,
-    export,
-    import_comfy,
-    random_lora,
-    stand_in_model,
-)
+from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy, random_lora
+from check_comfyui_flux_lora import stand_in_model
 
 from diffsynth.lora import inspect_lora, load_lora, naming_for
 from diffsynth.lora.formats import write_lora

@@ -26,14 +26,8 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from check_comfyui_flux_lora import (  # noqa: E402 - the sibling script's ComfyUI export
-    comfyui_arguments,
-    comfyui_changes,
-    compare,
-    export,
-    import_comfy,
-    stand_in_model,
-)
+from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
+from check_comfyui_flux_lora import stand_in_model  # noqa: E402
 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402

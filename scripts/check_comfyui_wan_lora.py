@@ -37,15 +37,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).parent))  # the sibling script's ComfyUI export
-from check_comfyui_flux_lora import (  # noqa: E402
-    comfyui_arguments,
-    comfyui_changes,
-    compare,
-    export,
-    import_comfy,
-    random_lora,
-)
+sys.path.insert(0, str(Path(__file__).parent))
+import check_comfyui_flux_lora as harness  # noqa: E402 - the sibling script's ComfyUI export and comparison
 
 from diffsynth.lora import inspect_lora, load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
@@ -116,7 +109,7 @@ def prepare(variant: Variant, folder: Path) -> Prepared:
     torch.manual_seed(0)
     model = variant.build().eval()
     naming, names = naming_for(model), lora_layer_names(model)
-    weights = random_lora(model, names=names)
+    weights = harness.random_lora(model, names=names)
     state = model.state_dict()
     originals = dit_original_keys(list(state))
     base = {PREFIX + originals[key]: value.detach().clone() for key, value in state.items()}
@@ -155,11 +148,11 @@ def comfy_model(comfy, base: dict[str, torch.Tensor]) -> tuple[object, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = comfyui_arguments(__doc__, argv, MIRROR)
+    args = harness.comfyui_arguments(__doc__, argv, MIRROR)
     with tempfile.TemporaryDirectory() as folder:
         prepared = [prepare(variant, Path(folder)) for variant in VARIANTS]
-        commit = export(args.mirror, args.rev, Path(folder) / "comfyui")
-        comfy = import_comfy(Path(folder) / "comfyui")
+        commit = harness.export(args.mirror, args.rev, Path(folder) / "comfyui")
+        comfy = harness.import_comfy(Path(folder) / "comfyui")
         print(f"ComfyUI {commit[:10]}; alpha / rank 0.5 on every LoRA-able layer")
         failures = 0
         for item in prepared:
@@ -171,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             if model is None:
                 continue
             for layout, path, ours, emulated in item.runs:
-                theirs, loaded, unused = comfyui_changes(comfy, model, path, item.base)
+                theirs, loaded, unused = harness.comfyui_changes(comfy, model, path, item.base)
                 print(f"  {layout:<9} keys loaded {loaded}/{len(load_file(str(path)))}, unused {len(unused)}; "
-                      f"{compare(ours, theirs)}; emulation: {emulated.mapped}/{emulated.total} layers"
+                      f"{harness.compare(ours, theirs)}; emulation: {emulated.mapped}/{emulated.total} layers"
                       + ("" if emulated.strength is None else f" at {emulated.strength:.6f}"))
                 for message in unused[:2]:
                     print(f"    {message}")
