@@ -1,0 +1,75 @@
+"""FLUX.2's prompt embedding, for both of its text encoders, as diffusers computes it.
+
+- FLUX.2 [klein] (``Qwen3ForCausalLM``, diffusers' ``Flux2KleinPipeline``): the prompt as the user turn of Qwen3's chat
+  template with the assistant's turn opened and thinking off; the hidden states after layers 9, 18 and 27.
+- FLUX.2 [dev] (``Mistral3ForConditionalGeneration``, diffusers' ``Flux2Pipeline``): BFL's system message, then the
+  prompt as the user turn (``[IMG]`` removed from it, as diffusers does), no assistant turn; the hidden states after
+  layers 10, 20 and 30.
+
+Either way the prompt is padded to ``max_sequence_length`` tokens and the three layers' states are laid side by side
+per token, padding tokens included (diffusers passes them all to the transformer, unmasked).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..common import PromptUnit
+
+if TYPE_CHECKING:
+    from .pipeline import Flux2KleinPipeline
+
+__all__ = ["PromptEmbedderUnit", "MISTRAL_SYSTEM_MESSAGE"]
+
+TOKENIZER_MAX_LENGTH = 512
+# diffusers' SYSTEM_MESSAGE (pipelines/flux2/system_messages.py), line break included; DiffSynth-Studio's copy joins the
+# two lines with a space instead, so its [dev] prompt embeddings differ from diffusers' by that one token.
+MISTRAL_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                          "on object relationships, object\nattribution and actions without speculation.")
+
+
+def qwen3_tokens(tokenizer: Any, prompt: str, max_length: int) -> Any:
+    """FLUX.2 [klein]'s prompt tokens: the user turn of Qwen3's chat template, thinking off."""
+    messages = [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    return tokenizer(text, return_tensors="pt", padding="max_length", truncation=True, max_length=max_length)
+
+
+def mistral3_tokens(tokenizer: Any, prompt: str, max_length: int) -> Any:
+    """FLUX.2 [dev]'s prompt tokens: BFL's system message and the user turn (a tokenizer or a Pixtral processor)."""
+    messages = [[{"role": "system", "content": [{"type": "text", "text": MISTRAL_SYSTEM_MESSAGE}]},
+                 {"role": "user", "content": [{"type": "text", "text": prompt.replace("[IMG]", "")}]}]]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True, return_dict=True,
+                                         return_tensors="pt", padding="max_length", truncation=True,
+                                         max_length=max_length)
+
+
+# Per text encoder class: how its prompt is tokenized, the hidden states stacked, and the release it comes with.
+ENCODERS = {
+    "Qwen3ForCausalLM": (qwen3_tokens, (9, 18, 27), "a FLUX.2 [klein] repository"),
+    "Mistral3ForConditionalGeneration": (mistral3_tokens, (10, 20, 30), "black-forest-labs/FLUX.2-dev"),
+}
+
+
+class PromptEmbedderUnit(PromptUnit):
+    """Encodes the prompt (and, with CFG, the negative prompt) with the loaded text encoder.
+
+    Outputs ``prompt_emb``, ``(1, max_sequence_length, 3 * hidden)``.
+    """
+
+    text_encoder_entry = "black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors"
+
+    def process(self, pipe: Flux2KleinPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
+        self.require_text_encoder(pipe)
+        tokenize, layers, release = ENCODERS[type(pipe.text_encoder).__name__]
+        tokens = tokenize(pipe.tokenizer, prompt or "", max_sequence_length or TOKENIZER_MAX_LENGTH)
+        hidden = pipe.text_encoder(input_ids=tokens["input_ids"].to(pipe.device),
+                                   attention_mask=tokens["attention_mask"].to(pipe.device),
+                                   output_hidden_states=True, use_cache=False).hidden_states
+        if len(hidden) <= max(layers):
+            raise ValueError(f"the text encoder has {len(hidden) - 1} layers; FLUX.2 reads the hidden states of layers "
+                             f"{layers}: load the {type(pipe.text_encoder).__name__} text encoder of {release}")
+        stacked = torch.stack([hidden[index] for index in layers], dim=2)  # (B, L, 3, D)
+        return {"prompt_emb": stacked.flatten(2).to(pipe.torch_dtype)}
