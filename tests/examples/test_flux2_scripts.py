@@ -49,8 +49,8 @@ def trained(path: Path, lora: bool) -> float:
 
 def test_the_reference_scripts_and_configs_exist():
     names = {str(path.relative_to(FLUX2)) for path in FLUX2.rglob("*") if path.is_file()}
-    assert {*SCRIPTS, "special/split_training/FLUX.2-klein-base-4B_lora.sh", "full/accelerate_config.yaml",
-            "full/accelerate_config_zero3.yaml", "train.py"} <= names
+    assert {*SCRIPTS, *DEV_SCRIPTS, "special/split_training/FLUX.2-klein-base-4B_lora.sh",
+            "full/accelerate_config.yaml", "full/accelerate_config_zero3.yaml", "train.py"} <= names
 
 
 @pytest.mark.parametrize("edit", [False, True], ids=["plain", "edit"])

@@ -51,8 +51,8 @@ def render(pipe, seed=7, **options):
 
 
 def render_theirs(pipe, guidance, seed=7, **options):
-    return pipe(prompt=PROMPT, guidance_scale=guidance, num_inference_steps=3, generator=torch.Generator().manual_seed(seed),
-                output_type="pt", **options).images
+    return pipe(prompt=PROMPT, guidance_scale=guidance, num_inference_steps=3, output_type="pt",
+                generator=torch.Generator().manual_seed(seed), **options).images
 
 
 @pytest.mark.parametrize(("guidance", "with_image"), [(4.0, False), (2.5, True)])
@@ -109,11 +109,11 @@ def test_a_trained_lora_loads_fully_in_diffusers_and_changes_its_output(base, th
                       "to_q,to_k,to_v,to_out.0,add_q_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj")
     # The universal file keeps diffusers' names bare (ComfyUI's FLUX.2 map); its twin is the one diffusers reads whole.
     twin = lora.with_name("epoch-0.diffusers.safetensors")
-    before = render_theirs(theirs, 4.0, **SIZE)
+    before = render_theirs(theirs, 4.0, height=32, width=32)
     try:
         assert load_lora_into_diffusers(theirs, twin, "dev") == []
         layers = [name for name, _ in theirs.transformer.named_parameters() if "lora_A" in name]
-        with_lora = render_theirs(theirs, 4.0, **SIZE)
+        with_lora = render_theirs(theirs, 4.0, height=32, width=32)
     finally:
         theirs.unload_lora_weights()
     double, single = len(theirs.transformer.transformer_blocks), len(theirs.transformer.single_transformer_blocks)
