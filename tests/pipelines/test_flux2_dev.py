@@ -82,6 +82,10 @@ def test_the_prompt_embedding_is_diffusers(ours, theirs):
     assert embedding.shape == (1, 256, 3 * 16) and torch.equal(embedding, reference)
     other = PromptEmbedderUnit().process(ours, "a green sphere", 256)["prompt_emb"]
     assert (other - reference).abs().max() > 1e-2
+    without_encoder = Flux2KleinPipeline()
+    without_encoder.dit = ours.dit
+    with pytest.raises(ValueError, match=r"add 'black-forest-labs/FLUX.2-dev:text_encoder/\*.safetensors'"):
+        PromptEmbedderUnit().process(without_encoder, PROMPT, 256)
 
 
 def test_dev_runs_without_cfg_unless_asked_and_trains_at_guidance_one(ours):

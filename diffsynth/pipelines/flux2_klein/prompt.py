@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["PromptEmbedderUnit", "MISTRAL_SYSTEM_MESSAGE"]
 
 TOKENIZER_MAX_LENGTH = 512
+DEV_TEXT_ENCODER_ENTRY = "black-forest-labs/FLUX.2-dev:text_encoder/*.safetensors"
 # diffusers' SYSTEM_MESSAGE (pipelines/flux2/system_messages.py), line break included; DiffSynth-Studio's copy joins the
 # two lines with a space instead, so its [dev] prompt embeddings differ from diffusers' by that one token.
 MISTRAL_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
@@ -62,7 +63,8 @@ class PromptEmbedderUnit(PromptUnit):
     text_encoder_entry = "black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors"
 
     def process(self, pipe: Flux2KleinPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
-        self.require_text_encoder(pipe)
+        dev = pipe.dit is not None and pipe.dit.config.guidance_embeds
+        self.require_text_encoder(pipe, DEV_TEXT_ENCODER_ENTRY if dev else None)
         tokenize, layers, release = ENCODERS[type(pipe.text_encoder).__name__]
         tokens = tokenize(pipe.tokenizer, prompt or "", max_sequence_length or TOKENIZER_MAX_LENGTH)
         hidden = pipe.text_encoder(input_ids=tokens["input_ids"].to(pipe.device),
