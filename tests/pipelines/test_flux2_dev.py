@@ -2,6 +2,9 @@
 input, a reference image), the Mistral-3 prompt embedding, CFG, training inputs, the tokenizer beside a text encoder
 given by path, and a trained LoRA loading fully in diffusers' pipeline."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -86,6 +89,21 @@ def test_the_prompt_embedding_is_diffusers(ours, theirs):
     without_encoder.dit = ours.dit
     with pytest.raises(ValueError, match=r"add 'black-forest-labs/FLUX.2-dev:text_encoder/\*.safetensors'"):
         PromptEmbedderUnit().process(without_encoder, PROMPT, 256)
+
+
+def test_a_folder_holding_only_the_processors_template_tokenizes_alike(theirs, tiny_root, tmp_path):
+    from transformers import AutoTokenizer
+
+    from diffsynth.pipelines.flux2_klein.prompt import mistral3_tokens
+
+    folder = shutil.copytree(tiny_root / FLUX2_DEV_MODEL_ID / "tokenizer", tmp_path / "tokenizer")
+    template = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").unlink()
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": template}))  # the processor's old file
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.chat_template is None  # a tokenizer reads no chat_template.json
+    assert torch.equal(mistral3_tokens(tokenizer, PROMPT, 256)["input_ids"],
+                       mistral3_tokens(theirs.tokenizer, PROMPT, 256)["input_ids"])
 
 
 def test_dev_runs_without_cfg_unless_asked_and_trains_at_guidance_one(ours):

@@ -12,6 +12,9 @@ per token, padding tokens included (diffusers passes them all to the transformer
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,13 +41,31 @@ def qwen3_tokens(tokenizer: Any, prompt: str, max_length: int) -> Any:
     return tokenizer(text, return_tensors="pt", padding="max_length", truncation=True, max_length=max_length)
 
 
+@functools.cache
+def processor_chat_template(folder: str) -> str | None:
+    """The chat template a processor loads from ``folder``: ``chat_template.jinja``, else the legacy
+    ``chat_template.json``'s; None when it holds neither (or is no folder)."""
+    if not folder:
+        return None
+    jinja, legacy = Path(folder, "chat_template.jinja"), Path(folder, "chat_template.json")
+    if jinja.is_file():
+        return jinja.read_text()
+    return json.loads(legacy.read_text())["chat_template"] if legacy.is_file() else None
+
+
 def mistral3_tokens(tokenizer: Any, prompt: str, max_length: int) -> Any:
-    """FLUX.2 [dev]'s prompt tokens: BFL's system message and the user turn (a tokenizer or a Pixtral processor)."""
+    """FLUX.2 [dev]'s prompt tokens: BFL's system message and the user turn.
+
+    diffusers reads the tokenizer folder as a Pixtral processor (which needs torchvision); here it is a tokenizer,
+    given the processor's chat template from its folder, since the tokenizer's own (if any) may be the text-only one,
+    which renders the message parts differently.
+    """
     messages = [[{"role": "system", "content": [{"type": "text", "text": MISTRAL_SYSTEM_MESSAGE}]},
                  {"role": "user", "content": [{"type": "text", "text": prompt.replace("[IMG]", "")}]}]]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True, return_dict=True,
-                                         return_tensors="pt", padding="max_length", truncation=True,
-                                         max_length=max_length)
+    template = processor_chat_template(str(getattr(tokenizer, "name_or_path", "") or ""))
+    return tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=False, tokenize=True,
+                                         return_dict=True, return_tensors="pt", padding="max_length",
+                                         truncation=True, max_length=max_length)
 
 
 # Per text encoder class: how its prompt is tokenized, the hidden states stacked, and the release it comes with.
