@@ -205,11 +205,12 @@ class PromptUnit(PipelineUnit):
                          input_params_posi={"prompt": "prompt"}, input_params_nega={"prompt": "negative_prompt"},
                          output_params=self.outputs, onload_model_names=self.encoders)
 
-    def require_text_encoder(self, pipe: BasePipeline) -> None:
-        """Raises ValueError naming ``text_encoder_entry`` when the text encoder or its tokenizer is not loaded."""
+    def require_text_encoder(self, pipe: BasePipeline, entry: str | None = None) -> None:
+        """Raises ValueError naming ``entry`` (default ``text_encoder_entry``) when the text encoder or its tokenizer
+        is not loaded."""
         if pipe.text_encoder is None or pipe.tokenizer is None:
             raise ValueError("encoding a prompt needs the text encoder and tokenizer; add "
-                             f"'{self.text_encoder_entry}' to the model configs")
+                             f"'{entry or self.text_encoder_entry}' to the model configs")
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:

@@ -81,8 +81,6 @@ _SHARED_CACHE = ".flux2_klein_shared"
 
 def _write_shared(folder: Path, size: str, seed: int) -> None:
     """Writes ``tokenizer/``, ``text_encoder/`` (seed ``seed``) and ``vae/`` (seed ``seed + 2``) into ``folder``."""
-    import torch
-    from diffusers import AutoencoderKLFlux2
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from .tiny_z_image import build_qwen3_tokenizer  # the byte-level Qwen3 tokenizer the Z-Image repos use too
@@ -101,7 +99,15 @@ def _write_shared(folder: Path, size: str, seed: int) -> None:
     with seeded(seed):
         text_encoder = Qwen3ForCausalLM(config)
     text_encoder.save_pretrained(folder / "text_encoder", max_shard_size=SHARD_SIZE)
-    with seeded(seed + 2):
+    write_flux2_vae(folder / "vae", seed + 2)
+
+
+def write_flux2_vae(folder: Path, seed: int) -> None:
+    """Writes a tiny ``AutoencoderKLFlux2`` (32 latent channels) with random batch-norm statistics into ``folder``."""
+    import torch
+    from diffusers import AutoencoderKLFlux2
+
+    with seeded(seed):
         vae = AutoencoderKLFlux2(
             block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=8, latent_channels=32,
         )
@@ -109,7 +115,23 @@ def _write_shared(folder: Path, size: str, seed: int) -> None:
         # whether they are applied.
         vae.bn.running_mean.copy_(torch.randn_like(vae.bn.running_mean) * 0.1)
         vae.bn.running_var.copy_(torch.rand_like(vae.bn.running_var) + 0.5)
-    vae.save_pretrained(folder / "vae")
+    vae.save_pretrained(folder)
+
+
+def write_flux2_transformer(folder: Path, seed: int, double_blocks: int, single_blocks: int, text_hidden: int,
+                            guidance_embeds: bool) -> None:
+    """Writes a tiny sharded ``Flux2Transformer2DModel`` into ``folder``: 2 heads of 16, reading prompt embeddings of
+    three stacked text-encoder layers of width ``text_hidden``; ``guidance_embeds`` for a guidance-distilled model."""
+    from diffusers import Flux2Transformer2DModel
+
+    with seeded(seed):
+        transformer = Flux2Transformer2DModel(
+            patch_size=1, in_channels=128, num_layers=double_blocks, num_single_layers=single_blocks,
+            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=3 * text_hidden,
+            timestep_guidance_channels=32, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=guidance_embeds,
+        )  # fmt: skip
+    transformer.save_pretrained(folder, max_shard_size=SHARD_SIZE)
 
 
 def _shared_parts(root: Path, size: str, seed: int) -> Path:
@@ -135,8 +157,6 @@ def build_tiny_flux2_klein(root: Path, model_id: str = FLUX2_KLEIN_4B_MODEL_ID, 
     Raises:
         ValueError: ``model_id`` is not a klein release.
     """
-    from diffusers import Flux2Transformer2DModel
-
     if model_id not in _RELEASES:
         raise ValueError(f"model_id={model_id!r} is not a FLUX.2 [klein] release; choose from {sorted(_RELEASES)}")
     size, distilled, transformer_seed = _RELEASES[model_id]
@@ -145,13 +165,8 @@ def build_tiny_flux2_klein(root: Path, model_id: str = FLUX2_KLEIN_4B_MODEL_ID, 
     for name in ("tokenizer", "text_encoder", "vae"):
         shutil.copytree(shared / name, repo / name, copy_function=link_or_copy)
     hidden, double_blocks, single_blocks = _SIZES[size]
-    with seeded(seed + transformer_seed):
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=128, num_layers=double_blocks, num_single_layers=single_blocks,
-            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=3 * hidden,
-            timestep_guidance_channels=32, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False,
-        )  # fmt: skip
-    transformer.save_pretrained(repo / "transformer", max_shard_size=SHARD_SIZE)
+    write_flux2_transformer(repo / "transformer", seed + transformer_seed, double_blocks, single_blocks, hidden,
+                            guidance_embeds=False)
     write_json(repo / "scheduler" / "scheduler_config.json", FLUX2_SCHEDULER_CONFIG)
     write_json(repo / "model_index.json", model_index("Flux2KleinPipeline", _COMPONENTS, is_distilled=distilled))
     return repo

@@ -36,6 +36,7 @@ from .tiny_flux import (
     build_tiny_flux1,
 )
 from .tiny_flux2 import FLUX2_BUILDERS
+from .tiny_flux2_dev import build_tiny_flux2_dev
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
 from .tiny_ltx23 import LTX23_BUILDERS
@@ -274,6 +275,7 @@ BUILDERS = {
     **WAN_VACE_BUILDERS,
     **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
+    "flux2_dev": build_tiny_flux2_dev,
     **Z_IMAGE_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,

@@ -1,4 +1,4 @@
-"""The reference's FLUX.2 [klein] commands run as written on the tiny repos, through the trainer's ``main``.
+"""The reference's FLUX.2 [klein] and [dev] commands run as written on the tiny repos, through the trainer's ``main``.
 
 Each ``accelerate launch`` command of a script, the commented Edit ones included, runs from a scratch working folder
 with only what a user on a small machine would change: the dataset (drawn at the path the script names), the sizes,
@@ -49,8 +49,8 @@ def trained(path: Path, lora: bool) -> float:
 
 def test_the_reference_scripts_and_configs_exist():
     names = {str(path.relative_to(FLUX2)) for path in FLUX2.rglob("*") if path.is_file()}
-    assert {*SCRIPTS, "special/split_training/FLUX.2-klein-base-4B_lora.sh", "full/accelerate_config.yaml",
-            "full/accelerate_config_zero3.yaml", "train.py"} <= names
+    assert {*SCRIPTS, *DEV_SCRIPTS, "special/split_training/FLUX.2-klein-base-4B_lora.sh",
+            "full/accelerate_config.yaml", "full/accelerate_config_zero3.yaml", "train.py"} <= names
 
 
 @pytest.mark.parametrize("edit", [False, True], ids=["plain", "edit"])
@@ -75,15 +75,30 @@ def test_split_script_trains_on_the_cache(workdir):
     assert trained(workdir / "models/train/FLUX.2-klein-base-4B_lora/epoch-0.safetensors", lora=True) > 0
 
 
+DEV_SCRIPTS = ("lora/FLUX.2-dev.sh", "special/npu_training/FLUX.2-dev-Lora-NPU.sh")
+
+
+def test_the_dev_script_trains_in_two_stages(workdir):
+    """Stage 1 caches with the Mistral-3 encoder (the script names no tokenizer: FLUX.2-dev's tokenizer/ is found beside
+    it), stage 2 trains the guidance-distilled transformer, whose 48 single blocks the targets name one by one, from the
+    cache. The NPU script is the same two commands, its stage 2 under ZeRO-3 with the model built on the CPU."""
+    # No data loader workers: spawning the scripts' 8 per run would cost more than the tiny runs themselves.
+    (stage_one, stage_two), (npu_one, npu_two) = (script_commands(FLUX2, script, {"--dataset_num_workers": "0"})
+                                                  for script in DEV_SCRIPTS)
+    assert stage_one == npu_one and stage_one[0] is None and stage_two[0] is None
+    assert npu_two == (FLUX2 / "full/accelerate_config_zero3.yaml", [*stage_two[1][:-2], "--initialize_model_on_cpu",
+                                                                       *stage_two[1][-2:]])
+    assert run_in_process(stage_one[1])["cached"] == 2
+    result = run_in_process(stage_two[1])
+    assert result["global_step"] == 2 and result["module"].pipe.dit.config.guidance_embeds
+    assert trained(workdir / "models/train/FLUX.2-dev-LoRA-splited/epoch-0.safetensors", lora=True) > 0
+
+
 KLEIN = ("black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors,black-forest-labs/FLUX.2-klein-base-4B:"
          "transformer/*.safetensors,black-forest-labs/FLUX.2-klein-4B:vae/diffusion_pytorch_model.safetensors")
 DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--max_pixels", "1048576"]
 # The distinguishing flags of the reference's scripts for features not supported here, as they write them.
 REFUSED = {
-    "lora/FLUX.2-dev": (
-        [*DATA, "--model_id_with_origin_paths", "black-forest-labs/FLUX.2-dev:text_encoder/*.safetensors,"
-         "black-forest-labs/FLUX.2-dev:vae/diffusion_pytorch_model.safetensors", "--lora_base_model", "dit",
-         "--task", "sft:data_process"], "FLUX.2 [dev]"),
     "full/Template-KleinBase4B-Brightness": (
         [*DATA, "--model_id_with_origin_paths", KLEIN, "--template_model_id_or_path",
          "DiffSynth-Studio/Template-KleinBase4B-Brightness:", "--trainable_models", "template_model"],

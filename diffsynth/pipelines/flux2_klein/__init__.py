@@ -1,4 +1,4 @@
-"""FLUX.2 [klein]: the family's room (its spec, pipeline, units and original-layout readers).
+"""FLUX.2 [klein] and [dev]: the family's room (its spec, pipeline, units and prompt encoders).
 
 The pipeline's public names are imported on first use, so that reading the family's spec imports no model library.
 """

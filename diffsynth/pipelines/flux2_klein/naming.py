@@ -1,4 +1,4 @@
-"""FLUX.2 [klein]'s layer names for LoRA files.
+"""FLUX.2's layer names for LoRA files ([klein] and [dev] alike).
 
 DiffSynth-Studio's Flux2DiT keeps diffusers' module names. ComfyUI runs BFL's fused layout, and its Flux key map
 (comfy/lora.py with comfy/utils.flux_to_diffusers) takes diffusers names bare or under transformer., landing

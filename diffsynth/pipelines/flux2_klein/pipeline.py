@@ -1,11 +1,12 @@
-"""FLUX.2 [klein] (4B, 9B and their base models) text-to-image and multi-reference editing as declared units over
-the diffusers / transformers models.
+"""FLUX.2 [klein] (4B, 9B and their base models) and FLUX.2 [dev] text-to-image and multi-reference editing as
+declared units over the diffusers / transformers models.
 
 Models, by pipeline name: ``dit`` (``Flux2Transformer2DModel``), ``vae`` (``AutoencoderKLFlux2``), ``text_encoder``
-(``Qwen3ForCausalLM``) and ``tokenizer``. The computation follows diffusers' ``Flux2KleinPipeline`` step for step:
+(``Qwen3ForCausalLM`` for klein, ``Mistral3ForConditionalGeneration`` for dev) and ``tokenizer``. The computation
+follows diffusers' ``Flux2KleinPipeline`` and ``Flux2Pipeline`` step for step:
 
-- the prompt goes through Qwen3's chat template (no thinking), padded to ``max_sequence_length`` tokens, and the
-  hidden states after layers 9, 18 and 27 are stacked per token into one embedding of three times the encoder's width;
+- the prompt goes through the text encoder's chat template, padded to ``max_sequence_length`` tokens, and three of its
+  hidden states are stacked per token into one embedding of three times the encoder's width (``prompt.py``);
 - the VAE's 32-channel latents are patchified 2x2 into 128 channels and normalised with the VAE's batch-norm
   statistics; the state keeps them as ``(batch, 128, height / 16, width / 16)``;
 - every token has a 4-D position ``(t, h, w, l)``: text tokens ``(0, 0, 0, l)``, image tokens ``(0, h, w, 0)``, and
@@ -15,7 +16,10 @@ Models, by pipeline name: ``dit`` (``Flux2Transformer2DModel``), ``vae`` (``Auto
   the token count and the number of steps (``flux2_empirical_mu``); training draws from the 1000-step grid bent at
   ``mu`` 0.8, the reference trainer's choice;
 - the step-distilled klein-4B / 9B run without CFG (a scale above 1 is ignored, as diffusers does); the base models use
-  CFG with an empty negative prompt (``negative_prompt`` may change it here).
+  CFG with an empty negative prompt (``negative_prompt`` may change it here);
+- the guidance-distilled dev transformer takes the guidance scale as an input (``embedded_guidance``, diffusers'
+  ``guidance_scale``, 4 by default) and runs without CFG unless ``cfg_scale`` is set above 1 (diffusers has no CFG
+  for it; the reference trainer's pipeline has). Training feeds it ``embedded_guidance`` 1, as the reference trains.
 
 Reference images are ``edit_image`` (diffusers calls them ``image``): each is shrunk to at most 1024 x 1024 pixels,
 its sides cut down to multiples of 16 by a centre crop, encoded like the target image, and given its own positions.
@@ -32,16 +36,16 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ...core.loader import ModelConfig, resolve_files
+from ...core.data.cells import real
+from ...core.loader import ModelConfig, model_class_name, resolve_files
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import PromptUnit, TextToLatentPipeline, check_call_inputs, image_list, image_to_tensor, image_units
+from ..common import TextToLatentPipeline, check_call_inputs, image_list, image_to_tensor, image_units
+from .prompt import TOKENIZER_MAX_LENGTH, PromptEmbedderUnit
 
 __all__ = ["Flux2KleinPipeline", "flux2_empirical_mu"]
 
 logger = logging.getLogger(__name__)
 
-TEXT_ENCODER_LAYERS = (9, 18, 27)
-TOKENIZER_MAX_LENGTH = 512
 VAE_SCALE = 16  # 8x VAE compression times the 2x2 patchify
 DEFAULT_SIZE = 1024
 # Reference images: the largest area kept, the smallest side and the most extreme aspect ratio diffusers accepts, and
@@ -50,11 +54,16 @@ EDIT_IMAGE_MAX_PIXELS = 1024 * 1024
 EDIT_IMAGE_MIN_SIDE = 64
 EDIT_IMAGE_MAX_ASPECT = 8
 EDIT_IMAGE_TIME_STEP = 10
+DEFAULT_GUIDANCE = 4.0
+TRAINING_GUIDANCE = 1.0
+
+DEV_TOKENIZER = ModelConfig(model_id="black-forest-labs/FLUX.2-dev", origin_file_pattern="tokenizer/")
 
 MODEL_ROLES = {
     "Flux2Transformer2DModel": "dit",
     "AutoencoderKLFlux2": "vae",
     "Qwen3ForCausalLM": "text_encoder",
+    "Mistral3ForConditionalGeneration": "text_encoder",
 }
 
 
@@ -140,9 +149,6 @@ def prepare_edit_image(image: Image.Image) -> Image.Image:
     return image.crop((left, top, left + cropped_width, top + cropped_height))
 
 
-
-
-
 class EditImageEmbedderUnit(PipelineUnit):
     """Encodes each reference image (``prepare_edit_image``) into normalised latents.
 
@@ -159,33 +165,8 @@ class EditImageEmbedderUnit(PipelineUnit):
         return {"edit_latents": [pipe.encode_image(prepare_edit_image(image)) for image in images]}
 
 
-class PromptEmbedderUnit(PromptUnit):
-    """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3 through its chat template.
-
-    Outputs ``prompt_emb``, ``(1, max_sequence_length, 3 * hidden)``: the hidden states of layers 9, 18 and 27 side by
-    side per token, padding tokens included (diffusers passes them all to the transformer, unmasked).
-    """
-
-    text_encoder_entry = "black-forest-labs/FLUX.2-klein-4B:text_encoder/*.safetensors"
-
-    def process(self, pipe: Flux2KleinPipeline, prompt: str | None, max_sequence_length: int | None) -> dict:
-        self.require_text_encoder(pipe)
-        messages = [{"role": "user", "content": prompt or ""}]
-        text = pipe.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  enable_thinking=False)
-        tokens = pipe.tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
-                                max_length=max_sequence_length or TOKENIZER_MAX_LENGTH).to(pipe.device)
-        hidden = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                                   output_hidden_states=True, use_cache=False).hidden_states
-        if len(hidden) <= max(TEXT_ENCODER_LAYERS):
-            raise ValueError(f"the text encoder has {len(hidden) - 1} layers; FLUX.2 reads the hidden states of layers "
-                             f"{TEXT_ENCODER_LAYERS}: load the Qwen3 text encoder of a FLUX.2 [klein] repository")
-        stacked = torch.stack([hidden[index] for index in TEXT_ENCODER_LAYERS], dim=2)  # (B, L, 3, D)
-        return {"prompt_emb": stacked.flatten(2).to(pipe.torch_dtype)}
-
-
 class Flux2KleinPipeline(TextToLatentPipeline):
-    """FLUX.2 [klein] generation and the computation its training shares.
+    """FLUX.2 [klein] and [dev] generation and the computation its training shares.
 
     Build it with ``from_pretrained``; call it with a prompt to get an image. ``model_fn`` is also what training calls,
     on the state the units produce.
@@ -198,7 +179,7 @@ class Flux2KleinPipeline(TextToLatentPipeline):
     default_lora_target_modules = ",".join([
         "to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,to_qkv_mlp_proj",
         *(f"single_transformer_blocks.{index}.attn.to_out" for index in range(20))])
-    model_fn_params = ("prompt_emb", "edit_latents")
+    model_fn_params = ("prompt_emb", "embedded_guidance", "edit_latents")
     #: Extra inputs that must hold loaded images: the reference images of Edit training.
     image_inputs = ("edit_image",)
     #: Every prompt embedding is ``max_sequence_length`` tokens long (padding included), so batches need no padding.
@@ -208,6 +189,9 @@ class Flux2KleinPipeline(TextToLatentPipeline):
     pixels_per_latent = VAE_SCALE
     #: The state holds patchified latents: one cell is one transformer token.
     latent_patch_size = 1
+    input_types = {**TextToLatentPipeline.input_types, "embedded_guidance": real}
+    #: As the reference trains: no CFG, ``embedded_guidance`` 1 (read by the dev transformer only; a column may set it).
+    training_state = {**TextToLatentPipeline.training_state, "embedded_guidance": TRAINING_GUIDANCE}
 
     #: Step-distilled (klein-4B / 9B: few steps, no CFG) or base (CFG); see ``_after_load``.
     extra_attributes = {"is_distilled": False}
@@ -222,6 +206,16 @@ class Flux2KleinPipeline(TextToLatentPipeline):
                 model that is not a base model (``FLUX.2-klein-4B`` yes, ``FLUX.2-klein-base-4B`` no).
         """
         self.is_distilled = is_distilled if is_distilled is not None else _is_distilled(self.model_configs.get("dit"))
+
+    @classmethod
+    def _companions(cls, roles: dict[str, ModelConfig], tokenizer_config: ModelConfig | None) -> dict[str, ModelConfig]:
+        """As ``BasePipeline``'s, but a Mistral-3 text encoder given by path, without a tokenizer, gets FLUX.2 [dev]'s
+        (``default_tokenizer_config`` is klein's Qwen3 tokenizer)."""
+        text_encoder = roles.get("text_encoder")
+        if tokenizer_config is None and text_encoder is not None and text_encoder.model_id is None \
+                and model_class_name(text_encoder) == "Mistral3ForConditionalGeneration":
+            tokenizer_config = DEV_TOKENIZER
+        return super()._companions(roles, tokenizer_config)
 
     def latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's batch-norm ``running_mean`` and ``1 / sqrt(running_var + eps)`` over the 128 patchified
@@ -239,11 +233,14 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength, mu=mu)
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
-                 edit_latents: Sequence[torch.Tensor] | None = None, **_: Any) -> torch.Tensor:
+                 embedded_guidance: float | None = None, edit_latents: Sequence[torch.Tensor] | None = None,
+                 **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``(B, 128, h, w)`` latents at ``timestep`` (scale 0 to 1000).
 
         The reference images' tokens follow the latents' with their own positions; the prediction keeps only the
-        latents' tokens. Extra state keys are accepted and ignored, since the loop passes the whole state.
+        latents' tokens. A guidance-distilled transformer (dev) gets ``embedded_guidance`` (default 4); klein's, which
+        has no guidance embedding, ignores it. Extra state keys are accepted and ignored, since the loop passes the
+        whole state.
         """
         batch, channels, height, width = latents.shape
         device = latents.device
@@ -253,7 +250,11 @@ class Flux2KleinPipeline(TextToLatentPipeline):
             tokens.append(pack(reference.to(latents.dtype)).expand(batch, -1, -1))
             time = EDIT_IMAGE_TIME_STEP * (index + 1)
             ids.append(grid_ids(reference.shape[-2], reference.shape[-1], time, device))
-        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000, guidance=None,
+        guidance = None
+        if self.dit.config.guidance_embeds:
+            scale = DEFAULT_GUIDANCE if embedded_guidance is None else float(embedded_guidance)
+            guidance = torch.full((batch,), scale, device=device, dtype=torch.float32)
+        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000, guidance=guidance,
                               encoder_hidden_states=prompt_emb.to(latents.dtype),
                               txt_ids=text_ids(prompt_emb.shape[1], device), img_ids=torch.cat(ids),
                               return_dict=False)[0]
@@ -276,13 +277,14 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         return (images / 2 + 0.5).clamp(0, 1)
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
-        """FLUX.2 [klein] renders from a prompt and optional reference images (``edit_image``)."""
-        return ['"input_image" is for Wan image-to-video; FLUX.2 [klein] takes reference images as "edit_image"'] \
+        """FLUX.2 renders from a prompt and optional reference images (``edit_image``)."""
+        return ['"input_image" is for Wan image-to-video; FLUX.2 takes reference images as "edit_image"'] \
             if "input_image" in inputs else []
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float | None = None,
-                 input_image: Image.Image | None = None, denoising_strength: float = 1.0,
+                 embedded_guidance: float = DEFAULT_GUIDANCE, input_image: Image.Image | None = None,
+                 denoising_strength: float = 1.0,
                  edit_image: Image.Image | Sequence[Image.Image] | None = None, height: int | None = None,
                  width: int | None = None, seed: int | None = None, rand_device: str = "cpu",
                  num_inference_steps: int | None = None, max_sequence_length: int = TOKENIZER_MAX_LENGTH,
@@ -292,8 +294,10 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         Args:
             prompt: What to draw, or (with ``edit_image``) how to use the reference images.
             negative_prompt: What to steer away from with CFG (diffusers always uses "").
-            cfg_scale: Classifier-free guidance scale, used by base models when above 1; a distilled model ignores it
-                (with a warning above 1). Unset: 4 for a base model, 1 for a distilled one.
+            cfg_scale: Classifier-free guidance scale, used by klein base models and dev when above 1; a distilled
+                klein model ignores it (with a warning above 1). Unset: 4 for a klein base model, else 1.
+            embedded_guidance: The guidance scale the dev transformer takes as an input (diffusers'
+                ``guidance_scale``); ignored by klein's transformers, which have no guidance embedding.
             input_image: Start from this image instead of pure noise (image-to-image).
             denoising_strength: With ``input_image``: how much of the schedule to run.
             edit_image: One reference image or a list of them (diffusers' ``image``).
@@ -302,7 +306,7 @@ class Flux2KleinPipeline(TextToLatentPipeline):
             width: Output width in pixels; unset as ``height``.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
-            num_inference_steps: Denoising steps. Unset: 4 for a distilled model, 50 for a base one.
+            num_inference_steps: Denoising steps. Unset: 4 for a distilled klein model, else 50.
             max_sequence_length: Prompt tokens, template included (at most 512); the prompt is padded to it.
             output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
             progress_bar: Show a progress bar over the steps.
@@ -318,8 +322,9 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         latent_shape = (1, self.latent_channels, max(multiple, height // multiple * multiple) // VAE_SCALE,
                         max(multiple, width // multiple * multiple) // VAE_SCALE)
         inputs_shared = {
-            "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
-            "edit_image": edit_image, "height": latent_shape[2] * VAE_SCALE, "width": latent_shape[3] * VAE_SCALE,
+            "cfg_scale": cfg_scale, "embedded_guidance": embedded_guidance, "input_image": input_image,
+            "denoising_strength": denoising_strength, "edit_image": edit_image,
+            "height": latent_shape[2] * VAE_SCALE, "width": latent_shape[3] * VAE_SCALE,
             "seed": seed, "rand_device": rand_device, "max_sequence_length": max_sequence_length,
         }  # fmt: skip
         if (inputs_shared["height"], inputs_shared["width"]) != (height, width):
@@ -331,9 +336,11 @@ class Flux2KleinPipeline(TextToLatentPipeline):
         return self.image_output(images, output_type)
 
     def _effective_cfg_scale(self, cfg_scale: float | None) -> float:
-        """The scale the loop uses: 1 (no CFG) for a distilled model or a scale of at most 1, as diffusers does."""
+        """The scale the loop uses: 1 (no CFG) for a distilled model or a scale of at most 1, as diffusers does; unset,
+        1 for dev too, whose guidance is embedded."""
         if cfg_scale is None:
-            return 1.0 if self.is_distilled else 4.0
+            guidance_distilled = self.dit is not None and self.dit.config.guidance_embeds
+            return 1.0 if self.is_distilled or guidance_distilled else 4.0
         if self.is_distilled:
             if cfg_scale > 1:
                 logger.warning("cfg_scale=%g is ignored: this FLUX.2 [klein] transformer is step-distilled (no CFG); "

@@ -1,4 +1,4 @@
-"""FLUX.2 [klein] LoRA / full training; run with `accelerate launch` and the flags in lora/, full/ and special/."""
+"""FLUX.2 [klein] and [dev] training; run with `accelerate launch` and the flags in lora/, full/ and special/."""
 
 from diffsynth.training import cli
 
