@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import image_to_tensor, video_to_tensor
+from ..common import image_to_tensor, tensor_to_images, video_to_tensor
 from .image import MASK_CHANNELS, check_image
 from .units import VAE_TEMPORAL_SCALE, normalised_latents
 from .vace import control_frames
@@ -101,9 +101,10 @@ class AnimateUnit(PipelineUnit):
         frames = num_frames - REFERENCE_FRAMES
         pose = video_to_tensor(control_frames(animate_pose_video, "animate_pose_video", frames, width, height))
         pose_latents = normalised_latents(pipe, pose)
-        face_size = pipe.dit.config.motion_encoder_size if pipe.dit is not None else None
-        face = control_frames(animate_face_video, "animate_face_video", frames, *(2 * (face_size,) if face_size
-                                                                                 else animate_face_video[0].size))
+        # A stage without the transformer keeps the crops' size; animate_inputs resizes them alike.
+        face_size = (pipe.dit.config.motion_encoder_size,) * 2 if pipe.dit is not None else None
+        face = control_frames(animate_face_video, "animate_face_video", frames, *(face_size or
+                                                                                 animate_face_video[0].size))
         reference = normalised_latents(pipe, fitted_character(input_image, height, width).unsqueeze(2))
         y = [torch.ones_like(reference[:, :MASK_CHANNELS]), reference]
         if animate_inpaint_video is None:
@@ -127,15 +128,15 @@ def animate_inputs(dit: torch.nn.Module, pose_latents: torch.Tensor, face_pixel_
     """The keyword inputs of ``WanAnimateTransformer3DModel`` for the pose and face; ``blank_face`` (the negative CFG
     branch) gives the face as all -1, as diffusers' pipeline does.
 
-    Face frames cached by a stage that had no transformer keep their own size: they are scaled (bilinear, antialiased)
-    to the motion encoder's here.
+    Face frames cached by a stage that had no transformer keep their own size: they are resized here as the unit
+    resizes them (back to 8-bit frames, which they were, then LANCZOS), so a split run trains on the same pixels.
     """
     size = dit.config.motion_encoder_size
-    face = face_pixel_values.to(dit.dtype)
+    face = face_pixel_values
     if face.shape[-2:] != (size, size):
-        frames = face[0].transpose(0, 1)
-        frames = torch.nn.functional.interpolate(frames.float(), size=(size, size), mode="bilinear", antialias=True)
-        face = frames.transpose(0, 1).unsqueeze(0).to(dit.dtype)
+        crops = tensor_to_images((face[0].transpose(0, 1).float().cpu() + 1) / 2)
+        face = video_to_tensor(control_frames(crops, "animate_face_video", len(crops), size, size))
+    face = face.to(pose_latents.device, dit.dtype)
     if blank_face:
         face = torch.full_like(face, -1.0)
     return {"pose_hidden_states": pose_latents.to(dit.dtype), "face_pixel_values": face}

@@ -23,11 +23,13 @@ from ...core.data.example_dataset import VIDEO_SIZE, build_example_video_dataset
 from ...core.files import atomic_write, atomic_write_text
 
 
-def _grey(frames: list[Image.Image]) -> list[Image.Image]:
+def grey_frames(frames: list[Image.Image]) -> list[Image.Image]:
+    """The frames in grey: a stand-in for a depth or pose video drawn from the clip."""
     return [frame.convert("L").convert("RGB") for frame in frames]
 
 
-def _write_clip(path: Path, frames: list[Image.Image]) -> None:
+def write_clip(path: Path, frames: list[Image.Image]) -> None:
+    """Writes the frames as an ``.mp4`` at ``path`` (atomically)."""
     atomic_write(path, lambda temporary: write_mp4(temporary, frames))
 
 
@@ -35,7 +37,8 @@ def _save_png(image: Image.Image, path: Path) -> None:
     image.save(path, format="PNG")
 
 
-def _half_mask(size: tuple[int, int], count: int) -> list[Image.Image]:
+def half_mask(size: tuple[int, int], count: int) -> list[Image.Image]:
+    """``count`` mask frames of ``size``: white on the left half, black on the right."""
     mask = Image.new("RGB", size, (0, 0, 0))
     mask.paste((255, 255, 255), (0, 0, size[0] // 2, size[1]))
     return [mask] * count
@@ -60,12 +63,12 @@ def build_vace_example_dataset(folder: str | os.PathLike, num_videos: int = 2, n
     for index, row in enumerate(rows):
         frames, _ = draw_example_video(rng, num_frames, size)
         control, reference = f"vace_{index:03d}.mp4", f"reference_{index:03d}.png"
-        _write_clip(folder / control, _grey(frames))
+        write_clip(folder / control, grey_frames(frames))
         atomic_write(folder / reference, functools.partial(_save_png, frames[0]))
         row.update(vace_video=control, vace_reference_image=reference)
         if mask:
             row["vace_video_mask"] = f"mask_{index:03d}.mp4"
-            _write_clip(folder / row["vace_video_mask"], _half_mask(frames[0].size, len(frames)))
+            write_clip(folder / row["vace_video_mask"], half_mask(frames[0].size, len(frames)))
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, lineterminator="\n")
     writer.writeheader()
