@@ -115,7 +115,7 @@ def test_bad_animate_input_is_refused_before_denoising(pipes, tiny_root):
             ModelConfig(model_id="Wan-AI/Wan2.1-T2V-1.3B", origin_file_pattern=pattern)
             for pattern in ("diffusion_pytorch_model*.safetensors", "Wan2.1_VAE.pth")])
     with pytest.raises(ValueError, match="animate_pose_video given, but the transformer .* is not a Wan2.2-Animate"):
-        plain.units[5].process(plain, frames(2), None, None, None, None, HEIGHT, WIDTH, 9)
+        plain.units[5].process(plain, frames(2), None, None, None, None, HEIGHT, WIDTH, 9, None)
     assert plain.sample_input_problems({"animate_pose_video"}) == [
         "animate_pose_video given, but " + plain.describe_transformer() + " is not Wan2.2-Animate"]
 

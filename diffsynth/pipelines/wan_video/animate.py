@@ -63,21 +63,22 @@ def fold_frame_mask(mask: torch.Tensor) -> torch.Tensor:
 
 class AnimateUnit(PipelineUnit):
     """Encodes the Animate inputs into ``y`` (reference frame and segment condition), ``pose_latents`` and
-    ``face_pixel_values`` for a ``WanAnimateTransformer3DModel``; leaves ``y`` to the image condition otherwise.
+    ``face_pixel_values`` for a ``WanAnimateTransformer3DModel``; otherwise passes the image condition's ``y``
+    through and gives None for the others.
 
     In training (``input_video`` given) the control videos are cut to the clip's length less 4 frames, as the
     reference trainer does.
     """
 
     def __init__(self) -> None:
-        super().__init__(input_params=(*ANIMATE_INPUTS, "input_image", "height", "width", "num_frames"),
+        super().__init__(input_params=(*ANIMATE_INPUTS, "input_image", "height", "width", "num_frames", "y"),
                          output_params=("y", "pose_latents", "face_pixel_values"), onload_model_names=("vae",))
 
     def process(self, pipe: WanVideoPipeline, animate_pose_video: Sequence[Image.Image] | None,
                 animate_face_video: Sequence[Image.Image] | None,
                 animate_inpaint_video: Sequence[Image.Image] | None,
                 animate_mask_video: Sequence[Image.Image] | None, input_image: Image.Image | None, height: int,
-                width: int, num_frames: int) -> dict:
+                width: int, num_frames: int, y: torch.Tensor | None) -> dict:
         videos = dict(zip(ANIMATE_INPUTS, (animate_pose_video, animate_face_video, animate_inpaint_video,
                                            animate_mask_video)))
         given = [name for name, value in videos.items() if value is not None]
@@ -86,7 +87,7 @@ class AnimateUnit(PipelineUnit):
             if given:
                 raise ValueError(f"{', '.join(given)} given, but {pipe.describe_transformer()} is not a Wan2.2-Animate "
                                  "transformer; load Wan-AI/Wan2.2-Animate-14B or drop them")
-            return {}
+            return {"y": y, "pose_latents": None, "face_pixel_values": None}
         missing = [name for name in ANIMATE_INPUTS[:2] if videos[name] is None]
         if missing or input_image is None:
             raise ValueError(f"Wan2.2-Animate needs input_image (the character), animate_pose_video and "
@@ -121,6 +122,20 @@ class AnimateUnit(PipelineUnit):
         y = torch.cat([torch.cat(y, dim=1), condition], dim=2)
         return {"y": y.to(pipe.torch_dtype), "pose_latents": pose_latents.to(pipe.torch_dtype),
                 "face_pixel_values": video_to_tensor(face).to(pipe.device, pipe.torch_dtype)}
+
+
+def animate_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
+    """What is wrong with a sample's ``inputs`` for the loaded transformer: Animate inputs for another model, an
+    Animate model without its pose and face videos, half of replacement mode's pair."""
+    problems = []
+    given = sorted(inputs & set(ANIMATE_INPUTS))
+    if given and pipe.takes_animate() is False:
+        problems.append(f"{', '.join(given)} given, but {pipe.describe_transformer()} is not Wan2.2-Animate")
+    if pipe.takes_animate() and not set(ANIMATE_INPUTS[:2]) <= inputs:
+        problems.append('Wan2.2-Animate renders from "animate_pose_video" and "animate_face_video": give both')
+    if len(inputs & set(ANIMATE_INPUTS[2:])) == 1:
+        problems.append('replacement mode takes "animate_inpaint_video" and "animate_mask_video" together')
+    return problems
 
 
 def animate_inputs(dit: torch.nn.Module, pose_latents: torch.Tensor, face_pixel_values: torch.Tensor,

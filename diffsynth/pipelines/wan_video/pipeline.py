@@ -47,7 +47,7 @@ from ..common import (
     sibling_folder,
     tensor_to_images,
 )
-from .animate import ANIMATE_INPUTS, AnimateUnit, animate_inputs
+from .animate import AnimateUnit, animate_inputs, animate_sample_problems
 from .camera import CAMERA_SPEED
 from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
@@ -379,7 +379,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
         ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``); only a VACE
-        transformer takes the VACE inputs, and a mask only with its video."""
+        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's
+        (``animate_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -397,14 +398,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
         if "vace_video_mask" in inputs and "vace_video" not in inputs:
             problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
-        animate = sorted(inputs & set(ANIMATE_INPUTS))
-        if animate and self.takes_animate() is False:
-            problems.append(f"{', '.join(animate)} given, but {self.describe_transformer()} is not Wan2.2-Animate")
-        if self.takes_animate() and not {"animate_pose_video", "animate_face_video"} <= inputs:
-            problems.append('Wan2.2-Animate renders from "animate_pose_video" and "animate_face_video": give both')
-        if len(inputs & {"animate_inpaint_video", "animate_mask_video"}) == 1:
-            problems.append('replacement mode takes "animate_inpaint_video" and "animate_mask_video" together')
-        return problems + fun_sample_problems(self, inputs)
+        return problems + fun_sample_problems(self, inputs) + animate_sample_problems(self, inputs)
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
