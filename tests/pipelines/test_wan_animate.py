@@ -138,3 +138,15 @@ def test_units_do_what_they_declare(pipes):
               "rand_device": "cpu", "input_video": frames(0, FRAMES + 4), "max_sequence_length": 16,
               **inputs(background=4)}
     assert check_declarations(ours, shared, {"prompt": PROMPT}, {"negative_prompt": ""}) == {}
+
+
+def test_the_planner_gives_the_animate_transformer_its_pose_and_face_inputs():
+    from diffsynth.pipelines.wan_video.planning import planner_inputs
+    from diffsynth.testing.tiny_wan_animate import tiny_wan_animate_transformer
+
+    dit = tiny_wan_animate_transformer(0).to("meta")
+    inputs = planner_inputs(dit, HEIGHT, WIDTH, FRAMES + 4, torch.float32, 1, 16)
+    assert inputs["pose_hidden_states"].shape == (1, 16, 2, 4, 6)
+    assert inputs["face_pixel_values"].shape == (1, 3, FRAMES, 8, 8)
+    inputs["encoder_hidden_states_image"] = torch.empty(1, 17, 32, device="meta")  # the tiny CLIP's tokens
+    assert dit(**inputs)[0].shape == (1, 16, 3, 4, 6)
