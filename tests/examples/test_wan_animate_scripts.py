@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import types
-from pathlib import Path
 
 import pytest
 import torch

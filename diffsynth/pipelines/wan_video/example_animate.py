@@ -10,19 +10,14 @@ background the clip's first frame held, the mask white on the left half (where t
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
 import os
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image
 
-from ...core.data.example_dataset import VIDEO_SIZE, build_example_video_dataset, draw_example_video
-from ...core.files import atomic_write_text
-from .example_vace import grey_frames, half_mask, write_clip
+from ...core.data.example_dataset import VIDEO_SIZE
+from .example_vace import drawn_clips, example_parser, grey_frames, half_mask, write_clip, write_metadata
 
 
 def _centre_square(frame: Image.Image) -> Image.Image:
@@ -43,14 +38,11 @@ def build_animate_example_dataset(folder: str | os.PathLike, num_videos: int = 2
     Raises:
         DatasetError: A count below 1 or an unusable size (as ``build_example_video_dataset``).
     """
-    metadata = build_example_video_dataset(folder, num_videos=num_videos, num_frames=num_frames, size=size, seed=seed)
+    metadata, clips = drawn_clips(folder, num_videos, num_frames, size, seed)
     folder = metadata.parent
-    rows = list(csv.DictReader(io.StringIO(metadata.read_text())))
-    rng = random.Random(seed)  # draws the clips again, as build_example_video_dataset drew them
     columns = ["video", "prompt", "animate_pose_video", "animate_face_video"]
     columns += ["animate_inpaint_video", "animate_mask_video"] if replace else []
-    for index, row in enumerate(rows):
-        frames, _ = draw_example_video(rng, num_frames, size)
+    for index, (row, frames) in enumerate(clips):
         row.update(animate_pose_video=f"pose_{index:03d}.mp4", animate_face_video=f"face_{index:03d}.mp4")
         write_clip(folder / row["animate_pose_video"], grey_frames(frames))
         write_clip(folder / row["animate_face_video"], [_centre_square(frame) for frame in frames])
@@ -58,21 +50,12 @@ def build_animate_example_dataset(folder: str | os.PathLike, num_videos: int = 2
             row.update(animate_inpaint_video=f"background_{index:03d}.mp4", animate_mask_video=f"mask_{index:03d}.mp4")
             write_clip(folder / row["animate_inpaint_video"], [frames[0]] * len(frames))
             write_clip(folder / row["animate_mask_video"], half_mask(frames[0].size, len(frames)))
-    text = io.StringIO()
-    writer = csv.DictWriter(text, columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return atomic_write_text(metadata, text.getvalue())
+    return write_metadata(metadata, columns, [row for row, _ in clips])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``--output DIR [--num_videos N] [--num_frames F] [--width W] [--height H] [--replace]``."""
-    parser = argparse.ArgumentParser(description="Write a small drawn dataset for Wan2.2-Animate training.")
-    parser.add_argument("--output", required=True, help="folder to write the files and metadata.csv into")
-    parser.add_argument("--num_videos", type=int, default=2, help="how many clips to draw (default 2)")
-    parser.add_argument("--num_frames", type=int, default=9, help="frames per clip (default 9)")
-    parser.add_argument("--width", type=int, default=VIDEO_SIZE[0], help="clip width in pixels, even")
-    parser.add_argument("--height", type=int, default=VIDEO_SIZE[1], help="clip height in pixels, even")
+    parser = example_parser("Write a small drawn dataset for Wan2.2-Animate training.")
     parser.add_argument("--replace", action="store_true",
                         help="also write the replacement-mode columns animate_inpaint_video, animate_mask_video")
     args = parser.parse_args(argv)
