@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,28 +107,56 @@ def test_the_lora_loads_fully_into_diffusers_animate_pipeline_at_the_trained_str
     assert (after - before).abs().max() > 1e-5  # and the LoRA changed something
 
 
-def test_split_training_gives_the_one_stage_lora(workdir):
-    (words,) = launch_commands((WAN / LORA).read_text())
-    argv = [*small(trainer_argv(words)[1], SIZES), "--seed", "3"]  # the same draws in both runs
-    build(DATA)
+class SeededRuns:
+    """The LoRA script with a fixed ``--seed`` (the same draws in every run) in one folder, run with extra flags."""
 
-    def train(*extra: str) -> dict:
-        try:
-            return trainer.main(WanVideoPipeline, [*argv, *extra], video=True)
-        finally:
-            reset_accelerate_state()
+    def __init__(self, folder: Path, tiny_root: Path) -> None:
+        self.folder, self.tiny_root = folder, tiny_root
+        (words,) = launch_commands((WAN / LORA).read_text())
+        self.argv = [*small(trainer_argv(words)[1], SIZES), "--seed", "3"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(folder)
+            build(DATA)
 
-    train("--output_path", str(workdir / "one"))
-    one_stage = load_file(str(workdir / "one/epoch-0.safetensors"))
-    cache = workdir / "cache"
-    train("--task", "sft:data_process", "--output_path", str(cache))
+    def lora(self, name: str, *extra: str, argv: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """Runs with ``extra`` flags into ``<folder>/<name>``; returns the LoRA (None for a stage-1 run)."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(self.folder)
+            patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(self.tiny_root))
+            try:
+                trainer.main(WanVideoPipeline, [*(argv or self.argv), *extra, "--output_path", name], video=True)
+            finally:
+                reset_accelerate_state()
+        path = self.folder / name / "epoch-0.safetensors"
+        return load_file(str(path)) if path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def seeded(tiny_root, tmp_path_factory):
+    runs = SeededRuns(tmp_path_factory.mktemp("animate_seeded"), tiny_root)
+    return runs, runs.lora("plain")
+
+
+def assert_same_lora(lora: dict[str, torch.Tensor], plain: dict[str, torch.Tensor]) -> None:
+    assert set(lora) == set(plain)
+    assert max((lora[key] - plain[key]).abs().max().item() for key in lora) < 1e-5
+
+
+def test_split_training_gives_the_one_stage_lora(seeded):
+    runs, plain = seeded
+    runs.lora("cache", "--task", "sft:data_process")
+    argv = list(runs.argv)
     index = argv.index("--dataset_metadata_path")
     argv[index:index + 2] = []
-    argv[argv.index("--dataset_base_path") + 1] = str(cache)
-    train("--task", "sft:train")
-    split = load_file(str(workdir / "models/train/Wan2.2-Animate-14B_lora/epoch-0.safetensors"))
-    assert set(split) == set(one_stage)
-    assert max((split[key] - one_stage[key]).abs().max().item() for key in split) < 1e-5
+    argv[argv.index("--dataset_base_path") + 1] = str(runs.folder / "cache")
+    assert_same_lora(runs.lora("split", "--task", "sft:train", argv=argv), plain)
+
+
+@pytest.mark.parametrize("flags", [("--enable_model_cpu_offload",), ("--blocks_to_swap", "1")],
+                         ids=["offload", "block_swap"])
+def test_offload_and_block_swap_give_the_plain_lora(seeded, flags):
+    runs, plain = seeded
+    assert_same_lora(runs.lora(flags[0].strip("-"), *flags), plain)
 
 
 def test_the_full_script_trains_the_animate_modules_alone(workdir):
