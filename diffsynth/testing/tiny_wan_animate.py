@@ -74,4 +74,5 @@ def build_tiny_wan_animate_diffusers(root: Path, model_id: str = WAN_ANIMATE_DIF
     return repo
 
 
-WAN_ANIMATE_BUILDERS = {"wan_animate": build_tiny_wan_animate, "wan_animate_diffusers": build_tiny_wan_animate_diffusers}
+WAN_ANIMATE_BUILDERS = {"wan_animate": build_tiny_wan_animate,
+                        "wan_animate_diffusers": build_tiny_wan_animate_diffusers}

@@ -137,7 +137,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
     unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, AnimateUnit,
-                    VaceUnit, LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
+                    VaceUnit, LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit,
+                    FunReferenceUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
