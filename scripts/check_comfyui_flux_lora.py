@@ -93,10 +93,13 @@ def import_comfy(folder: Path) -> types.SimpleNamespace:
 
     comfy.cli_args.args.cpu = True  # read when comfy.model_management is first imported
     import comfy.lora
+    import comfy.lora_convert
     import comfy.model_base
+    import comfy.model_detection
     import comfy.utils
 
-    return types.SimpleNamespace(lora=comfy.lora, model_base=comfy.model_base, utils=comfy.utils)
+    return types.SimpleNamespace(lora=comfy.lora, lora_convert=comfy.lora_convert, model_base=comfy.model_base,
+                                 model_detection=comfy.model_detection, utils=comfy.utils)
 
 
 def tiny_flux() -> torch.nn.Module:
@@ -110,13 +113,14 @@ def tiny_flux() -> torch.nn.Module:
 
 def random_lora(model: torch.nn.Module, rank: int = 4, scale: float = 0.5,
                 names: list[str] | None = None) -> LoRAWeights:
-    """A random LoRA on ``names`` (default: every LoRA-able layer of ``model``), ``scale`` = alpha / rank."""
+    """A random LoRA on ``names`` (default: every LoRA-able layer of ``model``), ``scale`` = alpha / rank; a
+    convolution's down keeps its kernel, its up is 1x1."""
     generator = torch.Generator().manual_seed(1)
     layers = {}
     for name in lora_layer_names(model) if names is None else names:
         weight = model.get_submodule(name).weight
-        layers[name] = LoRALayer(torch.randn(rank, weight.shape[1], generator=generator) * 0.1,
-                                 torch.randn(weight.shape[0], rank, generator=generator) * 0.1, scale)
+        up = torch.randn(weight.shape[0], rank, *[1] * (weight.dim() - 2), generator=generator)
+        layers[name] = LoRALayer(torch.randn(rank, *weight.shape[1:], generator=generator) * 0.1, up * 0.1, scale)
     return LoRAWeights(layers)
 
 
@@ -148,37 +152,41 @@ def comfyui_arguments(doc: str, argv: list[str] | None,
     return parser.parse_args(argv)
 
 
-def comfyui_patches(comfy, model_class: type, unet_config: dict, state_dict: dict[str, torch.Tensor],
-                    tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
-    """ComfyUI's patches for a LoRA file's ``tensors`` on a model of ``model_class`` (a ``comfy.model_base`` class)
-    holding ``state_dict``, from its own key map and ``load_lora``, and the messages it logged meanwhile."""
+def stand_in_model(model_class: type, unet_config: dict, state_dict: dict[str, torch.Tensor]) -> object:
+    """A ``model_class`` (a ``comfy.model_base`` class) holding ``state_dict``, without building its network: only
+    what ``model_lora_keys_unet`` reads (the class, ``model_config.unet_config`` and ``state_dict()``)."""
 
     class TinyModel(model_class):
-        """Only what model_lora_keys_unet reads: the model's class, model_config and state_dict()."""
-
         def state_dict(self, *args, **kwargs):
             return state_dict
 
     model = object.__new__(TinyModel)  # no BaseModel.__init__: that would build the real network
     object.__setattr__(model, "model_config", types.SimpleNamespace(unet_config=unet_config))
+    return model
+
+
+def comfyui_patches(comfy, model, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
+    """ComfyUI's patches for a LoRA file's ``tensors`` on ``model`` (a ``comfy.model_base`` model, or a
+    :func:`stand_in_model`), as its ``load_lora_for_models`` makes them (its key map, ``convert_lora``, ``load_lora``),
+    and the messages it logged meanwhile."""
     key_map = comfy.lora.model_lora_keys_unet(model, {})
     messages = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
     logging.getLogger().addHandler(handler)
     try:
-        patches = comfy.lora.load_lora(tensors, key_map)
+        patches = comfy.lora.load_lora(comfy.lora_convert.convert_lora(tensors), key_map)
     finally:
         logging.getLogger().removeHandler(handler)
     return patches, messages
 
 
-def comfyui_changes(comfy, model_class: type, path: Path,
+def comfyui_changes(comfy, model, path: Path,
                     base: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, list[str]]:
-    """ComfyUI's change of each base weight (its native names) after loading ``path`` at strength 1.0 on a model of
-    ``model_class``, the number of keys it loaded, and its messages about keys it did not load or adapters that failed
-    (it logs those rather than raising)."""
-    patches, messages = comfyui_patches(comfy, model_class, {}, base, load_file(str(path)))
+    """ComfyUI's change of each base weight (its native names) after loading ``path`` at strength 1.0 on ``model`` (as
+    :func:`comfyui_patches`), the number of keys it loaded, and its messages about keys it did not load or adapters
+    that failed (it logs those rather than raising)."""
+    patches, messages = comfyui_patches(comfy, model, load_file(str(path)))
     changed = {}
     for key, adapter in patches.items():
         patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
@@ -200,7 +208,8 @@ def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> s
 def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list]:
     """The BFL weights after ComfyUI loads ``lora_file`` at strength 1.0, and the keys it reported unused."""
     unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}
-    patches, messages = comfyui_patches(comfy, comfy.model_base.Flux, unet_config, bfl, load_file(str(lora_file)))
+    patches, messages = comfyui_patches(comfy, stand_in_model(comfy.model_base.Flux, unet_config, bfl),
+                                        load_file(str(lora_file)))
     grouped = {}
     for target, adapter in patches.items():  # as ModelPatcher.add_patches: (key, offset, function) targets
         key, offset, function = (target, None, None) if isinstance(target, str) else (*target, None)[:3]

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling script's ComfyUI export
 from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy, random_lora
+from check_comfyui_flux_lora import stand_in_model
 
 from diffsynth.lora import inspect_lora, load_lora, naming_for
 from diffsynth.lora.formats import write_lora
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         for family, (arguments, base, count, runs) in families.items():
             print(f"{family}: {count} LoRA layers; {comfy_model_check(comfy, arguments, base)}")
             for layout, path, ours, emulated in runs:
-                theirs, loaded, unused = comfyui_changes(comfy, comfy.model_base.LTXAV, path, base)
+                model = stand_in_model(comfy.model_base.LTXAV, {}, base)
+                theirs, loaded, unused = comfyui_changes(comfy, model, path, base)
                 print(f"  {layout:<9} keys loaded {loaded}/{len(load_file(str(path)))}, unused {len(unused)}; "
                       f"{compare(ours, theirs)}; emulation: {emulated.mapped}/{emulated.total} layers"
                       + ("" if emulated.strength is None else f" at {emulated.strength:.6f}"))

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 from check_comfyui_flux_lora import comfyui_arguments, comfyui_changes, compare, export, import_comfy  # noqa: E402 - the sibling script's ComfyUI export
+from check_comfyui_flux_lora import stand_in_model  # noqa: E402
 
 from diffsynth.lora import load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ComfyUI {commit[:10]}; tiny Wan, {len(TARGETS)} targets x 2 blocks, alpha / rank != 1")
         for case, layout, path, want, ours in runs:
             keys = len(load_file(str(path)))
-            theirs, loaded, unused = comfyui_changes(comfy, comfy.model_base.WAN21, path, base)
+            model = stand_in_model(comfy.model_base.WAN21, {}, base)
+            theirs, loaded, unused = comfyui_changes(comfy, model, path, base)
             print(f"{case:<21} {layout:<9} keys loaded {loaded}/{keys}, unused {len(unused)}; ComfyUI vs peft: "
                   f"{compare(want, theirs)}; load_lora vs peft: {compare(want, ours)}")
             for message in unused[:3]:

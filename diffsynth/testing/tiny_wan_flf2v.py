@@ -36,9 +36,11 @@ _CLIP_TOKENS = (TINY_CLIP_IMAGE_SIZE // 8) ** 2 + 1
 _FLF2V = 20
 
 
-def tiny_flf2v_transformer(seed: int) -> torch.nn.Module:
-    """The image-to-video ``WanTransformer3DModel`` with positions for two images' CLIP tokens, set at random."""
-    transformer = tiny_wan_transformer(seed, _FLF2V, in_channels=36, image_dim=32, pos_embed_seq_len=2 * _CLIP_TOKENS)
+def tiny_flf2v_transformer(seed: int, clip_dim: int = 32) -> torch.nn.Module:
+    """The image-to-video ``WanTransformer3DModel`` with positions for two images' CLIP tokens, set at random;
+    ``clip_dim`` is the width of the CLIP features (ComfyUI's Wan code takes the release's 1280 only)."""
+    transformer = tiny_wan_transformer(seed, _FLF2V, in_channels=36, image_dim=clip_dim,
+                                       pos_embed_seq_len=2 * _CLIP_TOKENS)
     with seeded(seed + _FLF2V), torch.no_grad():
         transformer.condition_embedder.image_embedder.pos_embed.normal_()
     return transformer

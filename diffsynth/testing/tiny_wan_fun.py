@@ -58,10 +58,12 @@ FUN_ALIASES = {
 CAMERA_CHANNELS = 24
 
 
-def tiny_fun_transformer(release: FunRelease, seed: int, offset: int = _FUN_DIT) -> torch.nn.Module:
+def tiny_fun_transformer(release: FunRelease, seed: int, offset: int = _FUN_DIT,
+                         clip_dim: int = 32) -> torch.nn.Module:
     """A two-block transformer of ``release``'s structure: ``WanFunTransformer3DModel`` where it has ``ref_conv`` or
-    a camera adapter, else diffusers' ``WanTransformer3DModel`` (Fun 1.0 Control)."""
-    image_dim = 32 if release.clip else None
+    a camera adapter, else diffusers' ``WanTransformer3DModel`` (Fun 1.0 Control); ``clip_dim`` is the width of the
+    CLIP features it reads, where it reads them (ComfyUI's Wan code takes the releases' 1280 only)."""
+    image_dim = clip_dim if release.clip else None
     if not (release.reference_conv or release.camera):
         return tiny_wan_transformer(seed, offset, in_channels=release.in_channels, image_dim=image_dim)
     from ..pipelines.wan_video.fun_model import WanFunTransformer3DModel

@@ -82,3 +82,32 @@ def lora_layer_names_of_flux1():
                                        joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
                                        axes_dims_rope=(4, 6, 6))
     return lora_layer_names(model)
+
+
+def test_every_wan_control_lora_layer_is_named_as_its_weight_in_the_original_release(tmp_path):
+    """A LoRA layer's native name is the name its weight has in the original release files ComfyUI loads (written by
+    ``dit_original_keys``), for VACE, FLF2V and the Fun models: the Fun ``ref_conv`` and camera adapter had none, so
+    no universal or kohya file could name them."""
+    from diffsynth.lora import inspect_lora
+    from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
+    from diffsynth.pipelines.wan_video.original import dit_original_keys
+    from diffsynth.testing.tiny_wan_flf2v import tiny_flf2v_transformer
+    from diffsynth.testing.tiny_wan_fun import FUN_RELEASES, tiny_fun_transformer
+    from diffsynth.testing.tiny_wan_vace import tiny_wan_vace_transformer
+
+    camera = tiny_fun_transformer(FUN_RELEASES["PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera"], 0)
+    control = tiny_fun_transformer(FUN_RELEASES["PAI/Wan2.2-Fun-A14B-Control"], 0)
+    for model in (tiny_wan_vace_transformer(0), tiny_flf2v_transformer(0), camera, control):
+        naming, originals = naming_for(model), dit_original_keys(list(model.state_dict()))
+        for name in lora_layer_names(model):
+            native = naming.to_native(name)
+            assert native is not None and f"{native}.weight" == originals[f"{name}.weight"], (name, native)
+            assert naming.to_diffusers(native) == name
+    extra = {"control_adapter.conv": camera, "control_adapter.residual_blocks.0.conv2": camera, "ref_conv": control}
+    for name, model in extra.items():
+        weight = model.get_submodule(name).weight
+        layer = LoRALayer(torch.randn(2, *weight.shape[1:]), torch.randn(weight.shape[0], 2, *[1] * (weight.dim() - 2)))
+        for layout in ("universal", "kohya"):
+            path = write_lora(tmp_path / f"{layout}.safetensors", LoRAWeights({name: layer}), layout, naming_for(model))
+            comfyui = inspect_lora(path, model).result("ComfyUI")
+            assert comfyui.ok and comfyui.mapped == 1, (name, layout, comfyui)

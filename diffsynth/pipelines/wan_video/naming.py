@@ -1,5 +1,5 @@
 """The original Wan code's layer names (what ComfyUI, DiffSynth-Studio and musubi-tuner run) for LoRA files, VACE's
-``vace_blocks`` included."""
+``vace_blocks`` and the Fun releases' ``ref_conv`` and camera ``control_adapter`` included."""
 
 from ...diffusion.module_naming import ModuleNaming
 
@@ -27,6 +27,11 @@ NAMING = ModuleNaming(
         "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
         "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
         "vace_patch_embedding": "vace_patch_embedding",
+        # The Fun releases' modules keep their names in WanFunTransformer3DModel (fun_model.py) and in ComfyUI's
+        # WanModel / CameraWanModel; without an entry a LoRA on them could not be written in the universal layout.
+        "ref_conv": "ref_conv", "control_adapter.conv": "control_adapter.conv",
+        "control_adapter.residual_blocks.0.conv1": "control_adapter.residual_blocks.0.conv1",
+        "control_adapter.residual_blocks.0.conv2": "control_adapter.residual_blocks.0.conv2",
     },
     other_block_lists=("vace_blocks",),
 )  # fmt: skip

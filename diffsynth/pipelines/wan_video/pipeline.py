@@ -126,9 +126,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
     # Likewise Animate's pose embedding, motion and face encoders and face adapter, pipe.animate_adapter there.
-    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding")),
-                   "animate_adapter": ("dit", ("pose_patch_embedding", "motion_encoder", "face_encoder",
-                                               "face_adapter"))}
+    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding")), "animate_adapter": (
+        "dit", ("pose_patch_embedding", "motion_encoder", "face_encoder", "face_adapter"))}
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer,
                    "camera_control_direction": text, "camera_control_speed": real}
