@@ -80,10 +80,14 @@ def test_the_original_release_reads_into_diffusers_weights(pipes):
         {key: value for key, value in theirs.transformer.config.items() if not key.startswith("_")}
 
 
-@pytest.mark.parametrize("mode", ["animate", "replace", "animate_cfg"])
+@pytest.mark.parametrize("mode", ["animate", "replace", "animate_cfg", "tall_character"])
 def test_matches_diffusers_animate_pipeline(pipes, mode):
+    """Both modes, with CFG (the blank face in the negative branch), and a character of another shape (fitted on
+    black)."""
     ours, theirs = pipes
     given = inputs(background=4 if mode == "replace" else None)
+    if mode == "tall_character":
+        given["input_image"] = frames(9, 1, size=(20, 40))[0]
     cfg = 2.0 if mode == "animate_cfg" else 1.0
     video, expected = render(ours, cfg, **given), reference(theirs, cfg, **given)
     assert video.shape == expected.shape == (1, FRAMES, 3, HEIGHT, WIDTH)

@@ -4,7 +4,7 @@ them for one segment.
 The call takes the reference trainer's names:
 
 - ``input_image``: the character. Its CLIP features go to the image cross-attention; it is fitted into the frame
-  (bilinear, black bars) and its latents, under a 4-channel mask of ones, are the first latent frame of ``y``.
+  (black bars) and its latents, under a 4-channel mask of ones, are the first latent frame of ``y``.
 - ``animate_pose_video``: the driving pose frames, encoded by the VAE into ``pose_latents`` (added to the patch
   embedding of every latent frame after the first).
 - ``animate_face_video``: the driving face crops, resized to the motion encoder's size (512 in the release) and
@@ -42,15 +42,16 @@ REFERENCE_FRAMES = VAE_TEMPORAL_SCALE
 
 
 def fitted_character(image: Image.Image, height: int, width: int) -> torch.Tensor:
-    """The character image scaled (bilinear) to fit ``height x width`` and centred on black, ``(1, 3, H, W)`` in
-    ``[-1, 1]`` (diffusers' ``WanAnimateImageProcessor`` with ``resize_mode="fill"``)."""
+    """The character image scaled to fit ``height x width`` and centred on black, ``(1, 3, H, W)`` in ``[-1, 1]``
+    (diffusers' ``WanAnimateImageProcessor`` with ``resize_mode="fill"``; LANCZOS, since that processor keeps its
+    default resampling whatever the pipeline asks of it)."""
     image = image.convert("RGB")
     if image.size == (width, height):
         return image_to_tensor(image)
     wider = width / height < image.width / image.height
     size = (width, image.height * width // image.width) if wider else (image.width * height // image.height, height)
     canvas = Image.new("RGB", (width, height), 0)
-    canvas.paste(image.resize(size, Image.Resampling.BILINEAR), (width // 2 - size[0] // 2, height // 2 - size[1] // 2))
+    canvas.paste(image.resize(size, Image.Resampling.LANCZOS), (width // 2 - size[0] // 2, height // 2 - size[1] // 2))
     return image_to_tensor(canvas)
 
 
