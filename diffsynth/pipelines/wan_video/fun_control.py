@@ -28,7 +28,8 @@ from PIL import Image
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import video_to_tensor
 from .camera import CAMERA_SPEED, camera_latents, camera_poses, check_direction, plucker_embedding
-from .image import MASK_CHANNELS, ImageConditionUnit, ImageEmbedderUnit, check_image
+from .image import MASK_CHANNELS, ImageEmbedderUnit, check_image
+from .units import normalised_latents
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -73,7 +74,7 @@ def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
 
 
 def _normalised_latents(pipe: WanVideoPipeline, frames: Sequence[Image.Image]) -> torch.Tensor:
-    return ImageConditionUnit._normalised_latents(pipe, video_to_tensor(frames))
+    return normalised_latents(pipe, video_to_tensor(frames))
 
 
 def _sized(image: Image.Image, width: int, height: int) -> Image.Image:

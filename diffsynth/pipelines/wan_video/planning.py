@@ -23,4 +23,12 @@ def planner_inputs(model: nn.Module, height: int, width: int, frames: int, dtype
         latents = inputs["hidden_states"]
         inputs["control_hidden_states"] = torch.empty(batch, config.vace_in_channels, *latents.shape[2:], dtype=dtype,
                                                       device=meta)
+    if "motion_encoder_size" in config:  # Animate: the character's latent frame, pose latents and face crops
+        latents = inputs["hidden_states"]
+        frames_out = latents.shape[2] - 1
+        inputs["pose_hidden_states"] = torch.empty(batch, config.latent_channels, frames_out, *latents.shape[3:],
+                                                   dtype=dtype, device=meta)
+        size = config.motion_encoder_size
+        inputs["face_pixel_values"] = torch.empty(batch, 3, (frames_out - 1) * 4 + 1, size, size, dtype=dtype,
+                                                  device=meta)
     return inputs

@@ -23,7 +23,8 @@ SPEC = FamilySpec(
                "PAI/Wan2.1-Fun-V1.1-1.3B-Control", "PAI/Wan2.1-Fun-V1.1-14B-Control",
                "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera", "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera",
                "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera", "Wan-AI/Wan2.1-VACE-1.3B",
-               "Wan-AI/Wan2.1-VACE-14B", "iic/VACE-Wan2.1-1.3B-Preview", "PAI/Wan2.2-VACE-Fun-A14B"),
+               "Wan-AI/Wan2.1-VACE-14B", "iic/VACE-Wan2.1-1.3B-Preview", "PAI/Wan2.2-VACE-Fun-A14B",
+               "Wan-AI/Wan2.2-Animate-14B"),
     releases=(
         Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
                 ("Wan-AI/Wan2.1-T2V-14B*",)),
@@ -36,8 +37,13 @@ SPEC = FamilySpec(
         Release("wan2.1-vace-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40,
                                         vace_layers=list(range(0, 40, 5)), vace_in_channels=96),
                 ("Wan-AI/Wan2.1-VACE-14B*", "PAI/Wan2.2-VACE-Fun-A14B*"), "WanVACETransformer3DModel"),
+        # Animate: a Wan2.1 I2V-14B with the pose embedding, the 512-pixel motion encoder, the face encoder and a
+        # face adapter after every fifth block (diffusers' defaults are the release's).
+        Release("wan2.2-animate-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40,
+                                           in_channels=36, image_dim=1280, added_kv_proj_dim=5120),
+                ("Wan-AI/Wan2.2-Animate-14B*",), "WanAnimateTransformer3DModel"),
     ),
-    layouts=("diffusers", "original Wan (WanModel / VaceWanModel folders, .pth encoders and VAEs)"),
+    layouts=("diffusers", "original Wan (WanModel / VaceWanModel / Animate folders, .pth encoders and VAEs)"),
     original_readers=("diffsynth.pipelines.wan_video.original:identify",),
     original_checkpoint=OriginalCheckpoint("diffsynth.pipelines.wan_video.original:dit_to_original",
                                            "diffsynth.pipelines.wan_video.original:dit_original_config"),
@@ -46,7 +52,8 @@ SPEC = FamilySpec(
     scheduler_presets={"wan": dict(shift=5.0)},
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
-        "Wan-AI/Wan2.2-Animate-": "Wan2.2-Animate (character animation and replacement) is not supported here",
+        "Wan-AI/Wan2.2-Animate-2-": "Wan2.2-Animate-2 is not supported here: diffusers carries its transformer but "
+                                    "only a modular pipeline; Wan-AI/Wan2.2-Animate-14B trains",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
         "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
         "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
@@ -56,5 +63,5 @@ SPEC = FamilySpec(
                      "--framewise_decoding"),
     example_folder="examples/wanvideo/model_training",
     docs_page="Wan.md",
-    other_denoiser_classes=("WanVACETransformer3DModel", "WanFunTransformer3DModel"),
+    other_denoiser_classes=("WanVACETransformer3DModel", "WanFunTransformer3DModel", "WanAnimateTransformer3DModel"),
 )

@@ -77,11 +77,13 @@ def aliased_targets(target_modules: Sequence[str], aliases: TargetAliases) -> li
 
 
 def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: TargetAliases,
-                         model_name: str) -> list[str]:
+                         model_name: str, scope: tuple[Sequence[str], Sequence[str]] = ((), ())) -> list[str]:
     """``--lora_target_modules`` in diffusers' module names (``aliases`` map a model's original names).
 
     A name aliased to patterns becomes the whole names of the modules they match. Works on a model built without
-    weights too, so the trainer checks the targets before loading anything.
+    weights too, so the trainer checks the targets before loading anything. Only the modules in ``scope``
+    (``BasePipeline.part_scope``'s ``(inside, outside)``) count: a model part's layers (Wan2.2-Animate's face adapter)
+    are neither trained nor named by a LoRA on the model around it.
 
     Raises:
         ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does), or
@@ -90,7 +92,7 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     """
     from ...lora import lora_layer_names, naming_for
 
-    names = [name for name, _ in model.named_modules()]
+    names = [name for name, _ in model.named_modules() if _in_scope(name, *scope)]
     renamed, matched = {}, {}
     for target in target_modules:
         alias = aliases.get(target, target)
@@ -121,6 +123,16 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     return list(dict.fromkeys(targets))
 
 
+def _in_scope(name: str, inside: Sequence[str], outside: Sequence[str]) -> bool:
+    """Whether a module path lies within one of the child modules ``inside`` (any, when empty) and in none of
+    ``outside``."""
+
+    def within(children: Sequence[str]) -> bool:
+        return any(name == child or name.startswith(f"{child}.") for child in children)
+
+    return (not inside or within(inside)) and not within(outside)
+
+
 def scoped_targets(model: torch.nn.Module, targets: list[str], inside: Sequence[str],
                    outside: Sequence[str]) -> list[str]:
     """``targets`` as the whole names of the layers they select within the child modules ``inside`` (all when empty)
@@ -131,13 +143,9 @@ def scoped_targets(model: torch.nn.Module, targets: list[str], inside: Sequence[
     """
     if not inside and not outside:
         return targets
-
-    def within(name: str, children: Sequence[str]) -> bool:
-        return any(name == child or name.startswith(f"{child}.") for child in children)
-
     names = [name for name, _ in model.named_modules()
              if any(name == target or name.endswith(f".{target}") for target in targets)
-             and (not inside or within(name, inside)) and not within(name, outside)]
+             and _in_scope(name, inside, outside)]
     if not names:
         raise ValueError(f"--lora_target_modules {','.join(targets)} select no layer of {type(model).__name__} in "
                          f"{', '.join(inside) or 'its main blocks'}; name layers those modules have, e.g. 'q,k,v,o'")
@@ -296,9 +304,10 @@ class DiffusionTrainingModule(torch.nn.Module):
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")
+        scope = self.pipe.part_scope(self.lora_base_model, model)
         target_modules = resolve_lora_targets(model, target_modules, self.pipe.lora_target_aliases,
-                                              self.lora_base_model)
-        target_modules = scoped_targets(model, target_modules, *self.pipe.part_scope(self.lora_base_model, model))
+                                              self.lora_base_model, scope)
+        target_modules = scoped_targets(model, target_modules, *scope)
         inject_adapter(model, settings, target_modules)
         config = _plain_config(model) or {}
         self.lora_config = {"lora_rank": settings.rank, "lora_alpha": settings.alpha,

@@ -134,9 +134,9 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
     model.requires_grad_(False)
     if run.lora.lora_base_model:
-        targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
-        if scope is not None:
-            targets = scoped_targets(model, targets, *scope(run.lora.lora_base_model, model))
+        parts = scope(run.lora.lora_base_model, model) if scope is not None else ((), ())
+        targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model, parts)
+        targets = scoped_targets(model, targets, *parts)
         settings = AdapterSettings(run.lora.lora_type, run.lora.lora_rank, run.lora.lora_alpha or run.lora.lora_rank,
                                    run.lora.use_dora, run.lora.lokr_factor)
         with torch.device("meta"):  # adapter weights made where they go: nothing is initialised on the CPU first

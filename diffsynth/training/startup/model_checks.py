@@ -161,7 +161,8 @@ def _lora_target_problems(run: RunConfig, pipeline_class: type[BasePipeline],
         return [f"--lora_base_model {run.lora.lora_base_model} needs --lora_target_modules, e.g. "
                 "'to_q,to_k,to_v,to_out.0'"]
     try:
-        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, run.lora.lora_base_model)
+        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, run.lora.lora_base_model,
+                             pipeline_class.part_scope(run.lora.lora_base_model, model))
     except ValueError as error:
         return [str(error)]
     return []
