@@ -222,15 +222,31 @@ def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
     if mixin is None:
         raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
     converted = mixin.lora_state_dict({key: value.clone() for key, value in tensors.items()})
+    # The UNet pipelines' loaders return the kohya alphas beside the factors, and keep the denoiser under "unet."
+    converted, alphas = converted if isinstance(converted, tuple) else (converted, None)
+    component = getattr(mixin, "transformer_name", None) or mixin.unet_name
     config = {}
     raw = metadata.get("lora_adapter_metadata")
     if raw:  # load_lora_adapter builds peft's LoraConfig from the "transformer." entries
-        config = {key.removeprefix("transformer."): value for key, value in json.loads(raw).items()
-                  if key.startswith("transformer.")}
+        config = {key.removeprefix(f"{component}."): value for key, value in json.loads(raw).items()
+                  if key.startswith(f"{component}.")}
+    alphas = {key: float(value) for key, value in (alphas or {}).items() if key.startswith(f"{component}.")}
+    if alphas:  # peft's get_peft_kwargs: one alpha for all when they agree, else a pattern by the key's stem
+        if len(set(alphas.values())) == 1:
+            config["lora_alpha"] = next(iter(alphas.values()))
+        else:
+            config["alpha_pattern"] = {key.removeprefix(f"{component}.").split(".lora")[0]: value
+                                       for key, value in alphas.items()}
     factors: dict[str, dict[str, torch.Tensor]] = {}
-    unloaded = []
-    for key, tensor in converted.items():
-        match = re.match(r"^transformer\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$", key)
+    unloaded = [key for key in converted if not key.startswith(f"{component}.")]
+    ours = {key.removeprefix(f"{component}."): tensor for key, tensor in converted.items()
+            if key.startswith(f"{component}.")}
+    if ours and "lora_A" not in next(iter(ours)):  # load_lora_adapter's test of the first key, then its conversion
+        from diffusers.utils import convert_unet_state_dict_to_peft
+
+        ours = convert_unet_state_dict_to_peft(ours)
+    for key, tensor in ours.items():
+        match = re.match(r"^(?P<module>.+)\.lora_(?P<part>[AB])\.weight$", key)
         if match is None:
             unloaded.append(key)
             continue

@@ -128,7 +128,7 @@ def _save_single_file(state_dict: dict, path: Path) -> None:
     save_file({key: tensor.contiguous() for key, tensor in state_dict.items()}, str(path), metadata={"format": "pt"})
 
 
-def _prefix_keys(path: Path, prefix: str) -> None:
+def prefix_keys(path: Path, prefix: str) -> None:
     """Rewrites a safetensors file with ``prefix`` before every key."""
     from safetensors.torch import load_file
 
@@ -151,7 +151,7 @@ def _write_shared(folder: Path, seed: int) -> None:
         ))  # fmt: skip
     # A shard limit above the model's size keeps it in the one model.safetensors the reference's pattern names.
     clip.save_pretrained(folder / "text_encoder", max_shard_size="1GB")
-    _prefix_keys(folder / "text_encoder" / "model.safetensors", CLIP_RELEASED_PREFIX)
+    prefix_keys(folder / "text_encoder" / "model.safetensors", CLIP_RELEASED_PREFIX)
     t5_tokenizer = build_t5_tokenizer()
     t5_tokenizer.save_pretrained(folder / "tokenizer_2")
     with seeded(seed + _T5):
