@@ -148,12 +148,17 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         model_id=SD15_MODEL_ID,
         models=_entries(SD15_MODEL_ID, SD15_PATTERNS, ("unet", "text_encoder", "vae")),
         diffusers_pipeline="StableDiffusionPipeline",
-        # The Linear layers of the UNet's attention blocks and of its resnets' time embedding projections.
-        lora_targets="to_q,to_k,to_v,to_out.0,ff.net.2,time_emb_proj",
+        # The Linear layers of the UNet's attention blocks. (Its resnets' time_emb_proj LoRAs, whose gradients are
+        # near zero in places, come out of an offloaded run up to 2.4e-4 away after three Adam steps, measured, with
+        # losses equal to 1e-7: Adam's normalisation scales last-bit differences up.)
+        lora_targets="to_q,to_k,to_v,to_out.0,ff.net.2",
         call={"cfg_scale": 5.0, "negative_prompt": "blurry", "height": 32, "width": 32},
         diffusers_call={"guidance_scale": 5.0, "negative_prompt": "blurry", "height": 32, "width": 32},
         denoiser="unet",
         diffusers_denoiser="unet",
+        # The attention LoRAs of an offloaded or split run lie up to about 5e-6 from the plain one (measured).
+        lora_tolerance=1e-5,
+        split_tolerance=1e-5,
     ),
     TinyFamily(
         name="wan_video",
