@@ -1,0 +1,41 @@
+"""The reference's Stable Diffusion 1.5 commands (DiffSynth-Studio fed7b18, ``examples/stable_diffusion/model_training``)
+run as written on the tiny repo through the trainer's ``main``, sizes aside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffsynth.pipelines.stable_diffusion.pipeline import StableDiffusionPipeline
+from tests.examples.helpers import run_command, script_commands
+
+from .test_scripts import REPO
+
+SD = REPO / "examples" / "stable_diffusion" / "model_training"
+
+
+@pytest.mark.slow
+def test_the_lora_script_trains_every_linear_layer_of_the_unet(workdir):
+    [(config, argv)] = script_commands(SD, "lora/stable-diffusion-v1-5.sh")
+    assert config is None and argv[argv.index("--lora_target_modules") + 1] == ""
+    result = run_command(StableDiffusionPipeline, argv)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    weights = load_file(str(workdir / "models/train/stable-diffusion-v1-5_lora/epoch-0.safetensors"))
+    unet = result["module"].pipe.unet
+    # The UNet's own Linear layers: peft's wrappers hold them as base_layer, beside the LoRA factors.
+    linear = {name.removesuffix(".base_layer") for name, module in unet.named_modules()
+              if isinstance(module, torch.nn.Linear) and ".lora_" not in name}
+    # kohya's names: every Linear layer of the UNet, and nothing else (its 1x1 convolutions stay untouched).
+    stems = {key.split(".")[0] for key in weights}
+    assert stems == {"lora_unet_" + name.replace(".", "_") for name in linear}
+    assert max(value.abs().max().item() for key, value in weights.items() if "lora_up" in key) > 0
+
+
+@pytest.mark.slow
+def test_the_full_script_trains_the_unet(workdir):
+    [(config, argv)] = script_commands(SD, "full/stable-diffusion-v1-5.sh")
+    result = run_command(StableDiffusionPipeline, argv)
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    saved = load_file(str(workdir / "models/train/stable-diffusion-v1-5_full/epoch-0.safetensors"))
+    assert set(saved) == set(result["module"].pipe.unet.state_dict())
