@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..pipelines.stable_diffusion.pipeline import SD15_SCHEDULER_CONFIG
-from .tiny_common import model_index, padded, prepare_repo, seeded, write_json
-from .tiny_flux import CLIP_MAX_LENGTH, CLIP_RELEASED_PREFIX, build_clip_tokenizer, prefix_keys
+from .tiny_common import model_index, prepare_repo, seeded, write_json
+from .tiny_flux import write_clip
 
 SD15_MODEL_ID = "AI-ModelScope/stable-diffusion-v1-5"
 
@@ -61,22 +61,11 @@ def build_tiny_stable_diffusion(root: Path, model_id: str = SD15_MODEL_ID, seed:
         prediction_type: The scheduler config's ``prediction_type`` (``v_prediction`` for an SD 2.x-like repo).
     """
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
 
     repo = prepare_repo(root, model_id)
     with seeded(seed + _UNET):
         UNet2DConditionModel(**UNET_CONFIG).save_pretrained(repo / "unet")
-    tokenizer = build_clip_tokenizer()
-    tokenizer.save_pretrained(repo / "tokenizer")
-    with seeded(seed + _CLIP):
-        clip = CLIPTextModel(CLIPTextConfig(
-            vocab_size=padded(len(tokenizer)), hidden_size=CROSS_ATTENTION_DIM, intermediate_size=48,
-            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
-            hidden_act="quick_gelu", projection_dim=CROSS_ATTENTION_DIM, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        ))  # fmt: skip
-    clip.save_pretrained(repo / "text_encoder", max_shard_size="1GB")
-    prefix_keys(repo / "text_encoder" / "model.safetensors", CLIP_RELEASED_PREFIX)
+    write_clip(repo, CROSS_ATTENTION_DIM, seed + _CLIP)
     with seeded(seed + _VAE):
         AutoencoderKL(**VAE_CONFIG).save_pretrained(repo / "vae")
     # The released schedule values (its PNDMScheduler config) under the class diffusers' pipeline samples with here.
