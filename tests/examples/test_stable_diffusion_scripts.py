@@ -1,5 +1,5 @@
-"""The reference's Stable Diffusion 1.5 commands (DiffSynth-Studio fed7b18, ``examples/stable_diffusion/model_training``)
-run as written on the tiny repo through the trainer's ``main``, sizes aside."""
+"""The reference's Stable Diffusion 1.5 and SDXL commands (DiffSynth-Studio fed7b18, ``examples/stable_diffusion`` and
+``examples/stable_diffusion_xl``) run as written on the tiny repos through the trainer's ``main``, sizes aside."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.pipelines.stable_diffusion.pipeline import StableDiffusionPipeline
+from diffsynth.pipelines.stable_diffusion.xl import SDXL_MODEL_ID, StableDiffusionXLPipeline
 from tests.examples.helpers import run_command, script_commands
 
 from .test_scripts import REPO
 
 SD = REPO / "examples" / "stable_diffusion" / "model_training"
+SDXL = REPO / "examples" / "stable_diffusion_xl" / "model_training"
 
 
 @pytest.mark.slow
@@ -38,4 +40,38 @@ def test_the_full_script_trains_the_unet(workdir):
     result = run_command(StableDiffusionPipeline, argv)
     assert all(torch.isfinite(torch.tensor(result["losses"])))
     saved = load_file(str(workdir / "models/train/stable-diffusion-v1-5_full/epoch-0.safetensors"))
+    assert set(saved) == set(result["module"].pipe.unet.state_dict())
+
+
+@pytest.mark.slow
+def test_the_sdxl_lora_script_trains_its_layers_and_loads_in_diffusers(workdir, tiny_root):
+    import diffusers
+
+    from tests.conftest import load_lora_into_diffusers
+    from tests.pipelines.family_helpers import load_theirs, render_theirs
+
+    [(config, argv)] = script_commands(SDXL, "lora/stable-diffusion-xl-base-1.0.sh")
+    targets = argv[argv.index("--lora_target_modules") + 1].split(",")
+    result = run_command(StableDiffusionXLPipeline, argv)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    path = workdir / "models/train/stable-diffusion-xl-base-1.0_lora/epoch-0.safetensors"
+    # --align_to_opensource_format: kohya's layout, one layer per name of the reference's list.
+    assert {key.split(".")[0] for key in load_file(str(path))} == {"lora_unet_" + name.replace(".", "_")
+                                                                   for name in targets}
+    theirs = load_theirs(tiny_root, diffusers.StableDiffusionXLPipeline, SDXL_MODEL_ID)
+    call = {"guidance_scale": 5.0, "negative_prompt": "blurry", "height": 32, "width": 32}
+    before = render_theirs(theirs, **call)
+    warnings = load_lora_into_diffusers(theirs, path, "sdxl")
+    # Only the text encoders' "no LoRA keys" notes: the file trains the UNet alone.
+    assert [warning for warning in warnings if not warning.startswith("No LoRA keys associated to")] == []
+    assert len([name for name, _ in theirs.unet.named_parameters() if "lora_A" in name]) == len(targets)
+    assert (render_theirs(theirs, **call) - before).abs().max() > 1e-5
+
+
+@pytest.mark.slow
+def test_the_sdxl_full_script_trains_the_unet(workdir):
+    [(config, argv)] = script_commands(SDXL, "full/stable-diffusion-xl-base-1.0.sh")
+    result = run_command(StableDiffusionXLPipeline, argv)
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    saved = load_file(str(workdir / "models/train/stable-diffusion-xl-base-1.0_full/epoch-0.safetensors"))
     assert set(saved) == set(result["module"].pipe.unet.state_dict())

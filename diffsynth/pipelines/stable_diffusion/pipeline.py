@@ -36,7 +36,6 @@ from ..common import (
 
 __all__ = ["ModelConfig", "StableDiffusionPipeline"]
 
-DEFAULT_SIZE = 512
 #: ``scheduler/scheduler_config.json`` of stable-diffusion-v1-5 (a ``PNDMScheduler`` config; only the schedule's
 #: values are read), used when the release's file is not on disk.
 SD15_SCHEDULER_CONFIG = {
@@ -93,6 +92,9 @@ class StableDiffusionPipeline(TextToLatentPipeline):
     model_fn_params = ("prompt_emb",)
     latent_channels = 4
     default_torch_dtype = torch.float32
+    #: The call's default height and width, and its default ``cfg_scale`` (the reference's).
+    default_size = 512
+    default_cfg_scale = 7.5
     training_state = {**TextToLatentPipeline.training_state, "max_sequence_length": None}
     unit_classes = (ShapeCheckUnit, ImageNoiseUnit, InputImageEmbedderUnit, LatentsUnit, PromptEmbedderUnit)
 
@@ -137,7 +139,7 @@ class StableDiffusionPipeline(TextToLatentPipeline):
         return (images / 2 + 0.5).clamp(0, 1)
 
     @torch.no_grad()
-    def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 7.5,
+    def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float | None = None,
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0, height: int | None = None,
                  width: int | None = None, seed: int | None = None, rand_device: str = "cpu",
                  num_inference_steps: int = 50, output_type: str = "pil",
@@ -148,11 +150,12 @@ class StableDiffusionPipeline(TextToLatentPipeline):
             prompt: What to draw.
             negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
             cfg_scale: CFG scale, ``negative + cfg_scale * (positive - negative)``: diffusers' ``guidance_scale``
-                (the reference's default 7.5); 1 turns CFG off and halves the work per step.
+                (default ``default_cfg_scale``: the reference's 7.5, SDXL's 5); 1 turns CFG off and halves the work
+                per step.
             input_image: Start from this image instead of pure noise (image-to-image).
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
-            height: Output height in pixels, rounded to a multiple of 8; default 512.
-            width: Output width in pixels, rounded to a multiple of 8; default 512.
+            height: Output height in pixels, rounded to a multiple of 8; default ``default_size`` (512, SDXL 1024).
+            width: Output width in pixels, rounded to a multiple of 8; default as ``height``.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
             num_inference_steps: DDIM steps.
@@ -161,7 +164,8 @@ class StableDiffusionPipeline(TextToLatentPipeline):
             progress_bar: Show a progress bar over the steps.
         """
         check_call_inputs(prompt, output_type, output_types=("pil", "pt", "latent"))
-        height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
+        height, width = height or self.default_size, width or self.default_size
+        cfg_scale = self.default_cfg_scale if cfg_scale is None else cfg_scale
         self.set_inference_timesteps(num_inference_steps, denoising_strength,
                                      latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
