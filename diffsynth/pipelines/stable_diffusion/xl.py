@@ -69,6 +69,11 @@ class StableDiffusionXLPipeline(SecondTokenizerPipeline, StableDiffusionPipeline
     default_tokenizer_config = ModelConfig(model_id=SDXL_MODEL_ID, origin_file_pattern="tokenizer/")
     default_tokenizer_2_config = ModelConfig(model_id=SDXL_MODEL_ID, origin_file_pattern="tokenizer_2/")
     model_fn_params = ("prompt_emb", "pooled_prompt_emb")
+    #: The layer kinds the reference's SDXL LoRA script lists one by one (every transformer block's). An empty
+    #: ``--lora_target_modules`` is refused: every Linear would include ``add_embedding``, whose kohya name
+    #: diffusers' converter misreads.
+    default_lora_target_modules = "to_q,to_k,to_v,to_out.0,proj_in,proj_out,ff.net.0.proj,ff.net.2"
+    empty_lora_targets_train_all_linear = False
     default_size = 1024
     default_cfg_scale = 5.0
     unit_classes = (ShapeCheckUnit, ImageNoiseUnit, InputImageEmbedderUnit, LatentsUnit, XLPromptEmbedderUnit)
