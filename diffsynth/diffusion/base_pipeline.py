@@ -73,6 +73,9 @@ class BasePipeline(torch.nn.Module):
     #: The layers an unset ``--lora_target_modules`` trains: those the reference's LoRA scripts for the model name.
     #: Empty: the flag is required.
     default_lora_target_modules: str = ""
+    #: Whether an empty ``--lora_target_modules`` trains every ``nn.Linear`` of the LoRA base model (the reference's
+    #: Stable Diffusion scripts pass ``""``); otherwise an empty value is refused.
+    empty_lora_targets_train_all_linear: bool = False
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).

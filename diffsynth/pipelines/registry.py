@@ -122,6 +122,8 @@ class FamilySpec:
             trainer's config says what it does with each).
         example_folder: Its ``examples/<folder>/model_training`` folder (the reference's scripts).
         docs_page: Its page under ``docs/en/``.
+        block_swap: Whether ``--blocks_to_swap`` applies to its denoiser (a sequence of blocks ``find_block_sequence``
+            finds); False for a UNet, which the trainer then refuses block swap for by name.
     """
 
     name: str
@@ -146,6 +148,7 @@ class FamilySpec:
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()
     other_denoiser_classes: tuple[str, ...] = ()
+    block_swap: bool = True
 
     def __post_init__(self) -> None:
         # The room's own modules by convention: planning.py and naming.py beside the spec.

@@ -64,6 +64,7 @@ from .tiny_wan import (
 from .tiny_wan_animate import WAN_ANIMATE_BUILDERS
 from .tiny_wan_flf2v import WAN_FLF2V_BUILDERS
 from .tiny_wan_vace import WAN_VACE_BUILDERS
+from .tiny_stable_diffusion import STABLE_DIFFUSION_BUILDERS
 from .tiny_z_image import Z_IMAGE_BUILDERS
 
 # The Wan and FLUX.1 names are re-exported: tests and scripts import every tiny repo's id and patterns from here.
@@ -279,6 +280,7 @@ BUILDERS = {
     **FLUX2_BUILDERS,
     "flux2_dev": build_tiny_flux2_dev,
     **Z_IMAGE_BUILDERS,
+    **STABLE_DIFFUSION_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,

@@ -11,7 +11,7 @@ def test_the_planner_plans_the_tiny_files(spec, tiny, tiny_root, monkeypatch, ca
     monkeypatch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(tiny_root))
     frames = ["--num_frames", "5"] if spec.video else []
     assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths", tiny.model_flag,
-                      "--lora_base_model", "dit", "--lora_target_modules", tiny.lora_targets, "--height", "32",
+                      "--lora_base_model", tiny.denoiser, "--lora_target_modules", tiny.lora_targets, "--height", "32",
                       "--width", "32", *frames, *tiny.train_flags, "--device_profile", "rtx4090-24gb"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{spec.denoiser_class} at 32x32x{5 if spec.video else 1}"), out[0]
@@ -19,7 +19,7 @@ def test_the_planner_plans_the_tiny_files(spec, tiny, tiny_root, monkeypatch, ca
 
 
 @pytest.mark.slow  # a shallow dry run of each released denoiser
-def test_the_planner_plans_every_release_without_its_files(spec, tmp_path, monkeypatch, capsys):
+def test_the_planner_plans_every_release_without_its_files(spec, tiny, tmp_path, monkeypatch, capsys):
     from diffsynth.core.loader import resolve
 
     monkeypatch.setenv(resolve.BASE_PATH_ENV, str(tmp_path / "models"))
@@ -27,7 +27,8 @@ def test_the_planner_plans_every_release_without_its_files(spec, tmp_path, monke
     for release in spec.releases:
         model_id = release.model_ids[0].rstrip("*")
         assert plan_main(["--pipeline", spec.plan_name, "--model_id_with_origin_paths",
-                          f"{model_id}:transformer/*.safetensors", "--trainable_models", "dit", "--height", "128",
+                          f"{model_id}:{tiny.diffusers_denoiser}/*.safetensors", "--trainable_models", tiny.denoiser,
+                          "--height", "128",
                           "--width", "128", *frames, "--use_gradient_checkpointing", "--customized_optimizer",
                           "bitsandbytes.optim.AdamW8bit", "--device_profile", "h200-141gb"]) == 0
         out = capsys.readouterr().out.splitlines()

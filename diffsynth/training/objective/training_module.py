@@ -76,6 +76,14 @@ def aliased_targets(target_modules: Sequence[str], aliases: TargetAliases) -> li
     return list(dict.fromkeys(names))
 
 
+def effective_lora_targets(model: torch.nn.Module, targets: Sequence[str], pipeline_class: type) -> list[str]:
+    """``targets``, or, when empty and the pipeline says so (``empty_lora_targets_train_all_linear``), the whole name
+    of every ``nn.Linear`` of ``model``: the layers the reference's empty ``--lora_target_modules`` trains."""
+    if targets or not pipeline_class.empty_lora_targets_train_all_linear:
+        return list(targets)
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
 def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: TargetAliases,
                          model_name: str, scope: tuple[Sequence[str], Sequence[str]] = ((), ())) -> list[str]:
     """``--lora_target_modules`` in diffusers' module names (``aliases`` map a model's original names).
@@ -301,6 +309,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                      checkpoint: str | Path | None) -> None:
         from ...lora.base_layers import BaseLayers
 
+        target_modules = effective_lora_targets(model, target_modules, type(self.pipe))
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")

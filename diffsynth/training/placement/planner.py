@@ -35,7 +35,7 @@ from ...core.loader import (
     resolve_files,
 )
 from ...core.loader.loading import resolve_dtype
-from ...core.offload_training.block_swap import find_block_sequence
+from ...core.offload_training.block_swap import BlockSequence, find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
 from ...core.planning.dry_run_cache import DryRunCache, cache_folder, workload_fingerprint
 from ...core.planning.plans import (
@@ -172,8 +172,17 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
                              run.training.fused_optimizer_step)
     folder = cache_folder()
     dry_runs = DryRunCache(workload_fingerprint(model, inputs.items()) if folder else "", folder)
-    return Workload(model, find_block_sequence(model), step, set_checkpointing, other_model_sizes, description,
+    return Workload(model, _block_sequence(model), step, set_checkpointing, other_model_sizes, description,
                     local_processes, run.placement.shared_host_weights == "auto", training, dry_runs)
+
+
+def _block_sequence(model: nn.Module) -> BlockSequence:
+    """The blocks block swap would swap; none for a denoiser whose family declares no block swap (a UNet), whose
+    plans then keep it whole."""
+    spec = family_of_class(type(model).__name__)
+    if spec is not None and not spec.block_swap:
+        return BlockSequence((), (), ())
+    return find_block_sequence(model)
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
