@@ -68,7 +68,7 @@ class BasePipeline(torch.nn.Module):
     #: Where the tokenizer comes from when a text encoder is loaded and no config names a tokenizer.
     default_tokenizer_config: ModelConfig | None = None
     #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names: a
-    #: suffix, or a tuple of patterns over whole module names (``training_module.TargetAliases``).
+    #: suffix, or a tuple of patterns over whole module names (``lora_targets.TargetAliases``).
     lora_target_aliases: dict[str, str | tuple[str, ...]] = {}
     #: The layers an unset ``--lora_target_modules`` trains: those the reference's LoRA scripts for the model name.
     #: Empty: the flag is required.

@@ -63,7 +63,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..objective.training_module import TargetAliases
+    from ..objective.lora_targets import TargetAliases
 
 logger = logging.getLogger(__name__)
 

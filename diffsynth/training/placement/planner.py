@@ -57,7 +57,7 @@ from ...pipelines.registry import families, family_of_class, load, releases
 from ..config.errors import FlagError
 from ..config.placement import PlacementConfig
 from ..objective.adapter import AdapterSettings, inject_adapter
-from ..objective.training_module import TargetAliases, resolve_lora_targets, scoped_targets
+from ..objective.lora_targets import TargetAliases, resolve_lora_targets, scoped_targets
 
 if TYPE_CHECKING:
     from ..config import RunConfig

@@ -27,7 +27,7 @@ from ...core.loader import (
 from ...core.offload_training.block_swap import find_block_sequence
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
-from ..objective.training_module import effective_lora_targets, resolve_lora_targets
+from ..objective.lora_targets import effective_lora_targets, resolve_lora_targets
 from ..outputs.initial_weights import initial_weights_problems, target_model
 from ..placement.quant_options import quant_model_problems, quantized_models
 
