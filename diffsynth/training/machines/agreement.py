@@ -82,12 +82,13 @@ class ProcessIdentity:
 
 
 def gather_identities(config: RunConfig, accelerator: Any) -> list[ProcessIdentity]:
-    """Every process's identity, in rank order; a collective: every process must call it."""
-    mine = ProcessIdentity.of_this_process(config, accelerator.process_index)
+    """Every process's identity, in rank order (none for a single process, which has nothing to agree with); a
+    collective: every process must call it."""
     if accelerator.num_processes == 1:
-        return [mine]
+        return []
     from accelerate.utils import gather_object
 
+    mine = ProcessIdentity.of_this_process(config, accelerator.process_index)
     return [ProcessIdentity(**one) for one in gather_object([dataclasses.asdict(mine)])]
 
 
@@ -98,8 +99,8 @@ def _flag_text(value: Any) -> str:
 def agreement_problems(identities: list[ProcessIdentity]) -> list[str]:
     """One problem for the first process whose code or flags differ from the main process's, naming the
     difference; none when all agree."""
-    main = identities[0]
-    for other in identities[1:]:
+    main, *others = identities or [None]
+    for other in others:
         if (other.version, other.code) != (main.version, main.code):
             return [(f"{other.where()} runs other code than the main process {main.where()}: diffsynth "
                      f"{other.version} (source digest {other.code}) there, {main.version} ({main.code}) here; install "

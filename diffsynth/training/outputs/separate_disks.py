@@ -15,10 +15,13 @@ machines needs no shared folder to train: the other machines write nothing there
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from ...core.folder_lock import LockHolder, read_lock
+
+logger = logging.getLogger(__name__)
 
 
 def sees_main_folder(folder: str | Path, main_holder: dict[str, Any] | None) -> bool:
@@ -40,9 +43,9 @@ def stage_one_problem(task: str, folder: str | Path, blind_ranks: list[int]) -> 
     """The refusal of a stage 1 whose processes ``blind_ranks`` do not see the main process's ``folder``."""
     ranks = ", ".join(str(rank) for rank in blind_ranks)
     return (f"--task {task} across machines writes one cache that every process fills with its share, but "
-            f"process(es) {ranks} do not see the main process's --output_path {folder} (theirs is on another disk): put "
-            "--output_path on a file system every machine mounts (NFS or the like), or run stage 1 on one machine "
-            "(--num_machines 1) and copy the finished cache to every machine for stage 2")
+            f"process(es) {ranks} do not see the main process's --output_path {folder} (theirs is on another disk): "
+            "put --output_path on a file system every machine mounts (NFS or the like), or run stage 1 on one "
+            "machine (--num_machines 1) and copy the finished cache to every machine for stage 2")
 
 
 def training_state_for_every_process(checkpoint: Path, accelerator: Any, shared: bool) -> tuple:
@@ -67,4 +70,7 @@ def training_state_for_every_process(checkpoint: Path, accelerator: Any, shared:
     broadcast_object_list(sent)
     if isinstance(sent[0], CheckpointError):
         raise sent[0]
+    if not accelerator.is_main_process:
+        logger.info("resuming from the main process's %s, sent over the process group (this process's "
+                    "--output_path is not the main process's folder)", checkpoint)
     return sent[0]
