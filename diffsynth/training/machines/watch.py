@@ -143,8 +143,8 @@ def lost_process_line(error: BaseException) -> str | None:
                 f"or the machine or network went down; its own log says why); this process stops too; {RESUME_HINT}")
     if silent:
         lost = ", ".join(ids[rank].where() for rank in silent)
-        return (f"[{me}] lost {lost}: it stopped responding (killed, crashed, or its machine went down; its own log "
-                f"says why), so this process stops too; {RESUME_HINT}")
+        return (f"[{me}] lost {lost}: it stopped responding (killed, crashed, hung, or its machine went down; its own "
+                f"log says why), so this process stops too; {RESUME_HINT}")
     return (f"[{me}] a collective failed or timed out ({str(error).splitlines()[0][:200]}) while every process was "
             f"still alive: one of them hangs or waits elsewhere; {PROCESS_TIMEOUT_ENV} bounds how long the others "
             f"wait (seconds; torch's default is 30 min); {RESUME_HINT}")
