@@ -167,6 +167,8 @@ def worker_of(launch: Launch) -> int:
 
 
 def test_a_killed_process_stops_the_other_machine_with_one_line_naming_it(dataset, tmp_path, tiny_root):
+    """``kill -9`` of machine 1's process: machine 0 stops within seconds, non-zero, with one line naming the lost
+    process and no traceback; the same command with ``--resume_from_checkpoint latest`` continues."""
     flags = [*raw(dataset), *LORA, "--dataset_repeat", "200", "--save_steps", "1"]
     machines = two_machines(tiny_root, flags, (tmp_path / "out0", tmp_path / "out1"))
     deadline = time.monotonic() + 240
@@ -181,3 +183,9 @@ def test_a_killed_process_stops_the_other_machine_with_one_line_naming_it(datase
     assert "lost rank 1 (machine 1, host" in line and "--resume_from_checkpoint latest" in line
     assert "Traceback" not in survivor.output and "ChildFailedError" not in survivor.output
     assert machines[1].wait(timeout=60).code == 128 + signal.SIGKILL
+    # The restart resumes from the last checkpoint (and stops one step later).
+    last = max(int(path.name.split("-")[1]) for path in (tmp_path / "out0" / "checkpoints").glob("step-*"))
+    restart = finish(*two_machines(tiny_root, [*flags, "--resume_from_checkpoint", "latest", "--max_train_steps",
+                                               str(last + 1)], (tmp_path / "out0", tmp_path / "out1")))
+    assert f"resuming from {tmp_path / 'out0' / 'checkpoints' / f'step-{last}'} (optimizer step {last})" in \
+        restart[0].output

@@ -15,7 +15,10 @@ machines needs no shared folder to train: the other machines write nothing there
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +27,25 @@ from ...core.folder_lock import LockHolder, read_lock
 logger = logging.getLogger(__name__)
 
 
-def sees_main_folder(folder: str | Path, main_holder: dict[str, Any] | None) -> bool:
-    """Whether ``folder`` is the main process's output folder: its lock names the holder the main process wrote."""
+def sees_main_folder(folder: str | Path, main_holder: dict[str, Any] | None, attempts: int = 3) -> bool:
+    """Whether ``folder`` is the main process's output folder: its lock names the holder the main process wrote.
+
+    A network file system may answer from a cache that predates the lock (an NFS client caches a name it did not
+    find for up to a minute): the folder is listed before each look, which makes the client ask the server again,
+    and a lock not seen is looked for ``attempts`` times, a second apart."""
     if main_holder is None:
         return False
-    found = read_lock(folder)
-    holder = found[0] if found else None
-    return holder is not None and (holder.run_id, holder.pid, holder.host) == (
-        main_holder["run_id"], main_holder["pid"], main_holder["host"])
+    expected = (main_holder["run_id"], main_holder["pid"], main_holder["host"])
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(1.0)
+        with contextlib.suppress(OSError):
+            os.listdir(folder)
+        found = read_lock(folder)
+        holder = found[0] if found else None
+        if holder is not None and (holder.run_id, holder.pid, holder.host) == expected:
+            return True
+    return False
 
 
 def holder_record(holder: LockHolder | None) -> dict[str, Any] | None:
