@@ -14,7 +14,8 @@ At start-up the main process claims the folder (:func:`claim_output_folder`):
 The verdict, with the run id and the checkpoint, is broadcast to every process, so the other processes of the
 launch learn it at the same point and all stop, or all go on, before loading anything; only the main process holds
 the lock, so a launch never refuses itself. Each process then tells whether its folder is the main process's (it sees
-the lock): machines with disks of their own train and resume, but refuse a stage 1 (:mod:`.separate_disks`). The run id is new for a new run and the checkpoint's for a resumed one.
+the lock): machines with disks of their own train and resume, but refuse a stage 1 (:mod:`.separate_disks`). The run
+id is new for a new run and the checkpoint's for a resumed one.
 """
 
 from __future__ import annotations
