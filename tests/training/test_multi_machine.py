@@ -122,8 +122,9 @@ def test_a_two_machine_checkpoint_resumes_on_one_machine_and_back_bit_for_bit(lo
 
 def test_split_training_across_two_machines(dataset, tmp_path, tiny_root):
     """Stage 1 across two machines into one shared folder, each process its share of the samples; then stage 2 on
-    two machines with separate disks (each reading the whole cache). A stage 1 whose machines have separate disks is
-    refused before any work, naming what must be shared."""
+    two machines with separate disks (each reading the whole cache), training the LoRA of one machine with two
+    processes bit for bit. A stage 1 whose machines have separate disks is refused before any work, naming what must
+    be shared."""
     stage_one = [*raw(dataset), *COMMON, "--task", "sft:data_process", "--offload_models", PATTERN["dit"]]
     shared = two_machines(tiny_root, stage_one, (tmp_path / "cache", tmp_path / "cache"))
     separate = two_machines(tiny_root, stage_one, (tmp_path / "separate0", tmp_path / "separate1"))
@@ -139,8 +140,10 @@ def test_split_training_across_two_machines(dataset, tmp_path, tiny_root):
         "0/0.safetensors", "0/2.safetensors", "1/1.safetensors"]
     stage_two = ["--dataset_base_path", str(tmp_path / "cache"), *COMMON, "--task", "sft:train", "--offload_models",
                  f"{PATTERN['text_encoder']},{PATTERN['vae']}", "--dataset_repeat", "2", "--num_epochs", "1"]
-    finish(*two_machines(tiny_root, stage_two, (tmp_path / "train0", tmp_path / "train1")))
+    finish(*two_machines(tiny_root, stage_two, (tmp_path / "train0", tmp_path / "train1")),
+           one_machine(tiny_root, stage_two, tmp_path / "train_one"))
     trained = lora(tmp_path / "train0", "epoch-0")
+    assert_equal(trained, lora(tmp_path / "train_one", "epoch-0"))  # stage 2 on one machine with two processes
     assert max(value.abs().max().item() for key, value in trained.items() if "lora_B" in key) > 0
     assert not (tmp_path / "train1").exists()
 
