@@ -67,6 +67,7 @@ FIRST_MODULES = (
     "tests/pipelines/test_family_kit_planner.py",
     "tests/examples/test_multi_process_scripts.py",
     "tests/training/test_launch.py",
+    "tests/training/test_multi_machine.py",
     "tests/core/planning/test_shallow.py",
     "tests/training/placement/test_shared_host_weights.py",
     "tests/training/test_trainer.py",
