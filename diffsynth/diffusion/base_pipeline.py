@@ -31,8 +31,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, SharedLoad, load_component, load_components, load_skeleton, model_class_name
-from ..core.loader.loading import resolve_dtype
+from ..core.loader import ModelConfig, SharedLoad, load_components, load_skeleton, model_class_name
+from ..core.loader.loading import load_tokenizer, resolve_dtype
 from ..core.loader.original_layout import join_parts
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (
@@ -201,7 +201,7 @@ class BasePipeline(torch.nn.Module):
                 pipe._assign(component, config)
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
-            pipe._assign(load_component(tokenizer), tokenizer)
+            pipe._assign(load_tokenizer(tokenizer), tokenizer)
         pipe._after_load(**options)
         return pipe
 

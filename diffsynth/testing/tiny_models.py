@@ -36,6 +36,7 @@ from .tiny_flux import (
     build_tiny_flux1,
 )
 from .tiny_flux2 import FLUX2_BUILDERS
+from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
 from .tiny_ltx23 import LTX23_BUILDERS
@@ -278,6 +279,7 @@ BUILDERS = {
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,
+    **KREA2_BUILDERS,
 }
 
 
