@@ -75,6 +75,9 @@ class BasePipeline(torch.nn.Module):
     default_lora_target_modules: str = ""
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
+    #: The LoRA layout ``--align_to_opensource_format`` writes: the reference's "open-source format", kohya's for
+    #: most families, diffusers' names where the reference aligns to those.
+    aligned_lora_layout: str = "kohya"
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).
     model_fn_params: tuple[str, ...] = ()
     #: Metadata columns every training sample needs.

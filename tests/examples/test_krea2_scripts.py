@@ -28,13 +28,13 @@ def test_lora_scripts_train_every_named_module(workdir, release):
     pipe = result["module"].pipe
     assert pipe.model_configs["dit"].model_id == f"krea/Krea-2-{release}" and pipe.is_distilled == (release == "Turbo")
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
-    # --align_to_opensource_format writes kohya's layout; the twin beside it holds diffusers' names.
-    output = workdir / f"models/train/Krea-2-{release}_lora"
-    assert all(key.startswith("lora_unet_") for key in load_file(str(output / "epoch-0.safetensors")))
-    twin = output / "epoch-0.diffusers.safetensors"
-    assert lora_update(twin) > 0
+    # --align_to_opensource_format writes diffusers' names under transformer., as the reference's Krea converter does.
+    path = workdir / f"models/train/Krea-2-{release}_lora/epoch-0.safetensors"
+    weights = load_file(str(path))
+    assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in weights
+    assert all(key.startswith("transformer.") for key in weights) and lora_update(path) > 0
     # Every module the reference names: 2 blocks x 8 layers, 2 text-fusion blocks x 8, and the 8 outside them.
-    assert len([key for key in load_file(str(twin)) if "lora_B" in key]) == 2 * 8 + 2 * 8 + 8
+    assert len([key for key in weights if "lora_B" in key]) == 2 * 8 + 2 * 8 + 8
 
 
 @pytest.mark.parametrize("release", ["Raw", "Turbo"])

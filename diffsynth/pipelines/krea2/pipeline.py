@@ -133,6 +133,8 @@ class Krea2Pipeline(TextToLatentPipeline):
         "tmlp.2": "time_embed.linear_2", "projector": "text_fusion.projector", "txtmlp.1": "txt_in.linear_1",
         "txtmlp.3": "txt_in.linear_2", "last.linear": "final_layer.linear", "tproj.1": "time_mod_proj",
     }  # fmt: skip
+    #: The reference's --align_to_opensource_format writes diffusers' names under transformer. (Krea's LoRA releases).
+    aligned_lora_layout = "diffusers"
     model_fn_params = ("prompt_emb", "prompt_emb_mask")
     #: Every prompt embedding is ``max_sequence_length`` tokens long (padding masked), so batches need no padding.
     padded_inputs: dict[str, str] = {}

@@ -18,8 +18,9 @@ SPEC = FamilySpec(
     prompt_tokens=512,
     scheduler_presets={"krea2": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                      max_image_seq_len=6400, training_mu=0.8)},
-    # Files name Krea's own modules under diffusion_model., which diffusers' Krea 2 loader converts.
-    lora_tools=LoraTools("Krea2LoraLoaderMixin"),
+    # Files name Krea's own modules under diffusion_model., which diffusers' Krea 2 loader converts; DiffSynth-Studio's
+    # Krea2LoRALoader also renames diffusers' names under transformer. (the reference's aligned files).
+    lora_tools=LoraTools("Krea2LoraLoaderMixin", diffsynth_studio_loader="native_or_diffusers"),
     reference_flags=("--align_to_opensource_format",),
     example_folder="examples/krea2/model_training",
     docs_page="Krea2.md",

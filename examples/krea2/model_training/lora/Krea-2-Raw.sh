@@ -7,7 +7,8 @@
 # single file, Qwen3-VL-4B-Instruct (text encoder and, at its root, the tokenizer) and Qwen-Image's VAE.
 # --lora_target_modules names Krea's own modules (wq, gate, tmlp.0, ...), mapped to diffusers' names. The LoRA is
 # written to the --output_path as epoch-<e>.safetensors under Krea's names (diffusion_model.blocks.0.attn.wq...),
-# which diffusers' Krea2Pipeline.load_lora_weights reads; --align_to_opensource_format writes kohya's layout instead.
+# which diffusers' Krea2Pipeline.load_lora_weights reads; --align_to_opensource_format (as here) writes diffusers'
+# names under transformer. instead, the layout of Krea's LoRA releases.
 set -e
 
 accelerate launch examples/krea2/model_training/train.py \
