@@ -93,8 +93,10 @@ def build_tiny_qwen3_vl(root: Path, seed: int = 0) -> Path:
         "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3],
                             "mrope_interleaved": True},
     }  # fmt: skip
-    vision_config = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                     "out_hidden_size": TEXT_HIDDEN_SIZE, "deepstack_visual_indexes": [0], "num_position_embeddings": 16}
+    vision_config = {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": TEXT_HIDDEN_SIZE,
+        "deepstack_visual_indexes": [0], "num_position_embeddings": 16,
+    }  # fmt: skip
     with seeded(seed + 5):
         model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(
             text_config=text_config, vision_config=vision_config, image_token_id=token("<|image_pad|>"),

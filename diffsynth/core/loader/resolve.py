@@ -131,8 +131,8 @@ def _is_single_file_release(files: list[Path]) -> bool:
         return False  # loading names the problem; here the file only counts as not a complete release file
 
 
-# The pattern of a repository's root folder: the reference's empty pattern (``--tokenizer_path "Qwen/Qwen3-VL-4B-Instruct:"``,
-# a tokenizer beside the weights at the root).
+# The pattern of a repository's root folder: the reference's empty pattern (``--tokenizer_path
+# "Qwen/Qwen3-VL-4B-Instruct:"``, a tokenizer beside the weights at the root).
 REPOSITORY_ROOT = "./"
 
 

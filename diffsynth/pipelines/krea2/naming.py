@@ -8,6 +8,7 @@ says ``blocks`` and ``txtfusion.{layerwise,refiner}_blocks``, so the block lists
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...diffusion.module_naming import ModuleNaming
@@ -22,7 +23,7 @@ BLOCK_LISTS = {
 
 @dataclass(frozen=True)
 class Krea2Naming(ModuleNaming):
-    """``ModuleNaming`` whose block lists have other names in the original code."""
+    """``ModuleNaming`` whose block lists have other names in the original code (``BLOCK_LISTS``)."""
 
     def to_native(self, name: str) -> str | None:
         return self._translate(name, BLOCK_LISTS, super().to_native)
@@ -31,15 +32,18 @@ class Krea2Naming(ModuleNaming):
         return self._translate(native, {new: old for old, new in BLOCK_LISTS.items()}, super().to_diffusers)
 
     @staticmethod
-    def _translate(name: str, lists: dict[str, str], within: object) -> str | None:
+    def _translate(name: str, lists: dict[str, str], layer_name: Callable[[str], str | None]) -> str | None:
+        """``name`` in the other naming: inside a block of one of ``lists``, its block renamed and its layer by
+        ``layer_name`` (the base class's, on the shared ``blocks`` list); outside them, ``layer_name`` alone."""
         for source, target in lists.items():
             match = re.match(rf"^{re.escape(source)}\.(\d+)\.(.+)$", name)
             if match:
-                layer = within(f"blocks.{match[1]}.{match[2]}")
+                layer = layer_name(f"blocks.{match[1]}.{match[2]}")
                 return None if layer is None else f"{target}.{layer.removeprefix('blocks.')}"
-        if re.match(r"^(blocks|txtfusion\.\w+_blocks|transformer_blocks|text_fusion\.\w+_blocks)\.\d+\.", name):
+        # A block name of the naming being translated to is no name of the one being translated from.
+        if any(re.match(rf"^{re.escape(other)}\.\d+\.", name) for other in lists.values()):
             return None
-        return within(name)
+        return layer_name(name)
 
 
 NAMING = Krea2Naming(
