@@ -36,6 +36,7 @@ from .tiny_flux import (
     build_tiny_flux1,
 )
 from .tiny_flux2 import FLUX2_BUILDERS
+from .tiny_ernie_image import ERNIE_IMAGE_BUILDERS
 from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
@@ -280,6 +281,7 @@ BUILDERS = {
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,
     **KREA2_BUILDERS,
+    **ERNIE_IMAGE_BUILDERS,
 }
 
 
