@@ -32,6 +32,7 @@ from ..common import (
     ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
+    prompt_only_problems,
 )
 from ..flux2_klein.pipeline import VAE_SCALE, Flux2KleinPipeline
 
@@ -124,8 +125,7 @@ class ErnieImagePipeline(TextToLatentPipeline):
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """ERNIE-Image renders from the prompt alone."""
-        return [f'"{name}" is not an ERNIE-Image input; ERNIE-Image renders from the prompt alone'
-                for name in ("input_image", "edit_image") if name in inputs]
+        return prompt_only_problems("ERNIE-Image", inputs)
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,

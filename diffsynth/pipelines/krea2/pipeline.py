@@ -36,6 +36,7 @@ from ..common import (
     ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
+    prompt_only_problems,
     pack_latents,
     unpack_latents,
 )
@@ -185,8 +186,7 @@ class Krea2Pipeline(TextToLatentPipeline):
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """Krea 2 renders from the prompt alone."""
-        return [f'"{name}" is not a Krea 2 input; Krea 2 renders from the prompt alone'
-                for name in ("input_image", "edit_image") if name in inputs]
+        return prompt_only_problems("Krea 2", inputs)
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.5,
