@@ -330,6 +330,9 @@ def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[s
     if model.tools is not None and model.tools.diffsynth_studio_loader == "bfl":
         return _diffsynth_studio_bfl(tensors, model)
     natives = model.native_names()
+    if model.tools is not None and model.tools.diffsynth_studio_loader == "native_or_diffusers":
+        # Its Krea 2 loader renames diffusers' names under transformer. (Krea's LoRA releases) to its own.
+        natives.update({f"transformer.{name}": name for name in natives.values()})
     applied, used = {}, set()
     for key in tensors:
         up_part, down_part = ("lora_up", "lora_down") if ".lora_up." in key else ("lora_B", "lora_A")

@@ -115,6 +115,13 @@ def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, ran
     return noise.to(pipe.device)
 
 
+def prompt_only_problems(title: str, inputs: set[str]) -> list[str]:
+    """``sample_input_problems`` of a family that renders from the prompt alone (no condition images)."""
+    reasons = {"input_image": "is for Wan image-to-video", "edit_image": "is for the editing families"}
+    return [f'"{name}" {reason}; {title} renders from the prompt alone'
+            for name, reason in reasons.items() if name in inputs]
+
+
 def scheduler_from_preset(name: str, **overrides: Any) -> FlowMatchScheduler:
     """The flow-match schedule of a family's preset ``name`` (``FamilySpec.scheduler_presets``; case and ``-`` / ``_``
     ignored), with ``overrides``.

@@ -74,7 +74,8 @@ class LoraTools:
         comfyui_key_map: Which of ComfyUI's LoRA key maps the model gets: ``"native"`` (``diffusion_model.`` and
             ``lora_unet_`` names), ``"native_bare"`` (also the bare and ``transformer.`` names), ``"lumina2"`` (the
             Lumina2/NextDiT map) or ``"bfl"`` (the map onto BFL's fused layout).
-        diffsynth_studio_loader: ``"native"`` (keys under the native names) or ``"bfl"`` (its loader for BFL-layout
+        diffsynth_studio_loader: ``"native"`` (keys under the native names), ``"native_or_diffusers"`` (also
+            diffusers' names under ``transformer.``, which it renames: Krea 2) or ``"bfl"`` (its loader for BFL-layout
             models, which renames and fuses).
     """
 
@@ -85,8 +86,9 @@ class LoraTools:
     def __post_init__(self) -> None:
         if self.comfyui_key_map not in ("native", "native_bare", "lumina2", "bfl"):
             raise ValueError(f"comfyui_key_map={self.comfyui_key_map!r} must be native, native_bare, lumina2 or bfl")
-        if self.diffsynth_studio_loader not in ("native", "bfl"):
-            raise ValueError(f"diffsynth_studio_loader={self.diffsynth_studio_loader!r} must be native or bfl")
+        if self.diffsynth_studio_loader not in ("native", "native_or_diffusers", "bfl"):
+            raise ValueError(f"diffsynth_studio_loader={self.diffsynth_studio_loader!r} must be native, "
+                             "native_or_diffusers or bfl")
 
 
 @dataclass(frozen=True)

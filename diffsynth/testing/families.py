@@ -14,6 +14,8 @@ from typing import Any
 
 from .tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_PATTERNS
 from .tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_PATTERNS
+from .tiny_ernie_image import ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS
+from .tiny_krea2 import KREA2_MODELS, KREA2_RAW_MODEL_ID, KREA2_TOKENIZER
 from .tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
 from .tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
 from .tiny_stable_diffusion import SD15_MODEL_ID, SD15_PATTERNS
@@ -115,6 +117,28 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         train_flags=("--tokenizer_path", f"{FLUX2_KLEIN_4B_MODEL_ID}:{FLUX2_PATTERNS['tokenizer']}"),
         # FLUX.2's shared modulation layers gather gradients from every block, in another order when offloaded.
         lora_tolerance=1e-5,
+    ),
+    TinyFamily(
+        name="ernie_image",
+        model_id=ERNIE_IMAGE_MODEL_ID,
+        models=_entries(ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS, ("dit", "text_encoder", "vae")),
+        diffusers_pipeline="ErnieImagePipeline",
+        lora_targets="to_q,to_k,to_v,to_out.0",
+        call={"cfg_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+    ),
+    TinyFamily(
+        name="krea2",
+        model_id=KREA2_RAW_MODEL_ID,
+        # The released single file and Qwen3-VL's own repo, as the reference's scripts name them; diffusers reads the
+        # repo's folders.
+        models=KREA2_MODELS[KREA2_RAW_MODEL_ID],
+        diffusers_pipeline="Krea2Pipeline",
+        # The reference's own module names.
+        lora_targets="wq,wk,wv,gate,wo,up,down,first,tmlp.0,tmlp.2,projector,txtmlp.1,txtmlp.3,last.linear,tproj.1",
+        call={"cfg_scale": 4.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        train_flags=("--tokenizer_path", KREA2_TOKENIZER),
     ),
     TinyFamily(
         name="ltx2",

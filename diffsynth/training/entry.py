@@ -155,7 +155,8 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
         logger.info("resuming from %s (optimizer step %d)", claim.checkpoint, progress["global_step"])
     model_logger = ModelLogger.from_config(config, is_main_process=accelerator.is_main_process,
                                            lora_metadata=module.lora_config or None,
-                                           resume_step=resume[2]["global_step"] if resume else None)
+                                           resume_step=resume[2]["global_step"] if resume else None,
+                                           aligned_lora_layout=type(module.pipe).aligned_lora_layout)
 
     def record_run() -> None:
         model_logger.save_training_args({**config.to_flags(), "run_id": claim.run_id})

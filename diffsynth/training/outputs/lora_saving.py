@@ -166,6 +166,13 @@ class LoRASaving:
                         "strength 1.0; diffusers' load_lora_weights, DiffSynth-Studio and musubi-tuner do not read "
                         "them (no diffusers twin is written: docs/en/LoRA_Types.md)", kind)
             return False
+        if self.lora_layout == "diffusers":
+            # The layout a reference aligns to diffusers' names (Krea 2): for diffusers and DiffSynth-Studio.
+            self._require_loading(path, ("diffsynth", "diffusers", "DiffSynth-Studio"))
+            logger.info("the LoRA files are in diffusers' names, for diffusers' load_lora_weights and DiffSynth-Studio "
+                        "at strength 1.0 (ComfyUI and musubi-tuner: python -m diffsynth.lora convert <file> <out> --to "
+                        "universal or kohya)")
+            return False
         failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
         users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")
         # The folder is left out: a long path would make this line longer than a log viewer shows.
