@@ -5,7 +5,7 @@ gives it on the meta device (the kit's planner test dry-runs one release of each
 import pytest
 import torch
 
-from diffsynth.pipelines.registry import family, released_architecture
+from diffsynth.pipelines.registry import released_architecture
 from diffsynth.training.placement.planner import build_architecture, denoiser_inputs
 
 # A repository id of each release kind, with its release and the inputs beside the latents its denoiser reads.
@@ -37,7 +37,6 @@ def test_each_control_release_is_named_by_its_ids():
 def test_the_released_denoiser_takes_its_planner_inputs(model_id):
     """One block of the released widths (the planner builds them all; the forward is what a block adds), on the meta
     device: the inputs are the ones the pipeline passes, and the prediction is the latents' shape."""
-    family("wan_video").pipeline_class()  # registers the room's Fun transformer class
     architecture, extra = RELEASES[model_id]
     model = build_architecture(architecture, torch.bfloat16)
     model.blocks = model.blocks[:1]
@@ -48,3 +47,17 @@ def test_the_released_denoiser_takes_its_planner_inputs(model_id):
     assert set(inputs) - ALWAYS - {"control_hidden_states_scale"} == extra
     output = model(**inputs)[0]
     assert output.shape == (1, 16, 2, 16, 16) and output.device.type == "meta"
+
+
+def test_each_fun_release_has_the_structure_of_its_tiny_repo():
+    """The planner's configs against the tiny Fun repos, which copy each release's structure (input width, CLIP,
+    ref_conv, camera adapter), sizes aside."""
+    from diffsynth.pipelines.registry import releases
+    from diffsynth.testing.tiny_wan_fun import FUN_RELEASES, tiny_fun_transformer
+
+    for model_id, structure in FUN_RELEASES.items():
+        config = releases()[released_architecture([model_id])][1].config
+        tiny = tiny_fun_transformer(structure, 0).config
+        for key in ("in_channels", "reference_conv", "camera_channels"):
+            assert (config.get(key) or None) == (tiny.get(key) or None), (model_id, key)  # unset, False: none
+        assert (config.get("image_dim") is None) == (tiny.image_dim is None), model_id

@@ -88,6 +88,7 @@ def repo_files_missing(model: ModelSection) -> list[ModelConfig]:
 def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     """The denoiser of a released model (``pipelines.registry.releases()``) on the meta device."""
     spec, release = releases()[name]
+    spec.pipeline_class()  # a room registers its own model classes (Wan Fun's) when its pipeline is imported
     cls = library_class("diffusers", release.denoiser_class or spec.denoiser_class, f"release {name}")
     with torch.device("meta"):
         model = cls(**release.config)
