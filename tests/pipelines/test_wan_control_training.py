@@ -1,8 +1,10 @@
 """The Wan control variants under the trainer's placements: a LoRA step of VACE (on ``dit`` and on the ``vace`` blocks),
-Fun Control (V1.1, with its reference image) and FLF2V gives the plain run's LoRA with model CPU offload, block swap,
-H2D block streaming and fp8 storage of the frozen weights; the split run (stage one caches the VACE context or the
-Fun control latents) gives the one-stage LoRA. The runs are the family kit's (``family_helpers.Runs``) on each
-variant's tiny repo and drawn control dataset.
+Fun Control (V1.1, with its reference image), Fun Control-Camera (V1.1) and FLF2V gives the plain run's LoRA with
+model CPU offload, block swap (VACE's blocks swapped too), H2D block streaming, and computes the plain loss with fp8
+storage of the frozen weights; the split run (stage one caches the VACE context, the Fun control latents and camera
+embedding, FLF2V's two images' CLIP tokens) gives the one-stage LoRA; samples while training render each variant's
+control inputs. The runs are the family kit's (``family_helpers.Runs``) on each variant's tiny repo and drawn control
+dataset.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tests.examples.test_wan_fun_scripts import control_dataset
 from tests.pipelines.family_helpers import PLACEMENTS, Runs, lora_file
 from tests.training.conftest import max_difference
 
-FUN_CONTROL = "PAI/Wan2.1-Fun-V1.1-1.3B-Control"
+FUN_CONTROL, FUN_CAMERA = "PAI/Wan2.1-Fun-V1.1-1.3B-Control", "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera"
 ORIGINAL = {"dit": "diffusion_pytorch_model*.safetensors", "text_encoder": "models_t5_umt5-xxl-enc-bf16.pth",
             "vae": "Wan2.1_VAE.pth", "image_encoder": WAN_FLF2V_PATTERNS["image_encoder"]}
 TARGETS = "q,k,v,o,ffn.0,ffn.2"
@@ -48,19 +50,22 @@ VARIANTS = {
     "vace": _row(WAN_VACE_MODEL_ID, {slot: WAN_PATTERNS[slot] for slot in ("dit", "text_encoder", "vae")},
                  "vace_video,vace_reference_image", blocks=3),  # 3 of 2 VACE blocks and 2 blocks: both kinds
     "fun_control": _row(FUN_CONTROL, ORIGINAL, "control_video,reference_image"),
+    # The camera motion is text in the metadata; the first frame is the clip's.
+    "fun_camera": _row(FUN_CAMERA, ORIGINAL, "input_image,camera_control_direction,camera_control_speed", files=False),
     "flf2v": _row(WAN_FLF2V_MODEL_ID, ORIGINAL, "input_image,end_image", files=False),
 }
 # The layers that read each variant's control inputs.
 CONTROL_LAYERS = {WAN_VACE_MODEL_ID: ("vace_patch_embedding", "vace_blocks.0.proj_in"), FUN_CONTROL: ("ref_conv",),
+                  FUN_CAMERA: ("control_adapter.conv", "control_adapter.residual_blocks.0.conv1"),
                   WAN_FLF2V_MODEL_ID: ("condition_embedder.image_embedder.ff.net.0.proj",)}
 # (variant, --lora_base_model): VACE trains either the main blocks or its own.
-CASES = [("vace", "dit"), ("vace", "vace"), ("fun_control", "dit"), ("flf2v", "dit")]
+CASES = [("vace", "dit"), ("vace", "vace"), ("fun_control", "dit"), ("fun_camera", "dit"), ("flf2v", "dit")]
 
 
 def _dataset(variant: str, folder: Path) -> Path:
     if variant == "vace":
         build_vace_example_dataset(folder, num_videos=2, num_frames=6, size=(32, 32))
-    elif variant == "fun_control":
+    elif variant.startswith("fun"):
         control_dataset(folder)
     else:
         build_example_video_dataset(folder, num_videos=2, num_frames=6, size=(32, 32))
@@ -70,7 +75,8 @@ def _dataset(variant: str, folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def fun_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fun_models")
-    build_tiny_wan_fun(root, FUN_CONTROL)
+    for model_id in (FUN_CONTROL, FUN_CAMERA):
+        build_tiny_wan_fun(root, model_id)
     return root
 
 
@@ -78,7 +84,7 @@ def fun_root(tmp_path_factory) -> Path:
 def runs(request, tmp_path_factory, tiny_root, fun_root):
     variant, base = request.param
     folder = tmp_path_factory.mktemp(f"{variant}_{base}")
-    root = fun_root if variant == "fun_control" else tiny_root
+    root = fun_root if variant.startswith("fun") else tiny_root
     return Runs(family("wan_video"), VARIANTS[variant], _dataset(variant, folder / "data"), folder, root, base)
 
 
@@ -130,6 +136,8 @@ SAMPLES = {
                         {"vace_video": "vace_001.mp4", "vace_reference_image": "reference_000.png"}],
     FUN_CONTROL: [{"control_video": "video_000.mp4", "reference_image": "reference_0.png"},
                   {"control_video": "video_001.gif", "reference_image": "reference_0.png"}],
+    FUN_CAMERA: [{"input_image": "first.png", "camera_control_direction": "Left", "camera_control_speed": 0.05},
+                 {"input_image": "first.png", "camera_control_direction": "Up", "camera_control_speed": 0.05}],
     WAN_FLF2V_MODEL_ID: [{"input_image": "first.png", "end_image": "last_0.png"},
                          {"input_image": "first.png", "end_image": "last_1.png"}],
 }
