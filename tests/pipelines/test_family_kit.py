@@ -8,7 +8,7 @@ Per family, on its tiny repo (``diffsynth.testing.families``, one ``TinyFamily``
   plain LoRA; the split run (``sft:data_process`` then ``sft:train``) gives the one-stage LoRA (slow);
 - LoRA names: the trained file reads with the family's diffusers LoRA loader and loads fully into diffusers'
   pipeline, changing its output (slow);
-- the planner: its table for the tiny files and for every release without files (slow;
+- the planner: its table for the tiny files and for each kind of release without files (slow;
   ``test_family_kit_planner.py``, a module of its own so that a test worker plans while another trains);
 - refusals: each ``refused_model_ids`` prefix stops the trainer before loading, with its reason.
 
@@ -25,14 +25,15 @@ from diffsynth.core.data.example_dataset import build_example_dataset, build_exa
 from diffsynth.diffusion.flow_match import DiffusersScheduler
 from diffsynth.testing.families import TINY_FAMILIES, tiny_family
 from tests.pipelines.conftest import FAMILIES
-from diffsynth.training import entry
 from diffsynth.training.config.errors import FlagError
-from tests.conftest import reset_accelerate_state
-from tests.training.conftest import lora, max_difference
+from tests.training.conftest import max_difference
 from tests.pipelines.family_helpers import (
+    PLACEMENTS,
+    Runs,
     assert_same_output,
     load_ours,
     load_theirs,
+    lora_file,
     refused_before_loading,
     render_ours,
     render_theirs,
@@ -94,63 +95,9 @@ def data(tiny, tmp_path_factory):
     return folder
 
 
-class Runs:
-    """The trainer's runs of one family, each run once: ``runs.output(name, *flags)`` is its output folder."""
-
-    def __init__(self, spec, tiny, data, folder, tiny_root):
-        self.spec, self.tiny, self.data, self.folder, self.tiny_root = spec, tiny, data, folder, tiny_root
-        self.results = {}
-
-    def lora_flags(self):
-        return ["--lora_base_model", self.tiny.denoiser, "--lora_target_modules", self.tiny.lora_targets, "--lora_rank", "4"]
-
-    def argv(self, output, dataset, models, *extra):
-        return ["--dataset_base_path", str(dataset), "--model_id_with_origin_paths", models, "--torch_dtype",
-                "float32", "--seed", "3", "--learning_rate", "1e-3", "--height", "32", "--width", "32",
-                "--use_gradient_checkpointing", "--remove_prefix_in_ckpt", f"pipe.{self.tiny.denoiser}.", "--num_epochs", "1",
-                *self.tiny.train_flags, "--output_path", str(output), *extra]
-
-    def run(self, name, argv):
-        if name not in self.results:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(self.tiny_root))
-                try:
-                    self.results[name] = entry.main(self.spec.pipeline_class(), argv, video=self.spec.video)
-                finally:
-                    reset_accelerate_state()
-        return self.results[name]
-
-    def lora(self, name, *extra):
-        """A one-stage LoRA run with ``extra`` flags; returns its output folder."""
-        output = self.folder / name
-        self.run(name, self.argv(output, self.data, self.tiny.model_flag, *self.lora_flags(), "--dataset_metadata_path",
-                                 str(self.data / "metadata.csv"), *extra))
-        return output
-
-    def full(self):
-        output = self.folder / "full"
-        result = self.run("full", self.argv(output, self.data, self.tiny.model_flag, "--trainable_models", self.tiny.denoiser,
-                                            "--dataset_metadata_path", str(self.data / "metadata.csv")))
-        return output, result
-
-    def split(self):
-        """The split run: stage one caches the encoders' outputs, stage two trains from the cache alone."""
-        cache, output = self.folder / "cache", self.folder / "split"
-        stage_one = self.run("stage_one", self.argv(cache, self.data, self.tiny.encoders_flag(), *self.lora_flags(),
-                                                    "--dataset_metadata_path", str(self.data / "metadata.csv"),
-                                                    "--task", "sft:data_process"))
-        self.run("stage_two", self.argv(output, cache, self.tiny.models[self.tiny.denoiser], *self.lora_flags(), "--task",
-                                        "sft:train"))
-        return stage_one, output
-
-
 @pytest.fixture(scope="module")
 def runs(spec, tiny, data, tmp_path_factory, tiny_root):
     return Runs(spec, tiny, data, tmp_path_factory.mktemp(f"{spec.name}_runs"), tiny_root)
-
-
-def lora_file(output):
-    return lora(output, "epoch-0")
 
 
 def up_factors(weights):
@@ -171,11 +118,6 @@ def test_a_full_step_updates_every_weight_of_the_denoiser(runs, tiny, ours):
     saved, original = lora_file(output), getattr(ours, tiny.denoiser).state_dict()
     assert result["global_step"] > 0 and set(saved) == set(original)
     assert max((saved[key] - original[key]).abs().max().item() for key in original) > 1e-4
-
-
-PLACEMENTS = {"offload": lambda tiny: ["--enable_model_cpu_offload"],
-              "block_swap": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap)],
-              "h2d_streaming": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap + 1), "--block_swap_h2d_only"]}
 
 
 @pytest.mark.slow

@@ -52,11 +52,12 @@ def fun_kind(dit: torch.nn.Module | None) -> str | None:
 
 
 def require_transformer(pipe: WanVideoPipeline, name: str) -> None:
-    """A ``ValueError`` when ``name`` is given to a pipeline without its transformer (a split run's first stage):
-    the transformer's input width decides how the Fun inputs are laid out."""
+    """A ``ValueError`` when ``name`` is given to a pipeline without its transformer (a split run's first stage that
+    does not load it): the transformer's input width decides how the Fun inputs are laid out."""
     if pipe.dit is None:
         raise ValueError(f"{name} needs the transformer loaded: its input channels decide how the Fun inputs are laid "
-                         "out; train the Wan Fun models in one stage (without --task sft:data_process)")
+                         "out; name the transformer in --model_id_with_origin_paths of the --task sft:data_process "
+                         "stage too (it stays frozen there), or train in one stage")
 
 
 def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:

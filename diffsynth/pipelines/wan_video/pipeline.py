@@ -343,6 +343,12 @@ class WanVideoPipeline(TextToLatentPipeline):
         timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(latents.shape[0])
         hidden = latents if y is None else torch.cat([latents, y.to(latents.dtype)], dim=1)
         if clip_feature is not None and dit.config.get("pos_embed_seq_len") is not None:
+            if clip_feature.shape[1] != dit.config.pos_embed_seq_len:
+                # A split run's first stage without the transformer cannot tell FLF2V from Fun InP.
+                raise ValueError(f"the first-last-frame transformer reads {dit.config.pos_embed_seq_len} CLIP tokens "
+                                 f"(both images'), got {clip_feature.shape[1]}: the cache of a --task "
+                                 "sft:data_process run without the transformer holds input_image's alone; load the "
+                                 "transformer in that stage too")
             # diffusers' FLF2V image embedder takes each image as its own sample and joins them back in pairs.
             clip_feature = clip_feature.reshape(-1, clip_feature.shape[1] // 2, clip_feature.shape[2])
         if hidden.shape[1] != dit.config.in_channels:

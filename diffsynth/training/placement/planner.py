@@ -34,7 +34,7 @@ from ...core.loader import (
     parse_model_id_with_origin_paths,
     resolve_files,
 )
-from ...core.loader.loading import resolve_dtype
+from ...core.loader.loading import library_class, resolve_dtype
 from ...core.offload_training.block_swap import BlockSequence, find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
 from ...core.planning.dry_run_cache import DryRunCache, cache_folder, workload_fingerprint
@@ -87,11 +87,11 @@ def repo_files_missing(model: ModelSection) -> list[ModelConfig]:
 
 def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     """The denoiser of a released model (``pipelines.registry.releases()``) on the meta device."""
-    import diffusers
-
     spec, release = releases()[name]
+    spec.pipeline_class()  # a room registers its own model classes (Wan Fun's) when its pipeline is imported
+    cls = library_class("diffusers", release.denoiser_class or spec.denoiser_class, f"release {name}")
     with torch.device("meta"):
-        model = getattr(diffusers, release.denoiser_class or spec.denoiser_class)(**release.config)
+        model = cls(**release.config)
     return model.to(resolve_dtype(dtype)).eval()
 
 
