@@ -62,8 +62,8 @@ MODEL_GRID_SIZE = 8
 # The longest modules, longest first (--durations on the 2-core machine, 2026-12-07: 170 to 590 s each of 5200 s),
 # collected first. ``make test`` hands whole modules to the workers in collection order (``--dist loadscope
 # --no-loadscope-reorder``; xdist's own reorder puts modules with few tests last, and so its longest ones, which then
-# ran alone at the end). The DeepSpeed module leads: the first run under DeepSpeed builds its CPU op while the other
-# runs wait on torch's lock, so it builds while the other worker plans rather than idles.
+# ran alone at the end). The DeepSpeed module leads: where ``make setup`` has not prebuilt DeepSpeed's CPU op, its
+# first run builds it while the other runs wait on torch's lock, and the other worker plans meanwhile.
 FIRST_MODULES = (
     "tests/training/test_trainer_deepspeed.py",
     "tests/pipelines/test_family_kit_planner.py",
