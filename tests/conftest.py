@@ -3,6 +3,7 @@ no network access, and temporary files only under pytest's temporary folder."""
 
 import importlib.util
 import logging
+import os
 import multiprocessing
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import diffsynth  # noqa: I001  (first: importing it keeps the libraries' import-time notices out of the test output)
 import pytest
 import torch
+from filelock import FileLock
 import torch.multiprocessing as mp
 from diffusers import DiffusionPipeline
 
@@ -201,9 +203,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
-    """A model base folder holding the tiny Qwen-Image and Wan repos. Read-only: copy before editing."""
-    root = tmp_path_factory.mktemp("models")
-    build_tiny_models(root, seed=0)
+    """A model base folder holding every family's tiny repos. Read-only: copy before editing.
+
+    Built once per test session: xdist workers share their base temp folders' parent (this session's own), and the
+    first to take the lock builds while the others wait (the same seed would write the same files twice).
+    """
+    basetemp = tmp_path_factory.getbasetemp()
+    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    root = shared / "tiny-models"
+    with FileLock(str(shared / "tiny-models.lock")):
+        if not (root / ".built").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            build_tiny_models(root, seed=0)
+            (root / ".built").touch()
     return root
 
 
