@@ -170,6 +170,9 @@ class ZImagePipeline(ScaledLatentPipeline):
             # The ControlNet computes in every step beside the transformer (an instance setting: pipelines without
             # one keep the class's).
             self.denoising_model_names = ("dit", "controlnet")
+            # diffusers' ZImageControlNetModel reads this flag in training but never sets it, and
+            # enable_gradient_checkpointing looks for it.
+            self.controlnet.gradient_checkpointing = False
         shift = release_shift(self.model_configs.get("dit"))
         if shift is not None:
             self.scheduler = ZImageScheduler(inference_shift=shift)
