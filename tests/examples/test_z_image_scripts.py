@@ -189,6 +189,8 @@ def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
     from safetensors.torch import load_file
 
     [(_, argv)] = commands("full/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.sh")
+    # float32 and a seed, so that the two-stage run below can be compared far below one step's change.
+    argv = [*argv, "--torch_dtype", "float32", "--seed", "3"]
     draw_control_dataset(argv)
     result = run_command(ZImagePipeline, argv, draw=lambda _: None)
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
@@ -199,3 +201,19 @@ def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
     # the weights moved.
     assert set(written) == set(released)
     assert max((written[key].float() - released[key].float()).abs().max() for key in released) > 0
+    # Split in two stages (the control latents cached with the prompt and the image), it trains the same weights.
+    cache, output = workdir / "cache", workdir / "two_stage"
+    stage_one = run_command(ZImagePipeline, [*replaced(argv, "--output_path", str(cache)), "--task",
+                                             "sft:data_process"], draw=lambda _: None)
+    assert stage_one["cached"] == 2
+    stage_two = replaced(replaced(argv, "--output_path", str(output)), "--dataset_base_path", str(cache))
+    metadata = stage_two.index("--dataset_metadata_path")
+    run_command(ZImagePipeline, [*stage_two[:metadata], *stage_two[metadata + 2:], "--task", "sft:train"],
+                draw=lambda _: None)
+    split = load_file(str(output / "epoch-0.safetensors"))
+    assert max((split[key] - written[key]).abs().max() for key in written) < 1e-7
+
+
+def replaced(argv: list[str], flag: str, value: str) -> list[str]:
+    index = argv.index(flag)
+    return [*argv[:index + 1], value, *argv[index + 2:]]
