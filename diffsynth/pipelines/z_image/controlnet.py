@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -134,9 +134,3 @@ def controlnet_block_samples(pipe: ZImagePipeline, frames: list[torch.Tensor], t
     scale = 1.0 if control_scale is None else float(control_scale)
     return pipe.controlnet(frames, t, captions, list(context.unbind(0)), conditioning_scale=scale)
 
-
-def controlnet_problems(inputs: set[str], controlnet: Any) -> list[str]:
-    """Sample inputs that need a ControlNet the pipeline lacks."""
-    if controlnet is None and inputs & {"controlnet_image", "controlnet_inputs"}:
-        return [f'"controlnet_image" needs the Z-Image Fun ControlNet; add {CONTROLNET_ENTRY}']
-    return []

@@ -31,7 +31,7 @@ from ...core.loader import ModelConfig, resolve_files
 from ...diffusion.flow_match import FlowMatchScheduler
 from ..registry import scheduler_preset
 from ..common import PromptUnit, ScaledLatentPipeline, TextToLatentPipeline, check_call_inputs, image_units
-from .controlnet import ControlNetConditionUnit, ControlNetInput, controlnet_block_samples, controlnet_problems
+from .controlnet import ControlNetConditionUnit, ControlNetInput, controlnet_block_samples
 from .omni import (
     OmniConditionEmbedderUnit,
     default_siglip_processor_config,
@@ -263,7 +263,7 @@ class ZImagePipeline(ScaledLatentPipeline):
             problems.append('"edit_image" is for Z-Image-Omni-Base; this transformer reads no condition images')
         if "input_image" in inputs:
             problems.append('"input_image" is for Wan image-to-video; Z-Image renders from the prompt alone')
-        return problems + controlnet_problems(inputs, self.controlnet)
+        return problems
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,
