@@ -185,6 +185,18 @@ def test_controlnet_lora_script_trains_the_transformer_with_the_controlnet_in_pl
     assert lora_update(workdir / "models/train/Z-Image-Turbo-Fun-Controlnet-Union-2.1_lora/epoch-0.safetensors") > 0
 
 
+@pytest.mark.parametrize("placement", [["--enable_model_cpu_offload"], ["--blocks_to_swap", "1"]])
+def test_controlnet_offload_and_block_swap_are_refused_before_loading(workdir, placement, monkeypatch):
+    from diffsynth.core.loader import loading
+    from diffsynth.training.config.errors import FlagError
+
+    monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
+    [(_, argv)] = commands("lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh")
+    draw_control_dataset(argv)
+    with pytest.raises(FlagError, match=f"{placement[0]}.* does not place the controlnet model yet"):
+        run_command(ZImagePipeline, [*argv, *placement], draw=lambda _: None)
+
+
 def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
     from safetensors.torch import load_file
 

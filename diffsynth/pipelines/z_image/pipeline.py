@@ -154,6 +154,8 @@ class ZImagePipeline(ScaledLatentPipeline):
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "z_image"
     input_types = {**TextToLatentPipeline.input_types, "cfg_normalization": real, "cfg_truncation": real}
+    unplaceable_models = {"controlnet": "it computes with the transformer's modules, which the transformer's "
+                                        "offload or swap moves"}
     #: Z-Image-Omni-Base's SigLIP2 image processor (loaded on first use if unset).
     extra_attributes = {"siglip_processor": None}
     unit_classes = (*image_units(OmniConditionEmbedderUnit, PromptEmbedderUnit), ControlNetConditionUnit)
