@@ -83,6 +83,13 @@ def test_the_reader_recovers_the_config_and_keeps_the_transformer_out(pipes, tin
     state = controlnet.state_dict()
     assert set(state) == set(released)
     assert all(torch.equal(state[key], released[key]) for key in released)
+    # Each of the release's three files reads as the same architecture; a transformer file is not taken for one.
+    from diffsynth.pipelines.z_image.original import identify
+
+    for name in Z_IMAGE_CONTROLNET_FILES:
+        found = identify([tiny_root / Z_IMAGE_CONTROLNET_MODEL_ID / name])
+        assert found.class_name == "ZImageControlNetModel" and found.config == CONTROLNET_CONFIG
+    assert identify(sorted((tiny_root / Z_IMAGE_TURBO_MODEL_ID / "vae").glob("*.safetensors"))) is None
 
 
 def test_the_tile_controlnet_loads_and_steers(tiny_root):
