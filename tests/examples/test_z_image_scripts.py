@@ -206,7 +206,8 @@ def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
     draw_control_dataset(argv)
     result = run_command(ZImagePipeline, argv, draw=lambda _: None)
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
-    written = load_file(str(workdir / "models/train/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps_full/epoch-0.safetensors"))
+    output = workdir / "models/train/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps_full"
+    written = load_file(str(output / "epoch-0.safetensors"))
     released = load_file(str(tiny_root / "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1"
                              / "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.safetensors"))
     # The file holds the ControlNet alone, under the release's names (the transformer's lent parts stay out), and
@@ -214,15 +215,15 @@ def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
     assert set(written) == set(released)
     assert max((written[key].float() - released[key].float()).abs().max() for key in released) > 0
     # Split in two stages (the control latents cached with the prompt and the image), it trains the same weights.
-    cache, output = workdir / "cache", workdir / "two_stage"
+    cache, two_stage = workdir / "cache", workdir / "two_stage"
     stage_one = run_command(ZImagePipeline, [*replaced(argv, "--output_path", str(cache)), "--task",
                                              "sft:data_process"], draw=lambda _: None)
     assert stage_one["cached"] == 2
-    stage_two = replaced(replaced(argv, "--output_path", str(output)), "--dataset_base_path", str(cache))
+    stage_two = replaced(replaced(argv, "--output_path", str(two_stage)), "--dataset_base_path", str(cache))
     metadata = stage_two.index("--dataset_metadata_path")
     run_command(ZImagePipeline, [*stage_two[:metadata], *stage_two[metadata + 2:], "--task", "sft:train"],
                 draw=lambda _: None)
-    split = load_file(str(output / "epoch-0.safetensors"))
+    split = load_file(str(two_stage / "epoch-0.safetensors"))
     assert max((split[key] - written[key]).abs().max() for key in written) < 1e-7
 
 

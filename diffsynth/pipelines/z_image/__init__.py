@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from ...core.lazy_exports import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ControlNetInput", "ModelConfig", "ZImagePipeline", "ZImageScheduler"]})
+__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ControlNetInput", "ModelConfig", "ZImagePipeline",
+                                                              "ZImageScheduler"]})
 
 if TYPE_CHECKING:
     from .pipeline import ControlNetInput, ModelConfig, ZImagePipeline, ZImageScheduler

@@ -1,4 +1,4 @@
-"""The Z-Image-Turbo Fun ControlNets in their released single-file layout, read into diffusers' ``ZImageControlNetModel``.
+"""The Z-Image-Turbo Fun ControlNets' released single-file layout, read into diffusers' ``ZImageControlNetModel``.
 
 ``PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1`` ships each ControlNet as one safetensors file with no config:
 ``Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors``, ``...-Union-2.1-8steps.safetensors`` and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LoRA on the Z-Image-Turbo transformer with the Union ControlNet (canny, depth, pose, ...) in place, trained in one
 # stage: the reference's command. Run from the repository root. The ControlNet stays frozen; the
-# LoRA learns with its hints, and is used with the same ControlNet (validate: ControlNetInput).
+# LoRA learns with its hints, and is used with the same ControlNet (docs/en/Z_Image.md).
 #
 # The dataset is a folder of images plus metadata.csv (columns image,controlnet_image,prompt: the target
 # and its control image). To try the command on a small procedurally drawn one:
