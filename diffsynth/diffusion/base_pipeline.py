@@ -125,6 +125,9 @@ class BasePipeline(torch.nn.Module):
     #: e.g. Wan VACE's ``vace`` (``vace_blocks`` and ``vace_patch_embedding`` of ``dit``). A LoRA on the model itself
     #: then leaves its parts out, as the reference's separate models do.
     model_parts: dict[str, tuple[str, tuple[str, ...]]] = {}
+    #: Models that ``--enable_model_cpu_offload`` and ``--blocks_to_swap`` cannot place yet, and why: a run loading
+    #: one with either flag stops before loading (Z-Image's ControlNet computes with the transformer's modules).
+    unplaceable_models: dict[str, str] = {}
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype | None = None,
                  offload_device: str | torch.device = "cpu", manage_model_devices: bool = True) -> None:

@@ -68,6 +68,7 @@ from .tiny_wan_flf2v import WAN_FLF2V_BUILDERS
 from .tiny_wan_vace import WAN_VACE_BUILDERS
 from .tiny_stable_diffusion import STABLE_DIFFUSION_BUILDERS
 from .tiny_z_image import Z_IMAGE_BUILDERS
+from .tiny_z_image_controlnet import Z_IMAGE_CONTROLNET_BUILDERS
 
 # The Wan and FLUX.1 names are re-exported: tests and scripts import every tiny repo's id and patterns from here.
 __all__ = [
@@ -283,6 +284,7 @@ BUILDERS = {
     "flux2_dev": build_tiny_flux2_dev,
     **Z_IMAGE_BUILDERS,
     **STABLE_DIFFUSION_BUILDERS,
+    **Z_IMAGE_CONTROLNET_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,

@@ -145,10 +145,6 @@ DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/meta
 LORA = ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,to_out.0,w1,w2,w3", "--lora_rank", "32"]
 # The distinguishing flags of the reference's scripts for features not supported here, as they write them.
 REFUSED = {
-    "Z-Image-Turbo-Fun-Controlnet-Union-2.1": (
-        [*DATA, "--data_file_keys", "image,controlnet_image", "--model_id_with_origin_paths",
-         "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1:Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors," + TURBO,
-         *LORA, "--extra_inputs", "controlnet_image"], "Fun ControlNets are not supported"),
     "ZImage-i2L-v2": (
         [*DATA, "--model_id_with_origin_paths", TURBO, "--enable_lora_hot_loading", "--template_model_id_or_path",
          "DiffSynth-Studio/ZImage-i2L-v2:", "--extra_inputs", "template_inputs", "--trainable_models",
@@ -167,3 +163,70 @@ REFUSED = {
 def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, capsys):
     argv, reason = REFUSED[script]
     assert reason in refused_before_loading(ZImagePipeline, argv, workdir, capsys)
+
+
+def draw_control_dataset(argv: list[str]) -> None:
+    """Two samples, each with a control image (``controlnet_image``), where a Fun ControlNet command expects them."""
+    from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+
+    base = argv[argv.index("--dataset_base_path") + 1]
+    if not Path(base).is_dir():
+        build_example_edit_dataset(base, num_samples=2, column="controlnet_image")
+
+
+def test_controlnet_lora_script_trains_the_transformer_with_the_controlnet_in_place(workdir):
+    [(_, argv)] = commands("lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh")
+    draw_control_dataset(argv)
+    result = run_command(ZImagePipeline, argv, draw=lambda _: None)
+    pipe = result["module"].pipe
+    assert type(pipe.controlnet).__name__ == "ZImageControlNetModel"
+    assert not any(param.requires_grad for param in pipe.controlnet.parameters())
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert lora_update(workdir / "models/train/Z-Image-Turbo-Fun-Controlnet-Union-2.1_lora/epoch-0.safetensors") > 0
+
+
+@pytest.mark.parametrize("placement", [["--enable_model_cpu_offload"], ["--blocks_to_swap", "1"]])
+def test_controlnet_offload_and_block_swap_are_refused_before_loading(workdir, placement, monkeypatch):
+    from diffsynth.core.loader import loading
+    from diffsynth.training.config.errors import FlagError
+
+    monkeypatch.setattr(loading, "load_model_from_files", lambda *a, **k: pytest.fail("weights were loaded"))
+    [(_, argv)] = commands("lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh")
+    draw_control_dataset(argv)
+    with pytest.raises(FlagError, match=f"{placement[0]}.* does not place the controlnet model yet"):
+        run_command(ZImagePipeline, [*argv, *placement], draw=lambda _: None)
+
+
+def test_controlnet_full_script_trains_the_controlnet_alone(workdir, tiny_root):
+    from safetensors.torch import load_file
+
+    [(_, argv)] = commands("full/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.sh")
+    # float32 and a seed, so that the two-stage run below can be compared far below one step's change.
+    argv = [*argv, "--torch_dtype", "float32", "--seed", "3"]
+    draw_control_dataset(argv)
+    result = run_command(ZImagePipeline, argv, draw=lambda _: None)
+    assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
+    output = workdir / "models/train/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps_full"
+    written = load_file(str(output / "epoch-0.safetensors"))
+    released = load_file(str(tiny_root / "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1"
+                             / "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.safetensors"))
+    # The file holds the ControlNet alone, under the release's names (the transformer's lent parts stay out), and
+    # the weights moved.
+    assert set(written) == set(released)
+    assert max((written[key].float() - released[key].float()).abs().max() for key in released) > 0
+    # Split in two stages (the control latents cached with the prompt and the image), it trains the same weights.
+    cache, two_stage = workdir / "cache", workdir / "two_stage"
+    stage_one = run_command(ZImagePipeline, [*replaced(argv, "--output_path", str(cache)), "--task",
+                                             "sft:data_process"], draw=lambda _: None)
+    assert stage_one["cached"] == 2
+    stage_two = replaced(replaced(argv, "--output_path", str(two_stage)), "--dataset_base_path", str(cache))
+    metadata = stage_two.index("--dataset_metadata_path")
+    run_command(ZImagePipeline, [*stage_two[:metadata], *stage_two[metadata + 2:], "--task", "sft:train"],
+                draw=lambda _: None)
+    split = load_file(str(two_stage / "epoch-0.safetensors"))
+    assert max((split[key] - written[key]).abs().max() for key in written) < 1e-7
+
+
+def replaced(argv: list[str], flag: str, value: str) -> list[str]:
+    index = argv.index(flag)
+    return [*argv[:index + 1], value, *argv[index + 2:]]

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from ...core.lazy_exports import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]})
+__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ControlNetInput", "ModelConfig", "ZImagePipeline",
+                                                              "ZImageScheduler"]})
 
 if TYPE_CHECKING:
-    from .pipeline import ModelConfig, ZImagePipeline, ZImageScheduler
+    from .pipeline import ControlNetInput, ModelConfig, ZImagePipeline, ZImageScheduler
 
-__all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
+__all__ = ["ControlNetInput", "ModelConfig", "ZImagePipeline", "ZImageScheduler"]

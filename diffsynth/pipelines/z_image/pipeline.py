@@ -31,6 +31,7 @@ from ...core.loader import ModelConfig, resolve_files
 from ...diffusion.flow_match import FlowMatchScheduler
 from ..registry import scheduler_preset
 from ..common import PromptUnit, ScaledLatentPipeline, TextToLatentPipeline, check_call_inputs, image_units
+from .controlnet import ControlNetConditionUnit, ControlNetInput, controlnet_block_samples
 from .omni import (
     OmniConditionEmbedderUnit,
     default_siglip_processor_config,
@@ -42,7 +43,7 @@ from .omni import (
     siglip_processor_if_present,
 )
 
-__all__ = ["ModelConfig", "ZImagePipeline", "ZImageScheduler"]
+__all__ = ["ControlNetInput", "ModelConfig", "ZImagePipeline", "ZImageScheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ MODEL_ROLES = {
     "Qwen3Model": "text_encoder",
     "Qwen3ForCausalLM": "text_encoder",
     "Siglip2VisionModel": "siglip",
+    "ZImageControlNetModel": "controlnet",
 }
 
 
@@ -144,16 +146,19 @@ class ZImagePipeline(ScaledLatentPipeline):
     model_roles = MODEL_ROLES
     default_tokenizer_config = ModelConfig(model_id="Tongyi-MAI/Z-Image-Turbo", origin_file_pattern="tokenizer/")
     default_lora_target_modules = "to_q,to_k,to_v,to_out.0,w1,w2,w3"
-    model_fn_params = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths", "edit_latents", "edit_siglip")
-    #: Z-Image-Omni-Base's condition images.
-    image_inputs = ("edit_image",)
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "prompt_emb_lengths", "edit_latents", "edit_siglip",
+                       "control_context", "control_scale")
+    #: Z-Image-Omni-Base's condition images and the Fun ControlNets' control image.
+    image_inputs = ("edit_image", "controlnet_image")
     #: A batch pads prompt embeddings to its longest prompt; ``model_fn`` cuts each back to its real tokens.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "z_image"
     input_types = {**TextToLatentPipeline.input_types, "cfg_normalization": real, "cfg_truncation": real}
+    unplaceable_models = {"controlnet": "it computes with the transformer's modules, which the transformer's "
+                                        "offload or swap moves"}
     #: Z-Image-Omni-Base's SigLIP2 image processor (loaded on first use if unset).
     extra_attributes = {"siglip_processor": None}
-    unit_classes = image_units(OmniConditionEmbedderUnit, PromptEmbedderUnit)
+    unit_classes = (*image_units(OmniConditionEmbedderUnit, PromptEmbedderUnit), ControlNetConditionUnit)
 
     def _after_init(self) -> None:
         super()._after_init()
@@ -163,6 +168,13 @@ class ZImagePipeline(ScaledLatentPipeline):
         """The sampling schedule takes the shift of the transformer's release (``scheduler/scheduler_config.json``
         beside ``transformer/``, when on disk). With a SigLIP model, its ``siglip_processor/`` folder is loaded too
         when on disk (else downloaded on first use)."""
+        if self.controlnet is not None:
+            # The ControlNet computes in every step beside the transformer (an instance setting: pipelines without
+            # one keep the class's).
+            self.denoising_model_names = ("dit", "controlnet")
+            # diffusers' ZImageControlNetModel reads this flag in training but never sets it, and
+            # enable_gradient_checkpointing looks for it.
+            self.controlnet.gradient_checkpointing = False
         shift = release_shift(self.model_configs.get("dit"))
         if shift is not None:
             self.scheduler = ZImageScheduler(inference_shift=shift)
@@ -189,17 +201,21 @@ class ZImagePipeline(ScaledLatentPipeline):
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, prompt_emb_lengths: torch.Tensor | None = None,
                  edit_latents: Sequence[torch.Tensor] | None = None, edit_siglip: Sequence[torch.Tensor] | None = None,
+                 control_context: torch.Tensor | None = None, control_scale: float | None = None,
                  **_: Any) -> torch.Tensor:
         """The velocity ``noise - x0`` for ``(B, 16, h, w)`` ``latents`` at ``timestep`` (scale 0 to 1000).
 
         The transformer reads one latent ``(16, 1, h, w)`` and one caption of its real tokens per sample and the
         timestep as ``(1000 - t) / 1000``; it predicts the negated velocity. An Omni transformer runs in omni mode,
-        with the condition images' latents and SigLIP grids (``omni.omni_model_fn``). Extra state keys are
-        ignored.
+        with the condition images' latents and SigLIP grids (``omni.omni_model_fn``). With ``control_context`` the
+        Fun ControlNet's hints are added to the main blocks (``controlnet.controlnet_block_samples``). Extra state
+        keys are ignored.
         """
         batch = latents.shape[0]
         timestep = torch.as_tensor(timestep, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)
         if is_omni(self.dit):
+            if control_context is not None:
+                raise ValueError("the Z-Image Fun ControlNets are for Z-Image-Turbo; Z-Image-Omni-Base takes none")
             return omni_model_fn(self, latents, timestep, prompt_emb, prompt_emb_mask, prompt_emb_lengths,
                                  edit_latents, edit_siglip)
         if prompt_emb_mask is None:
@@ -207,7 +223,9 @@ class ZImagePipeline(ScaledLatentPipeline):
         else:
             captions = [emb[mask.bool()] for emb, mask in zip(prompt_emb, prompt_emb_mask)]
         frames = list(latents.unsqueeze(2).unbind(0))
-        prediction = self.dit(frames, (1000 - timestep) / 1000, captions, return_dict=False)[0]
+        t = (1000 - timestep) / 1000
+        hints = controlnet_block_samples(self, frames, t, captions, control_context, control_scale)
+        prediction = self.dit(frames, t, captions, controlnet_block_samples=hints, return_dict=False)[0]
         return -torch.stack(prediction).squeeze(2)
 
     def predict_noise(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict,
@@ -252,7 +270,8 @@ class ZImagePipeline(ScaledLatentPipeline):
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0,
                  cfg_normalization: float = 0.0, cfg_truncation: float = 1.0, input_image: Image.Image | None = None,
-                 edit_image: Image.Image | Sequence[Image.Image] | None = None, denoising_strength: float = 1.0,
+                 edit_image: Image.Image | Sequence[Image.Image] | None = None,
+                 controlnet_inputs: Sequence[ControlNetInput] | None = None, denoising_strength: float = 1.0,
                  height: int | None = None, width: int | None = None,
                  seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 8,
                  max_sequence_length: int = TOKENIZER_MAX_LENGTH, output_type: str = "pil",
@@ -270,6 +289,8 @@ class ZImagePipeline(ScaledLatentPipeline):
                 every step (diffusers' ``cfg_truncation``).
             input_image: Start from this image instead of pure noise (image-to-image).
             edit_image: Z-Image-Omni-Base's condition image, or a list of them (diffusers' ``image``).
+            controlnet_inputs: The Fun ControlNet's input, ``[ControlNetInput(image=..., scale=...)]`` (diffusers'
+                ``control_image`` and ``controlnet_conditioning_scale``); needs the ``controlnet`` model.
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
             height: Output height in pixels, rounded to a multiple of 16; default 1024, or with ``edit_image`` the
                 last condition image's (cropped to multiples of 16), as diffusers does.
@@ -292,7 +313,8 @@ class ZImagePipeline(ScaledLatentPipeline):
                                      latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
             "cfg_scale": cfg_scale, "cfg_normalization": cfg_normalization, "cfg_truncation": cfg_truncation,
-            "input_image": input_image, "edit_image": edit_image, "denoising_strength": denoising_strength,
+            "input_image": input_image, "edit_image": edit_image, "controlnet_inputs": controlnet_inputs,
+            "denoising_strength": denoising_strength,
             "height": height, "width": width,
             "seed": seed, "rand_device": rand_device, "max_sequence_length": max_sequence_length,
             "output_type": output_type,

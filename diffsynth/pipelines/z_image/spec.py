@@ -8,9 +8,11 @@ SPEC = FamilySpec(
     pipeline="diffsynth.pipelines.z_image:ZImagePipeline",
     plan_name="z-image",
     denoiser_class="ZImageTransformer2DModel",
-    model_ids=("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo", "Tongyi-MAI/Z-Image-Omni-Base"),
+    model_ids=("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo", "Tongyi-MAI/Z-Image-Omni-Base",
+               "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1"),
     # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer. Z-Image-Omni-Base is not among the
     # releases: its transformer takes SigLIP features, which the planner's inputs do not give.
+    layouts=("diffusers", "Fun ControlNet single files (PAI/Z-Image-Turbo-Fun-Controlnet-*)"),
     releases=(Release("z-image", {}, ("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo")),),
     # A prompt keeps its own tokens; 256 is a long caption.
     prompt_tokens=256,
@@ -19,8 +21,9 @@ SPEC = FamilySpec(
     lora_tools=LoraTools("ZImageLoraLoaderMixin", comfyui_key_map="lumina2"),
     # Its TimestepEmbedder casts the sinusoidal embedding to mlp[0].weight.dtype.
     fp8_input_casting_layers=("t_embedder",),
+    # The Fun ControlNets ship as single files under diffusers' names, without a config.
+    original_readers=("diffsynth.pipelines.z_image.original:identify",),
     refused_model_ids={
-        "PAI/Z-Image-Turbo-Fun-Controlnet-": "the Z-Image-Turbo Fun ControlNets are not supported here",
         "DiffSynth-Studio/ZImage-i2L": "Z-Image image-to-LoRA (i2L) template models are not supported here",
     },
     reference_flags=("--enable_npu_patch",),

@@ -168,6 +168,16 @@ def _lora_target_problems(run: RunConfig, pipeline_class: type[BasePipeline],
     return []
 
 
+def _placement_problems(run: RunConfig, pipeline_class: type[BasePipeline],
+                        slots: dict[str, ModelConfig]) -> list[str]:
+    """Offload and block swap refuse the loaded models the pipeline cannot place with them (``unplaceable_models``)."""
+    flags = [flag for flag, on in (("--enable_model_cpu_offload", run.placement.enable_model_cpu_offload),
+                                   (f"--blocks_to_swap {run.placement.blocks_to_swap}", run.placement.blocks_to_swap))
+             if on]
+    return [f"{flag} does not place the {name} model yet ({why}); drop {flag.split()[0]} or the {name} model"
+            for name, why in pipeline_class.unplaceable_models.items() if name in slots for flag in flags]
+
+
 def _sampling_problems(run: RunConfig, pipeline_class: type[BasePipeline],
                        slots: dict[str, ModelConfig]) -> list[str]:
     """Samples while training render with the text encoder and the VAE besides the denoiser: they must be loaded
@@ -219,6 +229,7 @@ def check_model_flags(run: RunConfig, pipeline_class: type[BasePipeline],
         problems += _block_swap_problems(run.placement.blocks_to_swap, {name: skeletons[name] for name in denoisers
                                                                if name in skeletons})
         problems += _sampling_problems(run, pipeline_class, slots)
+        problems += _placement_problems(run, pipeline_class, slots)
     if trains and run.training.initial_weights:
         problems += _initial_weights_problems(run, slots)
     if problems:
