@@ -9,7 +9,7 @@ main process writes, and a resume there gets the checkpoint from the main proces
 
 Every process start costs seconds of imports, so launches are shared: the LoRA runs serve both the equality and the
 resume claims, stage 2 of the split run is the full fine-tune, and only the user's commands that a claim is about
-(the two-machine LoRA run, the killed run and its restart) go through ``diffsynth-launch``; the others start the
+(the two-machine LoRA run and the killed run) go through ``diffsynth-launch``; the others start the
 training processes directly with the rendezvous variables torchrun would give them (``direct_process_env``), which
 spares a launcher process per machine.
 """
@@ -190,7 +190,7 @@ def worker_of(launch: Launch) -> int:
 
 def test_a_killed_process_stops_the_other_machine_with_one_line_naming_it(dataset, tmp_path, tiny_root):
     """``kill -9`` of machine 1's process: machine 0 stops within seconds, non-zero, with one line naming the lost
-    process and no traceback; the same command with ``--resume_from_checkpoint latest`` continues."""
+    process and no traceback; the same training command with ``--resume_from_checkpoint latest`` continues."""
     flags = [*raw(dataset), *LORA, "--dataset_repeat", "200", "--save_steps", "1"]
     machines = two_machines(tiny_root, flags, (tmp_path / "out0", tmp_path / "out1"), launcher=True)
     deadline = time.monotonic() + 240
@@ -208,6 +208,6 @@ def test_a_killed_process_stops_the_other_machine_with_one_line_naming_it(datase
     # The restart resumes from the last checkpoint (and stops one step later).
     last = max(int(path.name.split("-")[1]) for path in (tmp_path / "out0" / "checkpoints").glob("step-*"))
     restart = finish(*two_machines(tiny_root, [*flags, "--resume_from_checkpoint", "latest", "--max_train_steps",
-                                               str(last + 1)], (tmp_path / "out0", tmp_path / "out1"), launcher=True))
+                                               str(last + 1)], (tmp_path / "out0", tmp_path / "out1")))
     assert f"resuming from {tmp_path / 'out0' / 'checkpoints' / f'step-{last}'} (optimizer step {last})" in \
         restart[0].output
