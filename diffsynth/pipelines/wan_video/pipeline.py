@@ -42,7 +42,6 @@ from ..common import (
     ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
-    mux_video_frames,
     round_size,
     sibling_folder,
     tensor_to_images,
@@ -51,6 +50,7 @@ from .animate import AnimateUnit, animate_inputs, animate_sample_problems
 from .camera import CAMERA_SPEED
 from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
+from .media import save_video
 from .original import UMT5_TOKENIZER_FOLDER
 from .units import (
     VAE_TEMPORAL_SCALE,
@@ -80,34 +80,6 @@ MODEL_ROLES = {
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
 }
-
-
-def save_video(frames: Sequence[Image.Image], path: str | Path, fps: int = 15, quality: int = 8) -> Path:
-    """Writes frames as an ``.mp4`` (PyAV; H.264, or MPEG-4 Part 2 where FFmpeg lacks libx264) or an animated
-    ``.gif`` (Pillow), chosen by the suffix.
-
-    Args:
-        frames: PIL images of one size.
-        path: Output file; ``.mp4`` or ``.gif``.
-        fps: Frames per second.
-        quality: For H.264, 0 (smallest file) to 10 (best); mapped to the encoder's CRF.
-    """
-    from ...core.files import atomic_write
-
-    path = Path(path)
-    if path.suffix.lower() == ".gif":
-        return atomic_write(path, lambda temporary: frames[0].save(
-            temporary, format="GIF", save_all=True, append_images=list(frames[1:]), duration=int(1000 / fps), loop=0))
-    if path.suffix.lower() != ".mp4":
-        raise ValueError(f"save_video: {path} must end in .mp4 or .gif")
-
-    def write(temporary: Path) -> None:
-        import av
-
-        with av.open(str(temporary), mode="w", format="mp4") as container:
-            mux_video_frames(container, frames, fps, quality)
-
-    return atomic_write(path, write)
 
 
 class WanVideoPipeline(TextToLatentPipeline):
