@@ -95,3 +95,6 @@ def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
     write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
     write_json(repo / "model_index.json", model_index("Ideogram4Pipeline", _COMPONENTS))
     return repo
+
+
+IDEOGRAM4_BUILDERS = {"ideogram4": build_tiny_ideogram4}

@@ -1,34 +1,27 @@
-"""The reference's Ideogram 4 training commands (``examples/ideogram4/model_training/``: LoRA on the bf16 repackage,
-fp8 and NF4 releases, full on the bf16 repackage) stop with one line naming Ideogram 4 before anything loads: no
-reader takes its released layouts yet."""
+"""The reference's Ideogram 4 training commands (DiffSynth-Studio fed7b18, ``examples/ideogram4/model_training``: LoRA
+on the bf16 repackage, fp8 and NF4 releases, full on the bf16 repackage) parse as written and stop with one line
+naming the release before anything loads: no reader takes Ideogram's own layout yet. The trainer itself runs on a
+diffusers-layout folder (the family kit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from diffsynth.pipelines.z_image.pipeline import ZImagePipeline
+from diffsynth.pipelines.ideogram4.pipeline import Ideogram4Pipeline
+from tests.examples.helpers import script_commands
 from tests.pipelines.family_helpers import refused_before_loading
 
-DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.json", "--max_pixels", "1048576",
-        "--data_file_keys", "image"]
-FILES = ("transformer/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors",
-         "vae/diffusion_pytorch_model.safetensors")
-LORA = ("--lora_base_model", "dit", "--lora_rank", "32", "--lora_target_modules",
-        "attention.qkv,attention.o,feed_forward.w1,feed_forward.w2,feed_forward.w3,adaln_modulation")
+from .test_scripts import REPO
+
+IDEOGRAM4 = REPO / "examples" / "ideogram4" / "model_training"
 
 
-def models(model_id: str) -> str:
-    return ",".join(f"{model_id}:{pattern}" for pattern in FILES)
-
-
-@pytest.mark.parametrize("model_id, task", [
-    ("DiffSynth-Studio/ideogram-4-bf16-repackage", LORA),
-    ("ideogram-ai/ideogram-4-fp8", LORA),
-    ("ideogram-ai/ideogram-4-nf4", LORA),
-    ("DiffSynth-Studio/ideogram-4-bf16-repackage", ("--trainable_models", "dit")),
+@pytest.mark.parametrize("script, release", [
+    ("lora/Ideogram-4-bf16-repackage.sh", "bf16 repackage"), ("lora/Ideogram-4-fp8.sh", "fp8"),
+    ("lora/Ideogram-4-nf4.sh", "NF4"), ("full/Ideogram-4-bf16-repackage.sh", "bf16 repackage"),
 ])
-def test_the_reference_commands_are_refused_by_name(model_id, task, workdir, capsys):
-    argv = [*DATA, "--model_id_with_origin_paths", models(model_id), "--remove_prefix_in_ckpt", "pipe.dit.",
-            "--use_gradient_checkpointing", "--find_unused_parameters", *task]
-    line = refused_before_loading(ZImagePipeline, argv, workdir, capsys)
-    assert "Ideogram 4 does not train here yet" in line, line
+def test_the_reference_commands_are_refused_by_name(script, release, workdir, capsys):
+    [(config, argv)] = script_commands(IDEOGRAM4, script)
+    assert (config is not None) == script.startswith("full/")
+    line = refused_before_loading(Ideogram4Pipeline, argv, workdir, capsys)
+    assert f"Ideogram 4's {release} release" in line and "no reader here takes yet" in line, line

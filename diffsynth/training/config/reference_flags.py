@@ -115,8 +115,6 @@ UNSUPPORTED_MODELS: dict[str, str] = {
     "stepfun-ai/Step1X-Edit": "Step1X-Edit (Qwen2.5-VL with a FLUX.1-style editing DiT) is not supported here",
     "ByteDance/Video-As-Prompt-": "Video-As-Prompt is not supported here",
     "meituan-longcat/LongCat-Video": "LongCat-Video is not supported here",
-    **dict.fromkeys(["ideogram-ai/ideogram-4", "DiffSynth-Studio/ideogram-4"],
-                    "Ideogram 4 does not train here yet: its fused-qkv, fp8 and NF4 release layouts have no reader"),
 }
 """The refused models of no family here; each family's own (``FamilySpec.refused_model_ids``) join them in
 ``unsupported_models``."""
