@@ -156,8 +156,7 @@ class Ideogram4Pipeline(TextToLatentPipeline):
     default_tokenizer_config = ModelConfig(model_id="ideogram-ai/ideogram-4-fp8", origin_file_pattern="tokenizer/")
     default_lora_target_modules = "to_q,to_k,to_v,to_out.0,w1,w2,w3,adaln_modulation"
     #: The reference's --lora_target_modules name its fused attention projections.
-    lora_target_aliases = {"attention.qkv": ("attention.to_q", "attention.to_k", "attention.to_v"),
-                           "attention.o": "attention.to_out.0"}
+    lora_target_aliases = {"attention.qkv": (r".*\.attention\.to_[qkv]",), "attention.o": "attention.to_out.0"}
     model_fn_params = ("prompt_emb",)
     padded_inputs: dict[str, str] = {}
     latent_channels = 128

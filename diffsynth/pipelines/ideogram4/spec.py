@@ -18,7 +18,7 @@ SPEC = FamilySpec(
     layouts=("diffusers",),
     # A JSON caption runs to several hundred tokens.
     prompt_tokens=512,
-    # Files keep diffusers' names under transformer., which diffusers' Ideogram4LoraLoaderMixin loads as they are.
+    # Files keep diffusers' names (naming.py); diffusers' Ideogram4LoraLoaderMixin loads their transformer. twin.
     lora_tools=LoraTools("Ideogram4LoraLoaderMixin"),
     refused_model_ids={
         "DiffSynth-Studio/ideogram-4-bf16-repackage": _NO_READER.format("bf16 repackage", ""),
