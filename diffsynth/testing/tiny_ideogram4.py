@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, seeded, write_json
+from .tiny_ernie_image import tiny_flux2_vae
 
 IDEOGRAM4_MODEL_ID = "ideogram-ai/ideogram-v4"
 IDEOGRAM4_PATTERNS = {
@@ -59,7 +58,6 @@ def _transformer(seed: int):
 
 def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
     """Writes the tiny repo at ``root/ideogram-ai/ideogram-v4``; float32 weights. Returns the repo."""
-    from diffusers import AutoencoderKLFlux2
     from transformers import Qwen3VLConfig, Qwen3VLModel
 
     from .tiny_models import build_qwen_tokenizer  # imported here: tiny_models imports the builders
@@ -84,12 +82,7 @@ def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
             video_token_id=token("<|video_pad|>"), vision_start_token_id=token("<|vision_start|>"),
             vision_end_token_id=token("<|vision_end|>")))
     encoder.save_pretrained(repo / "text_encoder", max_shard_size="1GB")
-    with seeded(seed + 6):
-        vae = AutoencoderKLFlux2(block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=8,
-                                 latent_channels=32)
-        vae.bn.running_mean.copy_(torch.randn_like(vae.bn.running_mean) * 0.1)
-        vae.bn.running_var.copy_(torch.rand_like(vae.bn.running_var) + 0.5)
-    vae.save_pretrained(repo / "vae")
+    tiny_flux2_vae(seed + 6).save_pretrained(repo / "vae")
     _transformer(seed + 7).save_pretrained(repo / "transformer", max_shard_size=SHARD_SIZE)
     _transformer(seed + 8).save_pretrained(repo / "unconditional_transformer", max_shard_size=SHARD_SIZE)
     write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)

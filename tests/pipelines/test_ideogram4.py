@@ -83,3 +83,17 @@ def test_the_schedule_is_diffusers_logit_normal(ours):
     assert torch.allclose(ours.scheduler.sigmas, expected, atol=1e-7)
     ours.scheduler.set_timesteps(48, image_seq_len=32 * 32)
     assert not torch.allclose(ours.scheduler.sigmas, expected, atol=1e-3)
+
+
+def test_a_padded_prompt_in_a_batch_gives_the_unpadded_velocity(ours):
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 128, 3, 5, generator=generator)
+    prompt = torch.randn(1, 5, ours.dit.config.llm_features_dim, generator=generator)
+    with torch.no_grad():
+        alone = ours.model_fn(latents, torch.tensor([500.0]), prompt)
+    padded = torch.cat([prompt, torch.randn(1, 3, prompt.shape[-1], generator=generator)], dim=1)
+    mask = torch.tensor([[True] * 5 + [False] * 3])
+    with torch.no_grad():
+        assert (ours.model_fn(latents, torch.tensor([500.0]), padded, mask) - alone).abs().max() < 1e-5
+        # Teeth: the same padding read as text moves the velocity.
+        assert (ours.model_fn(latents, torch.tensor([500.0]), padded) - alone).abs().max() > 1e-2

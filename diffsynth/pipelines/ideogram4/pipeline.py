@@ -120,11 +120,12 @@ class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt with Qwen3-VL under its chat template; the negative branch reads no text (diffusers and the
     reference drop it), so it is encoded as ``None``.
 
-    Outputs ``prompt_emb`` ``(1, tokens, 13 * hidden)`` or None.
+    Outputs ``prompt_emb`` ``(1, tokens, 13 * hidden)`` or None, and ``prompt_emb_mask`` None (one prompt has no
+    padding; batches pad through ``padded_inputs``).
     """
 
     shared_inputs = ()
-    outputs = ("prompt_emb",)
+    outputs = ("prompt_emb", "prompt_emb_mask")
     text_encoder_entry = "ideogram-ai/ideogram-4-fp8:text_encoder/model.safetensors"
 
     def __init__(self) -> None:
@@ -135,14 +136,14 @@ class PromptEmbedderUnit(PromptUnit):
 
     def process(self, pipe: Ideogram4Pipeline, prompt: str | None = None) -> dict:
         if prompt is None:
-            return {"prompt_emb": None}
+            return {"prompt_emb": None, "prompt_emb_mask": None}
         self.require_text_encoder(pipe)
         messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
         text = pipe.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = pipe.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         if ids.shape[1] > MAX_TEXT_TOKENS:
             raise ValueError(f"the prompt has {ids.shape[1]} tokens; Ideogram 4 reads at most {MAX_TEXT_TOKENS}")
-        return {"prompt_emb": text_features(pipe.text_encoder, ids.to(pipe.device)).float()}
+        return {"prompt_emb": text_features(pipe.text_encoder, ids.to(pipe.device)).float(), "prompt_emb_mask": None}
 
 
 class Ideogram4Pipeline(TextToLatentPipeline):
@@ -157,8 +158,9 @@ class Ideogram4Pipeline(TextToLatentPipeline):
     default_lora_target_modules = "to_q,to_k,to_v,to_out.0,w1,w2,w3,adaln_modulation"
     #: The reference's --lora_target_modules name its fused attention projections.
     lora_target_aliases = {"attention.qkv": (r".*\.attention\.to_[qkv]",), "attention.o": "attention.to_out.0"}
-    model_fn_params = ("prompt_emb",)
-    padded_inputs: dict[str, str] = {}
+    model_fn_params = ("prompt_emb", "prompt_emb_mask")
+    #: A batch pads prompt features to its longest prompt; ``model_fn`` leaves the padding out of attention.
+    padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     latent_channels = 128
     pixels_per_latent = VAE_SCALE
     latent_patch_size = 1
@@ -211,32 +213,39 @@ class Ideogram4Pipeline(TextToLatentPipeline):
         return (images / 2 + 0.5).clamp(0, 1)
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor | None,
-                 **_: Any) -> torch.Tensor:
+                 prompt_emb_mask: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
         """The flow-match velocity for ``(B, 128, h, w)`` latents at ``timestep`` (scale 0 to 1000).
 
         ``prompt_emb`` None is the unconditional branch: the image tokens alone, on ``dit_uncond`` when loaded.
-        Extra state keys are ignored, since the loop passes the whole state.
+        ``prompt_emb_mask`` marks a padded batch's real tokens (None: every token is real); padding takes no part in
+        attention, as diffusers' padding segment. Extra state keys are ignored, since the loop passes the whole state.
         """
         batch, channels, rows, columns = latents.shape
-        device = latents.device
-        dit = self.dit if prompt_emb is None and self.dit_uncond is None else (
-            self.dit_uncond if prompt_emb is None else self.dit)
-        text_tokens = 0 if prompt_emb is None else prompt_emb.shape[1]
-        width = dit.config.llm_features_dim
-        image = latents.flatten(2).transpose(1, 2)
+        device, image_tokens = latents.device, rows * columns
+        dit = self.dit
+        if prompt_emb is None:
+            dit = self.dit if self.dit_uncond is None else self.dit_uncond
+            prompt_emb = latents.new_zeros(batch, 0, dit.config.llm_features_dim)
+        text_tokens = prompt_emb.shape[1]
+        real = (torch.ones(batch, text_tokens, dtype=torch.bool, device=device) if prompt_emb_mask is None
+                else prompt_emb_mask.bool().to(device).expand(batch, -1))
+        # Text positions count real tokens, on all three axes; image positions are (0, row, col) past the offset.
+        text_positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)[..., None].expand(-1, -1, 3)
         grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij"), dim=-1)
-        image_positions = torch.cat([torch.zeros(rows * columns, 1, dtype=torch.long), grid.reshape(-1, 2)], dim=1)
-        text_positions = torch.arange(text_tokens)[:, None].expand(-1, 3)
-        positions = torch.cat([text_positions, image_positions + IMAGE_POSITION_OFFSET]).to(device)
-        indicator = torch.tensor([TEXT_TOKEN] * text_tokens + [IMAGE_TOKEN] * (rows * columns), device=device)
-        features = torch.zeros(batch, text_tokens + rows * columns, width, device=device, dtype=dit.dtype)
-        if prompt_emb is not None:
-            features[:, :text_tokens] = prompt_emb.to(dit.dtype)
+        image_positions = torch.cat([torch.zeros(image_tokens, 1, dtype=torch.long), grid.reshape(-1, 2)], dim=1)
+        positions = torch.cat([text_positions, (image_positions + IMAGE_POSITION_OFFSET).to(device)
+                               .expand(batch, -1, -1)], dim=1)
+        indicator = torch.cat([real.long() * TEXT_TOKEN, torch.full((batch, image_tokens), IMAGE_TOKEN, device=device)],
+                              dim=1)
+        segments = torch.cat([torch.where(real, 1, PADDING_SEGMENT), torch.ones(batch, image_tokens, dtype=torch.long,
+                                                                              device=device)], dim=1)
+        features = torch.cat([prompt_emb.to(dit.dtype).expand(batch, -1, -1),
+                              prompt_emb.new_zeros(batch, image_tokens, prompt_emb.shape[-1]).to(dit.dtype)], dim=1)
+        image = latents.flatten(2).transpose(1, 2)
         hidden = torch.cat([image.new_zeros(batch, text_tokens, channels), image], dim=1).to(dit.dtype)
         time = (1.0 - torch.as_tensor(timestep, device=device).float().reshape(-1) / 1000).expand(batch)
         output = dit(hidden_states=hidden, timestep=time.to(dit.dtype), encoder_hidden_states=features,
-                     position_ids=positions.expand(batch, -1, -1), segment_ids=torch.ones_like(indicator).expand(batch, -1),
-                     indicator=indicator.expand(batch, -1), return_dict=False)[0]
+                     position_ids=positions, segment_ids=segments, indicator=indicator, return_dict=False)[0]
         velocity = -output[:, text_tokens:].to(latents.dtype)
         return velocity.transpose(1, 2).reshape(batch, channels, rows, columns)
 
