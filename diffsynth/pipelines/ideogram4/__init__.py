@@ -1,6 +1,6 @@
-"""Ideogram 4: the family's room (its pipeline; the trainer refuses the release for now).
+"""Ideogram 4: the family's room (its spec and pipeline).
 
-The pipeline's public names are imported on first use, so that importing the room imports no model library.
+The pipeline's public names are imported on first use, so that reading the family's spec imports no model library.
 """
 
 from typing import TYPE_CHECKING

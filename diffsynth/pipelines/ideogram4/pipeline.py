@@ -126,7 +126,7 @@ class PromptEmbedderUnit(PromptUnit):
 
     shared_inputs = ()
     outputs = ("prompt_emb", "prompt_emb_mask")
-    text_encoder_entry = "ideogram-ai/ideogram-4-fp8:text_encoder/model.safetensors"
+    text_encoder_entry = "ideogram-ai/ideogram-v4:text_encoder/model*.safetensors"
 
     def __init__(self) -> None:
         # The negative branch looks its text up under a key no caller sets, so it gets None.
