@@ -15,6 +15,7 @@ from typing import Any
 from .tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_PATTERNS
 from .tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_PATTERNS
 from .tiny_ernie_image import ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS
+from .tiny_ideogram4 import IDEOGRAM4_MODEL_ID, IDEOGRAM4_PATTERNS
 from .tiny_krea2 import KREA2_MODELS, KREA2_RAW_MODEL_ID, KREA2_TOKENIZER
 from .tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
 from .tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
@@ -126,6 +127,17 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         lora_targets="to_q,to_k,to_v,to_out.0",
         call={"cfg_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
         diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+    ),
+    TinyFamily(
+        name="ideogram4",
+        model_id=IDEOGRAM4_MODEL_ID,
+        models=_entries(IDEOGRAM4_MODEL_ID, IDEOGRAM4_PATTERNS, ("dit", "text_encoder", "vae")),
+        diffusers_pipeline="Ideogram4Pipeline",
+        # The reference's own module names (its fused attention.qkv and attention.o).
+        lora_targets="attention.qkv,attention.o,feed_forward.w1,feed_forward.w2,feed_forward.w3,adaln_modulation",
+        call={"cfg_scale": 1.0, **IMAGE_SIZE},
+        diffusers_call={"guidance_scale": 1.0, "guidance_schedule": None, "max_sequence_length": 64, **IMAGE_SIZE},
+        train_flags=("--tokenizer_path", f"{IDEOGRAM4_MODEL_ID}:{IDEOGRAM4_PATTERNS['tokenizer']}"),
     ),
     TinyFamily(
         name="krea2",

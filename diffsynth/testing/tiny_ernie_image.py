@@ -49,7 +49,6 @@ _COMPONENTS = {
 
 def _write_shared(repo: Path, seed: int) -> None:
     """``tokenizer/``, ``text_encoder/`` (seed ``seed + 5``) and ``vae/`` (seed ``seed + 6``)."""
-    from diffusers import AutoencoderKLFlux2
     from transformers import Mistral3Config, Mistral3Model
 
     from .tiny_models import build_qwen_tokenizer  # imported here: tiny_models imports this module for BUILDERS
@@ -73,12 +72,19 @@ def _write_shared(repo: Path, seed: int) -> None:
                                                spatial_merge_size=2, multimodal_projector_bias=False))
     # A shard limit above the model's size keeps it in the one file the reference's pattern names.
     encoder.save_pretrained(repo / "text_encoder", max_shard_size="1GB")
-    with seeded(seed + 6):
+    tiny_flux2_vae(seed + 6).save_pretrained(repo / "vae")
+
+
+def tiny_flux2_vae(seed: int):
+    """A tiny ``AutoencoderKLFlux2`` (32 latent channels) with random batch-norm statistics, seeded by ``seed``."""
+    from diffusers import AutoencoderKLFlux2
+
+    with seeded(seed):
         vae = AutoencoderKLFlux2(block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=8,
                                  latent_channels=32)
         vae.bn.running_mean.copy_(torch.randn_like(vae.bn.running_mean) * 0.1)
         vae.bn.running_var.copy_(torch.rand_like(vae.bn.running_var) + 0.5)
-    vae.save_pretrained(repo / "vae")
+    return vae
 
 
 def build_tiny_ernie_image(root: Path, model_id: str = ERNIE_IMAGE_MODEL_ID, seed: int = 0) -> Path:
