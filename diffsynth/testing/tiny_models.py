@@ -38,6 +38,7 @@ from .tiny_flux import (
 from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_flux2_dev import build_tiny_flux2_dev
 from .tiny_ernie_image import ERNIE_IMAGE_BUILDERS
+from .tiny_joyai_image import JOYAI_IMAGE_BUILDERS
 from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
@@ -288,6 +289,7 @@ BUILDERS = {
     **LTX23_BUILDERS,
     **KREA2_BUILDERS,
     **ERNIE_IMAGE_BUILDERS,
+    **JOYAI_IMAGE_BUILDERS,
 }
 
 
