@@ -100,24 +100,24 @@ class EditImageEmbedderUnit(PipelineUnit):
     cached latent equal to a single-stage run's)."""
 
     def __init__(self) -> None:
-        super().__init__(input_params=("edit_images", "height", "width"), output_params=("edit_latents",),
+        super().__init__(input_params=("edit_image", "height", "width"), output_params=("edit_latents",),
                          onload_model_names=("vae",))
 
-    def process(self, pipe: JoyAIImagePipeline, edit_images: Any, height: int, width: int) -> dict:
-        if edit_images is None:
+    def process(self, pipe: JoyAIImagePipeline, edit_image: Any, height: int, width: int) -> dict:
+        if edit_image is None:
             return {"edit_latents": None}
-        return {"edit_latents": pipe.encode_image(fit_edit_image(single_edit_image(edit_images), height, width))}
+        return {"edit_latents": pipe.encode_image(fit_edit_image(single_edit_image(edit_image), height, width))}
 
 
-def single_edit_image(edit_images: Image.Image | Sequence[Image.Image]) -> Image.Image:
-    """The one edit image of ``edit_images`` (an image or a one-image list, the reference's form).
+def single_edit_image(edit_image: Image.Image | Sequence[Image.Image]) -> Image.Image:
+    """The one edit image of ``edit_image`` (an image or a one-image list).
 
     Raises:
         ValueError: Several images: JoyAI-Image-Edit edits one.
     """
-    images, _ = image_list(edit_images, "edit_images")
+    images, _ = image_list(edit_image, "edit_image")
     if len(images) != 1:
-        raise ValueError(f"edit_images holds {len(images)} images; JoyAI-Image-Edit edits one: pass edit_images=[image]")
+        raise ValueError(f"edit_image holds {len(images)} images; JoyAI-Image-Edit edits one: pass edit_image=image")
     return images[0]
 
 
@@ -125,19 +125,19 @@ class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) as diffusers does: with the edit image through the
     Qwen3-VL processor when there is one, else the text alone. Outputs ``prompt_emb`` ``(1, tokens, hidden)``."""
 
-    shared_inputs = ("edit_images", "height", "width", "max_sequence_length")
+    shared_inputs = ("edit_image", "height", "width", "max_sequence_length")
     text_encoder_entry = f"{RELEASE_ID}:JoyAI-Image-Und/model*.safetensors"
 
-    def process(self, pipe: JoyAIImagePipeline, prompt: str | None, edit_images: Any, height: int, width: int,
+    def process(self, pipe: JoyAIImagePipeline, prompt: str | None, edit_image: Any, height: int, width: int,
                 max_sequence_length: int | None) -> dict:
         self.require_text_encoder(pipe)
         limit = max_sequence_length or MAX_SEQUENCE_LENGTH
-        if edit_images is None:
+        if edit_image is None:
             tokens = pipe.tokenizer([TEXT_TEMPLATE.format(prompt or "")], truncation=True, return_tensors="pt",
                                     max_length=TEXT_TOKEN_LIMIT + TEMPLATE_DROP_TOKENS).to(pipe.device)
             states = last_layer_states(pipe.text_encoder, **tokens)[:, TEMPLATE_DROP_TOKENS:][:, :limit]
         else:
-            image = fit_edit_image(single_edit_image(edit_images), height, width)
+            image = fit_edit_image(single_edit_image(edit_image), height, width)
             inputs = pipe.edit_processor()(text=[EDIT_TEMPLATE.format(prompt or "")], images=[image], padding=True,
                                            return_tensors="pt").to(pipe.device)
             # An edit prompt keeps its last tokens, as diffusers cuts it.
@@ -149,7 +149,7 @@ class JoyAIImagePipeline(TextToLatentPipeline):
     """JoyAI-Image-Edit editing and text-to-image generation, and the computation its training shares.
 
     Build it with ``from_pretrained`` (``processor_config=`` names the Qwen3-VL processor folder, by default the
-    ``JoyAI-Image-Und/`` folder of the release); call it with a prompt and ``edit_images`` to edit an image.
+    ``JoyAI-Image-Und/`` folder of the release); call it with a prompt and ``edit_image`` to edit an image.
     """
 
     model_roles = MODEL_ROLES
@@ -159,13 +159,19 @@ class JoyAIImagePipeline(TextToLatentPipeline):
     scheduler_preset = "joyai_image"
     load_options = ("processor_config",)
     extra_attributes = {"processor": None, "processor_config": None}
-    image_inputs = ("edit_images",)
+    image_inputs = ("edit_image",)
     training_state = {**TextToLatentPipeline.training_state, "max_sequence_length": MAX_SEQUENCE_LENGTH}
     unit_classes = (ShapeCheckUnit, ImageNoiseUnit, InputImageEmbedderUnit, EditImageEmbedderUnit, LatentsUnit,
                     PromptEmbedderUnit)
     # The Wan2.1 VAE, one frame, normalised by its latent statistics: as Qwen-Image's VAE.
     encode_image = QwenImagePipeline.encode_image
-    decode = QwenImagePipeline.decode
+
+    def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
+        """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``; the latents themselves when
+        ``output_type`` is ``"latent"``."""
+        if inputs_shared.get("output_type") == "latent":
+            return inputs_shared["latents"]
+        return QwenImagePipeline.decode(self, inputs_shared, inputs_posi, inputs_nega)
 
     def _after_load(self, processor_config: ModelConfig | None = None) -> None:
         """Finds the Qwen3-VL processor: ``processor_config`` (``--processor_path``) when given, loaded now; else
@@ -210,25 +216,25 @@ class JoyAIImagePipeline(TextToLatentPipeline):
         return guided * ratio
 
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
-        """JoyAI-Image-Edit renders from a prompt and ``edit_images``."""
-        return ['"input_image" is for Wan image-to-video; JoyAI-Image-Edit takes "edit_images"'] \
+        """JoyAI-Image-Edit renders from a prompt and ``edit_image``."""
+        return ['"input_image" is for Wan image-to-video; JoyAI-Image-Edit takes "edit_image"'] \
             if "input_image" in inputs else []
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 5.0,
-                 edit_images: Image.Image | Sequence[Image.Image] | None = None, input_image: Image.Image | None = None,
+                 edit_image: Image.Image | Sequence[Image.Image] | None = None, input_image: Image.Image | None = None,
                  denoising_strength: float = 1.0, height: int | None = None, width: int | None = None,
                  seed: int | None = None, rand_device: str = "cpu", max_sequence_length: int = MAX_SEQUENCE_LENGTH,
                  num_inference_steps: int = 30, shift: float = DEFAULT_SHIFT, output_type: str = "pil",
                  progress_bar: bool = True) -> Image.Image | torch.Tensor:
-        """Edits one image (or, without ``edit_images``, generates one).
+        """Edits one image (or, without ``edit_image``, generates one).
 
         Args:
             prompt: The edit instruction (or what to draw).
             negative_prompt: What to steer away from; used when ``cfg_scale`` is not 1.
             cfg_scale: CFG scale, rescaled to the conditional prediction's norm (diffusers' ``guidance_scale``);
                 1 turns CFG off.
-            edit_images: The image to edit, or a one-image list (the reference's form).
+            edit_image: The image to edit (or a one-image list).
             input_image: Start from this image instead of pure noise (image-to-image).
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
             height: Output height in pixels, rounded to a multiple of 16; default 1024.
@@ -238,10 +244,12 @@ class JoyAIImagePipeline(TextToLatentPipeline):
             max_sequence_length: The most caption tokens kept.
             num_inference_steps: Denoising steps (the reference's example: 30).
             shift: The schedule's static shift (4, the reference's).
-            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``.
+            output_type: ``"pil"`` for a PIL image, ``"pt"`` for a ``(1, 3, H, W)`` tensor in ``[0, 1]``, ``"latent"``
+                for the final normalised ``(1, 16, H / 8, W / 8)`` latents (not decoded, as diffusers' ``"latent"``).
             progress_bar: Show a progress bar over the steps.
         """
-        check_call_inputs(prompt, output_type, max_sequence_length, MAX_SEQUENCE_LENGTH)
+        check_call_inputs(prompt, output_type, max_sequence_length, MAX_SEQUENCE_LENGTH,
+                          output_types=("pil", "pt", "latent"))
         if shift <= 0:
             raise ValueError(f"shift={shift} must be positive; use 4.0, the reference's")
         height, width = height or DEFAULT_SIZE, width or DEFAULT_SIZE
@@ -249,9 +257,9 @@ class JoyAIImagePipeline(TextToLatentPipeline):
         self.set_inference_timesteps(num_inference_steps, denoising_strength,
                                      latent_shape=self.image_latent_shape(height, width))
         inputs_shared = {
-            "cfg_scale": cfg_scale, "input_image": input_image, "edit_images": edit_images,
+            "cfg_scale": cfg_scale, "input_image": input_image, "edit_image": edit_image,
             "denoising_strength": denoising_strength, "height": height, "width": width, "seed": seed,
-            "rand_device": rand_device, "max_sequence_length": max_sequence_length,
+            "rand_device": rand_device, "max_sequence_length": max_sequence_length, "output_type": output_type,
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)

@@ -17,7 +17,9 @@ SPEC = FamilySpec(
     # An edit prompt holds the edit image's vision tokens besides its words.
     prompt_tokens=1024,
     scheduler_presets={"joyai_image": dict(shift=4.0)},
-    lora_tools=LoraTools("QwenImageLoraLoaderMixin"),
+    # diffusers 0.42 loads no LoRA into JoyImageEditTransformer3DModel (no loader mixin, no PeftAdapterMixin); the
+    # .diffusers.safetensors twins hold its names, which a plain transformer loader (Sana's) reads for the checks.
+    lora_tools=LoraTools("SanaLoraLoaderMixin"),
     example_folder="examples/joyai_image/model_training",
     docs_page="JoyAI_Image.md",
 )
