@@ -23,7 +23,6 @@ JOYAI_IMAGE_PATTERNS = {
     "text_encoder": "JoyAI-Image-Und/model*.safetensors",
     "vae": "vae/Wan2.1_VAE.pth",
 }
-JOYAI_PROCESSOR_PATTERN = "JoyAI-Image-Und/"
 TRANSFORMER_CONFIG = {
     "patch_size": [1, 2, 2], "in_channels": 16, "hidden_size": 64, "num_attention_heads": 2, "text_dim": 32,
     "num_layers": 2, "rope_dim_list": [4, 14, 14],

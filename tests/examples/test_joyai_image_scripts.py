@@ -33,7 +33,9 @@ def test_the_lora_script_caches_then_trains_the_named_layers(workdir):
     weights = load_file(str(path))
     # The four layers the script names in each of the 2 blocks, under the JoyAI code's names.
     assert len([key for key in weights if "lora_B" in key]) == 2 * 4 and lora_update(path) > 0
-    assert any(".double_blocks.0.img_attn_qkv." in key for key in weights)
+    assert any(key.startswith("diffusion_model.double_blocks.0.img_attn_qkv.") for key in weights)
+    twin = load_file(str(path.with_name("epoch-0.diffusers.safetensors")))
+    assert "transformer.double_blocks.0.attn.img_attn_qkv.lora_A.weight" in twin
 
 
 def test_the_full_script_trains_the_transformer(workdir):

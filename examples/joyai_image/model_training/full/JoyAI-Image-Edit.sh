@@ -1,5 +1,12 @@
-# Dataset: data/diffsynth_example_dataset/joyai_image/JoyAI-Image-Edit/
-# Download: modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "joyai_image/JoyAI-Image-Edit/*" --local_dir ./data/diffsynth_example_dataset
+#!/usr/bin/env bash
+# Full fine-tune of the JoyAI-Image-Edit transformer in two stages, the reference's commands: stage 1 caches the
+# encoders' outputs, stage 2 trains the transformer on several GPUs with DeepSpeed ZeRO-3
+# (accelerate_config_zero3.yaml).
+# Run from the repository root.
+#
+# The dataset and model files are as in ../lora/JoyAI-Image-Edit.sh. The transformer is written to the --output_path
+# as epoch-<e>.safetensors.
+set -e
 
 accelerate launch examples/joyai_image/model_training/train.py \
     --dataset_base_path "./data/diffsynth_example_dataset/joyai_image/JoyAI-Image-Edit" \

@@ -1,5 +1,15 @@
-# Dataset: data/diffsynth_example_dataset/joyai_image/JoyAI-Image-Edit/
-# Download: modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "joyai_image/JoyAI-Image-Edit/*" --local_dir ./data/diffsynth_example_dataset
+#!/usr/bin/env bash
+# LoRA on the JoyAI-Image-Edit transformer in two stages, the reference's commands: stage 1 caches the Qwen3-VL
+# encoder's and the VAE's outputs (--task sft:data_process), stage 2 trains the LoRA on the cache (sft:train), loading
+# only the transformer. Run from the repository root.
+#
+# The dataset is a folder of images plus metadata.csv (columns image,edit_image,prompt). To try the commands on a
+# small procedurally drawn one:
+#   python -m diffsynth.core.data.example_edit_dataset --output data/diffsynth_example_dataset/joyai_image/JoyAI-Image-Edit
+# The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing; the
+# tokenizer and processor are the repository's JoyAI-Image-Und/. The LoRA is written to the --output_path as
+# epoch-<e>.safetensors (the JoyAI code's names under diffusion_model.), with a .diffusers.safetensors twin.
+set -e
 
 accelerate launch examples/joyai_image/model_training/train.py \
     --dataset_base_path "./data/diffsynth_example_dataset/joyai_image/JoyAI-Image-Edit" \
