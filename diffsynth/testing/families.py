@@ -16,6 +16,7 @@ from .tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_PATTERNS
 from .tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_PATTERNS
 from .tiny_ernie_image import ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS
 from .tiny_ideogram4 import IDEOGRAM4_MODEL_ID, IDEOGRAM4_PATTERNS
+from .tiny_joyai_image import JOYAI_IMAGE_EDIT_MODEL_ID, JOYAI_IMAGE_PATTERNS
 from .tiny_krea2 import KREA2_MODELS, KREA2_RAW_MODEL_ID, KREA2_TOKENIZER
 from .tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
 from .tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
@@ -138,6 +139,22 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         call={"cfg_scale": 1.0, **IMAGE_SIZE},
         diffusers_call={"guidance_scale": 1.0, "guidance_schedule": None, "max_sequence_length": 64, **IMAGE_SIZE},
         train_flags=("--tokenizer_path", f"{IDEOGRAM4_MODEL_ID}:{IDEOGRAM4_PATTERNS['tokenizer']}"),
+    ),
+    TinyFamily(
+        name="joyai_image",
+        model_id=JOYAI_IMAGE_EDIT_MODEL_ID,
+        # The released files, as the reference's scripts name them; diffusers reads the repo's folders.
+        models=_entries(JOYAI_IMAGE_EDIT_MODEL_ID, JOYAI_IMAGE_PATTERNS, ("dit", "text_encoder", "vae")),
+        diffusers_pipeline="JoyImageEditPipeline",
+        # The reference's LoRA scripts' targets.
+        lora_targets="img_attn_qkv,txt_attn_qkv,img_attn_proj,txt_attn_proj",
+        # diffusers renders at its nearest 1024-pixel bucket (768 x 1280 for this aspect ratio), ours at that size;
+        # the final latents are compared, since decoding a megapixel takes the tiny VAE half a minute (its decoding
+        # is compared in tests/pipelines/test_joyai_image.py).
+        call={"cfg_scale": 3.5, "negative_prompt": "blurry", "height": 768, "width": 1280, "output_type": "latent"},
+        diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE, "output_type": "latent"},
+        # The reference's schedule ends at sigma 0, diffusers' at 1 / 1000: the parity check samples with diffusers'.
+        diffusers_scheduler=True,
     ),
     TinyFamily(
         name="krea2",

@@ -39,6 +39,7 @@ from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_flux2_dev import build_tiny_flux2_dev
 from .tiny_ernie_image import ERNIE_IMAGE_BUILDERS
 from .tiny_ideogram4 import IDEOGRAM4_BUILDERS
+from .tiny_joyai_image import JOYAI_IMAGE_BUILDERS
 from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
@@ -292,6 +293,7 @@ BUILDERS = {
     **KREA2_BUILDERS,
     **ERNIE_IMAGE_BUILDERS,
     **IDEOGRAM4_BUILDERS,
+    **JOYAI_IMAGE_BUILDERS,
 }
 
 

@@ -44,13 +44,14 @@ def load_theirs(tiny_root, reference_class, model_id: str):
 def render_ours(pipe, seed=7, prompt=PROMPT, **kwargs):
     """Our pipeline's image or frames; of an audio+video pipeline's ``(frames, waveform)``, the frames (each family's
     own tests compare the sound)."""
-    output = pipe(prompt, seed=seed, num_inference_steps=kwargs.pop("num_inference_steps", STEPS), output_type="pt",
-                  progress_bar=False, **kwargs)
+    output = pipe(prompt, seed=seed, num_inference_steps=kwargs.pop("num_inference_steps", STEPS),
+                  output_type=kwargs.pop("output_type", "pt"), progress_bar=False, **kwargs)
     return output[0] if isinstance(output, tuple) else output
 
 
 def render_theirs(pipe, seed=7, prompt=PROMPT, output="images", **kwargs):
-    return getattr(pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed), output_type="pt",
+    return getattr(pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed),
+                        output_type=kwargs.pop("output_type", "pt"),
                         num_inference_steps=kwargs.pop("num_inference_steps", STEPS), **kwargs), output)
 
 

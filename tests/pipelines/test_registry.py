@@ -124,8 +124,8 @@ def test_lookups_name_what_there_is():
     with pytest.raises(registry.FamilyNotFound, match="no family 'sdxl'; the families are ernie_image, flux, "):
         registry.family("sdxl")
     with pytest.raises(registry.FamilyNotFound,
-                       match="choose one of ernie-image, flux, flux2-klein, ideogram4, krea2, ltx2, qwen-image, stable-diffusion, "
-                             "wan, z-image"):
+                       match="choose one of ernie-image, flux, flux2-klein, ideogram4, joyai-image, krea2, ltx2, "
+                             "qwen-image, stable-diffusion, wan, z-image"):
         registry.family_of_plan_name("sdxl")
     with pytest.raises(ValueError, match="scheduler preset 'sdxl' is unknown"):
         registry.scheduler_preset("sdxl")

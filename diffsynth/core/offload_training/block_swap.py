@@ -42,9 +42,10 @@ from .transfer import DEFAULT_STAGING_BYTES, ENGINES, TensorSlot, TransferTimer,
 
 logger = logging.getLogger(__name__)
 
-BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "layers")
+BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "layers", "double_blocks")
 """Attributes searched for a single block list: Qwen-Image's ``transformer_blocks``, Wan's ``blocks``, Z-Image's
-``layers`` (its refiner blocks stay resident)."""
+``layers`` (its refiner blocks stay resident), the ``double_blocks`` of a transformer made of dual-stream blocks
+alone."""
 
 BLOCK_SEQUENCES: tuple[tuple[str, ...], ...] = (
     ("transformer_blocks", "single_transformer_blocks"),

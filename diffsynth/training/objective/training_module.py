@@ -117,6 +117,10 @@ class DiffusionTrainingModule(torch.nn.Module):
         self.trainable_models = tuple(trainable_models)
         self.lora_base_model = lora_base_model
         self.trained_model_names = tuple(name for name in dict.fromkeys([*trainable_models, lora_base_model]) if name)
+        if not self.trained_model_names and self.stage == "data_process":
+            # Some of the reference's stage-1 commands leave the training flags to stage 2: what stage 2 trains is
+            # then the denoiser, whose inputs the cache holds.
+            self.trained_model_names = pipe.denoising_model_names[:1]
         self.lora_config: dict[str, Any] = {}
         self.last_sample_losses: torch.Tensor | None = None
         pipe.requires_grad_(False)
