@@ -12,7 +12,7 @@ SPEC = FamilySpec(
                "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1"),
     # diffusers' defaults are the released Z-Image (and Z-Image-Turbo) transformer. Z-Image-Omni-Base is not among the
     # releases: its transformer takes SigLIP features, which the planner's inputs do not give.
-    layouts=("diffusers", "Fun ControlNet single files (PAI/Z-Image-Turbo-Fun-Controlnet-*)"),
+    layouts=("diffusers", "PAI Fun ControlNet single files (Union, Union 8-step, Tile)"),
     releases=(Release("z-image", {}, ("Tongyi-MAI/Z-Image", "Tongyi-MAI/Z-Image-Turbo")),),
     # A prompt keeps its own tokens; 256 is a long caption.
     prompt_tokens=256,
