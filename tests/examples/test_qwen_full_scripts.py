@@ -21,8 +21,10 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.core.data.example_layered_dataset import build_example_layered_dataset
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_MODEL_ID
+from diffsynth.testing.tiny_qwen_layered import QWEN_IMAGE_LAYERED_MODEL_ID, build_tiny_qwen_image_layered
 from diffsynth.training.config.parsers import build_parser
 from tests.examples.helpers import (
     assert_deepspeed_config,
@@ -48,6 +50,7 @@ RELEASES = {
     "Qwen-Image-Distill-Full": "DiffSynth-Studio/Qwen-Image-Distill-Full",
     "FireRed-Image-Edit-1.0": "FireRedTeam/FireRed-Image-Edit-1.0",
     "FireRed-Image-Edit-1.1": "FireRedTeam/FireRed-Image-Edit-1.1",
+    "Qwen-Image-Layered": QWEN_IMAGE_LAYERED_MODEL_ID,
 }
 CONFIGS = {"accelerate_config.yaml": (2, "none"), "accelerate_config_zero2offload.yaml": (2, "cpu"),
            "accelerate_config_zero3.yaml": (3, "none")}
@@ -88,10 +91,12 @@ def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
 
 def draw_dataset(argv: list[str]) -> None:
     """Draws a two-sample dataset where a command expects one: one edit image per sample in a CSV (Edit), a list in
-    JSON (2509+) for an Edit command."""
+    JSON (2509+) for an Edit command, RGBA layers for a Layered one."""
     args = build_parser().parse_args(argv)
     if not Path(args.dataset_metadata_path).is_file():
-        if args.extra_inputs == "edit_image":
+        if args.extra_inputs == "layer_num,layer_input_image":
+            build_example_layered_dataset(args.dataset_base_path)
+        elif args.extra_inputs == "edit_image":
             build_example_edit_dataset(args.dataset_base_path, num_samples=2,
                                        num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
         else:
@@ -108,13 +113,14 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     ``Qwen/Qwen-Image-2512`` (the whole Qwen-Image repo), the FireRed-Image-Edit releases (the whole Edit-2509 repo,
     processor included: diffusers loads them with ``QwenImageEditPlusPipeline``) and
     ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (the Qwen-Image transformer folder, as that release keeps the
-    transformer at the root)."""
+    transformer at the root); and the tiny Qwen-Image-Layered repo."""
     firered = {f"FireRedTeam/FireRed-Image-Edit-{version}": QWEN_IMAGE_EDIT_2509_MODEL_ID for version in ("1.0", "1.1")}
     root = linked_model_root(tiny_root, tmp_path_factory.mktemp("full_model_root"),
                              {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID, **firered})
     qwen = tiny_root / QWEN_IMAGE_MODEL_ID
     (root / "DiffSynth-Studio").mkdir(exist_ok=True)
     (root / "DiffSynth-Studio" / "Qwen-Image-Distill-Full").symlink_to(qwen / "transformer", target_is_directory=True)
+    build_tiny_qwen_image_layered(root)
     return root
 
 
@@ -148,7 +154,8 @@ def test_script_trains_every_weight_of_the_transformer(workdir, model_root, rele
     assert len(unchanged) < len(saved) / 4 and all(torch.all(released[key] == 1) for key in unchanged), unchanged
 
 
-@pytest.mark.parametrize("release", ["FireRed-Image-Edit-1.0", "FireRed-Image-Edit-1.1", "Qwen-Image-Distill-Full"])
+@pytest.mark.parametrize("release", ["FireRed-Image-Edit-1.0", "FireRed-Image-Edit-1.1", "Qwen-Image-Distill-Full",
+                                     "Qwen-Image-Layered"])
 def test_lora_script_of_an_aliased_release_trains_its_transformer(workdir, model_root, release):
     [(config, argv)] = commands(f"lora/{release}.sh")
     result = run_in_process(argv)
@@ -215,11 +222,6 @@ REFUSED = {
     "Qwen-Image-Blockwise-ControlNet (from scratch)": (
         refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
                 "blockwise_controlnet_image"), "Blockwise ControlNet"),
-    "Qwen-Image-Layered": (refused("Qwen/Qwen-Image-Layered:transformer/diffusion_pytorch_model*.safetensors,"
-                                   "Qwen/Qwen-Image:text_encoder/model*.safetensors,"
-                                   "Qwen/Qwen-Image-Layered:vae/diffusion_pytorch_model.safetensors",
-                                   "--trainable_models", "dit", "--extra_inputs", "layer_num,layer_input_image"),
-                           "Qwen-Image-Layered"),
     "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
                                            "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
                                            "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"

@@ -95,3 +95,27 @@ def test_pil_output_is_the_composite_then_each_rgba_layer(ours):
 def test_bad_layer_inputs_are_refused_before_denoising(ours, layer_num, image, message):
     with pytest.raises(ValueError, match=message):
         ours(PROMPT, layer_input_image=rgba_image(0) if image else None, layer_num=layer_num, progress_bar=False)
+
+
+def test_a_training_sample_keeps_alpha_and_trains_every_frame(ours, tmp_path):
+    from diffsynth.core.data.dataset import UnifiedDataset
+    from diffsynth.core.data.example_layered_dataset import build_example_layered_dataset
+
+    metadata = build_example_layered_dataset(tmp_path, num_samples=1, num_layers=LAYERS)
+    dataset = UnifiedDataset(tmp_path, metadata, data_file_keys=("image", "layer_input_image"), max_pixels=48 * 32,
+                             required_columns=("image", "prompt", "layer_num", "layer_input_image"), keep_alpha=True)
+    sample = dataset[0]
+    assert [image.mode for image in sample["image"]] == ["RGBA"] * (LAYERS + 1)
+    assert sample["layer_input_image"].mode == "RGBA"
+    shared, posi, nega = ours.training_inputs(sample, ("layer_num", "layer_input_image"))
+    shared, posi, nega = ours.run_units(shared, posi, nega)
+    latents = shared["input_latents"]
+    assert latents.shape[:3] == (1, 16, LAYERS + 1) and shared["layer_input_latents"].shape[:2] == (1, 16)
+    # each frame is its own image's latents: the composite, then each layer (the transparent ones differ from it)
+    assert torch.allclose(latents[:, :, 0], ours.encode_image(sample["image"][0]), atol=1e-6)
+    assert (latents[:, :, 2] - latents[:, :, 0]).abs().max() > 1e-2
+    prediction = ours.model_fn(latents=latents, timestep=torch.tensor([500.0]), **posi,
+                               layer_input_latents=shared["layer_input_latents"])
+    assert prediction.shape == latents.shape
+    with pytest.raises(ValueError, match="image list of 3"):
+        ours.training_inputs({**sample, "image": sample["image"][:2]}, ("layer_num", "layer_input_image"))

@@ -129,6 +129,9 @@ class QwenImagePipeline(TextToLatentPipeline):
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents", "layer_input_latents")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
     image_inputs = ("edit_image", "layer_input_image")
+    #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
+    alpha_inputs = ("layer_input_image",)
+    media_inputs = ("layer_num",)
     input_types = {**TextToLatentPipeline.input_types, "layer_num": positive_integer}
     load_options = ("processor_config", "zero_cond_t")
     #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
@@ -192,8 +195,13 @@ class QwenImagePipeline(TextToLatentPipeline):
         """As ``TextToLatentPipeline``'s; a Qwen-Image-Layered sample (with ``layer_num``) gives its whole ``image``
         list, the composite then the layers, as ``input_image``."""
         image = sample["image"]
-        if sample.get("layer_num") is None or not isinstance(image, list):
+        if sample.get("layer_num") is None:
             return super().training_media(sample)
+        if not isinstance(image, list) or len(image) != sample["layer_num"] + 1:
+            count = len(image) if isinstance(image, list) else "one image"
+            raise ValueError(f"a Qwen-Image-Layered sample with layer_num={sample['layer_num']} needs an image list of "
+                             f"{sample['layer_num'] + 1} (the composite, then each layer), not {count}; fix the "
+                             "row's image cell or its layer_num")
         return {"input_image": image, "height": image[0].height, "width": image[0].width}
 
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
