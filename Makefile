@@ -11,6 +11,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,quant]'
 	# DeepSpeed (optional for users; the tests exercise the ZeRO-3 recipe) builds against the installed torch.
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt deepspeed --no-build-isolation
+	# On a machine without GPUs DeepSpeed's communication backend JIT-builds its shared-memory op (deepspeed_shm_comm,
+	# about 45 CPU seconds) at the first run; built here once per environment, where the tests' runs load it
+	# (tests/conftest.py points TORCH_EXTENSIONS_DIR here). With a GPU DeepSpeed builds nothing here. Without a C++
+	# compiler setup still succeeds: only the DeepSpeed runs need the op.
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PYTHON) -c \
+		"from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null \
+		|| echo "note: DeepSpeed's CPU op was not prebuilt; a run under DeepSpeed on this machine builds it first"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -2,7 +2,7 @@
 
 Exports the Python files of a ComfyUI snapshot (a bare git mirror) and imports its ``comfy`` package on the CPU, as
 ``check_comfyui_flux_lora.py`` does. For each variant of :data:`VARIANTS` (plain Wan2.1 text-to-video as the
-baseline, VACE, the Fun InP / Control / Control-Camera models, FLF2V) it builds the tiny transformer of
+baseline, VACE, the Fun InP / Control / Control-Camera models, FLF2V, Animate) it builds the tiny transformer of
 ``diffsynth.testing``, puts a random LoRA (alpha / rank 0.5) on every layer a LoRA can wrap (VACE's blocks and patch
 embedding, the Fun ``ref_conv`` and camera ``control_adapter``, the image embedder), and writes the universal and the
 kohya file as the trainer does; for VACE also the diffusers twin, which ComfyUI is not meant to read (the row that
@@ -43,7 +43,7 @@ import check_comfyui_flux_lora as harness  # noqa: E402 - the sibling script's C
 from diffsynth.lora import inspect_lora, load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
 from diffsynth.lora.naming import lora_layer_names  # noqa: E402
-from diffsynth.pipelines.wan_video.original import dit_original_keys  # noqa: E402
+from diffsynth.pipelines.wan_video.original import dit_original_keys, dit_to_original  # noqa: E402
 from diffsynth.testing.tiny_wan import TEXT_DIM, tiny_wan_transformer  # noqa: E402
 from diffsynth.testing.tiny_wan_flf2v import tiny_flf2v_transformer  # noqa: E402
 from diffsynth.testing.tiny_wan_fun import FUN_RELEASES, tiny_fun_transformer  # noqa: E402
@@ -91,7 +91,19 @@ VARIANTS = (
     Variant("Wan2.2-Fun-A14B Control", _fun("PAI/Wan2.2-Fun-A14B-Control"), "WAN21_T2V"),
     Variant("Wan2.2-Fun-A14B Control-Camera", _fun("PAI/Wan2.2-Fun-A14B-Control-Camera"), "WAN22_Camera"),
     Variant("Wan2.1-FLF2V", lambda: tiny_flf2v_transformer(0, clip_dim=CLIP_DIM), "WAN21_I2V"),
+    Variant("Wan2.2-Animate", lambda: _animate(), "WAN22_Animate"),
 )
+
+
+def _animate() -> torch.nn.Module:
+    """A Wan2.2-Animate transformer of the tiny width, with five blocks (ComfyUI puts a face adapter after every
+    fifth) and the release's motion and face encoders (ComfyUI builds those at fixed sizes)."""
+    from diffusers import WanAnimateTransformer3DModel
+
+    return WanAnimateTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=36, latent_channels=16,
+        out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=5, image_dim=CLIP_DIM,
+        added_kv_proj_dim=32)
 
 
 @dataclass
@@ -108,11 +120,13 @@ def prepare(variant: Variant, folder: Path) -> Prepared:
     """Writes the variant's LoRA files; records our merge's change of each weight and inspect's ComfyUI verdict."""
     torch.manual_seed(0)
     model = variant.build().eval()
-    naming, names = naming_for(model), lora_layer_names(model)
+    naming = naming_for(model)
+    # Animate's own modules are not the denoiser's LoRA layers (the trainer's LoRA on dit leaves them out).
+    names = [name for name in lora_layer_names(model) if naming.to_native(name) is not None]
     weights = harness.random_lora(model, names=names)
     state = model.state_dict()
-    originals = dit_original_keys(list(state))
-    base = {PREFIX + originals[key]: value.detach().clone() for key, value in state.items()}
+    originals = dit_original_keys([f"{name}.weight" for name in names])
+    base = {PREFIX + key: value.detach().clone() for key, value in dit_to_original(state).items()}
     layouts = ("universal", "kohya", "diffusers") if variant.diffusers_twin else ("universal", "kohya")
     runs = []
     for layout in layouts:

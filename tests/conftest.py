@@ -3,6 +3,7 @@ no network access, and temporary files only under pytest's temporary folder."""
 
 import importlib.util
 import logging
+import os
 import multiprocessing
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import diffsynth  # noqa: I001  (first: importing it keeps the libraries' import-time notices out of the test output)
 import pytest
 import torch
+from filelock import FileLock
 import torch.multiprocessing as mp
 from diffusers import DiffusionPipeline
 
@@ -30,17 +32,19 @@ def pytest_configure(config):
     files of the test process and of every process it starts (``TMPDIR``; torch's elastic launcher leaves a folder
     per ``accelerate launch`` behind), Hypothesis' storage (else ``.hypothesis`` in the working folder, written while
     the tests are collected), and the CPU op DeepSpeed compiles when a run starts under it (else in
-    ``~/.cache/torch_extensions``; about 30 s once per session, whatever the number of workers). The planner keeps
-    no dry runs between plans (``DIFFSYNTH_PLAN_CACHE``): each test plans from scratch, and nothing is written to the
-    home folder."""
+    ``~/.cache/torch_extensions``): ``make setup`` builds it once into the environment (``torch_extensions`` beside
+    its ``bin``), where the runs load it; an environment without it builds it once per session (about 45 CPU
+    seconds, whatever the number of workers). The planner keeps no dry runs between plans (``DIFFSYNTH_PLAN_CACHE``):
+    each test plans from scratch, and nothing is written to the home folder."""
     folders = config._tmp_path_factory  # what the tmp_path_factory fixture returns, here before any fixture
     patch = pytest.MonkeyPatch()
     config.add_cleanup(patch.undo)
     patch.setenv("TMPDIR", str(folders.mktemp("tmp")))
     patch.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(folders.mktemp("hypothesis")))
-    # One build for the session: pytest-xdist's workers share their parent folder (torch locks a build in progress).
+    prebuilt = Path(sys.prefix) / "torch_extensions"  # the Makefile's setup step builds it there
+    # Else one build for the session: pytest-xdist's workers share their parent folder (torch locks a build).
     session = folders.getbasetemp().parent if hasattr(config, "workerinput") else folders.getbasetemp()
-    patch.setenv("TORCH_EXTENSIONS_DIR", str(session / "torch_extensions"))
+    patch.setenv("TORCH_EXTENSIONS_DIR", str(prebuilt if prebuilt.is_dir() else session / "torch_extensions"))
     patch.setenv("DIFFSYNTH_PLAN_CACHE", "off")
     patch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
 
@@ -60,13 +64,14 @@ MODEL_GRID_SIZE = 8
 # The longest modules, longest first (--durations on the 2-core machine, 2026-12-07: 170 to 590 s each of 5200 s),
 # collected first. ``make test`` hands whole modules to the workers in collection order (``--dist loadscope
 # --no-loadscope-reorder``; xdist's own reorder puts modules with few tests last, and so its longest ones, which then
-# ran alone at the end). The DeepSpeed module leads: the first run under DeepSpeed builds its CPU op while the other
-# runs wait on torch's lock, so it builds while the other worker plans rather than idles.
+# ran alone at the end). The DeepSpeed module leads: where ``make setup`` has not prebuilt DeepSpeed's CPU op, its
+# first run builds it while the other runs wait on torch's lock, and the other worker plans meanwhile.
 FIRST_MODULES = (
     "tests/training/test_trainer_deepspeed.py",
     "tests/pipelines/test_family_kit_planner.py",
     "tests/examples/test_multi_process_scripts.py",
     "tests/training/test_launch.py",
+    "tests/training/test_multi_machine.py",
     "tests/core/planning/test_shallow.py",
     "tests/training/placement/test_shared_host_weights.py",
     "tests/training/test_trainer.py",
@@ -198,9 +203,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
-    """A model base folder holding the tiny Qwen-Image and Wan repos. Read-only: copy before editing."""
-    root = tmp_path_factory.mktemp("models")
-    build_tiny_models(root, seed=0)
+    """A model base folder holding every family's tiny repos. Read-only: copy before editing.
+
+    Built once per test session: xdist workers share their base temp folders' parent (this session's own), and the
+    first to take the lock builds while the others wait (the same seed would write the same files twice).
+    """
+    basetemp = tmp_path_factory.getbasetemp()
+    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    root = shared / "tiny-models"
+    with FileLock(str(shared / "tiny-models.lock")):
+        if not (root / ".built").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            build_tiny_models(root, seed=0)
+            (root / ".built").touch()
     return root
 
 

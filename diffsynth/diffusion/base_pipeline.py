@@ -31,8 +31,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.device import resolve_device
-from ..core.loader import ModelConfig, SharedLoad, load_component, load_components, load_skeleton, model_class_name
-from ..core.loader.loading import resolve_dtype
+from ..core.loader import ModelConfig, SharedLoad, load_components, load_skeleton, model_class_name
+from ..core.loader.loading import load_tokenizer, resolve_dtype
 from ..core.loader.original_layout import join_parts
 from .pipeline_unit import SCOPES, PipelineUnit, PipelineUnitRunner
 from .unit_graph import (
@@ -68,13 +68,19 @@ class BasePipeline(torch.nn.Module):
     #: Where the tokenizer comes from when a text encoder is loaded and no config names a tokenizer.
     default_tokenizer_config: ModelConfig | None = None
     #: ``--lora_target_modules`` names of the model's original code base mapped to the diffusers module names: a
-    #: suffix, or a tuple of patterns over whole module names (``training_module.TargetAliases``).
+    #: suffix, or a tuple of patterns over whole module names (``lora_targets.TargetAliases``).
     lora_target_aliases: dict[str, str | tuple[str, ...]] = {}
     #: The layers an unset ``--lora_target_modules`` trains: those the reference's LoRA scripts for the model name.
     #: Empty: the flag is required.
     default_lora_target_modules: str = ""
+    #: Whether an empty ``--lora_target_modules`` trains every ``nn.Linear`` of the LoRA base model (the reference's
+    #: Stable Diffusion scripts pass ``""``); otherwise an empty value is refused.
+    empty_lora_targets_train_all_linear: bool = False
     #: Models onloaded for the denoising loop.
     denoising_model_names: tuple[str, ...] = ("dit",)
+    #: The LoRA layout ``--align_to_opensource_format`` writes: the reference's "open-source format", kohya's for
+    #: most families, diffusers' names where the reference aligns to those.
+    aligned_lora_layout: str = "kohya"
     #: State keys ``model_fn`` reads besides ``latents`` and ``timestep`` (the loss keeps them exact in the split).
     model_fn_params: tuple[str, ...] = ()
     #: Metadata columns every training sample needs.
@@ -206,7 +212,7 @@ class BasePipeline(torch.nn.Module):
                 pipe._assign(component, config)
         tokenizer = cls._companions(pipe.model_configs, tokenizer_config).get("tokenizer")
         if tokenizer is not None:
-            pipe._assign(load_component(tokenizer), tokenizer)
+            pipe._assign(load_tokenizer(tokenizer), tokenizer)
         pipe._after_load(**options)
         return pipe
 

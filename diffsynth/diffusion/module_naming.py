@@ -137,6 +137,9 @@ class ModuleNaming:
             LTX-2).
         other_block_lists: Further lists of blocks named alike in both namings, whose blocks' layers ``block_layers``
             maps too (Wan VACE's ``vace_blocks``).
+        kohya_only: The trainer writes this model's LoRA files in the kohya layout whatever the flags say: the one
+            layout its tools all read (Stable Diffusion's UNet, whose ``diffusion_model.`` names in ComfyUI are the
+            original LDM ones).
     """
 
     name: str
@@ -147,6 +150,7 @@ class ModuleNaming:
     fused: FusedNaming | None = None
     block_list: str = "blocks"
     other_block_lists: tuple[str, ...] = ()
+    kohya_only: bool = False
 
     def __post_init__(self) -> None:
         for table in (self.block_layers, self.top_layers):

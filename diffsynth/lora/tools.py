@@ -33,7 +33,6 @@ patching a fused layer is measured on each diffusers layer it holds (the rows of
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -43,6 +42,7 @@ import torch
 
 from ..pipelines.registry import LoraTools, family_of_class
 from .adapters import LOHA_PARTS, LOKR_PARTS, LoHaLayer, LoKrLayer
+from .diffusers_tool import diffusers_layers
 from .formats import AdapterLayer, LoRALayer, LoRAWeights
 from .naming import FusedLayer, ModuleNaming
 from .reading import read_lora
@@ -216,37 +216,6 @@ def _diffsynth(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
     return weights.layers, weights.unmatched
 
 
-def _diffusers(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
-    import diffusers.loaders.lora_pipeline as lora_pipeline
-
-    mixin = getattr(lora_pipeline, model.tools.diffusers_loader) if model.tools else None
-    if mixin is None:
-        raise ValueError(f"no diffusers LoRA loader is known for {model.class_name}")
-    converted = mixin.lora_state_dict({key: value.clone() for key, value in tensors.items()})
-    config = {}
-    raw = metadata.get("lora_adapter_metadata")
-    if raw:  # load_lora_adapter builds peft's LoraConfig from the "transformer." entries
-        config = {key.removeprefix("transformer."): value for key, value in json.loads(raw).items()
-                  if key.startswith("transformer.")}
-    factors: dict[str, dict[str, torch.Tensor]] = {}
-    unloaded = []
-    for key, tensor in converted.items():
-        match = re.match(r"^transformer\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$", key)
-        if match is None:
-            unloaded.append(key)
-            continue
-        factors.setdefault(match["module"], {})[match["part"]] = tensor
-    applied = {}
-    for module, parts in factors.items():
-        if set(parts) != {"A", "B"}:
-            unloaded.append(module)
-            continue
-        rank = parts["A"].shape[0]
-        alpha = float(config.get("alpha_pattern", {}).get(module, config.get("lora_alpha", rank)))
-        applied[module] = LoRALayer(parts["A"], parts["B"], alpha / rank)
-    return applied, unloaded
-
-
 _COMFY_FACTORS = ((".lora_up.weight", ".lora_down.weight"), ("_lora.up.weight", "_lora.down.weight"),
                   (".lora_B.weight", ".lora_A.weight"), (".lora.up.weight", ".lora.down.weight"),
                   (".lora_B", ".lora_A"), (".lora_linear_layer.up.weight", ".lora_linear_layer.down.weight"),
@@ -361,6 +330,9 @@ def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[s
     if model.tools is not None and model.tools.diffsynth_studio_loader == "bfl":
         return _diffsynth_studio_bfl(tensors, model)
     natives = model.native_names()
+    if model.tools is not None and model.tools.diffsynth_studio_loader == "native_or_diffusers":
+        # Its Krea 2 loader renames diffusers' names under transformer. (Krea's LoRA releases) to its own.
+        natives.update({f"transformer.{name}": name for name in natives.values()})
     applied, used = {}, set()
     for key in tensors:
         up_part, down_part = ("lora_up", "lora_down") if ".lora_up." in key else ("lora_B", "lora_A")
@@ -487,5 +459,5 @@ def _diffsynth_studio_bfl(tensors: Mapping[str, torch.Tensor], model: _Model) ->
     return applied, sorted(key for key in tensors if key not in used)
 
 
-_EMULATIONS.update({"diffsynth": _diffsynth, "diffusers": _diffusers, "ComfyUI": _comfyui,
+_EMULATIONS.update({"diffsynth": _diffsynth, "diffusers": diffusers_layers, "ComfyUI": _comfyui,
                     "DiffSynth-Studio": _diffsynth_studio, "musubi-tuner": _musubi})

@@ -13,6 +13,7 @@ from .registry import register_traits
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".flux": ("FluxPipeline",), ".flux2_klein": ("Flux2KleinPipeline",), ".ltx2": ("LTX2AudioVideoPipeline",),
     ".qwen_image": ("QwenImagePipeline",),
+    ".stable_diffusion": ("StableDiffusionPipeline", "StableDiffusionXLPipeline"),
     ".wan_video": ("WanVideoPipeline",), ".z_image": ("ZImagePipeline",),
 })
 
@@ -21,10 +22,11 @@ if TYPE_CHECKING:
     from .flux2_klein import Flux2KleinPipeline
     from .ltx2 import LTX2AudioVideoPipeline
     from .qwen_image import QwenImagePipeline
+    from .stable_diffusion import StableDiffusionPipeline, StableDiffusionXLPipeline
     from .wan_video import WanVideoPipeline
     from .z_image import ZImagePipeline
 
 register_traits()
 
-__all__ = ["Flux2KleinPipeline", "FluxPipeline", "LTX2AudioVideoPipeline", "QwenImagePipeline", "WanVideoPipeline",
-           "ZImagePipeline"]
+__all__ = ["Flux2KleinPipeline", "FluxPipeline", "LTX2AudioVideoPipeline", "QwenImagePipeline",
+           "StableDiffusionPipeline", "StableDiffusionXLPipeline", "WanVideoPipeline", "ZImagePipeline"]

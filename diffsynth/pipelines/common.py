@@ -15,7 +15,7 @@ from PIL import Image
 from ..core.data.cells import integer, positive_integer, real, text
 from ..core.device import resolve_device
 from ..core.files import atomic_write
-from ..core.loader import ModelConfig, ModelLoadError, resolve_files
+from ..core.loader import ModelConfig, ModelLoadError, load_tokenizer, resolve_files
 from ..diffusion.base_pipeline import BasePipeline, PipelineUnit
 from ..diffusion.flow_match import FlowMatchScheduler
 from .registry import scheduler_preset
@@ -113,6 +113,13 @@ def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, ran
     generator = None if seed is None else torch.Generator(rand_device).manual_seed(seed)
     noise = torch.randn(shape, generator=generator, device=rand_device, dtype=pipe.torch_dtype)
     return noise.to(pipe.device)
+
+
+def prompt_only_problems(title: str, inputs: set[str]) -> list[str]:
+    """``sample_input_problems`` of a family that renders from the prompt alone (no condition images)."""
+    reasons = {"input_image": "is for Wan image-to-video", "edit_image": "is for the editing families"}
+    return [f'"{name}" {reason}; {title} renders from the prompt alone'
+            for name, reason in reasons.items() if name in inputs]
 
 
 def scheduler_from_preset(name: str, **overrides: Any) -> FlowMatchScheduler:
@@ -324,6 +331,55 @@ class ScaledLatentPipeline(TextToLatentPipeline):
         latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
         images = self.vae.decode(latents, return_dict=False)[0]
         return (images / 2 + 0.5).clamp(0, 1)
+
+
+class SecondTokenizerPipeline(BasePipeline):
+    """A pipeline with a second text encoder (``text_encoder_2``) whose tokenizer is ``tokenizer_2``: FLUX.1's T5,
+    SDXL's OpenCLIP. It is loaded beside that encoder: the ``tokenizer_2_config`` option (``--tokenizer_2_path``),
+    else ``tokenizer_2/`` of the encoder's repository, else ``default_tokenizer_2_config``.
+
+    Mixed in before the pipeline's base class; ``_after_load`` is the one of ``from_pretrained``.
+    """
+
+    #: Where the second tokenizer comes from when neither the option nor the encoder's repository says.
+    default_tokenizer_2_config: ModelConfig | None = None
+    load_options = ("tokenizer_2_config",)
+    extra_attributes = {"tokenizer_2": None}
+
+    def _after_load(self, tokenizer_2_config: ModelConfig | None = None) -> None:
+        """Loads the second tokenizer beside the second text encoder.
+
+        Args:
+            tokenizer_2_config: Its folder (``--tokenizer_2_path``); default: ``tokenizer_2/`` of the second text
+                encoder's repository, else the pipeline's default. (``tokenizer_config`` is the first tokenizer's,
+                the reference's ``--tokenizer_1_path``.)
+        """
+        super()._after_load()
+        config = self._second_tokenizer(self.model_configs, tokenizer_2_config)
+        if config is not None:
+            self.tokenizer_2 = load_tokenizer(config)
+            self.model_configs["tokenizer_2"] = config
+
+    @classmethod
+    def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
+                          inputs: Sequence[str] = (), **options: Any) -> list[ModelConfig]:
+        """The first tokenizer as in ``BasePipeline``, plus the second (``tokenizer_2_config`` among ``options``)."""
+        roles = cls.config_roles(model_configs)
+        second = cls._second_tokenizer(roles, options.get("tokenizer_2_config"))
+        return [*cls._companions(roles, tokenizer_config).values(), *([second] if second is not None else [])]
+
+    @classmethod
+    def _second_tokenizer(cls, roles: dict[str, ModelConfig], tokenizer_2_config: ModelConfig | None
+                          ) -> ModelConfig | None:
+        """The second tokenizer's folder when the second text encoder is loaded; see the class docstring."""
+        text_encoder_2 = roles.get("text_encoder_2")
+        if text_encoder_2 is None:
+            return None
+        if tokenizer_2_config is not None:
+            return tokenizer_2_config
+        if text_encoder_2.model_id is not None:
+            return ModelConfig(model_id=text_encoder_2.model_id, origin_file_pattern="tokenizer_2/")
+        return cls.default_tokenizer_2_config
 
 
 def load_if_on_disk(config: ModelConfig | None, load: Callable[[ModelConfig], Any]) -> Any:

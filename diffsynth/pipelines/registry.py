@@ -74,7 +74,8 @@ class LoraTools:
         comfyui_key_map: Which of ComfyUI's LoRA key maps the model gets: ``"native"`` (``diffusion_model.`` and
             ``lora_unet_`` names), ``"native_bare"`` (also the bare and ``transformer.`` names), ``"lumina2"`` (the
             Lumina2/NextDiT map) or ``"bfl"`` (the map onto BFL's fused layout).
-        diffsynth_studio_loader: ``"native"`` (keys under the native names) or ``"bfl"`` (its loader for BFL-layout
+        diffsynth_studio_loader: ``"native"`` (keys under the native names), ``"native_or_diffusers"`` (also
+            diffusers' names under ``transformer.``, which it renames: Krea 2) or ``"bfl"`` (its loader for BFL-layout
             models, which renames and fuses).
     """
 
@@ -85,8 +86,9 @@ class LoraTools:
     def __post_init__(self) -> None:
         if self.comfyui_key_map not in ("native", "native_bare", "lumina2", "bfl"):
             raise ValueError(f"comfyui_key_map={self.comfyui_key_map!r} must be native, native_bare, lumina2 or bfl")
-        if self.diffsynth_studio_loader not in ("native", "bfl"):
-            raise ValueError(f"diffsynth_studio_loader={self.diffsynth_studio_loader!r} must be native or bfl")
+        if self.diffsynth_studio_loader not in ("native", "native_or_diffusers", "bfl"):
+            raise ValueError(f"diffsynth_studio_loader={self.diffsynth_studio_loader!r} must be native, "
+                             "native_or_diffusers or bfl")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class FamilySpec:
             trainer's config says what it does with each).
         example_folder: Its ``examples/<folder>/model_training`` folder (the reference's scripts).
         docs_page: Its page under ``docs/en/``.
+        block_swap: Whether ``--blocks_to_swap`` applies to its denoiser (a sequence of blocks ``find_block_sequence``
+            finds); False for a UNet, which the trainer then refuses block swap for by name.
     """
 
     name: str
@@ -146,6 +150,7 @@ class FamilySpec:
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     reference_flags: tuple[str, ...] = ()
     other_denoiser_classes: tuple[str, ...] = ()
+    block_swap: bool = True
 
     def __post_init__(self) -> None:
         # The room's own modules by convention: planning.py and naming.py beside the spec.

@@ -14,8 +14,11 @@ from typing import Any
 
 from .tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_PATTERNS
 from .tiny_flux2 import FLUX2_KLEIN_4B_MODEL_ID, FLUX2_KLEIN_BASE_4B_MODEL_ID, FLUX2_PATTERNS
+from .tiny_ernie_image import ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS
+from .tiny_krea2 import KREA2_MODELS, KREA2_RAW_MODEL_ID, KREA2_TOKENIZER
 from .tiny_ltx2 import LTX2_MODEL_ID, LTX2_PATTERNS
 from .tiny_models import QWEN_IMAGE_MODEL_ID, QWEN_IMAGE_PATTERNS
+from .tiny_stable_diffusion import SD15_MODEL_ID, SD15_PATTERNS
 from .tiny_wan import WAN_MODEL_ID, WAN_PATTERNS
 from .tiny_z_image import Z_IMAGE_PATTERNS, Z_IMAGE_TURBO_MODEL_ID
 
@@ -41,6 +44,8 @@ class TinyFamily:
             where ours is another one by design (Wan's UniPC).
         lora_tolerance: How far an offloaded or block-swapped run's LoRA may lie from the plain one.
         split_tolerance: How far the split run's LoRA may lie from the one-stage one.
+        denoiser: The pipeline slot of the denoiser (``--lora_base_model``): ``dit``, or a UNet family's ``unet``.
+        diffusers_denoiser: The attribute of diffusers' pipeline that holds it (``transformer`` or ``unet``).
     """
 
     name: str
@@ -57,6 +62,8 @@ class TinyFamily:
     diffusers_scheduler: bool = False
     lora_tolerance: float = 1e-6
     split_tolerance: float = 1e-6
+    denoiser: str = "dit"
+    diffusers_denoiser: str = "transformer"
 
     @property
     def model_flag(self) -> str:
@@ -65,7 +72,7 @@ class TinyFamily:
 
     def encoders_flag(self) -> str:
         """``--model_id_with_origin_paths`` of every model but the denoiser (a split run's first stage)."""
-        return ",".join(entry for slot, entry in self.models.items() if slot != "dit")
+        return ",".join(entry for slot, entry in self.models.items() if slot != self.denoiser)
 
 
 def _entries(model_id: str, patterns: Mapping[str, str], slots: tuple[str, ...]) -> dict[str, str]:
@@ -112,6 +119,28 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         lora_tolerance=1e-5,
     ),
     TinyFamily(
+        name="ernie_image",
+        model_id=ERNIE_IMAGE_MODEL_ID,
+        models=_entries(ERNIE_IMAGE_MODEL_ID, ERNIE_IMAGE_PATTERNS, ("dit", "text_encoder", "vae")),
+        diffusers_pipeline="ErnieImagePipeline",
+        lora_targets="to_q,to_k,to_v,to_out.0",
+        call={"cfg_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+    ),
+    TinyFamily(
+        name="krea2",
+        model_id=KREA2_RAW_MODEL_ID,
+        # The released single file and Qwen3-VL's own repo, as the reference's scripts name them; diffusers reads the
+        # repo's folders.
+        models=KREA2_MODELS[KREA2_RAW_MODEL_ID],
+        diffusers_pipeline="Krea2Pipeline",
+        # The reference's own module names.
+        lora_targets="wq,wk,wv,gate,wo,up,down,first,tmlp.0,tmlp.2,projector,txtmlp.1,txtmlp.3,last.linear,tproj.1",
+        call={"cfg_scale": 4.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        diffusers_call={"guidance_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+        train_flags=("--tokenizer_path", KREA2_TOKENIZER),
+    ),
+    TinyFamily(
         name="ltx2",
         model_id=LTX2_MODEL_ID,
         models=_entries(LTX2_MODEL_ID, LTX2_PATTERNS,
@@ -137,6 +166,23 @@ TINY_FAMILIES: dict[str, TinyFamily] = {family.name: family for family in (
         lora_targets="to_q,to_k,to_v,add_q_proj,to_out.0,img_mlp.net.2,txt_mod.1",
         call={"cfg_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
         diffusers_call={"true_cfg_scale": 3.5, "negative_prompt": "blurry", **IMAGE_SIZE},
+    ),
+    TinyFamily(
+        name="stable_diffusion",
+        model_id=SD15_MODEL_ID,
+        models=_entries(SD15_MODEL_ID, SD15_PATTERNS, ("unet", "text_encoder", "vae")),
+        diffusers_pipeline="StableDiffusionPipeline",
+        # The Linear layers of the UNet's attention blocks. (Its resnets' time_emb_proj LoRAs, whose gradients are
+        # near zero in places, come out of an offloaded run up to 2.4e-4 away after three Adam steps, measured, with
+        # losses equal to 1e-7: Adam's normalisation scales last-bit differences up.)
+        lora_targets="to_q,to_k,to_v,to_out.0,ff.net.2",
+        call={"cfg_scale": 5.0, "negative_prompt": "blurry", "height": 32, "width": 32},
+        diffusers_call={"guidance_scale": 5.0, "negative_prompt": "blurry", "height": 32, "width": 32},
+        denoiser="unet",
+        diffusers_denoiser="unet",
+        # The attention LoRAs of an offloaded or split run lie up to about 5e-6 from the plain one (measured).
+        lora_tolerance=1e-5,
+        split_tolerance=1e-5,
     ),
     TinyFamily(
         name="wan_video",

@@ -128,6 +128,28 @@ def _save_single_file(state_dict: dict, path: Path) -> None:
     save_file({key: tensor.contiguous() for key, tensor in state_dict.items()}, str(path), metadata={"format": "pt"})
 
 
+def write_clip(folder: Path, hidden_size: int, seed: int, suffix: str = "", with_projection: bool = False) -> None:
+    """Writes the tiny CLIP tokenizer to ``folder/tokenizer<suffix>`` and a random CLIP text encoder of
+    ``hidden_size`` (two layers) to ``folder/text_encoder<suffix>/model.safetensors``, its tensors named as released:
+    a ``CLIPTextModel``'s ``text_model.*``, or with ``with_projection`` a ``CLIPTextModelWithProjection`` (SDXL's
+    second encoder), which transformers saves under those names itself."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    tokenizer = build_clip_tokenizer()
+    tokenizer.save_pretrained(folder / f"tokenizer{suffix}")
+    with seeded(seed):
+        clip = (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(CLIPTextConfig(
+            vocab_size=padded(len(tokenizer)), hidden_size=hidden_size, intermediate_size=48,
+            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
+            hidden_act="quick_gelu", projection_dim=hidden_size, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        ))  # fmt: skip
+    # A shard limit above the model's size keeps it in the one model.safetensors the reference's pattern names.
+    clip.save_pretrained(folder / f"text_encoder{suffix}", max_shard_size="1GB")
+    if not with_projection:
+        _prefix_keys(folder / f"text_encoder{suffix}" / "model.safetensors", CLIP_RELEASED_PREFIX)
+
+
 def _prefix_keys(path: Path, prefix: str) -> None:
     """Rewrites a safetensors file with ``prefix`` before every key."""
     from safetensors.torch import load_file
@@ -138,20 +160,9 @@ def _prefix_keys(path: Path, prefix: str) -> None:
 def _write_shared(folder: Path, seed: int) -> None:
     """Writes the tokenizers, text encoders and VAE (``vae/`` and ``ae.safetensors``) into ``folder``."""
     from diffusers import AutoencoderKL
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel
 
-    tokenizer = build_clip_tokenizer()
-    tokenizer.save_pretrained(folder / "tokenizer")
-    with seeded(seed + _CLIP):
-        clip = CLIPTextModel(CLIPTextConfig(
-            vocab_size=padded(len(tokenizer)), hidden_size=CLIP_HIDDEN_SIZE, intermediate_size=48,
-            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
-            hidden_act="quick_gelu", projection_dim=CLIP_HIDDEN_SIZE, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        ))  # fmt: skip
-    # A shard limit above the model's size keeps it in the one model.safetensors the reference's pattern names.
-    clip.save_pretrained(folder / "text_encoder", max_shard_size="1GB")
-    _prefix_keys(folder / "text_encoder" / "model.safetensors", CLIP_RELEASED_PREFIX)
+    write_clip(folder, CLIP_HIDDEN_SIZE, seed + _CLIP)
     t5_tokenizer = build_t5_tokenizer()
     t5_tokenizer.save_pretrained(folder / "tokenizer_2")
     with seeded(seed + _T5):

@@ -37,6 +37,8 @@ from .tiny_flux import (
 )
 from .tiny_flux2 import FLUX2_BUILDERS
 from .tiny_flux2_dev import build_tiny_flux2_dev
+from .tiny_ernie_image import ERNIE_IMAGE_BUILDERS
+from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
 from .tiny_ltx23 import LTX23_BUILDERS
@@ -61,8 +63,10 @@ from .tiny_wan import (
     build_tiny_wan,
     build_tiny_wan_i2v,
 )
+from .tiny_wan_animate import WAN_ANIMATE_BUILDERS
 from .tiny_wan_flf2v import WAN_FLF2V_BUILDERS
 from .tiny_wan_vace import WAN_VACE_BUILDERS
+from .tiny_stable_diffusion import STABLE_DIFFUSION_BUILDERS
 from .tiny_z_image import Z_IMAGE_BUILDERS
 
 # The Wan and FLUX.1 names are re-exported: tests and scripts import every tiny repo's id and patterns from here.
@@ -273,13 +277,17 @@ BUILDERS = {
     **WAN_BUILDERS,
     **WAN_FLF2V_BUILDERS,
     **WAN_VACE_BUILDERS,
+    **WAN_ANIMATE_BUILDERS,
     **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
     "flux2_dev": build_tiny_flux2_dev,
     **Z_IMAGE_BUILDERS,
+    **STABLE_DIFFUSION_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,
+    **KREA2_BUILDERS,
+    **ERNIE_IMAGE_BUILDERS,
 }
 
 

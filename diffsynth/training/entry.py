@@ -25,9 +25,11 @@ from .config.parsers import ParsedFlags, read_flags
 from .config.training import optimizer_placement_problems
 from .exit_codes import debug_requested
 from .loop import launch_data_process_task, launch_training_task
+from .machines import ProcessWatch, agreement_problems, gather_identities
 from .objective.training_module import DiffusionTrainingModule
-from .outputs import ModelLogger, OutputClaim, claim_output_folder, load_training_state
+from .outputs import ModelLogger, OutputClaim, claim_output_folder
 from .outputs.initial_weights import load_initial_weights
+from .outputs.separate_disks import training_state_for_every_process
 from .placement.deepspeed import deepspeed_config, match_gradient_clipping
 from .placement.quant_options import quant_package_problems
 from .startup import build_dataset, build_training_module, build_validation_dataset, check_inputs_used, load_pipeline
@@ -64,8 +66,10 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     if missing:
         raise FlagError(missing)
     accelerator = make_accelerator(config.training)
-    if problems := launch_problems(config, accelerator):
+    identities = gather_identities(config, accelerator)  # every machine runs this code with these flags, or none
+    if problems := [*agreement_problems(identities), *launch_problems(config, accelerator)]:
         raise FlagError(problems)
+    ProcessWatch.start(identities, accelerator.process_index)
     if (zero_config := deepspeed_config(accelerator)) is not None:
         match_gradient_clipping(zero_config, config.training.max_grad_norm)  # an auto norm becomes the flag's
     claim = claim_output_folder(config, accelerator, pipeline_class.lora_target_aliases)
@@ -141,7 +145,8 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
     of ``validation_set``, when given)."""
     resume = None
     if claim.checkpoint is not None:
-        trainable, optimizer_state, scheduler_state, progress = load_training_state(claim.checkpoint)
+        trainable, optimizer_state, scheduler_state, progress = training_state_for_every_process(
+            claim.checkpoint, accelerator, claim.shared)
         try:
             module.load_trainable_state_dict(trainable)
         except ValueError as error:
@@ -150,7 +155,8 @@ def train(accelerator: Any, dataset: Any, module: DiffusionTrainingModule, confi
         logger.info("resuming from %s (optimizer step %d)", claim.checkpoint, progress["global_step"])
     model_logger = ModelLogger.from_config(config, is_main_process=accelerator.is_main_process,
                                            lora_metadata=module.lora_config or None,
-                                           resume_step=resume[2]["global_step"] if resume else None)
+                                           resume_step=resume[2]["global_step"] if resume else None,
+                                           aligned_lora_layout=type(module.pipe).aligned_lora_layout)
 
     def record_run() -> None:
         model_logger.save_training_args({**config.to_flags(), "run_id": claim.run_id})

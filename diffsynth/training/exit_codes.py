@@ -4,7 +4,8 @@
 Code    Meaning
 ======  ==========================================================================================================
 0       The stage finished.
-1       Any other error (a bug, out of memory, a lost process): read the traceback.
+1       Any other error (a bug, out of memory): read the traceback. A process that lost another process of the run
+        (killed, crashed, its machine gone) prints one line naming it instead (:mod:`.machines.watch`).
 2       The flags or the input (dataset, stage-1 cache, model files, a checkpoint to resume from, the output folder)
         need fixing; argparse's convention. A checkpoint of another launch (process count, batch size,
         accumulation) or at the end of its run (a resume would train nothing) is refused with it too.
@@ -50,6 +51,7 @@ from ..core.loader.errors import ModelConfigError, ModelFilesNotFoundError, Mode
 from .config.errors import FlagError
 from .loop.nonfinite_guard import TrainingDivergedError
 from .loop.preemption import RunPreempted
+from .machines.watch import lost_process_line
 from .outputs.checkpoint import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,10 @@ def report_error(error: BaseException, debug: bool = False) -> None:
     code = exit_code_for(error)
     if isinstance(error, KeyboardInterrupt) and not debug:
         print("aborted by a second Ctrl-C: nothing was saved since the last checkpoint", file=sys.stderr, flush=True)
+        return
+    lost = None if debug else lost_process_line(error)
+    if lost is not None:  # the communication library's traceback names a socket; this names the process
+        print(lost, file=sys.stderr, flush=True)
         return
     if debug or not is_users_to_fix(error):
         traceback.print_exception(error)

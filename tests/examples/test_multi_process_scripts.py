@@ -22,6 +22,8 @@ from safetensors.torch import load_file
 from diffsynth.core.data.example_dataset import build_example_dataset, build_example_video_dataset
 from diffsynth.training.config.parsers import build_parser
 
+from tests.launching import free_port
+
 from .test_scripts import REPO, launch_commands, trainer_argv
 
 IMAGE_SIZES = {"--num_epochs": "1", "--dataset_repeat": "1", "--max_pixels": "4096", "--height": "32", "--width": "32"}
@@ -78,7 +80,8 @@ def test_the_script_trains_on_two_processes_under_the_users_accelerate_config(sc
         assert "--config_file" not in words  # the user's default config decides the process count
         argv = small(argv, SCRIPTS[script])
         draw_dataset(argv, video)
-        done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", str(train_py), *argv], env=env,
+        done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--main_process_port",
+                               str(free_port()), str(train_py), *argv], env=env,
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(tmp_path / argv[argv.index("--output_path") + 1])

@@ -130,9 +130,6 @@ REFUSED = {
     "Wan2.1-1.3b-speedcontrol-v1": (
         refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
-    "Wan2.2-Animate-14B": (refused(wan_files("Wan-AI/Wan2.2-Animate-14B", clip=True), "--trainable_models",
-                                   "animate_adapter", "--extra_inputs",
-                                   "input_image,animate_pose_video,animate_face_video"), "Wan2.2-Animate"),
     "Wan2.2-Animate-2-14B": (refused(ANIMATE_2, "--extra_inputs", "animate2_prompt_ref,animate2_reference_image,"
                                      "animate2_reference_video", "--task", "sft:data_process"), "Wan2.2-Animate"),
     "Wan2.2-Animate-2-14B-Distilled": (

@@ -7,8 +7,10 @@ fine-tune of ``vace`` changes the VACE blocks and nothing else.
 
 from __future__ import annotations
 
+import functools
 import json
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,18 +30,21 @@ from .test_wan_scripts import VIDEO, WAN, small
 SIZES = {**VIDEO, "--num_frames": "5"}
 
 
-def run_vace_script(relative: str, changes: dict[str, str] | None = None) -> list[dict]:
-    """Runs every launch command of a VACE script in this process, drawing its dataset where it names one."""
+def run_vace_script(relative: str, changes: dict[str, str] | None = None, sizes: dict[str, str] = SIZES,
+                    build: Callable[[str], Path] = functools.partial(build_vace_example_dataset, num_videos=1,
+                                                                     num_frames=6, size=(48, 32))) -> list[dict]:
+    """Runs every launch command of a Wan control script in this process at ``sizes``, drawing its dataset with
+    ``build`` (default: a VACE one) where it names one."""
     results = []
     for words in launch_commands((WAN / relative).read_text()):
         train_py, argv = trainer_argv(words)
         assert train_py == WAN / "train.py"
         changes = changes or {}
-        argv = small(small(argv, SIZES), changes)
+        argv = small(small(argv, sizes), changes)
         argv += [word for key, value in changes.items() if key not in argv for word in (key, value)]
         args = build_parser(video=True).parse_args(argv)
-        if not Path(args.dataset_metadata_path).is_file():
-            build_vace_example_dataset(args.dataset_base_path, num_videos=1, num_frames=6, size=(48, 32))
+        if args.dataset_metadata_path and not Path(args.dataset_metadata_path).is_file():
+            build(args.dataset_base_path)
         try:
             results.append(trainer.main(WanVideoPipeline, argv, video=True))
         finally:

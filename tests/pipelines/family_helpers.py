@@ -11,6 +11,8 @@ from diffsynth.pipelines.registry import family
 from diffsynth.testing.families import TinyFamily, tiny_family
 from diffsynth.training import entry
 from diffsynth.training.config.parsers import HELP_HINT
+from tests.conftest import reset_accelerate_state
+from tests.training.conftest import lora
 
 PROMPT = "a red cube on a blue table"
 STEPS = 3
@@ -107,3 +109,77 @@ def noised_input_image(pipe, prompt=PROMPT) -> tuple[torch.Tensor, dict]:
     expected = (1 - sigma) * shared["input_latents"] + sigma * shared["noise"]
     assert torch.allclose(shared["latents"], expected, atol=1e-6)
     return sigma, shared
+
+
+class Runs:
+    """The trainer's runs of one family, each run once: ``runs.lora(name, *flags)`` is its output folder.
+
+    ``lora_base_model`` is the model (or model part, such as Wan VACE's ``vace``) the LoRA runs train, saved without
+    its ``pipe.<name>.`` prefix; by default the row's denoiser.
+    """
+
+    def __init__(self, spec, tiny, data, folder, tiny_root, lora_base_model=None):
+        self.spec, self.tiny, self.data, self.folder, self.tiny_root = spec, tiny, data, folder, tiny_root
+        self.lora_base_model = lora_base_model or tiny.denoiser
+        self.results = {}
+
+    def lora_flags(self):
+        return ["--lora_base_model", self.lora_base_model, "--remove_prefix_in_ckpt", f"pipe.{self.lora_base_model}.",
+                "--lora_target_modules", self.tiny.lora_targets, "--lora_rank", "4"]
+
+    def argv(self, output, dataset, models, *extra):
+        return ["--dataset_base_path", str(dataset), "--model_id_with_origin_paths", models, "--torch_dtype",
+                "float32", "--seed", "3", "--learning_rate", "1e-3", "--height", "32", "--width", "32",
+                "--use_gradient_checkpointing", "--num_epochs", "1", *self.tiny.train_flags, "--output_path",
+                str(output), *extra]
+
+    def run(self, name, argv):
+        if name not in self.results:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(self.tiny_root))
+                try:
+                    self.results[name] = entry.main(self.spec.pipeline_class(), argv, video=self.spec.video)
+                finally:
+                    reset_accelerate_state()
+        return self.results[name]
+
+    def lora(self, name, *extra):
+        """A one-stage LoRA run with ``extra`` flags; returns its output folder."""
+        output = self.folder / name
+        self.run(name, self.argv(output, self.data, self.tiny.model_flag, *self.lora_flags(), "--dataset_metadata_path",
+                                 str(self.data / "metadata.csv"), *extra))
+        return output
+
+    def full(self):
+        output = self.folder / "full"
+        denoiser = self.tiny.denoiser
+        result = self.run("full", self.argv(output, self.data, self.tiny.model_flag, "--trainable_models", denoiser,
+                                            "--remove_prefix_in_ckpt", f"pipe.{denoiser}.", "--dataset_metadata_path",
+                                            str(self.data / "metadata.csv")))
+        return output, result
+
+    def split(self, stage_one_models=None):
+        """The split run: stage one caches the encoders' outputs, stage two trains from the cache alone.
+
+        ``stage_one_models`` (``--model_id_with_origin_paths``) defaults to every model but the denoiser; a model whose
+        inputs depend on the denoiser's config (Wan Fun) loads it in stage one too, frozen.
+        """
+        cache, output = self.folder / "cache", self.folder / "split"
+        models = stage_one_models or self.tiny.encoders_flag()
+        stage_one = self.run("stage_one", self.argv(cache, self.data, models, *self.lora_flags(),
+                                                    "--dataset_metadata_path", str(self.data / "metadata.csv"),
+                                                    "--task", "sft:data_process"))
+        self.run("stage_two", self.argv(output, cache, self.tiny.models[self.tiny.denoiser], *self.lora_flags(),
+                                        "--task", "sft:train"))
+        return stage_one, output
+
+
+def lora_file(output):
+    """The tensors of a run's ``epoch-0`` LoRA file."""
+    return lora(output, "epoch-0")
+
+
+# The placements that must give the plain run's LoRA, as flags of a family's TinyFamily row.
+PLACEMENTS = {"offload": lambda tiny: ["--enable_model_cpu_offload"],
+              "block_swap": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap)],
+              "h2d_streaming": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap + 1), "--block_swap_h2d_only"]}

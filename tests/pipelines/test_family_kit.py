@@ -8,7 +8,7 @@ Per family, on its tiny repo (``diffsynth.testing.families``, one ``TinyFamily``
   plain LoRA; the split run (``sft:data_process`` then ``sft:train``) gives the one-stage LoRA (slow);
 - LoRA names: the trained file reads with the family's diffusers LoRA loader and loads fully into diffusers'
   pipeline, changing its output (slow);
-- the planner: its table for the tiny files and for every release without files (slow;
+- the planner: its table for the tiny files and for each kind of release without files (slow;
   ``test_family_kit_planner.py``, a module of its own so that a test worker plans while another trains);
 - refusals: each ``refused_model_ids`` prefix stops the trainer before loading, with its reason.
 
@@ -25,13 +25,15 @@ from diffsynth.core.data.example_dataset import build_example_dataset, build_exa
 from diffsynth.diffusion.flow_match import DiffusersScheduler
 from diffsynth.testing.families import TINY_FAMILIES, tiny_family
 from tests.pipelines.conftest import FAMILIES
-from diffsynth.training import entry
-from tests.conftest import reset_accelerate_state
-from tests.training.conftest import lora, max_difference
+from diffsynth.training.config.errors import FlagError
+from tests.training.conftest import max_difference
 from tests.pipelines.family_helpers import (
+    PLACEMENTS,
+    Runs,
     assert_same_output,
     load_ours,
     load_theirs,
+    lora_file,
     refused_before_loading,
     render_ours,
     render_theirs,
@@ -66,7 +68,8 @@ def test_every_model_lands_in_its_slot(spec, tiny, ours):
         assert isinstance(model, torch.nn.Module), f"{slot} is {model!r}"
         assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}, slot
     assert set(tiny.models) <= set(ours.model_names())
-    assert type(ours.dit).__name__ == spec.denoiser_class
+    assert type(getattr(ours, tiny.denoiser)).__name__ == spec.denoiser_class
+    assert spec.pipeline_class().denoising_model_names[0] == tiny.denoiser
 
 
 @pytest.mark.slow  # diffusers' whole pipeline
@@ -92,63 +95,9 @@ def data(tiny, tmp_path_factory):
     return folder
 
 
-class Runs:
-    """The trainer's runs of one family, each run once: ``runs.output(name, *flags)`` is its output folder."""
-
-    def __init__(self, spec, tiny, data, folder, tiny_root):
-        self.spec, self.tiny, self.data, self.folder, self.tiny_root = spec, tiny, data, folder, tiny_root
-        self.results = {}
-
-    def lora_flags(self):
-        return ["--lora_base_model", "dit", "--lora_target_modules", self.tiny.lora_targets, "--lora_rank", "4"]
-
-    def argv(self, output, dataset, models, *extra):
-        return ["--dataset_base_path", str(dataset), "--model_id_with_origin_paths", models, "--torch_dtype",
-                "float32", "--seed", "3", "--learning_rate", "1e-3", "--height", "32", "--width", "32",
-                "--use_gradient_checkpointing", "--remove_prefix_in_ckpt", "pipe.dit.", "--num_epochs", "1",
-                *self.tiny.train_flags, "--output_path", str(output), *extra]
-
-    def run(self, name, argv):
-        if name not in self.results:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv("DIFFSYNTH_MODEL_BASE_PATH", str(self.tiny_root))
-                try:
-                    self.results[name] = entry.main(self.spec.pipeline_class(), argv, video=self.spec.video)
-                finally:
-                    reset_accelerate_state()
-        return self.results[name]
-
-    def lora(self, name, *extra):
-        """A one-stage LoRA run with ``extra`` flags; returns its output folder."""
-        output = self.folder / name
-        self.run(name, self.argv(output, self.data, self.tiny.model_flag, *self.lora_flags(), "--dataset_metadata_path",
-                                 str(self.data / "metadata.csv"), *extra))
-        return output
-
-    def full(self):
-        output = self.folder / "full"
-        result = self.run("full", self.argv(output, self.data, self.tiny.model_flag, "--trainable_models", "dit",
-                                            "--dataset_metadata_path", str(self.data / "metadata.csv")))
-        return output, result
-
-    def split(self):
-        """The split run: stage one caches the encoders' outputs, stage two trains from the cache alone."""
-        cache, output = self.folder / "cache", self.folder / "split"
-        stage_one = self.run("stage_one", self.argv(cache, self.data, self.tiny.encoders_flag(), *self.lora_flags(),
-                                                    "--dataset_metadata_path", str(self.data / "metadata.csv"),
-                                                    "--task", "sft:data_process"))
-        self.run("stage_two", self.argv(output, cache, self.tiny.models["dit"], *self.lora_flags(), "--task",
-                                        "sft:train"))
-        return stage_one, output
-
-
 @pytest.fixture(scope="module")
 def runs(spec, tiny, data, tmp_path_factory, tiny_root):
     return Runs(spec, tiny, data, tmp_path_factory.mktemp(f"{spec.name}_runs"), tiny_root)
-
-
-def lora_file(output):
-    return lora(output, "epoch-0")
 
 
 def up_factors(weights):
@@ -164,21 +113,21 @@ def test_a_lora_step_trains_the_denoiser(runs):
 
 
 @pytest.mark.slow
-def test_a_full_step_updates_every_weight_of_the_denoiser(runs, ours):
+def test_a_full_step_updates_every_weight_of_the_denoiser(runs, tiny, ours):
     output, result = runs.full()
-    saved, original = lora_file(output), ours.dit.state_dict()
+    saved, original = lora_file(output), getattr(ours, tiny.denoiser).state_dict()
     assert result["global_step"] > 0 and set(saved) == set(original)
     assert max((saved[key] - original[key]).abs().max().item() for key in original) > 1e-4
 
 
-PLACEMENTS = {"offload": lambda tiny: ["--enable_model_cpu_offload"],
-              "block_swap": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap)],
-              "h2d_streaming": lambda tiny: ["--blocks_to_swap", str(tiny.blocks_to_swap + 1), "--block_swap_h2d_only"]}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_offload_and_block_swap_give_the_plain_lora(runs, tiny, placement):
+def test_offload_and_block_swap_give_the_plain_lora(spec, runs, tiny, placement):
+    if placement != "offload" and not spec.block_swap:
+        # A family without a block sequence (a UNet) is refused block swap by name, before anything loads.
+        with pytest.raises(FlagError, match=r"has no block list to swap; drop --blocks_to_swap"):
+            runs.lora(placement, *PLACEMENTS[placement](tiny))
+        return
     placed = runs.lora(placement, *PLACEMENTS[placement](tiny))
     assert max_difference(lora_file(placed), lora_file(runs.lora("plain"))) < tiny.lora_tolerance
 
@@ -204,13 +153,14 @@ def test_the_lora_names_load_in_diffusers(spec, tiny, runs, theirs):
     loader = getattr(diffusers.loaders, spec.lora_tools.diffusers_loader)
     state = loader.lora_state_dict(str(file))
     state = state[0] if isinstance(state, tuple) else state
-    assert len([key for key in state if "lora_B" in key or "lora_up" in key]) == layers
+    # The UNet loaders keep diffusers' older names for kohya files (``processor.to_q_lora.up.weight``).
+    assert len([key for key in state if "lora_B" in key or "lora_up" in key or key.endswith(".up.weight")]) == layers
     before = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
     try:
         warnings = load_lora_into_diffusers(theirs, file, "kit")
         # FLUX.1's pipeline says its text encoder has no LoRA keys: the file trains the transformer alone.
         assert [warning for warning in warnings if not warning.startswith("No LoRA keys associated to")] == []
-        loaded = [name for name, _ in theirs.transformer.named_parameters() if "lora_A" in name]
+        loaded = [name for name, _ in getattr(theirs, tiny.diffusers_denoiser).named_parameters() if "lora_A" in name]
         assert len(loaded) == layers
         with_lora = render_theirs(theirs, output=tiny.output, **tiny.diffusers_call)
     finally:
@@ -225,8 +175,8 @@ def test_each_refused_model_is_refused_with_its_reason(spec, tiny, tmp_path, mon
     if not spec.refused_model_ids:
         pytest.skip(f"{spec.name} refuses no model")
     for prefix, reason in spec.refused_model_ids.items():
-        models = ",".join([tiny.models["dit"], f"{prefix}:model.safetensors"])
+        models = ",".join([tiny.models[tiny.denoiser], f"{prefix}:model.safetensors"])
         problem = refused_before_loading(spec.pipeline_class(), [
-            "--dataset_base_path", "data", "--model_id_with_origin_paths", models, "--lora_base_model", "dit",
+            "--dataset_base_path", "data", "--model_id_with_origin_paths", models, "--lora_base_model", tiny.denoiser,
             *tiny.train_flags], tmp_path, capsys, video=spec.video)
         assert prefix in problem and reason in problem, problem

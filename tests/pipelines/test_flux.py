@@ -10,7 +10,7 @@ from PIL import Image
 from diffsynth.testing.tiny_flux import FLUX1_DEV_MODEL_ID, FLUX1_KONTEXT_MODEL_ID, FLUX1_KREA_MODEL_ID
 from diffsynth.pipelines.flux.pipeline import REFERENCE_TARGETS, kontext_size
 from diffsynth.testing.families import tiny_family
-from diffsynth.training.objective.training_module import resolve_lora_targets
+from diffsynth.training.objective.lora_targets import resolve_lora_targets
 from tests.pipelines.family_helpers import load_ours, load_theirs
 
 PROMPT = "a red cube on a blue table"

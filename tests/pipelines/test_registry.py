@@ -119,10 +119,13 @@ def test_two_families_may_not_claim_one_name(monkeypatch):
 def test_lookups_name_what_there_is():
     assert registry.family("wan_video").video
     assert registry.family_of_class("FluxTransformer2DModel").name == "flux"
-    assert registry.family_of_class("UNet2DConditionModel") is None
-    with pytest.raises(registry.FamilyNotFound, match="no family 'sdxl'; the families are flux, "):
+    assert registry.family_of_class("UNet2DConditionModel").name == "stable_diffusion"
+    assert registry.family_of_class("HunyuanVideoTransformer3DModel") is None
+    with pytest.raises(registry.FamilyNotFound, match="no family 'sdxl'; the families are ernie_image, flux, "):
         registry.family("sdxl")
-    with pytest.raises(registry.FamilyNotFound, match="choose one of flux, flux2-klein, ltx2, qwen-image, wan, z-image"):
+    with pytest.raises(registry.FamilyNotFound,
+                       match="choose one of ernie-image, flux, flux2-klein, krea2, ltx2, qwen-image, stable-diffusion, "
+                             "wan, z-image"):
         registry.family_of_plan_name("sdxl")
     with pytest.raises(ValueError, match="scheduler preset 'sdxl' is unknown"):
         registry.scheduler_preset("sdxl")

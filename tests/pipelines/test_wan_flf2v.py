@@ -93,6 +93,9 @@ def test_flf2v_reads_both_images_clip_tokens_in_order(flf2v):
     swapped = torch.cat([clip_feature[:, 17:], clip_feature[:, :17]], dim=1)
     assert (ours.model_fn(**inputs, clip_feature=clip_feature)
             - ours.model_fn(**inputs, clip_feature=swapped)).abs().max() > 1e-4  # the positions tell them apart
+    # One image's tokens (what a split run's first stage without the transformer caches) are refused by name.
+    with pytest.raises(ValueError, match="reads 34 CLIP tokens .*got 17: the cache of a --task sft:data_process run"):
+        ours.model_fn(**inputs, clip_feature=clip_feature[:, :17])
 
 
 def test_fun_inp_matches_diffusers_with_last_image_and_first_image_clip(fun_inp, monkeypatch, cfg_scale=4.0):

@@ -172,7 +172,7 @@ def test_bad_vace_input_is_refused_before_denoising(pipes, tiny_root):
 def test_vace_names_the_vace_modules_of_the_transformer_and_only_a_vace_one_has_them():
     from diffsynth.testing.tiny_wan import tiny_wan_transformer
     from diffsynth.testing.tiny_wan_vace import tiny_wan_vace_transformer
-    from diffsynth.training.objective.training_module import scoped_targets
+    from diffsynth.training.objective.lora_targets import scoped_targets
 
     vace = tiny_wan_vace_transformer(0)
     assert WanVideoPipeline.host_model("vace") == "dit"

@@ -19,6 +19,7 @@ from diffsynth.training import launch as launch_module
 from diffsynth.training.launch import failed_process_code
 from tests.docs.test_readme import code_blocks, section
 from tests.examples.test_scripts import REPO, launch_commands
+from tests.launching import free_port
 from tests.training.test_trainer import COMMON, TRAIN_PY, raw
 
 ACCELERATE = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -77,8 +78,8 @@ def test_the_diffsynth_launcher_prints_the_message_and_exits_with_its_code(case,
 
 def test_two_processes_print_one_message_and_no_traceback(tmp_path, tiny_root):
     flags, fragment, _ = missing_image(tmp_path)
-    code, output = launch(tmp_path, tiny_root, ["diffsynth.training.launch", "--multi_gpu", "--num_processes", "2"],
-                          flags)
+    code, output = launch(tmp_path, tiny_root, ["diffsynth.training.launch", "--multi_gpu", "--num_processes", "2",
+                                                "--main_process_port", str(free_port())], flags)
     assert code == 2 and "Traceback" not in output and "ChildFailedError" not in output, output[-3000:]
     assert output.count("error: metadata ") == 1 and FIX_HINT in output  # process 0's whole message, once
     assert f"launch: {TRAIN_PY} exited with code 2; its message is above" in output

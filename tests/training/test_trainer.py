@@ -20,6 +20,7 @@ from diffsynth.training.config.errors import FlagError
 from diffsynth.training.entry import main
 from tests.conftest import reset_accelerate_state
 from tests.training.conftest import lora, max_difference, run_once
+from tests.launching import accelerate_launch
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "examples" / "qwen_image" / "model_training" / "train.py"
@@ -214,8 +215,7 @@ def launch_two_processes(tmp_path, tiny_root, flags, output):
         "save_file(result['module'].trainable_state_dict(), sys.argv[sys.argv.index('--output_path') + 1]"
         " + f'/rank{rank}.safetensors')\n"
     )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *flags,
+    command = [*accelerate_launch(2), str(script), *flags,
                "--output_path", str(output)]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

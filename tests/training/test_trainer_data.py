@@ -20,6 +20,7 @@ from diffsynth.training.entry import main
 from diffsynth.training.startup import dataset as startup_dataset
 from tests.conftest import reset_accelerate_state
 from tests.training.test_trainer import COMMON, PATTERN, REPO, raw, stage_two_argv
+from tests.launching import accelerate_launch
 
 
 @pytest.fixture(autouse=True)
@@ -257,8 +258,7 @@ def test_two_processes_agree_on_skipped_samples_in_stage_one_and_in_training(dat
     )
     cache, output = tmp_path / "cache", tmp_path / "out"
     flags = [*raw(dataset), *COMMON, "--on_bad_sample", "skip"]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(cache),
+    command = [*accelerate_launch(2), str(script), str(cache),
                str(output), *flags]
     # The launched processes import this checkout (and its tests package), as this process does.
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1",

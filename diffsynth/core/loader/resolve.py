@@ -131,8 +131,15 @@ def _is_single_file_release(files: list[Path]) -> bool:
         return False  # loading names the problem; here the file only counts as not a complete release file
 
 
+# The pattern of a repository's root folder: the reference's empty pattern (``--tokenizer_path
+# "Qwen/Qwen3-VL-4B-Instruct:"``, a tokenizer beside the weights at the root).
+REPOSITORY_ROOT = "./"
+
+
 def _allow_patterns(pattern: str) -> list[str]:
     """The download patterns: the user's, plus the folder's config and shard index, which loading needs."""
+    if pattern == REPOSITORY_ROOT:
+        return ["*"]
     if pattern.endswith("/"):
         return [pattern + "*"]
     folder = os.path.dirname(pattern)

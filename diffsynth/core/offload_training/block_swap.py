@@ -48,13 +48,15 @@ BLOCK_LIST_NAMES = ("transformer_blocks", "blocks", "layers")
 
 BLOCK_SEQUENCES: tuple[tuple[str, ...], ...] = (
     ("transformer_blocks", "single_transformer_blocks"),
+    ("vace_blocks", "blocks"),
     *((name,) for name in BLOCK_LIST_NAMES),
 )
 """Which block lists are swapped as one sequence, tried in order: the first entry whose lists the model all has (as
 non-empty ``ModuleList`` attributes) wins, its lists chained in the order given, which must be the order the model
 runs them. FLUX.1's ``FluxTransformer2DModel`` and FLUX.2's ``Flux2Transformer2DModel`` run their double-stream
-``transformer_blocks`` and then their ``single_transformer_blocks`` (most of the weights); every other model has one
-list (``BLOCK_LIST_NAMES``), so it swaps as before."""
+``transformer_blocks`` and then their ``single_transformer_blocks`` (most of the weights); a transformer with a control
+branch (diffusers' ``WanVACETransformer3DModel``) runs all its ``vace_blocks``, whose outputs are hints, before its
+``blocks``; every other model has one list (``BLOCK_LIST_NAMES``), so it swaps as before."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,6 +96,26 @@ def fused_attention_everywhere() -> Iterator[None]:
         F.scaled_dot_product_attention = _sdpa
 
 
+class _MetaAutocast(torch.autocast):
+    """``torch.autocast`` that takes ``device_type="meta"`` as the CPU's: torch refuses an autocast context on the meta
+    device, which a model entering one on its tensors' device (ERNIE-Image's rotary embedding turns autocast off)
+    would meet in a dry run."""
+
+    def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_autocast() -> Iterator[None]:
+    """Makes ``torch.autocast`` accept the meta device while active (a dry run's forward and backward)."""
+    original = torch.autocast
+    torch.autocast = _MetaAutocast
+    try:
+        yield
+    finally:
+        torch.autocast = original
+
+
 def _attention_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     return sdpa_flop_count(query, key, value)
 
@@ -162,7 +182,7 @@ def measure_step(model: torch.nn.Module, step: Callable[[], torch.Tensor],
         handles += [block.register_forward_pre_hook(before, with_kwargs=True), block.register_forward_hook(after)]
     counter = FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
     try:
-        with counter, (fused_attention_everywhere() if fused_attention else contextlib.nullcontext()):
+        with counter, meta_autocast(), (fused_attention_everywhere() if fused_attention else contextlib.nullcontext()):
             with meter:
                 loss = step()
             loss.backward()

@@ -28,6 +28,7 @@ from ..offload_training.block_swap import is_adapter_parameter, streaming_block_
 from ..offload_training.manager import OffloadTrainingManager
 from ..offload_training.memory_buffer import ArenaPlan, BaseBufferPool, align, frozen_tensors, plan_arena, tensor_nbytes
 from ..offload_training.transfer import tensor_slots
+from .footprint import meta_autocast
 
 
 @dataclasses.dataclass
@@ -202,10 +203,11 @@ def simulate_leaf_offload(model: nn.Module, step: Callable[[], torch.Tensor], pr
                                      prefetch_depth=prefetch_depth, reuse_device_buffers=False)
     moving = [o for o in manager._offloaders.values() if o.counts_toward_residency]
     try:
-        for _ in range(2):
-            before = sum(o.nbytes * o.load_count for o in moving)
-            step().backward()
-            manager.after_backward()
+        with meta_autocast():
+            for _ in range(2):
+                before = sum(o.nbytes * o.load_count for o in moving)
+                step().backward()
+                manager.after_backward()
         moved = sum(o.nbytes * o.load_count for o in moving) - before
         return OffloadSchedule(manager.peak_resident_bytes, moved, sum(o.nbytes for o in moving))
     finally:

@@ -1,14 +1,18 @@
 """The processes of a run that share one machine, and the few collectives loading a shared copy needs.
 
 Machines are told apart by host name and boot id, gathered from every process once, so the grouping holds for any
-launcher (``accelerate launch``, ``torchrun``, several nodes) without trusting environment variables. The collectives
-run on torch.distributed's default group: every process of the run calls them in the same order, including processes
-alone on their machine, so a run spread over machines with different process counts stays in step.
+launcher (``accelerate launch``, ``torchrun``, several nodes) without trusting environment variables to join
+processes. The launcher's node rank (torchrun's ``GROUP_RANK``, set by ``accelerate launch --machine_rank``) only
+splits them further: processes of two launch nodes never share a host copy, even when both nodes are one host. The
+collectives run on torch.distributed's default group: every process of the run calls them in the same order,
+including processes alone on their machine, so a run spread over machines with different process counts stays in
+step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,13 +20,14 @@ from typing import Any
 import torch.distributed as dist
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+NODE_RANK_ENV = "GROUP_RANK"
 
 
 def machine_key() -> str:
     """What identifies this machine among the run's: its host name and, where the kernel tells it, its boot id
-    (containers on different hosts may share a host name)."""
+    (containers on different hosts may share a host name), and the launcher's node rank where it sets one."""
     boot = _BOOT_ID.read_text().strip() if _BOOT_ID.is_file() else ""
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot}/{os.environ.get(NODE_RANK_ENV, '')}"
 
 
 def _world() -> tuple[int, int]:

@@ -33,12 +33,13 @@ import torch
 from PIL import Image
 
 from ...core.data.cells import real
-from ...core.loader import ModelConfig, load_tokenizer
+from ...core.loader import ModelConfig
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import (
     SIZE_MULTIPLE,
     PromptUnit,
     ScaledLatentPipeline,
+    SecondTokenizerPipeline,
     TextToLatentPipeline,
     check_call_inputs,
     image_list,
@@ -164,7 +165,7 @@ class PromptEmbedderUnit(PromptUnit):
         return {"prompt_emb": hidden.to(pipe.torch_dtype), "pooled_prompt_emb": pooled.to(pipe.torch_dtype)}
 
 
-class FluxPipeline(ScaledLatentPipeline):
+class FluxPipeline(SecondTokenizerPipeline, ScaledLatentPipeline):
     """FLUX.1 [dev] / Krea / Kontext generation and the computation its training shares.
 
     Build it with ``from_pretrained``; call it with a prompt (and, for Kontext, ``kontext_images``) to get an image.
@@ -178,7 +179,6 @@ class FluxPipeline(ScaledLatentPipeline):
     lora_target_aliases = REFERENCE_TARGETS
     default_lora_target_modules = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,"
                                    "norm1_a.linear,norm1_b.linear,to_qkv_mlp")
-    load_options = ("tokenizer_2_config",)
     model_fn_params = ("prompt_emb", "pooled_prompt_emb", "embedded_guidance", "kontext_latents")
     #: Kontext's reference images.
     image_inputs = ("kontext_images",)
@@ -190,44 +190,7 @@ class FluxPipeline(ScaledLatentPipeline):
     #: size.
     training_state = {**TextToLatentPipeline.training_state, "embedded_guidance": TRAINING_GUIDANCE,
                       "kontext_auto_resize": False}
-    #: T5's tokenizer.
-    extra_attributes = {"tokenizer_2": None}
     unit_classes = image_units(KontextImageEmbedderUnit, PromptEmbedderUnit)
-
-    def _after_load(self, tokenizer_2_config: ModelConfig | None = None) -> None:
-        """Loads T5's tokenizer beside T5.
-
-        Args:
-            tokenizer_2_config: T5's tokenizer folder (``--tokenizer_2_path``); default: ``tokenizer_2/`` of T5's
-                repository, else ``black-forest-labs/FLUX.1-dev:tokenizer_2/``. (``tokenizer_config`` is CLIP's, the
-                reference's ``--tokenizer_1_path``.)
-        """
-        config = self._t5_tokenizer(self.model_configs, tokenizer_2_config)
-        if config is not None:
-            self.tokenizer_2 = load_tokenizer(config)
-            self.model_configs["tokenizer_2"] = config
-
-    @classmethod
-    def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
-                          inputs: Sequence[str] = (), **options: Any) -> list[ModelConfig]:
-        """CLIP's tokenizer as in ``BasePipeline``, plus T5's (``tokenizer_2_config`` among ``options``)."""
-        roles = cls.config_roles(model_configs)
-        t5 = cls._t5_tokenizer(roles, options.get("tokenizer_2_config"))
-        return [*cls._companions(roles, tokenizer_config).values(), *([t5] if t5 is not None else [])]
-
-    @classmethod
-    def _t5_tokenizer(cls, roles: dict[str, ModelConfig], tokenizer_2_config: ModelConfig | None
-                      ) -> ModelConfig | None:
-        """T5's tokenizer when T5 is loaded: the given folder, else ``tokenizer_2/`` of T5's repository, else the
-        FLUX.1-dev default."""
-        text_encoder_2 = roles.get("text_encoder_2")
-        if text_encoder_2 is None:
-            return None
-        if tokenizer_2_config is not None:
-            return tokenizer_2_config
-        if text_encoder_2.model_id is not None:
-            return ModelConfig(model_id=text_encoder_2.model_id, origin_file_pattern="tokenizer_2/")
-        return cls.default_tokenizer_2_config
 
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
                                 latent_shape: tuple[int, ...]) -> None:

@@ -28,7 +28,8 @@ from PIL import Image
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import video_to_tensor
 from .camera import CAMERA_SPEED, camera_latents, camera_poses, check_direction, plucker_embedding
-from .image import MASK_CHANNELS, ImageConditionUnit, ImageEmbedderUnit, check_image
+from .image import MASK_CHANNELS, ImageEmbedderUnit, check_image
+from .units import normalised_latents
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -51,11 +52,12 @@ def fun_kind(dit: torch.nn.Module | None) -> str | None:
 
 
 def require_transformer(pipe: WanVideoPipeline, name: str) -> None:
-    """A ``ValueError`` when ``name`` is given to a pipeline without its transformer (a split run's first stage):
-    the transformer's input width decides how the Fun inputs are laid out."""
+    """A ``ValueError`` when ``name`` is given to a pipeline without its transformer (a split run's first stage that
+    does not load it): the transformer's input width decides how the Fun inputs are laid out."""
     if pipe.dit is None:
         raise ValueError(f"{name} needs the transformer loaded: its input channels decide how the Fun inputs are laid "
-                         "out; train the Wan Fun models in one stage (without --task sft:data_process)")
+                         "out; name the transformer in --model_id_with_origin_paths of the --task sft:data_process "
+                         "stage too (it stays frozen there), or train in one stage")
 
 
 def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
@@ -73,7 +75,7 @@ def fun_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
 
 
 def _normalised_latents(pipe: WanVideoPipeline, frames: Sequence[Image.Image]) -> torch.Tensor:
-    return ImageConditionUnit._normalised_latents(pipe, video_to_tensor(frames))
+    return normalised_latents(pipe, video_to_tensor(frames))
 
 
 def _sized(image: Image.Image, width: int, height: int) -> Image.Image:

@@ -26,6 +26,7 @@ from PIL import Image
 from ...core.loader import ModelConfig
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import image_to_tensor, load_preprocessor
+from .units import normalised_latents
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -90,6 +91,8 @@ class ImageConditionUnit(PipelineUnit):
                                  "frame: pass input_image=<PIL image>, or load a text-to-video Wan transformer")
             return {"y": None, "first_frame_latents": None}
         check_image(input_image)
+        if mode == "animate":  # the character image goes into Animate's own condition (animate.py)
+            return {"y": None, "first_frame_latents": None}
         if mode is None:
             # Dropping the image silently would return a video unrelated to it.
             raise ValueError(f"input_image was given, but {pipe.describe_transformer()} takes no image (a "
@@ -98,21 +101,15 @@ class ImageConditionUnit(PipelineUnit):
                              "frames, pass input_video)")
         first = image_to_tensor(resized(input_image, height, width))
         if mode == "first_frame":
-            latents = self._normalised_latents(pipe, first.unsqueeze(2))
+            latents = normalised_latents(pipe, first.unsqueeze(2))
             return {"y": None, "first_frame_latents": latents.to(pipe.torch_dtype)}
         video = torch.zeros(1, 3, num_frames, height, width)
         video[:, :, 0] = first[0]
         if end_image is not None:
             video[:, :, -1] = image_to_tensor(resized(end_image, height, width))[0]
-        latents = self._normalised_latents(pipe, video)
+        latents = normalised_latents(pipe, video)
         mask = condition_mask(num_frames, end_image is not None, latents.shape).to(latents)
         return {"y": torch.cat([mask, latents], dim=1).to(pipe.torch_dtype), "first_frame_latents": None}
-
-    @staticmethod
-    def _normalised_latents(pipe: WanVideoPipeline, video: torch.Tensor) -> torch.Tensor:
-        latents = pipe.vae.encode(video.to(pipe.device, pipe.vae.dtype)).latent_dist.mode().float()
-        mean, inverse_std = pipe.latent_statistics(latents)
-        return (latents - mean) * inverse_std
 
 
 class ImageEmbedderUnit(PipelineUnit):

@@ -7,7 +7,9 @@ Wan code rather than diffusers folders:
   repository root, or in ``high_noise_model/`` and ``low_noise_model/`` for the Wan2.2 A14B experts);
 - ``models_t5_umt5-xxl-enc-bf16.pth`` (UMT5 encoder) with its tokenizer in ``google/umt5-xxl/``;
 - ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth``;
-- ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`` (Wan2.1 image-to-video only).
+- ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`` (Wan2.1 image-to-video and Wan2.2-Animate).
+
+A DiT whose tensors hold the Animate modules (``original_animate.py``) is read into ``WanAnimateTransformer3DModel``.
 
 ``identify`` tells from the files themselves (the config's class, the tensor names of a ``.pth``) which of these a
 set of files is, and returns the class to build, its config and where each of its tensors comes from. The class is
@@ -27,6 +29,14 @@ from ...core.loader.original_layout import OriginalModel, converted_entries, ren
 from ...core.loader.pth import PTH_SUFFIX
 from ...core.loader.state_dict import read_headers
 from ...core.model_traits import register_model_module
+from .original_animate import (
+    ANIMATE_DIT_CLASS,
+    ANIMATE_PREFIXES,
+    animate_config,
+    animate_sources,
+    animate_to_original,
+    is_animate,
+)
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
 from .original_vace import (
     ORIGINAL_VACE_CLASS,
@@ -107,6 +117,10 @@ def identify(files: list[Path]) -> OriginalModel | None:
     entries = read_headers(shards)
     shapes = {key: entry.shape for key, entry in entries.items()}
     model_config = dit_config(config, shapes, folder / "config.json")
+    if is_animate(shapes):
+        model_config.update(animate_config(shapes, model_config["num_layers"]))
+        return OriginalModel(kind="dit", library="diffusers", class_name=ANIMATE_DIT_CLASS, config=model_config,
+                             entries=converted_entries(entries, _animate_model_sources(model_config)), source=folder)
     vace = is_vace_config(config)
     if vace:
         model_config.update(vace_config(config, shapes, model_config["num_layers"]))
@@ -118,13 +132,26 @@ def identify(files: list[Path]) -> OriginalModel | None:
     )  # fmt: skip
 
 
+def _animate_model_sources(config: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Where each tensor of a ``WanAnimateTransformer3DModel`` of ``config`` comes from in the release (its keys are
+    read off the model built on the meta device: the motion encoder's depth decides its names)."""
+    import torch
+    from diffusers import WanAnimateTransformer3DModel
+
+    with torch.device("meta"):
+        keys = list(WanAnimateTransformer3DModel(**config).state_dict())
+    plain = dit_original_keys([key for key in keys if not key.startswith(ANIMATE_PREFIXES)])
+    return {**{key: (name, None) for key, name in plain.items()}, **animate_sources(keys)}
+
+
 def _original_dit_config(folder: Path) -> dict[str, Any] | None:
     path = folder / "config.json"
     try:
         config = read_json(path)
     except (OSError, ValueError):
         return None  # the diffusers loader reports a missing or broken config.json itself
-    known = (ORIGINAL_DIT_CLASS, ORIGINAL_VACE_CLASS)
+    # The Animate release is told from its tensors; its config may name the original WanAnimateModel.
+    known = (ORIGINAL_DIT_CLASS, ORIGINAL_VACE_CLASS, "WanAnimateModel")
     return config if isinstance(config, dict) and config.get("_class_name") in known else None
 
 
@@ -177,6 +204,9 @@ def dit_original_keys(model_keys: list[str]) -> dict[str, str]:
         if key.startswith(_FUN_PREFIXES):
             original[key] = key
             continue
+        if key.startswith(ANIMATE_PREFIXES):
+            raise ValueError(f"{key!r} is a WanAnimateTransformer3DModel key: write it with dit_to_original, which "
+                             "fuses and reshapes the Animate tensors")
         vace = vace_original_key(key, _DIT_BLOCK)
         if vace is not None:
             original[key] = vace
@@ -238,15 +268,20 @@ def original_dit_config_json(config: dict[str, Any], model_type: str) -> dict[st
 
 
 def dit_to_original(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """A ``WanTransformer3DModel`` state dict under the original release's names (a full fine-tune's original layout)."""
-    names = dit_original_keys(list(state_dict))
-    return {names[key]: tensor for key, tensor in state_dict.items()}
+    """A ``WanTransformer3DModel`` state dict under the original release's names (a full fine-tune's original layout);
+    a ``WanAnimateTransformer3DModel``'s Animate tensors as ``original_animate.animate_to_original`` writes them."""
+    plain = {key: tensor for key, tensor in state_dict.items() if not key.startswith(ANIMATE_PREFIXES)}
+    names = dit_original_keys(list(plain))
+    animate = animate_to_original(state_dict) if len(plain) < len(state_dict) else {}
+    return {**{names[key]: tensor for key, tensor in plain.items()}, **animate}
 
 
 def dit_original_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
     ``model_type`` is informational: loaders read the weights' shapes."""
     config = dict(model.config)
+    if "motion_encoder_size" in config:
+        return original_dit_config_json(config, "animate")
     if "vace_layers" in config:
         return {**original_dit_config_json(config, "vace"), **original_vace_config_json(config)}
     fun = "reference_conv" in config  # the Fun releases name themselves i2v whatever their width

@@ -47,6 +47,7 @@ from ..common import (
     sibling_folder,
     tensor_to_images,
 )
+from .animate import AnimateUnit, animate_inputs, animate_sample_problems
 from .camera import CAMERA_SPEED
 from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
@@ -74,6 +75,7 @@ MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
     "WanFunTransformer3DModel": "dit",
     "WanVACETransformer3DModel": "dit",
+    "WanAnimateTransformer3DModel": "dit",
     "AutoencoderKLWan": "vae",
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
@@ -113,7 +115,8 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     model_roles = MODEL_ROLES
     model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio", "reference_latents",
-                       "camera_latents", "vace_context", "vace_scale")
+                       "camera_latents", "vace_context", "vace_scale", "pose_latents", "face_pixel_values",
+                       "blank_face")
     training_columns = ("video", "prompt")
     # Extra inputs a sample may leave out: the reference takes the first (last) frame of the video for them.
     derived_inputs = ("input_image", "end_image")
@@ -122,7 +125,9 @@ class WanVideoPipeline(TextToLatentPipeline):
                            "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
-    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding"))}
+    # Likewise Animate's pose embedding, motion and face encoders and face adapter, pipe.animate_adapter there.
+    model_parts = {"vace": ("dit", ("vace_blocks", "vace_patch_embedding")), "animate_adapter": (
+        "dit", ("pose_patch_embedding", "motion_encoder", "face_encoder", "face_adapter"))}
     scheduler_preset = "wan"
     input_types = {**TextToLatentPipeline.input_types, "num_frames": positive_integer,
                    "camera_control_direction": text, "camera_control_speed": real}
@@ -130,8 +135,9 @@ class WanVideoPipeline(TextToLatentPipeline):
     #: The low-noise expert of Wan2.2 A14B (a second transformer) and the CLIP image processor.
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
-    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, VaceUnit,
-                    LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
+    unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, AnimateUnit,
+                    VaceUnit, LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit,
+                    FunReferenceUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
@@ -218,12 +224,15 @@ class WanVideoPipeline(TextToLatentPipeline):
 
     def image_conditioning(self) -> str | None:
         """How the transformer takes a first frame: ``"channels"`` (``y``, image-to-video), ``"first_frame"``
-        (the first latent frame, Wan2.2 TI2V) or None (text-to-video).
+        (the first latent frame, Wan2.2 TI2V), ``"animate"`` (the character of Wan2.2-Animate, ``animate.py``) or
+        None (text-to-video).
 
         Without a transformer (a stage that does not load it) the image encoder's presence decides.
         """
         if self.dit is None:
             return "channels" if self.image_encoder is not None else None
+        if self.takes_animate():
+            return "animate"
         if self.dit.config.in_channels != self.dit.config.out_channels:
             return "channels"
         return "first_frame" if self.dit.config.out_channels == WAN22_LATENT_CHANNELS else None
@@ -231,7 +240,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     def needs_input_image(self) -> bool:
         """Whether the transformer cannot run without ``input_image``: an image-to-video one, save a Fun Control
         model (whose image condition is zeros without one)."""
-        return self.image_conditioning() == "channels" and fun_kind(self.dit) != "control"
+        mode = self.image_conditioning()
+        return mode == "animate" or (mode == "channels" and fun_kind(self.dit) != "control")
 
     def takes_image_embedding(self) -> bool:
         """Whether the transformer reads ``clip_feature`` (its ``image_dim`` is set)."""
@@ -249,6 +259,12 @@ class WanVideoPipeline(TextToLatentPipeline):
         if self.dit is None:
             return None
         return "vace_layers" in self.dit.config
+
+    def takes_animate(self) -> bool | None:
+        """Whether the transformer is Wan2.2-Animate's (reads pose latents and face frames); None without one."""
+        if self.dit is None:
+            return None
+        return "motion_encoder_size" in self.dit.config
 
     def describe_transformer(self) -> str:
         """The transformer's image-related config, for error messages."""
@@ -309,14 +325,16 @@ class WanVideoPipeline(TextToLatentPipeline):
                  first_frame_latents: torch.Tensor | None = None, boundary_ratio: float | None = None,
                  reference_latents: torch.Tensor | None = None, camera_latents: torch.Tensor | None = None,
                  vace_context: torch.Tensor | None = None, vace_scale: float | None = None,
-                 **_: Any) -> torch.Tensor:
+                 pose_latents: torch.Tensor | None = None, face_pixel_values: torch.Tensor | None = None,
+                 blank_face: bool = False, **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for ``latents`` at ``timestep`` (scale 0 to 1000).
 
         With an image-to-video transformer, ``y`` is concatenated to the latents along channels and ``clip_feature``
         goes to the image cross-attention. A Wan2.2-latent (TI2V) transformer gets one timestep per token, as
         diffusers gives it with ``expand_timesteps``; with ``first_frame_latents`` the first latent frame is that
         condition, at timestep 0. A Fun transformer also takes ``reference_latents`` and ``camera_latents``; a VACE
-        transformer reads ``vace_context``, its hints scaled by ``vace_scale``.
+        transformer reads ``vace_context``, its hints scaled by ``vace_scale``; an Animate transformer reads
+        ``pose_latents`` and ``face_pixel_values`` (all -1 with ``blank_face``, the negative branch).
 
         Raises:
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
@@ -325,6 +343,12 @@ class WanVideoPipeline(TextToLatentPipeline):
         timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(latents.shape[0])
         hidden = latents if y is None else torch.cat([latents, y.to(latents.dtype)], dim=1)
         if clip_feature is not None and dit.config.get("pos_embed_seq_len") is not None:
+            if clip_feature.shape[1] != dit.config.pos_embed_seq_len:
+                # A split run's first stage without the transformer cannot tell FLF2V from Fun InP.
+                raise ValueError(f"the first-last-frame transformer reads {dit.config.pos_embed_seq_len} CLIP tokens "
+                                 f"(both images'), got {clip_feature.shape[1]}: the cache of a --task "
+                                 "sft:data_process run without the transformer holds input_image's alone; load the "
+                                 "transformer in that stage too")
             # diffusers' FLF2V image embedder takes each image as its own sample and joins them back in pairs.
             clip_feature = clip_feature.reshape(-1, clip_feature.shape[1] // 2, clip_feature.shape[2])
         if hidden.shape[1] != dit.config.in_channels:
@@ -338,6 +362,8 @@ class WanVideoPipeline(TextToLatentPipeline):
                                                    ("camera_latents", camera_latents)) if value is not None}
         if vace_context is not None:
             control.update(vace_inputs(dit, vace_context, vace_scale))
+        if pose_latents is not None:
+            control.update(animate_inputs(dit, pose_latents, face_pixel_values, blank_face))
         return dit(hidden_states=hidden.to(dit.dtype), timestep=timestep, encoder_hidden_states=prompt_emb,
                    encoder_hidden_states_image=clip_feature, return_dict=False, **control)[0]
 
@@ -349,7 +375,9 @@ class WanVideoPipeline(TextToLatentPipeline):
         first = inputs_shared.get("first_frame_latents")
         if first is not None:
             latents = torch.cat([first.to(latents), latents[:, :, 1:]], dim=2)
-        latents = latents[:, :, inputs_shared.get("vace_reference_frames") or 0:]  # VACE reference images' frames
+        # The frames of VACE's reference images, or Animate's character frame.
+        skipped = (inputs_shared.get("vace_reference_frames") or 0) + (inputs_shared.get("pose_latents") is not None)
+        latents = latents[:, :, skipped:]
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
@@ -357,7 +385,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
         ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``); only a VACE
-        transformer takes the VACE inputs, and a mask only with its video."""
+        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's
+        (``animate_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -375,7 +404,7 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
         if "vace_video_mask" in inputs and "vace_video" not in inputs:
             problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
-        return problems + fun_sample_problems(self, inputs)
+        return problems + fun_sample_problems(self, inputs) + animate_sample_problems(self, inputs)
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
@@ -393,7 +422,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                  camera_control_origin: Sequence[float] | None = None, vace_video: Sequence[Image.Image] | None = None,
                  vace_video_mask: Sequence[Image.Image] | None = None,
                  vace_reference_image: Image.Image | Sequence[Image.Image] | None = None,
-                 vace_scale: float = 1.0) -> list[Image.Image] | torch.Tensor:
+                 vace_scale: float = 1.0, animate_pose_video: Sequence[Image.Image] | None = None,
+                 animate_face_video: Sequence[Image.Image] | None = None,
+                 animate_inpaint_video: Sequence[Image.Image] | None = None,
+                 animate_mask_video: Sequence[Image.Image] | None = None) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -429,6 +461,11 @@ class WanVideoPipeline(TextToLatentPipeline):
             vace_reference_image: For a VACE model: one image or a list, fitted into the frame on a white canvas;
                 their frames are generated first and dropped from the output.
             vace_scale: For a VACE model: the scale of its hints (diffusers' ``conditioning_scale``).
+            animate_pose_video: Wan2.2-Animate (``animate.py``): the pose frames, at least ``num_frames - 4``; the
+                video has ``num_frames - 4`` frames and ``input_image`` is the character.
+            animate_face_video: Wan2.2-Animate: the face crops, as many.
+            animate_inpaint_video: Wan2.2-Animate replacement mode: the background frames, as many.
+            animate_mask_video: Wan2.2-Animate replacement mode: white where the character goes, as many.
         """
         check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
@@ -447,9 +484,12 @@ class WanVideoPipeline(TextToLatentPipeline):
             "camera_control_origin": camera_control_origin,
             "vace_video": vace_video, "vace_video_mask": vace_video_mask,
             "vace_reference_image": vace_reference_image, "vace_scale": vace_scale,
+            "animate_pose_video": animate_pose_video, "animate_face_video": animate_face_video,
+            "animate_inpaint_video": animate_inpaint_video, "animate_mask_video": animate_mask_video,
         }  # fmt: skip
-        video = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
-                             progress_bar=progress_bar)
+        # diffusers' Animate pipeline blanks the face in the negative branch.
+        negative = {"negative_prompt": negative_prompt, **({"blank_face": True} if animate_face_video else {})}
+        video = self.denoise(inputs_shared, {"prompt": prompt}, negative, progress_bar=progress_bar)
         return video if output_type == "pt" else tensor_to_images(video[0])
 
 

@@ -36,6 +36,14 @@ def clean_prompt(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def normalised_latents(pipe: WanVideoPipeline, pixels: torch.Tensor) -> torch.Tensor:
+    """``(1, 3, F, H, W)`` pixels in ``[-1, 1]`` as the VAE's normalised float32 latents (its distribution's mode,
+    so a cached latent equals the one a single-stage run computes)."""
+    latents = pipe.vae.encode(pixels.to(pipe.device, pipe.vae.dtype)).latent_dist.mode().float()
+    mean, inverse_std = pipe.latent_statistics(latents)
+    return (latents - mean) * inverse_std
+
+
 def round_frames(num_frames: int) -> int:
     """The largest count of the form 4k+1 not above ``num_frames`` (at least 1)."""
     return max(1, (int(num_frames) - 1) // VAE_TEMPORAL_SCALE * VAE_TEMPORAL_SCALE + 1)

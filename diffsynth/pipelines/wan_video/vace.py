@@ -23,7 +23,7 @@ from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
 from ..common import draw_noise, image_to_tensor, video_to_tensor
-from .units import VAE_TEMPORAL_SCALE, round_frames
+from .units import VAE_TEMPORAL_SCALE, normalised_latents, round_frames
 
 if TYPE_CHECKING:
     from .pipeline import WanVideoPipeline
@@ -48,8 +48,13 @@ def reference_images(value: Any) -> list[Image.Image]:
     return images
 
 
-def _frames(value: Any, name: str, num_frames: int, width: int, height: int) -> list[Image.Image]:
-    """The first ``num_frames`` frames of a control video, resized to the output size."""
+def control_frames(value: Any, name: str, num_frames: int, width: int, height: int) -> list[Image.Image]:
+    """The first ``num_frames`` frames of a control video named ``name``, resized (LANCZOS) to ``width x height``.
+
+    Raises:
+        TypeError: ``value`` is not a list of PIL frames.
+        ValueError: It has fewer than ``num_frames`` frames.
+    """
     if not isinstance(value, (list, tuple)) or not all(isinstance(frame, Image.Image) for frame in value):
         raise TypeError(f"{name} must be a list of PIL frames, got {type(value).__name__}; read a video with "
                         "diffsynth.core.data.LoadVideo or pass [PIL.Image.open(path) for path in frame_paths]")
@@ -121,18 +126,20 @@ class VaceUnit(PipelineUnit):
         if vace_video is None:
             video = torch.zeros(1, 3, num_frames, height, width)
         else:
-            video = video_to_tensor(_frames(vace_video, "vace_video", num_frames, width, height))
+            video = video_to_tensor(control_frames(vace_video, "vace_video", num_frames, width, height))
         if vace_video_mask is None:
             mask = torch.ones_like(video)
         else:
-            mask = (video_to_tensor(_frames(vace_video_mask, "vace_video_mask", num_frames, width, height)) + 1) / 2
+            mask_frames = control_frames(vace_video_mask, "vace_video_mask", num_frames, width, height)
+            mask = (video_to_tensor(mask_frames) + 1) / 2
         mask = mask.clamp(0, 1)
         keep = (mask > 0.5).to(video.dtype)
-        latents = torch.cat([self._latents(pipe, video * (1 - keep)), self._latents(pipe, video * keep)], dim=1)
+        latents = torch.cat([normalised_latents(pipe, video * (1 - keep)), normalised_latents(pipe, video * keep)],
+                            dim=1)
         folded = folded_mask(mask).to(latents)
         reference_latents = []
         for image in references:  # each one goes before those already placed, as diffusers does
-            encoded = self._latents(pipe, fitted_reference(image, height, width)[None, :, None])
+            encoded = normalised_latents(pipe, fitted_reference(image, height, width)[None, :, None])
             reference_latents.insert(0, encoded)
             latents = torch.cat([torch.cat([encoded, torch.zeros_like(encoded)], dim=1), latents], dim=2)
             folded = torch.cat([torch.zeros_like(folded[:, :, :1]), folded], dim=2)
@@ -146,12 +153,6 @@ class VaceUnit(PipelineUnit):
                 outputs["input_latents"] = torch.cat([*reference_latents, input_latents.float()], dim=2).to(
                     input_latents.dtype)
         return outputs
-
-    @staticmethod
-    def _latents(pipe: WanVideoPipeline, pixels: torch.Tensor) -> torch.Tensor:
-        latents = pipe.vae.encode(pixels.to(pipe.device, pipe.vae.dtype)).latent_dist.mode().float()
-        mean, inverse_std = pipe.latent_statistics(latents)
-        return (latents - mean) * inverse_std
 
 
 def vace_inputs(dit: torch.nn.Module, vace_context: torch.Tensor, vace_scale: float | None) -> dict[str, Any]:

@@ -71,8 +71,9 @@ class LoraSection(Section):
         group.add_argument("--align_to_opensource_format", action="store_true",
                            help="Write the LoRA files in the kohya layout (lora_unet_<original layer name>, "
                                 "lora_down / lora_up), for FLUX.1 with BFL's fused layer names "
-                                "(lora_unet_double_blocks_0_img_attn_qkv), as the reference does. The default "
-                                "layout loads in the same tools.")
+                                "(lora_unet_double_blocks_0_img_attn_qkv), as the reference does; for Krea 2 in "
+                                "diffusers' names under transformer., as the reference's Krea converter does. The "
+                                "default layout loads in the same tools.")
 
     @property
     def targets(self) -> list[str]:

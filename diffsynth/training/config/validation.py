@@ -31,7 +31,9 @@ class ValidationSection(Section):
                                 "file (one prompt per line) or a .json list of prompts or objects with prompt, "
                                 "negative_prompt, height, width, num_frames, fps, seed, edit_image, input_image, "
                                 "end_image, reference_image, control_video, camera_control_direction, "
-                                "camera_control_speed, vace_video, vace_video_mask, vace_reference_image. A value "
+                                "camera_control_speed, vace_video, vace_video_mask, vace_reference_image, "
+                                "animate_pose_video, animate_face_video, animate_inpaint_video, "
+                                "animate_mask_video. A value "
                                 "that names no file is the prompt, unless it looks like a path (a "
                                 ".txt / .json / .csv suffix, or one word with a /): then it is an error. Checked "
                                 "before the models load.")

@@ -16,7 +16,9 @@ with the keys ``prompt`` (required), ``negative_prompt``, ``height``, ``width``,
 ``input_image`` (Wan image-to-video: the first frame), ``end_image`` (Wan first-last-frame models: the last frame),
 the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` frames), ``reference_image``,
 ``camera_control_direction`` and ``camera_control_speed``, and the Wan VACE inputs ``vace_video`` / ``vace_video_mask``
-(clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list); paths are relative
+(clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list), and the
+Wan2.2-Animate clips ``animate_pose_video``, ``animate_face_video``, ``animate_inpaint_video`` and
+``animate_mask_video`` (read likewise; ``input_image`` is the character); paths are relative
 to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry,
 every image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
 ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 #: as the pipelines' calls name them.
 IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image")
 LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image")
-VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask")
+VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask", "animate_pose_video", "animate_face_video",
+              "animate_inpaint_video", "animate_mask_video")
 CAMERA_KEYS = ("camera_control_direction", "camera_control_speed")
 FILE_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
 INPUT_KEYS = (*FILE_KEYS, *CAMERA_KEYS)
@@ -83,6 +86,10 @@ class ValidationPrompt:
     vace_reference_image: Path | tuple[Path, ...] | None = None
     vace_video: Path | None = None
     vace_video_mask: Path | None = None
+    animate_pose_video: Path | None = None
+    animate_face_video: Path | None = None
+    animate_inpaint_video: Path | None = None
+    animate_mask_video: Path | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""

@@ -78,6 +78,10 @@ class TimestepSampling(TimestepFlags):
         Returns:
             ``(timestep, weight)``: float32 tensors of shape ``(1,)`` and ``()`` on the CPU.
         """
+        if getattr(scheduler, "discrete", False) and self.timestep_sampling != "grid":
+            raise TimestepSamplingError([
+                f"--timestep_sampling {self.timestep_sampling} draws continuous noise levels, but this model trains on "
+                f"{scheduler.num_train_timesteps} discrete DDPM steps; use --timestep_sampling grid (the default)"])
         if self.timestep_sampling == "grid":
             timestep = self._draw_on_grid(scheduler, generator, min_boundary, max_boundary)
         else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from ..config.timesteps import TimestepFlags
 from .adapter import AdapterSettings, DoraBaseWeights, inject_adapter, load_adapter_checkpoint
 from .batches import collate_states
 from .loss import LOSSES, FlowMatchSFTLoss, weighted_mean
+from .lora_targets import effective_lora_targets, resolve_lora_targets, scoped_targets
 from .loss_mask import LOSS_MASK_KEY, MASK_COLUMN, LossMask, pixel_mask, with_latent_grid_mask
 from .timestep_sampling import TimestepSampling
 
@@ -57,91 +57,6 @@ def move_to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(move_to_device(item, device) for item in value)
     return value
-
-
-TargetAliases = Mapping[str, "str | tuple[str, ...]"]
-"""A pipeline's ``--lora_target_modules`` names from its model's original code: a string is the diffusers module
-suffix the name means (Wan's ``q`` -> ``to_q``); a tuple holds regular expressions over whole diffusers module names,
-for an original module diffusers splits in several (FLUX.1's fused ``a_to_qkv``) or whose suffix would also select
-other layers."""
-
-
-def aliased_targets(target_modules: Sequence[str], aliases: TargetAliases) -> list[str]:
-    """``--lora_target_modules`` with each aliased name replaced by what it stands for (a suffix or patterns), without
-    the model: the form a checkpoint records to compare runs."""
-    names = []
-    for target in target_modules:
-        alias = aliases.get(target, target)
-        names.extend((alias,) if isinstance(alias, str) else alias)
-    return list(dict.fromkeys(names))
-
-
-def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], aliases: TargetAliases,
-                         model_name: str) -> list[str]:
-    """``--lora_target_modules`` in diffusers' module names (``aliases`` map a model's original names).
-
-    A name aliased to patterns becomes the whole names of the modules they match. Works on a model built without
-    weights too, so the trainer checks the targets before loading anything.
-
-    Raises:
-        ValueError: An entry matches no module of ``model`` (matching is by dotted-name suffix, as peft does), or
-            matches a layer the model's original code has no name for (the LoRA file could not name it for ComfyUI
-            and DiffSynth-Studio).
-    """
-    from ...lora import lora_layer_names, naming_for
-
-    names = [name for name, _ in model.named_modules()]
-    renamed, matched = {}, {}
-    for target in target_modules:
-        alias = aliases.get(target, target)
-        if isinstance(alias, str):
-            matched.setdefault(alias, [n for n in names if n == alias or n.endswith(f".{alias}")])
-            if alias != target:
-                renamed[target] = alias
-            continue
-        hits = [n for n in names if any(re.fullmatch(pattern, n) for pattern in alias)]
-        renamed[target] = f"{len(hits)} modules"
-        matched[target] = hits
-    if renamed:
-        logger.info("--lora_target_modules: original module names mapped to diffusers' names %s", renamed)
-    unmatched = [t for t, hits in matched.items() if not hits]
-    if unmatched:
-        raise ValueError(f"--lora_target_modules entries {unmatched} match no module of {model_name} "
-                         f"({type(model).__name__}); name modules by their path suffix, e.g. 'to_q' or "
-                         "'img_mlp.net.2'")
-    naming, layers = naming_for(model), set(lora_layer_names(model))
-    unnamed = sorted({t for t, hits in matched.items() for n in hits if n in layers and naming.to_native(n) is None})
-    if unnamed:
-        raise ValueError(f"--lora_target_modules entries {unnamed} select layers of {model_name} that the "
-                         f"{naming.name} code has no name for, so ComfyUI and DiffSynth-Studio could not load their "
-                         "LoRA; leave them out")
-    targets = []
-    for target, hits in matched.items():
-        targets.extend((target,) if target not in aliases or isinstance(aliases[target], str) else hits)
-    return list(dict.fromkeys(targets))
-
-
-def scoped_targets(model: torch.nn.Module, targets: list[str], inside: Sequence[str],
-                   outside: Sequence[str]) -> list[str]:
-    """``targets`` as the whole names of the layers they select within the child modules ``inside`` (all when empty)
-    and outside those of ``outside`` (a model part's, ``BasePipeline.model_parts``); unchanged without either.
-
-    Raises:
-        ValueError: No selected layer lies in that scope.
-    """
-    if not inside and not outside:
-        return targets
-
-    def within(name: str, children: Sequence[str]) -> bool:
-        return any(name == child or name.startswith(f"{child}.") for child in children)
-
-    names = [name for name, _ in model.named_modules()
-             if any(name == target or name.endswith(f".{target}") for target in targets)
-             and (not inside or within(name, inside)) and not within(name, outside)]
-    if not names:
-        raise ValueError(f"--lora_target_modules {','.join(targets)} select no layer of {type(model).__name__} in "
-                         f"{', '.join(inside) or 'its main blocks'}; name layers those modules have, e.g. 'q,k,v,o'")
-    return names
 
 
 class DiffusionTrainingModule(torch.nn.Module):
@@ -293,12 +208,14 @@ class DiffusionTrainingModule(torch.nn.Module):
                      checkpoint: str | Path | None) -> None:
         from ...lora.base_layers import BaseLayers
 
+        target_modules = effective_lora_targets(model, target_modules, type(self.pipe))
         if not target_modules:
             raise ValueError(f"--lora_base_model {self.lora_base_model} needs --lora_target_modules, e.g. "
                              "'to_q,to_k,to_v,to_out.0'")
+        scope = self.pipe.part_scope(self.lora_base_model, model)
         target_modules = resolve_lora_targets(model, target_modules, self.pipe.lora_target_aliases,
-                                              self.lora_base_model)
-        target_modules = scoped_targets(model, target_modules, *self.pipe.part_scope(self.lora_base_model, model))
+                                              self.lora_base_model, scope)
+        target_modules = scoped_targets(model, target_modules, *scope)
         inject_adapter(model, settings, target_modules)
         config = _plain_config(model) or {}
         self.lora_config = {"lora_rank": settings.rank, "lora_alpha": settings.alpha,

@@ -37,7 +37,7 @@ from ...core.disk_full import DiskFullError, format_bytes, free_bytes
 from ...core.files import atomic_save_safetensors, atomic_write_json, safetensors_size
 from ...core.finite import require_finite
 from ...core.written_files import record_written_tree
-from ..objective.training_module import TargetAliases, aliased_targets
+from ..objective.lora_targets import TargetAliases, aliased_targets
 
 if TYPE_CHECKING:
     from ..config import RunConfig

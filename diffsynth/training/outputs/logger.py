@@ -89,7 +89,8 @@ class ModelLogger(LoRASaving, MetricsLogging):
             was stopped past its checkpoint) are dropped, and TensorBoard discards its events after that step, so
             every step appears once, when the first row is written (so a run that fails before its first step
             changes nothing of the earlier run's log). None keeps what is there.
-        lora_layout: ``universal`` (default) or ``kohya`` (``--align_to_opensource_format``), the layout of the LoRA
+        lora_layout: ``universal`` (default), or what ``--align_to_opensource_format`` selects (``kohya``, or
+            ``diffusers`` for a family whose reference aligns to diffusers' names: Krea 2), the layout of the LoRA
             files.
         full_checkpoint_formats: What a model trained in full is written as (``--full_checkpoint_format``): any of
             ``flat``, ``diffusers``, ``original``, or ``auto`` alone (resolved by :meth:`attach_full_models`, which
@@ -116,8 +117,8 @@ class ModelLogger(LoRASaving, MetricsLogging):
         self.save_steps = save_steps
         self.save_dtype = None if save_dtype is None else resolve_dtype(save_dtype, "save_dtype")
         self._diffusers_twin: bool | None = None  # decided by the first LoRA save
-        if lora_layout not in ("universal", "kohya"):
-            raise ValueError(f"lora_layout={lora_layout!r} must be 'universal' or 'kohya'")
+        if lora_layout not in ("universal", "kohya", "diffusers"):
+            raise ValueError(f"lora_layout={lora_layout!r} must be 'universal', 'kohya' or 'diffusers'")
         self.lora_layout = lora_layout
         self.full_checkpoint_formats = tuple(full_checkpoint_formats)
         self.max_shard_size = max_shard_size
@@ -168,11 +169,13 @@ class ModelLogger(LoRASaving, MetricsLogging):
 
     @classmethod
     def from_config(cls, run: RunConfig, is_main_process: bool = True,
-                    lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None) -> ModelLogger:
+                    lora_metadata: Mapping[str, Any] | None = None, resume_step: int | None = None,
+                    aligned_lora_layout: str = "kohya") -> ModelLogger:
         """Builds the logger from the run's config.
 
         ``lora_metadata`` overrides the LoRA settings read from the flags (the training module knows the module
-        names the targets resolved to); ``resume_step`` is the step of the checkpoint a resumed run starts from.
+        names the targets resolved to); ``resume_step`` is the step of the checkpoint a resumed run starts from;
+        ``aligned_lora_layout`` is the layout ``--align_to_opensource_format`` selects (the pipeline's).
         """
         lora, output = run.lora, run.output
         if lora_metadata is None and lora.lora_base_model:
@@ -182,7 +185,7 @@ class ModelLogger(LoRASaving, MetricsLogging):
                    enable_csv_log=output.enable_csv_log, enable_tensorboard_log=output.enable_tensorboard_log,
                    enable_wandb_log=output.enable_wandb_log, wandb_project=output.wandb_project,
                    is_main_process=is_main_process, save_steps=output.save_steps, resume_step=resume_step,
-                   lora_layout="kohya" if lora.align_to_opensource_format else "universal",
+                   lora_layout=aligned_lora_layout if lora.align_to_opensource_format else "universal",
                    full_checkpoint_formats=output.full_checkpoint_formats)
 
     def attach_full_models(self, models: Mapping[str, torch.nn.Module], key_prefix: str = "pipe.") -> None:

@@ -112,10 +112,11 @@ class LoRASaving:
         """Writes the LoRA file (and its diffusers twin, when the first file needed one); checks the first."""
         entries = self._base_metadata({**self._lora_entries(), **(metadata or {})})
         naming = naming_for(self.lora_metadata.get("base_model_class") or "")
-        write_lora(path, weights, self.lora_layout, naming, entries, self.save_dtype)
+        write_lora(path, weights, "kohya" if naming.kohya_only else self.lora_layout, naming, entries,
+                   self.save_dtype)
         first = self._diffusers_twin is None
         if first:
-            self._diffusers_twin = self._needs_diffusers_twin(path)
+            self._diffusers_twin = self._needs_diffusers_twin(path, naming.kohya_only)
         if self._diffusers_twin:
             twin = write_lora(self._file(name + DIFFUSERS_TWIN_SUFFIX), weights, "diffusers", naming, entries,
                               self.save_dtype)
@@ -147,15 +148,30 @@ class LoRASaving:
                 f"{inspection.format()}\nThe file is kept; report this with the flags you used")
         return failing
 
-    def _needs_diffusers_twin(self, path: Path) -> bool:
+    def _needs_diffusers_twin(self, path: Path, kohya_only: bool = False) -> bool:
         """Checks the run's first LoRA file: every tool but diffusers must load it; a diffusers twin covers that one.
-        A LoHa, LoKr or DoRA file must load in this project and ComfyUI; no other tool reads them, and no twin helps."""
+        A LoHa, LoKr or DoRA file must load in this project and ComfyUI; no other tool reads them, and no twin helps.
+        A model whose files are kohya's (``ModuleNaming.kohya_only``, Stable Diffusion) must load in this project,
+        ComfyUI and diffusers, with no twin (DiffSynth-Studio reads its own peft names only)."""
         kind = self.lora_metadata.get("lora_type", "lora")
+        if kohya_only and kind == "lora":
+            self._require_loading(path, ("diffsynth", "ComfyUI", "diffusers"))
+            logger.info("the LoRA files are in kohya's layout, for ComfyUI (LoraLoaderModelOnly) and diffusers' "
+                        "load_lora_weights at strength 1.0 (DiffSynth-Studio: python -m diffsynth.lora convert "
+                        "<file> <file>.peft.safetensors --to peft)")
+            return False
         if kind != "lora":
             self._require_loading(path, required_tools(kind))
             logger.info("the %s files are for ComfyUI (LoraLoaderModelOnly) and this project's load_lora, at "
                         "strength 1.0; diffusers' load_lora_weights, DiffSynth-Studio and musubi-tuner do not read "
                         "them (no diffusers twin is written: docs/en/LoRA_Types.md)", kind)
+            return False
+        if self.lora_layout == "diffusers":
+            # The layout a reference aligns to diffusers' names (Krea 2): for diffusers and DiffSynth-Studio.
+            self._require_loading(path, ("diffsynth", "diffusers", "DiffSynth-Studio"))
+            logger.info("the LoRA files are in diffusers' names, for diffusers' load_lora_weights and DiffSynth-Studio "
+                        "at strength 1.0 (ComfyUI and musubi-tuner: python -m diffsynth.lora convert <file> <out> --to "
+                        "universal or kohya)")
             return False
         failing = self._require_loading(path, ("diffsynth", "ComfyUI", "DiffSynth-Studio"))
         users = "ComfyUI (LoraLoaderModelOnly), DiffSynth-Studio" + ("" if failing else ", diffusers")

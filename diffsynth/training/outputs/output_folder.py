@@ -13,7 +13,9 @@ At start-up the main process claims the folder (:func:`claim_output_folder`):
 
 The verdict, with the run id and the checkpoint, is broadcast to every process, so the other processes of the
 launch learn it at the same point and all stop, or all go on, before loading anything; only the main process holds
-the lock, so a launch never refuses itself. The run id is new for a new run and the checkpoint's for a resumed one.
+the lock, so a launch never refuses itself. Each process then tells whether its folder is the main process's (it sees
+the lock): machines with disks of their own train and resume, but refuse a stage 1 (:mod:`.separate_disks`). The run
+id is new for a new run and the checkpoint's for a resumed one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core.files import missing_folders, remove_empty_folders
-from ...core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError
+from ...core.folder_lock import STALE_AFTER_SECONDS, FolderLock, FolderLockedError, read_lock
 from ...core.loader import model_base_path
 from ...core.written_files import WrittenFiles, start_recording
 from ..config.errors import FlagError
@@ -51,6 +53,7 @@ from .earlier_outputs import (
     remove_outputs,
 )
 from .logger import METRICS_FILE, TRAINING_ARGS_FILE
+from .separate_disks import holder_record, sees_main_folder, stage_one_problem
 
 __all__ = [
     "RUN_CONFIG_FILE",
@@ -63,7 +66,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..objective.training_module import TargetAliases
+    from ..objective.lora_targets import TargetAliases
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class OutputClaim:
         created: The folders this claim created, the output folder and its new parents, deepest first (main
             process only).
         recording: This process's record of the files it writes into the folder.
+        shared: Whether every process sees the main process's folder (False: some machine has a disk of its own;
+            :mod:`.separate_disks`).
     """
 
     run_id: str
@@ -87,6 +92,7 @@ class OutputClaim:
     lock: FolderLock | None = None
     created: list[Path] = field(default_factory=list)
     recording: WrittenFiles | None = None
+    shared: bool = True
 
     def release(self) -> None:
         """Ends the recording, releases the lock, and removes the folders this run created if it wrote nothing there
@@ -265,6 +271,19 @@ def _claim(run: RunConfig, target_aliases: TargetAliases, num_processes: int) ->
     return claim
 
 
+def _find_separate_disks(claim: OutputClaim, run: RunConfig, accelerator: Any, verdict: dict[str, Any]) -> None:
+    """Sets ``claim.shared`` from every process's view of the main process's folder; refuses a stage 1 that some
+    process would write to another disk (a collective: every process calls it)."""
+    from accelerate.utils import gather_object
+
+    sees = accelerator.is_main_process or sees_main_folder(run.output.output_path, verdict["holder"])
+    blind = [rank for rank, seen in enumerate(gather_object([sees])) if not seen]
+    claim.shared = not blind
+    if blind and run.training.stage == "data_process":
+        claim.release()
+        raise FlagError([stage_one_problem(run.training.task, verdict["folder"], blind)])
+
+
 def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: TargetAliases
                         ) -> OutputClaim:
     """Claims ``--output_path`` for this run on the main process and shares the verdict with every process.
@@ -285,7 +304,9 @@ def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Target
     if accelerator.is_main_process:
         try:
             claim = _claim(run, target_aliases, accelerator.num_processes)
-            verdict = {"run_id": claim.run_id, "checkpoint": claim.checkpoint, "progress": claim.progress}
+            verdict = {"run_id": claim.run_id, "checkpoint": claim.checkpoint, "progress": claim.progress,
+                       "holder": holder_record((read_lock(run.output.output_path) or (None,))[0]),
+                       "folder": run.output.output_path}
         except Exception as error:  # noqa: BLE001 - whatever stops the main process must reach the others
             failure, verdict = error, {"refused": str(error)}
     if accelerator.num_processes > 1:
@@ -299,5 +320,7 @@ def claim_output_folder(run: RunConfig, accelerator: Any, target_aliases: Target
     if "refused" in verdict:
         raise FlagError([f"the main process refused to start: {verdict['refused']}"])
     claim = claim or OutputClaim(verdict["run_id"], verdict["checkpoint"], verdict["progress"])
+    if accelerator.num_processes > 1:
+        _find_separate_disks(claim, run, accelerator, verdict)
     claim.recording = start_recording(run.output.output_path, claim.run_id)
     return claim

@@ -34,8 +34,8 @@ from ...core.loader import (
     parse_model_id_with_origin_paths,
     resolve_files,
 )
-from ...core.loader.loading import resolve_dtype
-from ...core.offload_training.block_swap import find_block_sequence
+from ...core.loader.loading import library_class, resolve_dtype
+from ...core.offload_training.block_swap import BlockSequence, find_block_sequence
 from ...core.offload_training.memory_buffer import tensor_nbytes
 from ...core.planning.dry_run_cache import DryRunCache, cache_folder, workload_fingerprint
 from ...core.planning.plans import (
@@ -57,7 +57,7 @@ from ...pipelines.registry import families, family_of_class, load, releases
 from ..config.errors import FlagError
 from ..config.placement import PlacementConfig
 from ..objective.adapter import AdapterSettings, inject_adapter
-from ..objective.training_module import TargetAliases, resolve_lora_targets, scoped_targets
+from ..objective.lora_targets import TargetAliases, resolve_lora_targets, scoped_targets
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -87,11 +87,11 @@ def repo_files_missing(model: ModelSection) -> list[ModelConfig]:
 
 def build_architecture(name: str, dtype: torch.dtype | str) -> nn.Module:
     """The denoiser of a released model (``pipelines.registry.releases()``) on the meta device."""
-    import diffusers
-
     spec, release = releases()[name]
+    spec.pipeline_class()  # a room registers its own model classes (Wan Fun's) when its pipeline is imported
+    cls = library_class("diffusers", release.denoiser_class or spec.denoiser_class, f"release {name}")
     with torch.device("meta"):
-        model = getattr(diffusers, release.denoiser_class or spec.denoiser_class)(**release.config)
+        model = cls(**release.config)
     return model.to(resolve_dtype(dtype)).eval()
 
 
@@ -134,9 +134,9 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
     model.to("meta")  # a skeleton from the model files keeps its small buffers (RoPE tables) on the CPU
     model.requires_grad_(False)
     if run.lora.lora_base_model:
-        targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model)
-        if scope is not None:
-            targets = scoped_targets(model, targets, *scope(run.lora.lora_base_model, model))
+        parts = scope(run.lora.lora_base_model, model) if scope is not None else ((), ())
+        targets = resolve_lora_targets(model, run.lora.targets, aliases or {}, run.lora.lora_base_model, parts)
+        targets = scoped_targets(model, targets, *parts)
         settings = AdapterSettings(run.lora.lora_type, run.lora.lora_rank, run.lora.lora_alpha or run.lora.lora_rank,
                                    run.lora.use_dora, run.lora.lokr_factor)
         with torch.device("meta"):  # adapter weights made where they go: nothing is initialised on the CPU first
@@ -172,8 +172,17 @@ def build_workload(model: nn.Module, run: RunConfig, other_model_sizes: Sequence
                              run.training.fused_optimizer_step)
     folder = cache_folder()
     dry_runs = DryRunCache(workload_fingerprint(model, inputs.items()) if folder else "", folder)
-    return Workload(model, find_block_sequence(model), step, set_checkpointing, other_model_sizes, description,
+    return Workload(model, _block_sequence(model), step, set_checkpointing, other_model_sizes, description,
                     local_processes, run.placement.shared_host_weights == "auto", training, dry_runs)
+
+
+def _block_sequence(model: nn.Module) -> BlockSequence:
+    """The blocks block swap would swap; none for a denoiser whose family declares no block swap (a UNet), whose
+    plans then keep it whole."""
+    spec = family_of_class(type(model).__name__)
+    if spec is not None and not spec.block_swap:
+        return BlockSequence((), (), ())
+    return find_block_sequence(model)
 
 
 def _checkpoint_block(block: nn.Module, *args: Any) -> Any:

@@ -13,19 +13,25 @@ if TYPE_CHECKING:
 
 
 def make_accelerator(training: TrainingSection) -> Any:
-    """The run's ``Accelerator``: accumulation, mixed precision, DDP's unused-parameter search, CPU fallback."""
+    """The run's ``Accelerator``: accumulation, mixed precision, DDP's unused-parameter search, CPU fallback, and
+    the process group's timeout (``DIFFSYNTH_PROCESS_TIMEOUT``, :mod:`..machines.watch`)."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    from ..machines.watch import process_group_timeout
 
     # Without CUDA, ask for the CPU explicitly: a multi-process launch would otherwise look for GPUs. Under a
     # DeepSpeed launch the flag would switch DeepSpeed off, so DeepSpeed picks its (CPU) accelerator itself.
     deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=training.find_unused_parameters)]
+    if (timeout := process_group_timeout()) is not None:
+        handlers.append(InitProcessGroupKwargs(timeout=timeout))
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available() and not deepspeed_launch,
         gradient_accumulation_steps=training.gradient_accumulation_steps,
         mixed_precision=training.mixed_precision,
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=training.find_unused_parameters)],
+        kwargs_handlers=handlers,
     )
     if torch.distributed.is_initialized():
         # Gloo's worker threads still hold work objects when the interpreter finalises, and freeing them then

@@ -27,7 +27,7 @@ from ...core.loader import (
 from ...core.offload_training.block_swap import find_block_sequence
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
-from ..objective.training_module import resolve_lora_targets
+from ..objective.lora_targets import effective_lora_targets, resolve_lora_targets
 from ..outputs.initial_weights import initial_weights_problems, target_model
 from ..placement.quant_options import quant_model_problems, quantized_models
 
@@ -156,12 +156,13 @@ def _lora_target_problems(run: RunConfig, pipeline_class: type[BasePipeline],
                           model: torch.nn.Module | None) -> list[str]:
     if model is None:
         return []
-    targets = run.lora.targets
+    targets = effective_lora_targets(model, run.lora.targets, pipeline_class)
     if not targets:
         return [f"--lora_base_model {run.lora.lora_base_model} needs --lora_target_modules, e.g. "
                 "'to_q,to_k,to_v,to_out.0'"]
     try:
-        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, run.lora.lora_base_model)
+        resolve_lora_targets(model, targets, pipeline_class.lora_target_aliases, run.lora.lora_base_model,
+                             pipeline_class.part_scope(run.lora.lora_base_model, model))
     except ValueError as error:
         return [str(error)]
     return []

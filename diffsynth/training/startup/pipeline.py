@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ...core.loader import ModelConfig, parse_model_configs, parse_model_id_with_origin_paths, resolve_files
+from ...core.loader.resolve import REPOSITORY_ROOT
 from ...diffusion.base_pipeline import BasePipeline
 from ..config.errors import FlagError
 from ..objective.adapter import AdapterSettings
@@ -31,6 +32,8 @@ def tokenizer_config(value: str) -> ModelConfig:
     (``black-forest-labs/FLUX.2-klein-4B:tokenizer/``)."""
     if os.path.exists(value) or ":" not in value:
         return ModelConfig(path=value)
+    if value.endswith(":"):  # the repository's root, as the reference's Krea 2 scripts give it
+        return ModelConfig(model_id=value[:-1], origin_file_pattern=REPOSITORY_ROOT)
     return parse_model_id_with_origin_paths(value)[0]
 
 

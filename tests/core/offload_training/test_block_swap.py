@@ -361,6 +361,11 @@ def test_flux_block_lists_are_one_sequence_in_execution_order():
                                                       "single_transformer_blocks.1"]
     qwen = find_block_sequence(build_qwen_image()[0])
     assert qwen.list_names == ("transformer_blocks",) and len(qwen) == NUM_LAYERS
+    # Wan VACE runs every VACE block (the hints) before the main blocks.
+    from diffsynth.testing.tiny_wan_vace import tiny_wan_vace_transformer
+
+    vace = tiny_wan_vace_transformer(0)
+    assert list(find_block_sequence(vace).names) == ["vace_blocks.0", "vace_blocks.1", "blocks.0", "blocks.1"]
 
 
 @pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "plain"])

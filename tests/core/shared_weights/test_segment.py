@@ -12,6 +12,7 @@ from diffsynth.core.device import copy_into
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
 from diffsynth.core.shared_weights import (SEGMENT_PREFIX, LocalGroup, SharedSegment, is_shared_host,
                                            memory_files_supported, shared_span, shared_storage)
+from diffsynth.core.shared_weights.local_group import NODE_RANK_ENV, machine_key
 from diffsynth.core.shared_weights.pss import segment_pss
 
 from .processes import run_ranks
@@ -123,3 +124,15 @@ def load_page_locked(root: str) -> dict:
 @pytest.mark.gpu
 def test_every_process_page_locks_the_shared_copy(tiny_root, tmp_path):
     assert [rank["pinned"] for rank in run_ranks(load_page_locked, 2, tmp_path, str(tiny_root))] == [True, True]
+
+
+
+
+def test_processes_of_two_launch_nodes_never_share_a_machine_key(monkeypatch):
+    """Processes group by machine key (``LocalGroup``): two launch nodes (``accelerate launch --machine_rank 0`` and
+    ``1``) never share a host copy of the frozen weights, even on one host; one node's processes do."""
+    keys = []
+    for node in ("0", "0", "1"):
+        monkeypatch.setenv(NODE_RANK_ENV, node)
+        keys.append(machine_key())
+    assert keys[0] == keys[1] != keys[2] and keys[2].startswith(keys[0][:-1])

@@ -25,6 +25,7 @@ from diffsynth.training.loop.preemption import CheckpointClock, PreemptionListen
 from diffsynth.training.outputs.checkpoint import read_progress, resolve_checkpoint
 from tests.training.loop.test_nonfinite_guard import poison
 from tests.training.test_trainer import COMMON, TRAIN_PY, lora, max_difference, raw, stage_two_argv
+from tests.launching import accelerate_launch
 
 
 @pytest.fixture(autouse=True)
@@ -211,8 +212,7 @@ def test_two_processes_skip_the_same_steps_and_stop_at_the_same_step(dataset, tm
     script = tmp_path / "run.py"
     script.write_text(RANK_SCRIPT)
     output = tmp_path / "two"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+    command = [*accelerate_launch(2), str(script),
                *stage_two_argv(cache, output, "--dataset_repeat", "2", "--num_epochs", "2")]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     # In a session of its own, so that a run that hangs (ranks disagreeing) leaves no process behind.

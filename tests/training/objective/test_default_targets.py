@@ -26,7 +26,7 @@ from diffsynth.testing.tiny_models import (
 )
 from diffsynth.testing.tiny_z_image import Z_IMAGE_MODEL_ID, Z_IMAGE_OMNI_MODEL_ID, Z_IMAGE_PATTERNS
 from diffsynth.training.config.errors import split_csv
-from diffsynth.training.objective.training_module import resolve_lora_targets
+from diffsynth.training.objective.lora_targets import resolve_lora_targets
 
 # One release of each layout a pipeline trains: its denoiser and what its targets must select at the least.
 RELEASES = {

@@ -28,6 +28,7 @@ from diffsynth.training.outputs.earlier_outputs import earlier_outputs
 from diffsynth.training.outputs.logger import ModelLogger
 from diffsynth.training.outputs.output_folder import TRAINING_OUTPUTS, previous_outputs
 from tests.training.test_trainer import COMMON, PATTERN, lora, max_difference, raw
+from tests.launching import accelerate_launch
 
 TRAIN_PY = "examples/qwen_image/model_training/train.py"
 
@@ -265,8 +266,7 @@ def test_the_default_output_folder_is_not_the_model_folder(dataset, tmp_path, ba
 def test_two_processes_both_stop_at_a_held_folder_without_loading_models(dataset, tmp_path, tiny_root):
     output = tmp_path / "out"
     live_lock(output, pid=os.getpid())  # this test process holds it for the launched run
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_PY, *raw(dataset),
+    command = [*accelerate_launch(2), TRAIN_PY, *raw(dataset),
                *COMMON, "--output_path", str(output)]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1"}
     repo = Path(__file__).resolve().parents[3]

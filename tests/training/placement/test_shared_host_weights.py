@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ from diffsynth.testing.tiny_models import (
 )
 from diffsynth.core.shared_weights import SEGMENT_PREFIX, memory_files_supported
 from tests.training.conftest import lora, max_difference
+from tests.launching import accelerate_launch
 
 pytestmark = pytest.mark.skipif(not memory_files_supported(), reason="needs Linux memory files")
 
@@ -59,8 +59,7 @@ WAN_MODES = {"offload": ["--enable_model_cpu_offload"], "block_swap": ["--blocks
 def launch(family, runs, tiny_root, **popen):
     """``accelerate launch`` of two processes running ``shared_weights_run.py`` over ``runs`` (lists of flags)."""
     flags = [arg for index, run in enumerate(runs) for arg in ([*run] if index == 0 else ["--then", *run])]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(RUN), family, *flags]
+    command = [*accelerate_launch(2), str(RUN), family, *flags]
     env = {**os.environ, "DIFFSYNTH_MODEL_BASE_PATH": str(tiny_root), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return command, env

@@ -1,0 +1,211 @@
+"""What the Wan ``validate_lora`` scripts share: each script names its release (``RELEASES``); this module gives it
+the flags, checks them before any model loads, loads the release's original files, merges the trained LoRA into the
+transformer (for the Wan2.2 A14B experts, one LoRA each) and renders one clip with the release's control inputs.
+
+The LoRA's weights are added into the transformer's (``diffsynth.lora.load_lora``), so sampling costs what it costs
+without a LoRA. ``--lora_alpha_scale 0`` renders the base model from the same seed, for a side-by-side comparison. A
+LoRA of the VACE blocks (``--lora_base_model vace``) merges into the same transformer, whose VACE blocks it names.
+
+Sampling uses this package's flow-matching Euler schedule (shift 5), the one the trainer trains with; diffusers' Wan
+pipelines use UniPC with shift 3 instead (see ``diffsynth.pipelines.wan_video.pipeline``). At the defaults (81 frames,
+832 x 480, 50 steps, guidance doubling the work) a clip takes minutes on one consumer GPU; lower --num_frames and
+--steps for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+VIDEO_SUFFIXES = (".mp4", ".gif")
+DIT = "diffusion_pytorch_model*.safetensors"
+EXPERTS = ("high_noise_model/" + DIT, "low_noise_model/" + DIT)
+ENCODERS = ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth")
+CLIP = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+
+# The control inputs, as the pipeline's call names them: (kind, help).
+INPUTS = {
+    "input_image": ("image", "the first frame (an image file)"),
+    "end_image": ("image", "the last frame (an image file)"),
+    "control_video": ("video", "the control clip: depth, edges, pose... (a video file, at least --num_frames long)"),
+    "reference_image": ("image", "an image whose look the clip takes"),
+    "camera_control_direction": ("text", "the camera motion, e.g. Left, Right, Up, Down, LeftUp, In, Out"),
+    "camera_control_speed": ("number", "the camera motion per frame (default the reference's 1/54)"),
+    "vace_video": ("video", "the clip to follow (a video file, at least --num_frames long)"),
+    "vace_video_mask": ("video", "white where to paint, black where to keep --vace_video (a video file)"),
+    "vace_reference_image": ("images", "one or more images of a subject or style"),
+}
+
+
+class Release(NamedTuple):
+    """A release's files and what its scripts pass: the inputs offered and those it cannot render without."""
+
+    model_id: str
+    inputs: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    clip: bool = False
+    experts: bool = False
+
+    def files(self) -> tuple[str, ...]:
+        return (*(EXPERTS if self.experts else (DIT,)), *ENCODERS, *((CLIP,) if self.clip else ()))
+
+
+_INP = dict(inputs=("input_image", "end_image"), required=("input_image",))
+_CONTROL = dict(inputs=("control_video",), required=("control_video",))
+_CONTROL_REF = dict(inputs=("control_video", "reference_image"), required=("control_video",))
+_CAMERA = dict(inputs=("input_image", "camera_control_direction", "camera_control_speed"),
+               required=("input_image", "camera_control_direction"))
+_VACE = dict(inputs=("vace_video", "vace_video_mask", "vace_reference_image"))
+
+RELEASES = {
+    "Wan2.1-T2V-1.3B": Release("Wan-AI/Wan2.1-T2V-1.3B"),
+    "Wan2.1-FLF2V-14B-720P": Release("Wan-AI/Wan2.1-FLF2V-14B-720P", ("input_image", "end_image"),
+                                     ("input_image", "end_image"), clip=True),
+    **{name: Release(f"PAI/{name}", clip=True, **_INP) for name in (
+        "Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP", "Wan2.1-Fun-V1.1-1.3B-InP", "Wan2.1-Fun-V1.1-14B-InP")},
+    "Wan2.2-Fun-A14B-InP": Release("PAI/Wan2.2-Fun-A14B-InP", experts=True, **_INP),
+    **{name: Release(f"PAI/{name}", clip=True, **_CONTROL) for name in ("Wan2.1-Fun-1.3B-Control",
+                                                                        "Wan2.1-Fun-14B-Control")},
+    **{name: Release(f"PAI/{name}", clip=True, **_CONTROL_REF) for name in ("Wan2.1-Fun-V1.1-1.3B-Control",
+                                                                            "Wan2.1-Fun-V1.1-14B-Control")},
+    "Wan2.2-Fun-A14B-Control": Release("PAI/Wan2.2-Fun-A14B-Control", experts=True, **_CONTROL_REF),
+    **{name: Release(f"PAI/{name}", clip=True, **_CAMERA) for name in ("Wan2.1-Fun-V1.1-1.3B-Control-Camera",
+                                                                       "Wan2.1-Fun-V1.1-14B-Control-Camera")},
+    "Wan2.2-Fun-A14B-Control-Camera": Release("PAI/Wan2.2-Fun-A14B-Control-Camera", experts=True, **_CAMERA),
+    "Wan2.1-VACE-1.3B": Release("Wan-AI/Wan2.1-VACE-1.3B", **_VACE),
+    "Wan2.1-VACE-1.3B-Preview": Release("iic/VACE-Wan2.1-1.3B-Preview", **_VACE),
+    "Wan2.1-VACE-14B": Release("Wan-AI/Wan2.1-VACE-14B", **_VACE),
+    "Wan2.2-VACE-Fun-A14B": Release("PAI/Wan2.2-VACE-Fun-A14B", experts=True, **_VACE),
+}
+
+
+def model_id_with_origin_paths(name: str) -> str:
+    """The ``--model_id_with_origin_paths`` of release ``name``'s files, as its training script loads them."""
+    release = RELEASES[name]
+    return ",".join(f"{release.model_id}:{pattern}" for pattern in release.files())
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The flags of release ``name``'s script; the defaults read the last LoRA its ``lora/<name>.sh`` writes."""
+    release = RELEASES[name]
+    parser = argparse.ArgumentParser(description=f"Render a clip with a {name} LoRA merged into the model.")
+    lora = f"./models/train/{name}_{{}}lora/epoch-4.safetensors"
+    if release.experts:
+        parser.add_argument("--lora_path", default=lora.format("high_noise_"),
+                            help="the high-noise expert's LoRA (.safetensors written by the trainer)")
+        parser.add_argument("--low_noise_lora_path", default=lora.format("low_noise_"),
+                            help="the low-noise expert's LoRA; 'none' renders that expert without one")
+    else:
+        parser.add_argument("--lora_path", default=lora.format(""),
+                            help="LoRA .safetensors written by the trainer (or another Wan LoRA)")
+    parser.add_argument("--lora_alpha_scale", type=float, default=1.0,
+                        help="multiplies the LoRA's own alpha / rank scale; 0 renders the base model")
+    parser.add_argument("--prompt", default="a corgi running along a sunny beach, the camera following it",
+                        help="what the clip shows")
+    parser.add_argument("--negative_prompt", default="blurry, distorted, static, low quality, watermark, subtitles",
+                        help="what to steer away from (with --cfg_scale other than 1)")
+    for key in release.inputs:
+        kind, meaning = INPUTS[key]
+        needed = " (required)" if key in release.required else ""
+        if kind == "images":
+            parser.add_argument(f"--{key}", nargs="+", default=None, help=meaning + needed)
+        else:
+            parser.add_argument(f"--{key}", type=float if kind == "number" else str, default=None,
+                                help=meaning + needed)
+    parser.add_argument("--cfg_scale", type=float, default=5.0, help="classifier-free guidance; 1 turns it off")
+    parser.add_argument("--output", default="video.mp4", help="file to write: .mp4 (H.264) or .gif")
+    parser.add_argument("--height", type=int, default=480, help="frame height in pixels (rounded to a multiple of 16)")
+    parser.add_argument("--width", type=int, default=832, help="frame width in pixels (rounded to a multiple of 16)")
+    parser.add_argument("--num_frames", type=int, default=81, help="frames in the clip, 4k+1 (others are rounded down)")
+    parser.add_argument("--steps", type=int, default=50, help="denoising steps")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed; the same seed gives the same clip")
+    parser.add_argument("--fps", type=int, default=15, help="frame rate written into the file")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="compute device (default: cuda when available, else cpu)")
+    parser.add_argument("--torch_dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="dtype of the weights and the computation")
+    parser.add_argument("--model_id_with_origin_paths", default=model_id_with_origin_paths(name),
+                        help="comma list of model_id:file_pattern entries, as given to the trainer")
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, release: Release, args: argparse.Namespace) -> list[str]:
+    """Everything that can be wrong with the flags, reported before the models load (which takes minutes); returns
+    the LoRA files to merge, one per expert ("" for an expert rendered without one)."""
+    loras = [args.lora_path] + ([args.low_noise_lora_path] if release.experts else [])
+    loras = ["" if release.experts and index and path.lower() == "none" else path for index, path in enumerate(loras)]
+    for flag, path in zip(("--lora_path", "--low_noise_lora_path"), loras):
+        if path and not Path(path).is_file():
+            parser.error(f"{flag} {path}: no such file; pass an epoch-<e>.safetensors or step-<s>.safetensors file "
+                         "from the training run's --output_path")
+    if Path(args.output).suffix.lower() not in VIDEO_SUFFIXES:
+        parser.error(f"--output {args.output}: the suffix picks the format; end it in .mp4 or .gif")
+    if args.num_frames < 1 or args.fps < 1:
+        parser.error(f"--num_frames {args.num_frames} and --fps {args.fps} must be positive; e.g. --num_frames 81 "
+                     "--fps 15")
+    missing = [key for key in release.required if getattr(args, key) is None]
+    if missing:
+        parser.error(f"{release.model_id} needs --{' and --'.join(missing)}: "
+                     + "; ".join(f"--{key}: {INPUTS[key][1]}" for key in missing))
+    for key in release.inputs:
+        value, kind = getattr(args, key), INPUTS[key][0]
+        for path in (value or []) if kind == "images" else ([value] if kind in ("image", "video") and value else []):
+            if not Path(path).is_file():
+                parser.error(f"--{key} {path}: no such file; pass {INPUTS[key][1]}")
+    return loras
+
+
+def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
+    """The call's control inputs, read from the files the flags name."""
+    from PIL import Image
+
+    from diffsynth.core.data import LoadVideo
+    from diffsynth.core.data.operators import ResizeConfig
+
+    inputs = {}
+    for key in release.inputs:
+        value, kind = getattr(args, key), INPUTS[key][0]
+        if value is None:
+            continue
+        if kind == "image":
+            value = Image.open(value).convert("RGB")
+        elif kind == "images":
+            value = [Image.open(path).convert("RGB") for path in value]
+        elif kind == "video":
+            value = LoadVideo(args.num_frames).load(value, ResizeConfig(height=args.height, width=args.width))
+        inputs[key] = value
+    return inputs
+
+
+def main(name: str, argv: Sequence[str] | None = None) -> Path:
+    """Loads release ``name``, merges the LoRA, renders the prompt with the control inputs and writes the clip.
+
+    Returns:
+        The video file written.
+    """
+    from diffsynth.core import parse_model_id_with_origin_paths
+    from diffsynth.lora import load_lora
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline, save_video
+
+    release = RELEASES[name]
+    parser = build_parser(name)
+    args = parser.parse_args(argv)
+    loras = _check(parser, release, args)
+    configs = parse_model_id_with_origin_paths(args.model_id_with_origin_paths)
+    pipe = WanVideoPipeline.from_pretrained(torch_dtype=args.torch_dtype, device=args.device, model_configs=configs)
+    for model, path in zip(("dit", "dit2"), loras):
+        if path:
+            layers = load_lora(getattr(pipe, model), path, alpha=args.lora_alpha_scale)
+            print(f"merged {layers} LoRA layers from {path} into {model} (scale {args.lora_alpha_scale})")
+    frames = pipe(args.prompt, negative_prompt=args.negative_prompt, cfg_scale=args.cfg_scale, height=args.height,
+                  width=args.width, num_frames=args.num_frames, seed=args.seed, num_inference_steps=args.steps,
+                  **_inputs(release, args))
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_video(frames, output, fps=args.fps)
+    print(f"{len(frames)} frames written to {output.resolve()}")
+    return output
