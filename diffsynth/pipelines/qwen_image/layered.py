@@ -130,7 +130,7 @@ def unpack_frames(tokens: torch.Tensor, frames: int, height: int, width: int) ->
 
 
 def decode_frames(pipe: QwenImagePipeline, latents: torch.Tensor) -> torch.Tensor:
-    """``(1, 16, F, h, w)`` latents decoded frame by frame (as diffusers does), ``(F, C, H, W)`` values in ``[0, 1]``."""
+    """``(1, 16, F, h, w)`` latents decoded frame by frame (as diffusers does): ``(F, C, H, W)`` values in [0, 1]."""
     frames = latents[0].transpose(0, 1).unsqueeze(2).to(pipe.vae.dtype)  # (F, 16, 1, h, w)
     mean, inverse_std = pipe.latent_statistics(frames)
     images = pipe.vae.decode(frames / inverse_std + mean, return_dict=False)[0][:, :, 0]
