@@ -90,6 +90,9 @@ class BasePipeline(torch.nn.Module):
     optional_columns: tuple[str, ...] = ()
     #: ``--extra_inputs`` names a sample may lack because ``training_inputs`` derives them (Wan: the first frame).
     derived_inputs: tuple[str, ...] = ()
+    #: ``--extra_inputs`` names ``training_media`` reads from the sample (Qwen-Image-Layered: ``layer_num``), used
+    #: though no unit may read them in training.
+    media_inputs: tuple[str, ...] = ()
     #: ``--extra_inputs`` file columns a row may leave empty, the state then lacking the input (LTX-2: the sound of
     #: ``input_audio``, so that clips with and without sound share a dataset and a batch).
     optional_inputs: tuple[str, ...] = ()
@@ -98,6 +101,8 @@ class BasePipeline(torch.nn.Module):
     load_options: tuple[str, ...] = ()
     #: State inputs that must hold loaded images, so a dataset column feeding one belongs in ``--data_file_keys``.
     image_inputs: tuple[str, ...] = ()
+    #: Extra inputs that make the dataset keep images' transparency (RGBA) when ``--extra_inputs`` names one.
+    alpha_inputs: tuple[str, ...] = ()
     #: The type of each input a metadata column may feed through ``--extra_inputs`` (``core.data.cells``); a CSV
     #: cell is text, so the dataset converts those columns (e.g. ``seed`` to an int) and refuses cells that do not.
     input_types: dict[str, Any] = {}

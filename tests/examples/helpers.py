@@ -51,7 +51,7 @@ def train_lora(pipeline_class: type, metadata: Path, models: str, output: Path, 
 def linked_model_root(tiny_root: Path, root: Path, aliases: dict[str, str]) -> Path:
     """``root`` holding links to every tiny repo, plus ``{release id: tiny repo id}`` aliases: releases that share a
     tiny repo's layout under their own ids."""
-    for owner in tiny_root.iterdir():
+    for owner in (folder for folder in tiny_root.iterdir() if folder.is_dir()):  # not the session's .built marker
         (root / owner.name).mkdir()
         for repo in owner.iterdir():
             (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)

@@ -1,6 +1,7 @@
 """The reference's Qwen-Image full fine-tunes (DiffSynth-Studio fed7b18, ``examples/qwen_image/model_training/full``)
-run as written on the tiny repos through the trainer's ``main``, and the ones for releases not supported here stop
-with one line naming the release before any model loads.
+run as written on the tiny repos through the trainer's ``main``, as do the LoRA scripts of the releases that only have
+a tiny repo here under an alias (FireRed-Image-Edit, Qwen-Image-Distill-Full), and the ones for releases not supported
+here stop with one line naming the release before any model loads.
 
 Each ``accelerate launch`` command runs from a scratch working folder with only what a user on a small machine would
 change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and ``DIFFSYNTH_MODEL_BASE_PATH``
@@ -20,10 +21,19 @@ from safetensors.torch import load_file
 
 from diffsynth.core.data.example_dataset import build_example_dataset
 from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
+from diffsynth.core.data.example_layered_dataset import build_example_layered_dataset
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
-from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.testing.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_MODEL_ID
+from diffsynth.testing.tiny_qwen_layered import QWEN_IMAGE_LAYERED_MODEL_ID, build_tiny_qwen_image_layered
 from diffsynth.training.config.parsers import build_parser
-from tests.examples.helpers import assert_deepspeed_config, config_file, linked_model_root, run_command, script_commands
+from tests.examples.helpers import (
+    assert_deepspeed_config,
+    config_file,
+    linked_model_root,
+    lora_update,
+    run_command,
+    script_commands,
+)
 from tests.pipelines.family_helpers import refused_before_loading
 
 from .test_scripts import REPO, launch_commands
@@ -38,6 +48,9 @@ RELEASES = {
     "Qwen-Image-Edit-2509": "Qwen/Qwen-Image-Edit-2509",
     "Qwen-Image-Edit-2511": "Qwen/Qwen-Image-Edit-2511",
     "Qwen-Image-Distill-Full": "DiffSynth-Studio/Qwen-Image-Distill-Full",
+    "FireRed-Image-Edit-1.0": "FireRedTeam/FireRed-Image-Edit-1.0",
+    "FireRed-Image-Edit-1.1": "FireRedTeam/FireRed-Image-Edit-1.1",
+    "Qwen-Image-Layered": QWEN_IMAGE_LAYERED_MODEL_ID,
 }
 CONFIGS = {"accelerate_config.yaml": (2, "none"), "accelerate_config_zero2offload.yaml": (2, "cpu"),
            "accelerate_config_zero3.yaml": (3, "none")}
@@ -78,10 +91,12 @@ def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
 
 def draw_dataset(argv: list[str]) -> None:
     """Draws a two-sample dataset where a command expects one: one edit image per sample in a CSV (Edit), a list in
-    JSON (2509+) for an Edit command."""
+    JSON (2509+) for an Edit command, RGBA layers for a Layered one."""
     args = build_parser().parse_args(argv)
     if not Path(args.dataset_metadata_path).is_file():
-        if args.extra_inputs == "edit_image":
+        if args.extra_inputs == "layer_num,layer_input_image":
+            build_example_layered_dataset(args.dataset_base_path)
+        elif args.extra_inputs == "edit_image":
             build_example_edit_dataset(args.dataset_base_path, num_samples=2,
                                        num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
         else:
@@ -94,14 +109,18 @@ def run_in_process(argv: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def model_root(tiny_root, tmp_path_factory) -> Path:
-    """The tiny repos, plus the releases that share the tiny Qwen-Image transformer's layout under their own ids:
-    ``Qwen/Qwen-Image-2512`` (the whole repo) and ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (its transformer
-    folder, as that release keeps the transformer at the root)."""
+    """The tiny repos, plus the releases that share a tiny repo's layout under their own ids:
+    ``Qwen/Qwen-Image-2512`` (the whole Qwen-Image repo), the FireRed-Image-Edit releases (the whole Edit-2509 repo,
+    processor included: diffusers loads them with ``QwenImageEditPlusPipeline``) and
+    ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (the Qwen-Image transformer folder, as that release keeps the
+    transformer at the root); and the tiny Qwen-Image-Layered repo."""
+    firered = {f"FireRedTeam/FireRed-Image-Edit-{version}": QWEN_IMAGE_EDIT_2509_MODEL_ID for version in ("1.0", "1.1")}
     root = linked_model_root(tiny_root, tmp_path_factory.mktemp("full_model_root"),
-                             {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID})
+                             {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID, **firered})
     qwen = tiny_root / QWEN_IMAGE_MODEL_ID
     (root / "DiffSynth-Studio").mkdir(exist_ok=True)
     (root / "DiffSynth-Studio" / "Qwen-Image-Distill-Full").symlink_to(qwen / "transformer", target_is_directory=True)
+    build_tiny_qwen_image_layered(root)
     return root
 
 
@@ -133,6 +152,18 @@ def test_script_trains_every_weight_of_the_transformer(workdir, model_root, rele
     unchanged = set(saved) - set(changed_weights(saved, released))
     # Every weight moved but the RMSNorm scales: stored in bf16 at 1.0, where a 1e-5 step is below the resolution.
     assert len(unchanged) < len(saved) / 4 and all(torch.all(released[key] == 1) for key in unchanged), unchanged
+
+
+@pytest.mark.parametrize("release", ["FireRed-Image-Edit-1.0", "FireRed-Image-Edit-1.1", "Qwen-Image-Distill-Full",
+                                     "Qwen-Image-Layered"])
+def test_lora_script_of_an_aliased_release_trains_its_transformer(workdir, model_root, release):
+    [(config, argv)] = commands(f"lora/{release}.sh")
+    result = run_in_process(argv)
+    assert config is None and result["global_step"] == 2
+    pipe = result["module"].pipe
+    assert pipe.model_configs["dit"].model_id == RELEASES[release]
+    assert (pipe.processor is not None) is ("Edit" in release)
+    assert lora_update(workdir / argv[argv.index("--output_path") + 1] / "epoch-0.safetensors") > 0
 
 
 @pytest.mark.parametrize(("name", "stage_and_offload"), list(CONFIGS.items()))
@@ -182,12 +213,6 @@ def refused(models: str, *flags: str) -> list[str]:
 # The distinguishing flags of the reference's full/ Qwen-Image scripts for releases not supported here, as they write
 # them, and what the one line of refusal names.
 REFUSED = {
-    "FireRed-Image-Edit-1.0": (refused(f"FireRedTeam/FireRed-Image-Edit-1.0:transformer/diffusion_pytorch_model*."
-                                       f"safetensors,{QWEN_ENCODERS}", "--extra_inputs", "edit_image",
-                                       "--trainable_models", "dit"), "FireRed-Image-Edit"),
-    "FireRed-Image-Edit-1.1": (refused(f"FireRedTeam/FireRed-Image-Edit-1.1:transformer/diffusion_pytorch_model*."
-                                       f"safetensors,{QWEN_ENCODERS}", "--extra_inputs", "edit_image",
-                                       "--trainable_models", "dit"), "FireRed-Image-Edit"),
     **{f"Qwen-Image-Blockwise-ControlNet-{kind}": (
         refused(f"{QWEN_DIT},{QWEN_ENCODERS},DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}:model.safetensors",
                 "--trainable_models", "blockwise_controlnet", "--extra_inputs", inputs), "Blockwise ControlNet")
@@ -197,11 +222,6 @@ REFUSED = {
     "Qwen-Image-Blockwise-ControlNet (from scratch)": (
         refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
                 "blockwise_controlnet_image"), "Blockwise ControlNet"),
-    "Qwen-Image-Layered": (refused("Qwen/Qwen-Image-Layered:transformer/diffusion_pytorch_model*.safetensors,"
-                                   "Qwen/Qwen-Image:text_encoder/model*.safetensors,"
-                                   "Qwen/Qwen-Image-Layered:vae/diffusion_pytorch_model.safetensors",
-                                   "--trainable_models", "dit", "--extra_inputs", "layer_num,layer_input_image"),
-                           "Qwen-Image-Layered"),
     "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
                                            "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
                                            "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"

@@ -224,6 +224,7 @@ class UnifiedDataset(Dataset):
             ``bucket_key`` then tells which samples share a shape.
         optional_columns: Columns the pipeline reads where a row has them (LTX-2's ``frame_rate``): like the
             required ones, part of each sample's fingerprint.
+        keep_alpha: Decode images as RGBA instead of compositing transparency on white (Qwen-Image-Layered).
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -238,7 +239,7 @@ class UnifiedDataset(Dataset):
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
                  keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
                  buckets: bool = False, optional_file_keys: Sequence[str] = (),
-                 optional_columns: Sequence[str] = ()) -> None:
+                 optional_columns: Sequence[str] = (), keep_alpha: bool = False) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -248,6 +249,7 @@ class UnifiedDataset(Dataset):
         # Validated even for an image-only dataset: a bad --num_frames is a typo worth reporting before files are read.
         video = LoadVideo(num_frames=num_frames, allow_shorter=allow_shorter_videos)
         self.file_options = {"num_frames": video.num_frames, "allow_shorter": video.allow_shorter}
+        self.keep_alpha = keep_alpha
         self.base_path = Path(base_path)
         self.metadata_path = Path(metadata_path)
         self.repeat = repeat
@@ -316,7 +318,10 @@ class UnifiedDataset(Dataset):
         path = self.base_path / relative
         operator = operator_for(path, key)
         try:
-            return operator.load(path, self.resize, **operator.settings(self.file_options))
+            settings = operator.settings(self.file_options)
+            if self.keep_alpha and operator.kind == "image":
+                settings["keep_alpha"] = True
+            return operator.load(path, self.resize, **settings)
         except DatasetError as error:
             bad = BadSample(row, key, relative, str(error))
             message = (f"metadata {self.metadata_path} {bad.describe()}; pass --on_bad_sample skip to go on without "
@@ -404,6 +409,7 @@ class UnifiedDataset(Dataset):
         return {"height": self.resize.height, "width": self.resize.width, "max_pixels": self.resize.max_pixels,
                 "division_factor": self.resize.division_factor, "data_file_keys": list(self.data_file_keys),
                 "decode_rules": DECODE_RULES_VERSION, **({"buckets": True} if self.resize.buckets else {}),
+                **({"keep_alpha": True} if self.keep_alpha else {}),
                 **{name: self.file_options[name] for name in self._used_options}}
 
     def fingerprint(self, row: int, models: str, previous: SampleFingerprint | None = None) -> SampleFingerprint:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageOps
 
 from ..file_memo import parsed
 from .audio import AUDIO_COLUMNS, check_audio, load_audio
@@ -184,11 +184,16 @@ def image_shape(path: Path, resize: ResizeConfig) -> tuple[int, int]:
     return resize.target_size(*read_image_header(path)[2], source=path)
 
 
-def load_image(path: Path, resize: ResizeConfig) -> Image.Image:
-    """Decodes ``path`` as RGB, upright per its EXIF orientation, resized and cropped as ``resize`` says."""
+def load_image(path: Path, resize: ResizeConfig, keep_alpha: bool = False) -> Image.Image:
+    """Decodes ``path`` as RGB (RGBA with ``keep_alpha``: Qwen-Image-Layered trains on transparency), upright per its
+    EXIF orientation, resized and cropped as ``resize`` says."""
     try:
         with Image.open(path) as opened:
-            image = upright_rgb(opened, path)
+            if keep_alpha:
+                check_mode(opened.mode, path)
+                image = ImageOps.exif_transpose(opened).convert("RGBA")
+            else:
+                image = upright_rgb(opened, path)
     except DatasetError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError) as error:

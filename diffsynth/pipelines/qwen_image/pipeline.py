@@ -21,12 +21,14 @@ import torch
 from PIL import Image
 
 from ...core.loader import ModelConfig, model_class_name
+from ...core.data.cells import positive_integer
 from ..common import (
+    LatentsUnit,
     PromptUnit,
+    ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
-    image_to_tensor,
-    image_units,
+    tensor_to_images,
     pack_latents,
     unpack_latents,
 )
@@ -36,11 +38,24 @@ from .edit import (
     EDIT_TEMPLATE_DROP_TOKENS,
     EditImageEmbedderUnit,
     default_processor_config,
+    edit_image_size,
     encode_edit_prompt,
     load_processor,
     output_size,
     processor_if_present,
     set_zero_cond_t,
+)
+from .layered import (
+    LAYERED_DEFAULT_PIXELS,
+    LayeredInputImageUnit,
+    LayeredNoiseUnit,
+    LayerInputImageUnit,
+    check_layer_num,
+    decode_frames,
+    encode_frames,
+    layered_mu,
+    pack_frames,
+    unpack_frames,
 )
 
 __all__ = ["ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
@@ -111,9 +126,13 @@ class QwenImagePipeline(TextToLatentPipeline):
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents", "layer_input_latents")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
-    image_inputs = ("edit_image",)
+    image_inputs = ("edit_image", "layer_input_image")
+    #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
+    alpha_inputs = ("layer_input_image",)
+    media_inputs = ("layer_num",)
+    input_types = {**TextToLatentPipeline.input_types, "layer_num": positive_integer}
     load_options = ("processor_config", "zero_cond_t")
     #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
@@ -124,7 +143,9 @@ class QwenImagePipeline(TextToLatentPipeline):
     edit_condition_pixels = EDIT_CONDITION_PIXELS
     #: The Qwen2.5-VL processor that reads edit images, and its folder; loaded on first use if unset.
     extra_attributes = {"processor": None, "processor_config": None}
-    unit_classes = image_units(EditImageEmbedderUnit, PromptEmbedderUnit)
+    # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``).
+    unit_classes = (ShapeCheckUnit, LayeredNoiseUnit, LayeredInputImageUnit, EditImageEmbedderUnit,
+                    LayerInputImageUnit, LatentsUnit, PromptEmbedderUnit)
 
     def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
         """What editing needs, after the models: the processor and Edit-2511's switch.
@@ -166,11 +187,22 @@ class QwenImagePipeline(TextToLatentPipeline):
         return self.processor
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:
-        """An image as normalised latents ``(1, 16, H/8, W/8)``: one frame through the 3D VAE (distribution mode)."""
-        pixels = image_to_tensor(image).to(self.device, self.vae.dtype).unsqueeze(2)
-        latents = self.vae.encode(pixels).latent_dist.mode()[:, :, 0]
-        mean, inverse_std = self.latent_statistics(latents)
-        return ((latents - mean) * inverse_std).to(self.torch_dtype)
+        """An image as normalised latents ``(1, 16, H/8, W/8)``: one frame through the 3D VAE (distribution mode); RGBA
+        for Qwen-Image-Layered's four-channel VAE."""
+        return encode_frames(self, [image])[:, :, 0]
+
+    def training_media(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """As ``TextToLatentPipeline``'s; a Qwen-Image-Layered sample (with ``layer_num``) gives its whole ``image``
+        list, the composite then the layers, as ``input_image``."""
+        image = sample["image"]
+        if sample.get("layer_num") is None:
+            return super().training_media(sample)
+        if not isinstance(image, list) or len(image) != sample["layer_num"] + 1:
+            count = len(image) if isinstance(image, list) else "one image"
+            raise ValueError(f"a Qwen-Image-Layered sample with layer_num={sample['layer_num']} needs an image list of "
+                             f"{sample['layer_num'] + 1} (the composite, then each layer), not {count}; fix the "
+                             "row's image cell or its layer_num")
+        return {"input_image": image, "height": image[0].height, "width": image[0].width}
 
     def set_inference_timesteps(self, num_inference_steps: int, denoising_strength: float = 1.0, *,
                                 latent_shape: tuple[int, ...]) -> None:
@@ -180,26 +212,39 @@ class QwenImagePipeline(TextToLatentPipeline):
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, edit_latents: Sequence[torch.Tensor] | None = None,
-                 **_: Any) -> torch.Tensor:
+                 layer_input_latents: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
-        ``edit_latents`` (reference images) are packed after the latents, each with its own ``img_shapes`` entry;
-        the prediction keeps only the latents' tokens. Extra state keys are accepted and ignored, since the loop
-        passes the whole state.
+        ``latents`` are ``(B, 16, h, w)``, or ``(B, 16, frames, h, w)`` for Qwen-Image-Layered (packed frame after
+        frame, one ``img_shapes`` entry each). ``edit_latents`` (reference images) and ``layer_input_latents`` (the
+        image to decompose) are packed after the latents, each with its own ``img_shapes`` entry; the prediction
+        keeps only the latents' tokens. Extra state keys are accepted and ignored, since the loop passes the whole
+        state.
         """
-        batch, _, height, width = latents.shape
+        batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
+        frames = latents.shape[2] if latents.dim() == 5 else 1
         timestep = torch.as_tensor(timestep, device=latents.device).to(latents.dtype).reshape(-1).expand(batch)
-        tokens, shapes = [pack_latents(latents)], [(1, height // 2, width // 2)]
-        for reference in edit_latents or ():
+        tokens = [pack_frames(latents) if latents.dim() == 5 else pack_latents(latents)]
+        shapes = [(1, height // 2, width // 2)] * frames
+        conditions = [*(edit_latents or ()), *(() if layer_input_latents is None else (layer_input_latents,))]
+        for reference in conditions:
             tokens.append(pack_latents(reference.to(latents.dtype)).expand(batch, -1, -1))
             shapes.append((1, reference.shape[-2] // 2, reference.shape[-1] // 2))
+        # Layered's transformer takes an extra timestep condition, 0 for the RGBA decomposition.
+        extra = {"additional_t_cond": torch.zeros(batch, dtype=torch.long, device=latents.device)} \
+            if self.dit.config.get("use_additional_t_cond", False) else {}
         prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000,
                               encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
-                              img_shapes=[shapes] * batch, return_dict=False)[0]
-        return unpack_latents(prediction[:, :tokens[0].shape[1]], height, width)
+                              img_shapes=[shapes] * batch, return_dict=False, **extra)[0]
+        prediction = prediction[:, :tokens[0].shape[1]]
+        return unpack_frames(prediction, frames, height, width) if latents.dim() == 5 else \
+            unpack_latents(prediction, height, width)
 
     def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
-        """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule)."""
+        """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule); plain for
+        Qwen-Image-Layered's frames, as diffusers' ``QwenImageLayeredPipeline`` does by default."""
+        if positive.dim() == 5:
+            return super().guide(positive, negative, cfg_scale)
         height, width = positive.shape[-2:]
         positive, negative = pack_latents(positive), pack_latents(negative)
         combined = negative + cfg_scale * (positive - negative)
@@ -209,6 +254,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     def decode(self, inputs_shared: dict, inputs_posi: dict, inputs_nega: dict) -> torch.Tensor:
         """The final latents through the VAE, as ``(B, 3, H, W)`` values in ``[0, 1]``."""
         self.load_models_to_device(["vae"])
+        if inputs_shared["latents"].dim() == 5:
+            return decode_frames(self, inputs_shared["latents"])
         latents = inputs_shared["latents"].unsqueeze(2).to(self.vae.dtype)
         mean, inverse_std = self.latent_statistics(latents)
         images = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
@@ -222,11 +269,12 @@ class QwenImagePipeline(TextToLatentPipeline):
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
-                 edit_image: Image.Image | Sequence[Image.Image] | None = None, height: int | None = None,
-                 width: int | None = None, seed: int | None = None, rand_device: str = "cpu",
-                 num_inference_steps: int = 30, max_sequence_length: int = 512, output_type: str = "pil",
-                 progress_bar: bool = True) -> Image.Image | torch.Tensor:
-        """Generates one image.
+                 edit_image: Image.Image | Sequence[Image.Image] | None = None,
+                 layer_input_image: Image.Image | None = None, layer_num: int | None = None,
+                 height: int | None = None, width: int | None = None, seed: int | None = None,
+                 rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
+                 output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
+        """Generates one image, or with ``layer_input_image`` its decomposition into layers.
 
         Args:
             prompt: What to draw, or (with ``edit_image``) how to change the edit images.
@@ -236,8 +284,12 @@ class QwenImagePipeline(TextToLatentPipeline):
             denoising_strength: With ``input_image``: how much of the schedule to run (1 ignores the image).
             edit_image: The image to edit (Qwen-Image-Edit), or a list of images, even of one (Edit-2509 / 2511); see
                 ``edit.py``.
+            layer_input_image: Qwen-Image-Layered: the RGBA image to decompose (see ``layered.py``).
+            layer_num: Qwen-Image-Layered: the number of layers; the output is a list of ``layer_num + 1`` RGBA
+                images, the composite first (a ``(layer_num + 1, 4, H, W)`` tensor for ``"pt"``).
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
-                height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does.
+                height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
+                ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
             width: Output width in pixels, rounded to a multiple of 16; unset as ``height``.
             seed: Noise seed; ``None`` draws from torch's global generator.
             rand_device: Device the noise is drawn on (CPU noise is the same on every machine).
@@ -247,16 +299,27 @@ class QwenImagePipeline(TextToLatentPipeline):
             progress_bar: Show a progress bar over the steps.
         """
         check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH)
-        default_height, default_width = (DEFAULT_SIZE, DEFAULT_SIZE) if edit_image is None else \
-            output_size(self, edit_image)
+        check_layer_num(layer_num, layer_input_image)
+        if layer_input_image is not None:
+            default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
+        elif edit_image is not None:
+            default_height, default_width = output_size(self, edit_image)
+        else:
+            default_height, default_width = DEFAULT_SIZE, DEFAULT_SIZE
         height, width = height or default_height, width or default_width
-        self.set_inference_timesteps(num_inference_steps, denoising_strength,
-                                     latent_shape=self.image_latent_shape(height, width))
+        if layer_input_image is None:
+            self.set_inference_timesteps(num_inference_steps, denoising_strength,
+                                         latent_shape=self.image_latent_shape(height, width))
+        else:
+            self.scheduler.set_timesteps(num_inference_steps, denoising_strength, mu=layered_mu(height, width))
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
-            "edit_image": edit_image, "height": height, "width": width, "seed": seed, "rand_device": rand_device,
+            "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
+            "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length,
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)
+        if layer_num is not None:
+            return tensor_to_images(images) if output_type == "pil" else images
         return self.image_output(images, output_type)

@@ -76,6 +76,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             allow_shorter_videos=flags.allow_shorter_videos, on_bad_sample=flags.on_bad_sample,
             keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional,
             optional_columns=pipeline_class.optional_columns,
+            keep_alpha=any(name in pipeline_class.alpha_inputs for name in extra_inputs),
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                           if name in pipeline_class.input_types},
         )  # fmt: skip

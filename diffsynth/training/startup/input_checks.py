@@ -58,7 +58,8 @@ def extra_input_problems(config: RunConfig, pipeline_class: type[BasePipeline]) 
     if not names or config.training.stage == "train":
         return []
     used, loss = _used_inputs(config, pipeline_class)
-    unread = [name for name in names if name not in used and name not in pipeline_class.derived_inputs]
+    unread = [name for name in names
+              if name not in used and name not in (*pipeline_class.derived_inputs, *pipeline_class.media_inputs)]
     if not unread:
         return []
     return [f"--extra_inputs {config.model.extra_inputs}: {unread} would be passed to {pipeline_class.__name__} with "
