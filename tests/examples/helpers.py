@@ -52,6 +52,8 @@ def linked_model_root(tiny_root: Path, root: Path, aliases: dict[str, str]) -> P
     """``root`` holding links to every tiny repo, plus ``{release id: tiny repo id}`` aliases: releases that share a
     tiny repo's layout under their own ids."""
     for owner in tiny_root.iterdir():
+        if not owner.is_dir():  # the ".built" marker of the shared build
+            continue
         (root / owner.name).mkdir()
         for repo in owner.iterdir():
             (root / owner.name / repo.name).symlink_to(repo, target_is_directory=True)
