@@ -25,7 +25,7 @@ MODEL_ID_WITH_ORIGIN_PATHS = wan_validate.model_id_with_origin_paths(NAME)
 
 def main(argv: Sequence[str] | None = None) -> Path:
     """Renders the clip (``wan_validate.main``); returns the video file written."""
-    return wan_validate.main(NAME, full=True, argv)
+    return wan_validate.main(NAME, argv, full=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,121 @@
+"""The Wan ``validate_full`` scripts and the ``validate_lora`` ones of the plain and Animate releases, on the tiny
+repos: a full fine-tune's flat file renders as the pipeline holding those weights, each kind of trained model (the
+transformer, the Wan2.2 experts, the VACE blocks, the Animate modules) and of input loads, and every script names
+the release and files its training script uses.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from .helpers import REPO, load_script
+from .test_validate_lora_wan import RENDER, decode, write_inputs
+
+TRAINING = REPO / "examples/wanvideo/model_training"
+# A weight of each trained model, under the transformer's own names (the flat file's): the tiny transformers are 32 wide.
+WEIGHTS = {"dit": "blocks.0.attn1.to_q.weight", "vace": "vace_blocks.0.attn1.to_q.weight",
+           "animate_adapter": "face_adapter.0.to_q.weight"}
+
+
+def script(folder: str, name: str):
+    return load_script(str(TRAINING / folder / f"{name}.py"),
+                       f"{folder}_{name.replace('.', '_').replace('-', '_')}")
+
+
+def flag_value(words: list[str], flag: str) -> str:
+    return words[words.index(flag) + 1]
+
+
+@pytest.mark.parametrize("folder", ["validate_full", "validate_lora"])
+def test_every_script_names_its_release_and_the_files_its_training_reads(folder):
+    full = folder == "validate_full"
+    names = sorted(path.stem for path in (TRAINING / folder).glob("Wan*.py"))
+    assert names == sorted(path.stem for path in (TRAINING / "full").glob("Wan*.sh"))
+    for name in names:
+        validate = script(folder, name)
+        assert validate.NAME == name
+        words = shlex.split((TRAINING / ("full" if full else "lora") / f"{name}.sh").read_text(), comments=True)
+        trained = {entry for index, word in enumerate(words) if word == "--model_id_with_origin_paths"
+                   for entry in words[index + 1].split(",")}
+        assert set(validate.MODEL_ID_WITH_ORIGIN_PATHS.split(",")) == trained, name
+        outputs = [words[index + 1] for index, word in enumerate(words) if word == "--output_path"]
+        defaults = [validate.wan_validate.build_parser(name, full).get_default(flag[2:])
+                    for flag in validate.wan_validate.weight_flags(name, full)]
+        assert [str(Path(path).parent) for path in defaults] == [str(Path(path)) for path in outputs], name
+
+
+def test_a_full_checkpoint_renders_as_the_pipeline_holding_its_weights(base, tmp_path, monkeypatch):
+    from diffsynth.core import parse_model_id_with_origin_paths
+    from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline, save_video
+
+    monkeypatch.chdir(tmp_path)
+    validate = script("validate_full", "Wan2.1-T2V-1.3B")
+    args = validate.wan_validate.build_parser(validate.NAME, full=True).parse_args(RENDER)
+    pipe = WanVideoPipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=(
+        parse_model_id_with_origin_paths(validate.MODEL_ID_WITH_ORIGIN_PATHS)))
+
+    def render(output: str) -> np.ndarray:
+        frames = pipe(args.prompt, negative_prompt=args.negative_prompt, cfg_scale=args.cfg_scale,
+                      height=args.height, width=args.width, num_frames=args.num_frames, seed=args.seed,
+                      num_inference_steps=args.steps)
+        save_video(frames, output, fps=args.fps)
+        return decode(Path(output))
+
+    released = render("released.mp4")
+    generator = torch.Generator().manual_seed(0)
+    trained = {key: value + 0.3 * torch.randn(value.shape, generator=generator)
+               for key, value in pipe.dit.state_dict().items() if key.startswith("blocks.")}
+    save_file(trained, "epoch-1.safetensors")
+    pipe.dit.load_state_dict(trained, strict=False)
+    expected = render("expected.mp4")
+    video = decode(validate.main(["--checkpoint_path", "epoch-1.safetensors", "--output", "out.mp4", *RENDER]))
+    assert np.array_equal(video, expected)
+    assert np.abs(video - released).max() > 20, "the fine-tuned weights left the clip unchanged"
+
+
+# One script of each kind of trained model and input: (folder, release, flags besides the weights, after RENDER's).
+RUNS = {
+    "experts": ("validate_full", "Wan2.2-T2V-A14B", []),
+    "vace": ("validate_full", "Wan2.1-VACE-1.3B", ["--vace_video", "clip.mp4", "--vace_reference_image", "look.png"]),
+    # Animate renders num_frames - 4 frames (the reference image's latent slot is dropped).
+    "animate": ("validate_full", "Wan2.2-Animate-14B", ["--input_image", "look.png", "--animate_pose_video",
+                                                         "clip.mp4", "--animate_face_video", "clip.mp4",
+                                                         "--num_frames", "9"]),
+    "wan2.2-vae": ("validate_lora", "Wan2.2-TI2V-5B", ["--input_image", "look.png"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_a_script_renders_with_its_trained_model_and_inputs(kind, base, tmp_path, monkeypatch, capsys):
+    folder, name, flags = RUNS[kind]
+    monkeypatch.chdir(tmp_path)
+    write_inputs(tmp_path)
+    validate = script(folder, name)
+    full = folder == "validate_full"
+    weights = validate.wan_validate.weight_flags(name, full)
+    if full:
+        key = WEIGHTS[validate.wan_validate.RELEASES[name].part]
+        save_file({key: torch.randn(32, 32, generator=torch.Generator().manual_seed(1))}, "epoch-1.safetensors")
+    path = "epoch-1.safetensors" if full else "dit.safetensors"
+    argv = [word for flag in weights for word in (flag, path)]
+    video = validate.main([*argv, "--output", "out.mp4", *RENDER, *flags])
+    assert decode(video).shape == (5, 32, 32, 3)
+    out = capsys.readouterr().out
+    for model in ("dit", "dit2")[:len(weights)]:
+        assert (f"loaded 1 weights from {path} into {model}" if full else
+                f"merged 1 LoRA layers from {path} into {model}") in out
+
+
+def test_a_checkpoint_of_another_model_is_refused(base, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    save_file({"vace_blocks.0.attn1.to_q.weight": torch.zeros(32, 32)}, "epoch-1.safetensors")
+    with pytest.raises(SystemExit):
+        script("validate_full", "Wan2.1-T2V-1.3B").main(["--checkpoint_path", "epoch-1.safetensors", *RENDER])
+    error = capsys.readouterr().err
+    assert "--checkpoint_path epoch-1.safetensors" in error and "full fine-tune of Wan2.1-T2V-1.3B" in error
