@@ -119,3 +119,31 @@ def test_a_checkpoint_of_another_model_is_refused(base, tmp_path, monkeypatch, c
         script("validate_full", "Wan2.1-T2V-1.3B").main(["--checkpoint_path", "epoch-1.safetensors", *RENDER])
     error = capsys.readouterr().err
     assert "--checkpoint_path epoch-1.safetensors" in error and "full fine-tune of Wan2.1-T2V-1.3B" in error
+
+
+# The NPU scripts are full/ scripts' commands (which test_wan_full_scripts.py and test_wan_vace_scripts.py run on the
+# tiny repos) with the reference's example dataset, the model built on the CPU, and for VACE-Fun its learning rate.
+NPU = {"Wan2.1-T2V-14B": {}, "Wan2.2-T2V-A14B": {}, "Wan2.2-VACE-Fun-A14B": {"learning_rate": (1e-4, 5e-5)}}
+
+
+@pytest.mark.parametrize("name", list(NPU))
+def test_npu_scripts_are_the_full_commands_built_on_the_cpu(name):
+    from diffsynth.training.config.parsers import build_parser
+
+    from .helpers import script_commands
+
+    npu = script_commands(TRAINING, f"special/npu_training/{name}-NPU.sh")
+    full = script_commands(TRAINING, f"full/{name}.sh")
+    assert len(npu) == len(full) == (2 if "A14B" in name else 1)
+    for (npu_config, npu_argv), (full_config, full_argv) in zip(npu, full):
+        assert npu_config == full_config == TRAINING / "full/accelerate_config_14B.yaml"
+        parsed = [vars(build_parser(video=True).parse_args(argv)) for argv in (npu_argv, full_argv)]
+        differences = {key: (parsed[0][key], parsed[1][key]) for key in parsed[0] if parsed[0][key] != parsed[1][key]}
+        assert parsed[0]["initialize_model_on_cpu"]
+        assert parsed[0]["dataset_base_path"] == f"data/diffsynth_example_dataset/wanvideo/{name}"
+        dataset = {key: value for key, value in differences.items() if key.startswith("dataset_")}
+        assert {key: value for key, value in differences.items() if key not in dataset
+                and key != "initialize_model_on_cpu"} == NPU[name]
+    text = (TRAINING / f"special/npu_training/{name}-NPU.sh").read_text()
+    assert "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in text
+    assert "\nmodelscope" not in text  # the download is a comment
