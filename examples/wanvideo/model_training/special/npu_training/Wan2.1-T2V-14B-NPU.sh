@@ -2,7 +2,7 @@
 # A full fine-tune of Wan2.1-T2V-14B on Ascend NPUs (the reference's command): full/Wan2.1-T2V-14B.sh's run with the NPU
 # allocator settings, the reference's example dataset and --initialize_model_on_cpu (the 14B transformer is built in
 # host memory, then DeepSpeed ZeRO-2 of full/accelerate_config_14B.yaml places it). It runs on GPUs too: the two
-# exports only matter to torch_npu. Without --num_frames the trainer's default clip length applies.
+# exports only matter to torch_npu. --num_frames 81 is written out here (the reference leaves it to its default, 81).
 #
 # The dataset is a folder of clips plus metadata.csv (columns video,prompt). The reference downloads its example with
 #   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.1-T2V-14B/*" --local_dir ./data/diffsynth_example_dataset
@@ -20,6 +20,7 @@ accelerate launch --config_file examples/wanvideo/model_training/full/accelerate
   --dataset_metadata_path data/diffsynth_example_dataset/wanvideo/Wan2.1-T2V-14B/metadata.csv \
   --height 480 \
   --width 832 \
+  --num_frames 81 \
   --dataset_repeat 100 \
   --model_id_with_origin_paths "Wan-AI/Wan2.1-T2V-14B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.1-T2V-14B:models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth" \
   --learning_rate 1e-5 \
