@@ -28,10 +28,6 @@ def script(folder: str, name: str):
                        f"{folder}_{name.replace('.', '_').replace('-', '_')}")
 
 
-def flag_value(words: list[str], flag: str) -> str:
-    return words[words.index(flag) + 1]
-
-
 @pytest.mark.parametrize("folder", ["validate_full", "validate_lora"])
 def test_every_script_names_its_release_and_the_files_its_training_reads(folder):
     full = folder == "validate_full"
@@ -147,3 +143,16 @@ def test_npu_scripts_are_the_full_commands_built_on_the_cpu(name):
     text = (TRAINING / f"special/npu_training/{name}-NPU.sh").read_text()
     assert "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in text
     assert "\nmodelscope" not in text  # the download is a comment
+
+
+@pytest.mark.parametrize("kind", ["direct_distill", "fp8_training", "low_vram_training", "split_training"])
+def test_special_validate_scripts_read_what_their_run_writes(kind):
+    validate = load_script(str(TRAINING / "special" / kind / "validate.py"), f"validate_special_{kind}")
+    [train] = (TRAINING / "special" / kind).glob(f"{validate.NAME}.sh")
+    words = shlex.split(train.read_text(), comments=True)
+    full = "checkpoint_path" in validate.DEFAULTS
+    parser = validate.wan_validate.build_parser(validate.NAME, full)
+    parser.set_defaults(**validate.DEFAULTS)
+    weights = parser.get_default("checkpoint_path" if full else "lora_path")
+    outputs = [words[index + 1] for index, word in enumerate(words) if word == "--output_path"]
+    assert Path(weights).parent == Path(outputs[-1])  # a split run's stage 2 writes the LoRA

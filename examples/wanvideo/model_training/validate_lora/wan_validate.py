@@ -22,7 +22,7 @@ pipelines use UniPC with shift 3 instead (see ``diffsynth.pipelines.wan_video.pi
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -226,9 +226,11 @@ def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
     return inputs
 
 
-def main(name: str, argv: Sequence[str] | None = None, full: bool = False) -> Path:
+def main(name: str, argv: Sequence[str] | None = None, full: bool = False,
+         defaults: Mapping[str, Any] | None = None) -> Path:
     """Loads release ``name``, merges the LoRA (with ``full``: loads the full fine-tune's weights over the released
-    ones), renders the prompt with the control inputs and writes the clip.
+    ones), renders the prompt with the control inputs and writes the clip. ``defaults`` replaces flags' defaults (a
+    ``special/`` run's output file, a distilled model's steps).
 
     Returns:
         The video file written.
@@ -240,6 +242,7 @@ def main(name: str, argv: Sequence[str] | None = None, full: bool = False) -> Pa
 
     release = RELEASES[name]
     parser = build_parser(name, full)
+    parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
     flags = weight_flags(name, full)
     paths = _check(parser, release, args, flags)
