@@ -74,8 +74,11 @@ def initial_weights_problems(path: str, prefix: str, models: Mapping[str, torch.
     return []
 
 
-def load_initial_weights(pipe: torch.nn.Module, path: str, prefix: str) -> int:
+def load_initial_weights(pipe: torch.nn.Module, path: str, prefix: str,
+                         flag: str = "--resume_from_checkpoint") -> int:
     """Loads a weights file over the pipeline's weights (in place); returns how many tensors were loaded.
+
+    ``flag`` is the option that named the file, for the errors (a validation script's ``--checkpoint_path``).
 
     Raises:
         ValueError: A weight names nothing in the pipeline, or belongs to a model built without weights.
@@ -87,9 +90,9 @@ def load_initial_weights(pipe: torch.nn.Module, path: str, prefix: str) -> int:
     own = dict(pipe.state_dict(keep_vars=True))
     meta = sorted({name.split(".")[0] for name in names.values() if name in own and own[name].is_meta})
     if meta:
-        raise ValueError(f"--resume_from_checkpoint {path} has weights for {meta}, which this stage holds without "
+        raise ValueError(f"{flag} {path} has weights for {meta}, which this stage holds without "
                          "weights (--offload_models); drop the flag here, or the model from --offload_models")
     _, unexpected = pipe.load_state_dict({names[key]: value for key, value in state.items()}, strict=False)
     if unexpected:
-        raise ValueError(f"--resume_from_checkpoint {path}: {unexpected[:3]} name nothing in the pipeline")
+        raise ValueError(f"{flag} {path}: {unexpected[:3]} name nothing in the pipeline")
     return len(state)

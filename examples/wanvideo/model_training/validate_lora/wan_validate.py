@@ -1,6 +1,13 @@
-"""What the Wan ``validate_lora`` scripts share: each script names its release (``RELEASES``); this module gives it
-the flags, checks them before any model loads, loads the release's original files, merges the trained LoRA into the
-transformer (for the Wan2.2 A14B experts, one LoRA each) and renders one clip with the release's control inputs.
+"""What the Wan ``validate_lora`` and ``validate_full`` scripts share: each script names its release (``RELEASES``);
+this module gives it the flags, checks them before any model loads, loads the release's original files, merges the
+trained LoRA into the transformer (for the Wan2.2 A14B experts, one LoRA each) or loads a full fine-tune's weights
+over it (``full=True``), and renders one clip with the release's control inputs.
+
+A full fine-tune's ``epoch-<e>.safetensors`` (the flat file, ``docs/en/Full_Fine_Tuning.md``) holds the trained
+weights under the transformer's own names: the whole transformer (``--trainable_models dit``), or only its VACE
+blocks (``vace``) or its Animate modules (``animate_adapter``), which diffusers keeps inside the transformer. Either
+way they load over the released weights, as the reference loads them into ``pipe.dit`` / ``pipe.vace`` /
+``pipe.animate_adapter``.
 
 The LoRA's weights are added into the transformer's (``diffsynth.lora.load_lora``), so sampling costs what it costs
 without a LoRA. ``--lora_alpha_scale 0`` renders the base model from the same seed, for a side-by-side comparison. A
@@ -15,7 +22,7 @@ pipelines use UniPC with shift 3 instead (see ``diffsynth.pipelines.wan_video.pi
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,7 +31,7 @@ import torch
 VIDEO_SUFFIXES = (".mp4", ".gif")
 DIT = "diffusion_pytorch_model*.safetensors"
 EXPERTS = ("high_noise_model/" + DIT, "low_noise_model/" + DIT)
-ENCODERS = ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth")
+T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 CLIP = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
 
 # The control inputs, as the pipeline's call names them: (kind, help).
@@ -38,20 +45,28 @@ INPUTS = {
     "vace_video": ("video", "the clip to follow (a video file, at least --num_frames long)"),
     "vace_video_mask": ("video", "white where to paint, black where to keep --vace_video (a video file)"),
     "vace_reference_image": ("images", "one or more images of a subject or style"),
+    "animate_pose_video": ("animate_video", "the driving pose clip (a video file, at least --num_frames - 4 long)"),
+    "animate_face_video": ("face_video", "the driving face crops, one a frame (a video file, at least --num_frames - 4 "
+                                         "long)"),
 }
+# Kinds read from one file; "images" takes several.
+FILE_KINDS = ("image", "video", "animate_video", "face_video")
 
 
 class Release(NamedTuple):
-    """A release's files and what its scripts pass: the inputs offered and those it cannot render without."""
+    """A release's files, what its scripts pass (the inputs offered and those it cannot render without) and the
+    model its ``full/`` script trains (``dit``, or the transformer's ``vace`` / ``animate_adapter`` part)."""
 
     model_id: str
     inputs: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
     clip: bool = False
     experts: bool = False
+    vae: str = "Wan2.1_VAE.pth"
+    part: str = "dit"
 
     def files(self) -> tuple[str, ...]:
-        return (*(EXPERTS if self.experts else (DIT,)), *ENCODERS, *((CLIP,) if self.clip else ()))
+        return (*(EXPERTS if self.experts else (DIT,)), T5, self.vae, *((CLIP,) if self.clip else ()))
 
 
 _INP = dict(inputs=("input_image", "end_image"), required=("input_image",))
@@ -59,10 +74,19 @@ _CONTROL = dict(inputs=("control_video",), required=("control_video",))
 _CONTROL_REF = dict(inputs=("control_video", "reference_image"), required=("control_video",))
 _CAMERA = dict(inputs=("input_image", "camera_control_direction", "camera_control_speed"),
                required=("input_image", "camera_control_direction"))
-_VACE = dict(inputs=("vace_video", "vace_video_mask", "vace_reference_image"))
+_VACE = dict(inputs=("vace_video", "vace_video_mask", "vace_reference_image"), part="vace")
+_I2V = dict(inputs=("input_image",), required=("input_image",))
+_ANIMATE = ("input_image", "animate_pose_video", "animate_face_video")
 
 RELEASES = {
     "Wan2.1-T2V-1.3B": Release("Wan-AI/Wan2.1-T2V-1.3B"),
+    "Wan2.1-T2V-14B": Release("Wan-AI/Wan2.1-T2V-14B"),
+    **{name: Release(f"Wan-AI/{name}", clip=True, **_I2V) for name in ("Wan2.1-I2V-14B-480P", "Wan2.1-I2V-14B-720P")},
+    "Wan2.2-T2V-A14B": Release("Wan-AI/Wan2.2-T2V-A14B", experts=True),
+    "Wan2.2-I2V-A14B": Release("Wan-AI/Wan2.2-I2V-A14B", experts=True, **_I2V),
+    # One transformer for text and image to video: the image is optional.
+    "Wan2.2-TI2V-5B": Release("Wan-AI/Wan2.2-TI2V-5B", ("input_image",), vae="Wan2.2_VAE.pth"),
+    "Wan2.2-Animate-14B": Release("Wan-AI/Wan2.2-Animate-14B", _ANIMATE, _ANIMATE, clip=True, part="animate_adapter"),
     "Wan2.1-FLF2V-14B-720P": Release("Wan-AI/Wan2.1-FLF2V-14B-720P", ("input_image", "end_image"),
                                      ("input_image", "end_image"), clip=True),
     **{name: Release(f"PAI/{name}", clip=True, **_INP) for name in (
@@ -89,21 +113,35 @@ def model_id_with_origin_paths(name: str) -> str:
     return ",".join(f"{release.model_id}:{pattern}" for pattern in release.files())
 
 
-def build_parser(name: str) -> argparse.ArgumentParser:
-    """The flags of release ``name``'s script; the defaults read the last LoRA its ``lora/<name>.sh`` writes."""
+def weight_flags(name: str, full: bool = False) -> tuple[str, ...]:
+    """The flags naming the trained files to apply: one per transformer (the Wan2.2 A14B experts have two)."""
+    flags = ("--checkpoint_path", "--low_noise_checkpoint_path") if full else ("--lora_path", "--low_noise_lora_path")
+    return flags if RELEASES[name].experts else flags[:1]
+
+
+def build_parser(name: str, full: bool = False) -> argparse.ArgumentParser:
+    """The flags of release ``name``'s script; the defaults read the last file its ``lora/<name>.sh`` writes (with
+    ``full``: the last ``epoch-<e>.safetensors`` of its ``full/<name>.sh``)."""
     release = RELEASES[name]
-    parser = argparse.ArgumentParser(description=f"Render a clip with a {name} LoRA merged into the model.")
-    lora = f"./models/train/{name}_{{}}lora/epoch-4.safetensors"
-    if release.experts:
-        parser.add_argument("--lora_path", default=lora.format("high_noise_"),
-                            help="the high-noise expert's LoRA (.safetensors written by the trainer)")
-        parser.add_argument("--low_noise_lora_path", default=lora.format("low_noise_"),
-                            help="the low-noise expert's LoRA; 'none' renders that expert without one")
+    if full:
+        description = f"Render a clip with a {name} full fine-tune loaded over the released weights."
+        default = f"./models/train/{name}_{{}}full/epoch-1.safetensors"
+        what = f"the {release.part} weights a full fine-tune wrote (its epoch-<e>.safetensors or step-<s>.safetensors)"
     else:
-        parser.add_argument("--lora_path", default=lora.format(""),
-                            help="LoRA .safetensors written by the trainer (or another Wan LoRA)")
-    parser.add_argument("--lora_alpha_scale", type=float, default=1.0,
-                        help="multiplies the LoRA's own alpha / rank scale; 0 renders the base model")
+        description = f"Render a clip with a {name} LoRA merged into the model."
+        default = f"./models/train/{name}_{{}}lora/epoch-4.safetensors"
+        what = "LoRA .safetensors written by the trainer (or another Wan LoRA)"
+    parser = argparse.ArgumentParser(description=description)
+    flags = weight_flags(name, full)
+    if release.experts:
+        parser.add_argument(flags[0], default=default.format("high_noise_"), help=f"the high-noise expert's: {what}")
+        parser.add_argument(flags[1], default=default.format("low_noise_"),
+                            help="the low-noise expert's; 'none' renders that expert as released")
+    else:
+        parser.add_argument(flags[0], default=default.format(""), help=what)
+    if not full:
+        parser.add_argument("--lora_alpha_scale", type=float, default=1.0,
+                            help="multiplies the LoRA's own alpha / rank scale; 0 renders the base model")
     parser.add_argument("--prompt", default="a corgi running along a sunny beach, the camera following it",
                         help="what the clip shows")
     parser.add_argument("--negative_prompt", default="blurry, distorted, static, low quality, watermark, subtitles",
@@ -133,12 +171,13 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _check(parser: argparse.ArgumentParser, release: Release, args: argparse.Namespace) -> list[str]:
+def _check(parser: argparse.ArgumentParser, release: Release, args: argparse.Namespace,
+           flags: tuple[str, ...]) -> list[str]:
     """Everything that can be wrong with the flags, reported before the models load (which takes minutes); returns
-    the LoRA files to merge, one per expert ("" for an expert rendered without one)."""
-    loras = [args.lora_path] + ([args.low_noise_lora_path] if release.experts else [])
-    loras = ["" if release.experts and index and path.lower() == "none" else path for index, path in enumerate(loras)]
-    for flag, path in zip(("--lora_path", "--low_noise_lora_path"), loras):
+    the files ``flags`` name, one per expert ("" for an expert rendered as released)."""
+    paths = [getattr(args, flag[2:]) for flag in flags]
+    paths = ["" if index and path.lower() == "none" else path for index, path in enumerate(paths)]
+    for flag, path in zip(flags, paths):
         if path and not Path(path).is_file():
             parser.error(f"{flag} {path}: no such file; pass an epoch-<e>.safetensors or step-<s>.safetensors file "
                          "from the training run's --output_path")
@@ -153,10 +192,10 @@ def _check(parser: argparse.ArgumentParser, release: Release, args: argparse.Nam
                      + "; ".join(f"--{key}: {INPUTS[key][1]}" for key in missing))
     for key in release.inputs:
         value, kind = getattr(args, key), INPUTS[key][0]
-        for path in (value or []) if kind == "images" else ([value] if kind in ("image", "video") and value else []):
+        for path in (value or []) if kind == "images" else ([value] if kind in FILE_KINDS and value else []):
             if not Path(path).is_file():
                 parser.error(f"--{key} {path}: no such file; pass {INPUTS[key][1]}")
-    return loras
+    return paths
 
 
 def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
@@ -166,6 +205,8 @@ def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
     from diffsynth.core.data import LoadVideo
     from diffsynth.core.data.operators import ResizeConfig
 
+    # Animate's control clips cover the frames after the reference frame's latent slot (4 pixel frames).
+    animate_frames = max(1, (args.num_frames - 1) // 4 * 4 - 3)
     inputs = {}
     for key in release.inputs:
         value, kind = getattr(args, key), INPUTS[key][0]
@@ -177,12 +218,19 @@ def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
             value = [Image.open(path).convert("RGB") for path in value]
         elif kind == "video":
             value = LoadVideo(args.num_frames).load(value, ResizeConfig(height=args.height, width=args.width))
+        elif kind == "animate_video":
+            value = LoadVideo(animate_frames).load(value, ResizeConfig(height=args.height, width=args.width))
+        elif kind == "face_video":  # at its own size: the pipeline fits the crops to the motion encoder's
+            value = LoadVideo(animate_frames).load(value, ResizeConfig())
         inputs[key] = value
     return inputs
 
 
-def main(name: str, argv: Sequence[str] | None = None) -> Path:
-    """Loads release ``name``, merges the LoRA, renders the prompt with the control inputs and writes the clip.
+def main(name: str, argv: Sequence[str] | None = None, full: bool = False,
+         defaults: Mapping[str, Any] | None = None) -> Path:
+    """Loads release ``name``, merges the LoRA (with ``full``: loads the full fine-tune's weights over the released
+    ones), renders the prompt with the control inputs and writes the clip. ``defaults`` replaces flags' defaults (a
+    ``special/`` run's output file, a distilled model's steps).
 
     Returns:
         The video file written.
@@ -190,15 +238,24 @@ def main(name: str, argv: Sequence[str] | None = None) -> Path:
     from diffsynth.core import parse_model_id_with_origin_paths
     from diffsynth.lora import load_lora
     from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline, save_video
+    from diffsynth.training.outputs.initial_weights import load_initial_weights
 
     release = RELEASES[name]
-    parser = build_parser(name)
+    parser = build_parser(name, full)
+    parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
-    loras = _check(parser, release, args)
+    flags = weight_flags(name, full)
+    paths = _check(parser, release, args, flags)
     configs = parse_model_id_with_origin_paths(args.model_id_with_origin_paths)
     pipe = WanVideoPipeline.from_pretrained(torch_dtype=args.torch_dtype, device=args.device, model_configs=configs)
-    for model, path in zip(("dit", "dit2"), loras):
-        if path:
+    for model, flag, path in zip(("dit", "dit2"), flags, paths):
+        if path and full:
+            try:  # the flat file names the transformer's weights, of a part too (vace_blocks..., face_adapter...)
+                count = load_initial_weights(pipe, path, f"pipe.{model}.", flag)
+            except (ValueError, RuntimeError) as error:  # a name or shape of another model
+                parser.error(f"{error}; pass the epoch-<e>.safetensors of a full fine-tune of {name}")
+            print(f"loaded {count} weights from {path} into {model}")
+        elif path:
             layers = load_lora(getattr(pipe, model), path, alpha=args.lora_alpha_scale)
             print(f"merged {layers} LoRA layers from {path} into {model} (scale {args.lora_alpha_scale})")
     frames = pipe(args.prompt, negative_prompt=args.negative_prompt, cfg_scale=args.cfg_scale, height=args.height,
