@@ -63,8 +63,8 @@ CONTROL_LAYERS = {WAN_VACE_MODEL_ID: ("vace_patch_embedding", "vace_blocks.0.pro
 CASES = [("vace", "dit"), ("vace", "vace"), ("fun_control", "dit"), ("fun_camera", "dit"), ("flf2v", "dit")]
 # The placements each case runs. Offload and H2D streaming are generic hooks around whole models and blocks: one case
 # each proves them with a control variant (offload with Fun's reference image, H2D streaming with both of VACE's block
-# lists and the LoRA on the VACE blocks). Block swap is what VACE's second block list changes, so both VACE cases run it;
-# the Fun and FLF2V layers outside the blocks are those of plain image-to-video, swapped in the family kit.
+# lists and the LoRA on the VACE blocks). Block swap is what VACE's second block list changes, so both VACE cases run
+# it; the Fun and FLF2V layers outside the blocks are those of plain image-to-video, swapped in the family kit.
 PLACED = {("vace", "dit"): ("block_swap",), ("vace", "vace"): ("block_swap", "h2d_streaming"),
           ("fun_control", "dit"): ("offload",)}
 PLACED_CASES = [(case, placement) for case, placements in PLACED.items() for placement in placements]
@@ -162,7 +162,8 @@ def test_fp8_storage_computes_the_plain_loss(case_runs):
     assert abs(fp8["losses"][0] - plain["losses"][0]) < 0.01 * plain["losses"][0]
     assert all(torch.isfinite(torch.tensor(fp8["losses"])))
     assert holds_fp8_layers(fp8["module"].pipe.dit.get_submodule(CONTROL_LAYERS[WAN_VACE_MODEL_ID][0]))
-    assert max(value.abs().max().item() for key, value in lora_file(runs.folder / "fp8").items() if "lora_B" in key) > 1e-4
+    trained = lora_file(runs.folder / "fp8")
+    assert max(value.abs().max().item() for key, value in trained.items() if "lora_B" in key) > 1e-4
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
