@@ -64,7 +64,8 @@ CASES = [("vace", "dit"), ("vace", "vace"), ("fun_control", "dit"), ("fun_camera
 # The placements each case runs. Offload and H2D streaming are generic hooks around whole models and blocks: one case
 # each proves them with a control variant (offload with Fun's reference image, H2D streaming with both of VACE's block
 # lists and the LoRA on the VACE blocks). Block swap is what VACE's second block list changes, so both VACE cases run
-# it; the Fun and FLF2V layers outside the blocks are those of plain image-to-video, swapped in the family kit.
+# it; the Fun and FLF2V control layers lie outside the blocks, which block swap leaves resident (their blocks are plain
+# Wan blocks, swapped in the family kit).
 PLACED = {("vace", "dit"): ("block_swap",), ("vace", "vace"): ("block_swap", "h2d_streaming"),
           ("fun_control", "dit"): ("offload",)}
 PLACED_CASES = [(case, placement) for case, placements in PLACED.items() for placement in placements]
