@@ -85,7 +85,7 @@ def test_the_lora_loads_fully_into_diffusers_animate_pipeline_at_the_trained_str
     given = inputs()
     kwargs = dict(image=given["input_image"], pose_video=given["animate_pose_video"],
                   face_video=given["animate_face_video"], prompt="a dancer", negative_prompt="blurry", height=32,
-                  width=48, segment_frame_length=FRAMES, num_inference_steps=2, output_type="pt",
+                  width=48, segment_frame_length=FRAMES, num_inference_steps=1, output_type="pt",
                   max_sequence_length=16)
     before = theirs(**kwargs, generator=torch.Generator().manual_seed(7)).frames
     assert load_lora_into_diffusers(theirs, lora, "animate") == []  # no key left over, none missing
@@ -102,7 +102,7 @@ def test_the_lora_loads_fully_into_diffusers_animate_pipeline_at_the_trained_str
             ModelConfig(model_id=WAN_ANIMATE_MODEL_ID, origin_file_pattern=pattern) for pattern in PATTERNS])
     assert load_lora(merged.dit, lora) == len(layers)
     with reference_schedule(merged, theirs):
-        ours = render(merged, **given)
+        ours = render(merged, steps=1, **given)
     assert (ours - after).abs().max() < 1e-4  # diffusers at the default strength renders the merged LoRA
     assert (after - before).abs().max() > 1e-5  # and the LoRA changed something
 
@@ -152,11 +152,11 @@ def test_split_training_gives_the_one_stage_lora(seeded):
     assert_same_lora(runs.lora("split", "--task", "sft:train", argv=argv), plain)
 
 
-@pytest.mark.parametrize("flags", [("--enable_model_cpu_offload",), ("--blocks_to_swap", "1")],
-                         ids=["offload", "block_swap"])
-def test_offload_and_block_swap_give_the_plain_lora(seeded, flags):
+def test_block_swap_gives_the_plain_lora(seeded):
+    """The face adapter runs between the swapped blocks. Model offload moves whole models, whatever their layers: the
+    family kit's Wan runs and the Wan control variants' (``tests/pipelines/test_wan_control_training.py``) cover it."""
     runs, plain = seeded
-    assert_same_lora(runs.lora(flags[0].strip("-"), *flags), plain)
+    assert_same_lora(runs.lora("block_swap", "--blocks_to_swap", "1"), plain)
 
 
 def test_the_full_script_trains_the_animate_modules_alone(workdir):

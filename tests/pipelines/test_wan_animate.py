@@ -54,9 +54,9 @@ def inputs(character=1, pose=2, face=3, background=None, left=True):
     return given
 
 
-def render(pipe, cfg_scale=1.0, **given):
+def render(pipe, cfg_scale=1.0, steps=2, **given):
     return pipe(PROMPT, negative_prompt="blurry", cfg_scale=cfg_scale, seed=7, height=HEIGHT, width=WIDTH,
-                num_frames=FRAMES + 4, num_inference_steps=2, output_type="pt", progress_bar=False,
+                num_frames=FRAMES + 4, num_inference_steps=steps, output_type="pt", progress_bar=False,
                 max_sequence_length=16, **given)
 
 
@@ -95,13 +95,14 @@ def test_matches_diffusers_animate_pipeline(pipes, mode):
 
 
 def test_each_input_moves_the_output(pipes):
-    """Another character, pose, face, background or mask changes the video by at least 20 times the tolerance."""
+    """Another character, pose, face, background or mask changes the video by at least 20 times the tolerance (one
+    denoising step carries each input into the output)."""
     ours, _ = pipes
-    base = render(ours, **inputs(background=4))
+    base = render(ours, steps=1, **inputs(background=4))
     for other in (dict(character=5), dict(pose=6), dict(face=7), dict(background=8), dict(left=False)):
-        moved = (render(ours, **inputs(**{"background": 4, **other})) - base).abs().max()
-        assert moved > 2e-3, (other, moved)
-    assert (render(ours, **inputs()) - base).abs().max() > 2e-3  # animation mode differs from replacement
+        moved = (render(ours, steps=1, **inputs(**{"background": 4, **other})) - base).abs().max()
+        assert moved > 2e-3, (other, moved)  # measured 0.022 (background) to 0.24 (mask)
+    assert (render(ours, steps=1, **inputs()) - base).abs().max() > 2e-3  # animation mode differs from replacement
 
 
 def test_bad_animate_input_is_refused_before_denoising(pipes, tiny_root):

@@ -54,11 +54,18 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     from ...lora import lora_layer_names, naming_for
 
     names = [name for name, _ in model.named_modules() if _in_scope(name, *scope)]
+    # Each module under every dotted suffix of its name: a script naming hundreds of layers (the reference's SDXL
+    # LoRA) looks each up at once instead of scanning every module per entry.
+    by_suffix: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        for start in range(len(parts)):
+            by_suffix.setdefault(".".join(parts[start:]), []).append(name)
     renamed, matched = {}, {}
     for target in target_modules:
         alias = aliases.get(target, target)
         if isinstance(alias, str):
-            matched.setdefault(alias, [n for n in names if n == alias or n.endswith(f".{alias}")])
+            matched.setdefault(alias, by_suffix.get(alias, []))
             if alias != target:
                 renamed[target] = alias
             continue
