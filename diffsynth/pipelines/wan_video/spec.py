@@ -92,8 +92,11 @@ SPEC = FamilySpec(
     scheduler_presets={"wan": dict(shift=5.0)},
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
-        "Wan-AI/Wan2.2-Animate-2-": "Wan2.2-Animate-2 is not supported here: diffusers carries its transformer but "
-                                    "only a modular pipeline; Wan-AI/Wan2.2-Animate-14B trains",
+        # diffusers 0.42.1 carries WanAnimate2Transformer3DModel and its modular pipelines; what is missing is this
+        # pipeline's side (docs/en/Wan_Control.md, Animate-2), and its flex attention has no backward on CPU.
+        "Wan-AI/Wan2.2-Animate-2-": "Wan2.2-Animate-2 is not supported here yet: its reference-video pass (the "
+                                    "animate2_reference_video K/V cache every step attends to) is not built into this "
+                                    "pipeline or its training step; Wan-AI/Wan2.2-Animate-14B trains",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
         "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
         "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
