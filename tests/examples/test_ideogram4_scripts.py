@@ -1,6 +1,6 @@
 """The reference's Ideogram 4 training commands (DiffSynth-Studio fed7b18, ``examples/ideogram4/model_training``) on
 tiny repos in Ideogram's own layout: LoRA on the bf16 repackage and the fp8 release and full on the bf16 repackage run
-as written (sizes aside); the NF4 release stops with one line naming it before anything loads."""
+as written (sizes aside), their LoRA files under Ideogram's own fused names; the NF4 release stops with one line naming it before anything loads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from safetensors.torch import load_file
+
 from diffsynth.core.data.example_dataset import build_example_dataset
+from diffsynth.lora import read_lora
+from diffsynth.pipelines.ideogram4.naming import NAMING
 
 from diffsynth.pipelines.ideogram4.pipeline import Ideogram4Pipeline
 from tests.examples.helpers import lora_update, run_command, script_commands
@@ -43,6 +47,14 @@ def test_lora_scripts_train_every_named_module(script, model_id, workdir):
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
     [path] = (workdir / "models/train").glob("*_lora/epoch-0.safetensors")
     assert lora_update(path) > 0
+    # The file names Ideogram's fused layers, as DiffSynth-Studio's Ideogram4DiT has them; they read back as the
+    # diffusers layers of the twin, with the same updates.
+    keys = set(load_file(str(path)))
+    assert "diffusion_model.layers.0.attention.qkv.lora_A.weight" in keys and not any("to_q" in key for key in keys)
+    assert "diffusion_model.layers.0.attention.o.lora_B.weight" in keys
+    fused, twin = (read_lora(file, naming=NAMING).layers for file in (path, path.with_suffix(".diffusers.safetensors")))
+    assert fused.keys() == twin.keys() and "layers.0.attention.to_k" in fused
+    assert max((fused[name].delta() - layer.delta()).abs().max().item() for name, layer in twin.items()) < 1e-6
 
 
 def test_full_script_trains_the_transformer(workdir):
