@@ -116,6 +116,23 @@ def test_ideograms_own_layout_loads_the_same_weights(tiny_root, model_id, tolera
     # Teeth: q and k of one block differ by far more than the tolerance (the fused rows were split in order).
     q, k = (loaded[f"layers.0.attention.to_{name}.weight"] for name in "qk")
     assert (q - k).abs().max() > 10 * max(tolerance, 1e-3) * q.abs().max()
+    # The text encoder (fp8 with scales in the fp8 release) holds the weights of the plain one, the tiny repos' seed.
+    encoder, plain = (load_model_from_files([tiny_root / repo / "text_encoder" / "model.safetensors"], torch.float32,
+                                            "cpu").state_dict() for repo in (model_id, IDEOGRAM4_MODEL_ID))
+    assert encoder.keys() == plain.keys()
+    assert max(((encoder[key] - value).abs().max() / value.abs().max().clamp(min=1e-12)).item()
+               for key, value in plain.items()) <= tolerance
+
+
+def test_a_full_checkpoint_in_the_original_layout_reads_back(tmp_path):
+    from diffsynth.core.loader.loading import load_model_from_files
+    from diffsynth.testing.tiny_ideogram4 import RELEASE_TRANSFORMER_CONFIG, _transformer
+    from diffsynth.training.outputs.full_model import write_full_model
+
+    model = _transformer(7, RELEASE_TRANSFORMER_CONFIG)
+    [file] = write_full_model(model, tmp_path, "epoch-0", "dit", ["original"])
+    loaded = load_model_from_files([file], torch.float32, "cpu").state_dict()
+    assert all(torch.equal(loaded[key], value) for key, value in model.state_dict().items())
 
 
 def test_the_nf4_layout_is_refused_naming_why(tmp_path):
