@@ -144,5 +144,5 @@ def test_the_nf4_layout_is_refused_naming_why(tmp_path):
     save_file({"llm_cond_proj.weight": torch.zeros(1, 1, dtype=torch.uint8),
                "llm_cond_proj.weight.quant_state.bitsandbytes__nf4": torch.zeros(1, dtype=torch.uint8)},
               str(tmp_path / "nf4.safetensors"))
-    with pytest.raises(ModelLoadError, match="bitsandbytes' 4-bit layout"):
+    with pytest.raises(ModelLoadError, match="bitsandbytes' NF4 layout"):
         identify([tmp_path / "nf4.safetensors"])

@@ -45,9 +45,9 @@ _NF4 = ".quant_state.bitsandbytes__nf4"
 _TRANSFORMER_MARKER = "llm_cond_proj.weight"
 _TEXT_MARKER = "language_model.layers.0.self_attn.q_proj.weight"
 RELEASE_HEAD_DIM = 256
-NF4_REFUSAL = ("Ideogram 4's NF4 release packs its weights in bitsandbytes' 4-bit layout, which no reader here "
-               "dequantizes yet; use DiffSynth-Studio/ideogram-4-bf16-repackage or ideogram-ai/ideogram-4-fp8 (and "
-               "--fp8_models / NF4 quantization of this trainer for memory)")
+NF4_REFUSAL = ("is packed in bitsandbytes' NF4 layout (Ideogram 4's NF4 release), which no reader here dequantizes "
+               "yet; load DiffSynth-Studio/ideogram-4-bf16-repackage or ideogram-ai/ideogram-4-fp8, and for memory "
+               "--fp8_models or --quant_options <model>:bitsandbytes_nf4")
 
 
 def _count(keys: list[str]) -> int:
@@ -131,7 +131,7 @@ def identify(files: list[Path]) -> OriginalModel | None:
     if not (is_transformer or is_quantized_text):
         return None
     if any(key.endswith(_NF4) for key in entries):
-        raise ModelLoadError(f"{file}: {NF4_REFUSAL}")
+        raise ModelLoadError(f"{file} {NF4_REFUSAL}")
     if is_transformer:
         sources = _sources(entries, rename=True)
         entries = converted_entries(entries, sources)

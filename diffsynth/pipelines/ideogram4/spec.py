@@ -23,7 +23,8 @@ SPEC = FamilySpec(
     refused_model_ids={
         "ideogram-ai/ideogram-4-nf4": ("Ideogram 4's NF4 release packs its weights in bitsandbytes' 4-bit layout, "
                                        "which no reader here dequantizes yet; use DiffSynth-Studio/ideogram-4-bf16-"
-                                       "repackage or ideogram-ai/ideogram-4-fp8"),
+                                       "repackage or ideogram-ai/ideogram-4-fp8 (and --quant_options "
+                                       "<model>:bitsandbytes_nf4 for memory)"),
     },
     example_folder="examples/ideogram4/model_training",
     docs_page="Ideogram4.md",
