@@ -1,6 +1,7 @@
 """The reference's Ideogram 4 training commands (DiffSynth-Studio fed7b18, ``examples/ideogram4/model_training``) on
 tiny repos in Ideogram's own layout: LoRA on the bf16 repackage and the fp8 release and full on the bf16 repackage run
-as written (sizes aside), their LoRA files under Ideogram's own fused names; the NF4 release stops with one line naming it before anything loads."""
+as written (sizes aside), their LoRA files under Ideogram's own fused names; the NF4 release stops with one line
+naming it before anything loads."""
 
 from __future__ import annotations
 
