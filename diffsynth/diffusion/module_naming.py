@@ -133,6 +133,9 @@ class ModuleNaming:
             ``transformer.`` where diffusers' loader needs it and ComfyUI and DiffSynth-Studio take it too (FLUX.1).
         fused: The original release's fused layers, which kohya files name instead of the native names (FLUX.1's
             BFL layout); None where kohya files use the native names.
+        fused_layouts: The file layouts that name ``fused``'s layers: kohya alone (FLUX.1, whose universal files
+            keep diffusers' names for ComfyUI), or the universal layout too where the original code's names are what
+            its tools read (Ideogram 4).
         block_list: The name of the list of blocks in both namings (``blocks`` for Wan, ``transformer_blocks`` for
             LTX-2).
         other_block_lists: Further lists of blocks named alike in both namings, whose blocks' layers ``block_layers``
@@ -148,6 +151,7 @@ class ModuleNaming:
     identity: bool = False
     universal_prefix: str = "diffusion_model."
     fused: FusedNaming | None = None
+    fused_layouts: tuple[str, ...] = ("kohya",)
     block_list: str = "blocks"
     other_block_lists: tuple[str, ...] = ()
     kohya_only: bool = False
@@ -156,6 +160,10 @@ class ModuleNaming:
         for table in (self.block_layers, self.top_layers):
             if len(set(table.values())) != len(table):
                 raise ValueError(f"{self.name} naming maps two diffusers layers to one native name: {dict(table)}")
+
+    def fuses(self, layout: str) -> bool:
+        """Whether files of ``layout`` name the original release's fused layers (``fused``)."""
+        return self.fused is not None and layout in self.fused_layouts
 
     def to_native(self, name: str) -> str | None:
         """The native name of diffusers layer ``name``, or None when the original code has no such layer."""

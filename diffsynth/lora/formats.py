@@ -217,7 +217,7 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
     if kind != "lora":
         return _lycoris_state_dict(weights, kind, layout, naming, dtype)
     uniform = len(weights.ranks) == 1 and len(weights.scales) == 1
-    fused = layout == "kohya" and naming.fused is not None
+    fused = naming.fuses(layout)
     fold = layout in ("universal", "peft") or (layout == "diffusers" and not uniform) or fused
     tensors, metadata, folded = {}, {}, {}
 
@@ -273,7 +273,8 @@ def _lycoris_state_dict(weights: LoRAWeights, kind: str, layout: str, naming: Mo
         raise ValueError(f"a {kind} LoRA cannot name {naming.name}'s fused layers in the kohya layout; write the "
                          "universal layout")
     tensors, folded = {}, {}
-    for native, layer in _file_layers(weights, layout, naming):
+    # Their universal files keep the unfused names: a LoHa or LoKr is not split into a fused layer's parts.
+    for native, layer in _file_layers(weights, layout, naming, fuse=False):
         stem = (f"{naming.universal_prefix}{native}" if layout == "universal"
                 else "lora_unet_" + native.replace(".", "_"))
         alpha = None
@@ -302,12 +303,14 @@ def _lycoris_state_dict(weights: LoRAWeights, kind: str, layout: str, naming: Mo
     return tensors, metadata
 
 
-def _file_layers(weights: LoRAWeights, layout: str, naming: ModuleNaming) -> list[tuple[str, AdapterLayer]]:
+def _file_layers(weights: LoRAWeights, layout: str, naming: ModuleNaming,
+                 fuse: bool = True) -> list[tuple[str, AdapterLayer]]:
     """The layers under the names ``layout`` gives them: diffusers' (diffusers layout), the fused layers of
-    ``naming.fused`` (kohya, FLUX.1), or the native names."""
+    ``naming.fused`` (with ``fuse``, in the layouts that name them: kohya for FLUX.1, universal too for Ideogram 4),
+    or the native names."""
     if layout == "diffusers":
         return sorted(weights.layers.items())
-    if layout == "kohya" and naming.fused is not None:
+    if fuse and naming.fuses(layout):
         return sorted(fuse_layers(weights.layers, naming.fused).items())
     named = []
     for name, layer in sorted(weights.layers.items()):

@@ -219,7 +219,8 @@ class _NameResolver:
         if self.naming.fused is None or (self.modules is not None and name in self.modules):
             return None
         fused = self.naming.fused.parts(name)
-        if fused is None or (self.modules is not None and not set(fused[1]) <= self.modules):
+        # A one-part layer under its diffusers name (Ideogram 4's feed_forward.w1) is that layer, not a fused one.
+        if fused is None or fused[1] == [name] or (self.modules is not None and not set(fused[1]) <= self.modules):
             return None
         return fused
 

@@ -103,6 +103,11 @@ class _Model:
                 table[native] = name
         return table
 
+    def native_targets(self) -> dict[str, Target]:
+        """native name -> what a key of that name patches: the fused layers where the native code's names are
+        ``naming.fused``'s in every layout (Ideogram 4's ``attention.qkv``), else ``native_names``."""
+        return dict(self.fused_layers()) if self.naming.fuses("universal") else dict(self.native_names())
+
     def fused_layers(self) -> dict[str, tuple[FusedLayer, list[str]]]:
         """fused layer name -> (its layout, the diffusers layers in it), for the original code's layers the model has
         (``naming.fused``, FLUX.1's BFL layers)."""
@@ -257,11 +262,11 @@ def _comfy_bfl_key_map(model: _Model) -> dict[str, Target]:
     return key_map
 
 
-def _comfy_native_key_map(model: _Model) -> dict[str, str]:
+def _comfy_native_key_map(model: _Model) -> dict[str, Target]:
     """ComfyUI's generic key map of the model's native names, with the additions of its Qwen-Image branch
     (``native_bare``) and its Lumina2 branch (``lumina2``, Z-Image)."""
     key_map, key_maps = {}, model.tools.comfyui_key_map if model.tools else "native"
-    for native, name in model.native_names().items():
+    for native, name in model.native_targets().items():
         key_map[f"diffusion_model.{native}"] = name
         if key_maps == "lumina2":
             # Lumina2's key map: diffusers names under these prefixes; lora_unet_ keys follow NextDiT's own names.
@@ -329,7 +334,7 @@ def _comfy_lycoris(prefix: str, tensors: Mapping[str, torch.Tensor], alpha: floa
 def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[str]]:
     if model.tools is not None and model.tools.diffsynth_studio_loader == "bfl":
         return _diffsynth_studio_bfl(tensors, model)
-    natives = model.native_names()
+    natives = model.native_targets()
     if model.tools is not None and model.tools.diffsynth_studio_loader == "native_or_diffusers":
         # Its Krea 2 loader renames diffusers' names under transformer. (Krea's LoRA releases) to its own.
         natives.update({f"transformer.{name}": name for name in natives.values()})
@@ -352,8 +357,8 @@ def _diffsynth_studio(tensors, metadata, model: _Model) -> tuple[Applied, list[s
             continue
         down = tensors[key.replace(up_part, down_part)]
         scale = float(tensors[alpha_key]) / down.shape[0] if alpha_key in tensors else 1.0
-        applied[name] = LoRALayer(down, tensors[key], scale)
-        used.update({key, key.replace(up_part, down_part), alpha_key})
+        if _land(applied, name, LoRALayer(down, tensors[key], scale)):
+            used.update({key, key.replace(up_part, down_part), alpha_key})
     return applied, sorted(key for key in tensors if key not in used)
 
 

@@ -29,6 +29,11 @@ TRANSFORMER_CONFIG = {
     "in_channels": 128, "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
     "intermediate_size": 64, "adaln_dim": 16, "llm_features_dim": TAPS * TEXT_HIDDEN_SIZE, "mrope_section": (4, 2, 2),
 }  # fmt: skip
+BF16_REPACKAGE_ID = "DiffSynth-Studio/ideogram-4-bf16-repackage"
+FP8_ID = "ideogram-ai/ideogram-4-fp8"
+# The Ideogram-layout releases: one head of the released 256 dims (their files do not record the rotary split).
+RELEASE_TRANSFORMER_CONFIG = {**TRANSFORMER_CONFIG, "attention_head_dim": 256, "num_attention_heads": 1,
+                              "mrope_section": (24, 20, 20)}
 CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% for part in message['content'] %}"
                  "{{ part['text'] }}{% endfor %}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -44,11 +49,11 @@ _COMPONENTS = {
 }
 
 
-def _transformer(seed: int):
+def _transformer(seed: int, config: dict = TRANSFORMER_CONFIG):
     from diffusers import Ideogram4Transformer2DModel
 
     with seeded(seed):
-        transformer = Ideogram4Transformer2DModel(**TRANSFORMER_CONFIG)
+        transformer = Ideogram4Transformer2DModel(**config)
         # diffusers zero-initialises nothing here, but norms start at one; random values make them count.
         for name, parameter in transformer.named_parameters():
             if "norm" in name:
@@ -56,13 +61,13 @@ def _transformer(seed: int):
     return transformer
 
 
-def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
-    """Writes the tiny repo at ``root/ideogram-ai/ideogram-v4``; float32 weights. Returns the repo."""
+def _write_shared_parts(repo: Path, seed: int, quantize=None) -> None:
+    """Writes ``tokenizer/``, ``text_encoder/`` (its state dict through ``quantize`` when given) and ``vae/``."""
+    from safetensors.torch import save_file
     from transformers import Qwen3VLConfig, Qwen3VLModel
 
     from .tiny_models import build_qwen_tokenizer  # imported here: tiny_models imports the builders
 
-    repo = prepare_repo(root, IDEOGRAM4_MODEL_ID)
     tokenizer = build_qwen_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(repo / "tokenizer")
@@ -82,7 +87,15 @@ def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
             video_token_id=token("<|video_pad|>"), vision_start_token_id=token("<|vision_start|>"),
             vision_end_token_id=token("<|vision_end|>")))
     encoder.save_pretrained(repo / "text_encoder", max_shard_size="1GB")
+    if quantize is not None:
+        save_file(quantize(encoder.state_dict()), str(repo / "text_encoder" / "model.safetensors"))
     tiny_flux2_vae(seed + 6).save_pretrained(repo / "vae")
+
+
+def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
+    """Writes the tiny repo at ``root/ideogram-ai/ideogram-v4``; float32 weights. Returns the repo."""
+    repo = prepare_repo(root, IDEOGRAM4_MODEL_ID)
+    _write_shared_parts(repo, seed)
     _transformer(seed + 7).save_pretrained(repo / "transformer", max_shard_size=SHARD_SIZE)
     _transformer(seed + 8).save_pretrained(repo / "unconditional_transformer", max_shard_size=SHARD_SIZE)
     write_json(repo / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
@@ -90,4 +103,24 @@ def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
     return repo
 
 
-IDEOGRAM4_BUILDERS = {"ideogram4": build_tiny_ideogram4}
+def build_tiny_ideogram4_release(root: Path, model_id: str, seed: int = 0, fp8: bool = False) -> Path:
+    """Writes the tiny repo ``root/model_id`` in Ideogram's layout (float32, or fp8 with scales). Returns the repo."""
+    from safetensors.torch import save_file
+
+    from ..pipelines.ideogram4.original import quantize_fp8, transformer_to_original
+
+    repo = prepare_repo(root, model_id)
+    quantize = quantize_fp8 if fp8 else None
+    _write_shared_parts(repo, seed, quantize)
+    state_dict = transformer_to_original(_transformer(seed + 7, RELEASE_TRANSFORMER_CONFIG).state_dict())
+    (repo / "transformer").mkdir()
+    save_file(quantize_fp8(state_dict) if fp8 else state_dict,
+              str(repo / "transformer" / "diffusion_pytorch_model.safetensors"))
+    return repo
+
+
+IDEOGRAM4_BUILDERS = {
+    "ideogram4": build_tiny_ideogram4,
+    "ideogram4_bf16_repackage": lambda root, seed=0: build_tiny_ideogram4_release(root, BF16_REPACKAGE_ID, seed),
+    "ideogram4_fp8": lambda root, seed=0: build_tiny_ideogram4_release(root, FP8_ID, seed, fp8=True),
+}

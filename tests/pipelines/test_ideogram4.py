@@ -97,3 +97,52 @@ def test_a_padded_prompt_in_a_batch_gives_the_unpadded_velocity(ours):
         assert (ours.model_fn(latents, torch.tensor([500.0]), padded, mask) - alone).abs().max() < 1e-5
         # Teeth: the same padding read as text moves the velocity.
         assert (ours.model_fn(latents, torch.tensor([500.0]), padded) - alone).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("model_id, tolerance", [("DiffSynth-Studio/ideogram-4-bf16-repackage", 0.0),
+                                                 ("ideogram-ai/ideogram-4-fp8", 0.05)])
+def test_ideograms_own_layout_loads_the_same_weights(tiny_root, model_id, tolerance):
+    from diffsynth.core.loader.loading import load_model_from_files
+    from diffsynth.testing.tiny_ideogram4 import RELEASE_TRANSFORMER_CONFIG, _transformer
+
+    file = tiny_root / model_id / "transformer" / "diffusion_pytorch_model.safetensors"
+    loaded = load_model_from_files([file], torch.float32, "cpu").state_dict()
+    expected = _transformer(7, RELEASE_TRANSFORMER_CONFIG).state_dict()
+    assert loaded.keys() == expected.keys()
+    # fp8 keeps 3 mantissa bits: each weight within 1/16 of its row's largest magnitude, relative to it.
+    worst = max(((loaded[key] - value).abs().max() / value.abs().max().clamp(min=1e-12)).item()
+                for key, value in expected.items())
+    assert worst <= tolerance, worst
+    # Teeth: q and k of one block differ by far more than the tolerance (the fused rows were split in order).
+    q, k = (loaded[f"layers.0.attention.to_{name}.weight"] for name in "qk")
+    assert (q - k).abs().max() > 10 * max(tolerance, 1e-3) * q.abs().max()
+    # The text encoder (fp8 with scales in the fp8 release) holds the weights of the plain one, the tiny repos' seed.
+    encoder, plain = (load_model_from_files([tiny_root / repo / "text_encoder" / "model.safetensors"], torch.float32,
+                                            "cpu").state_dict() for repo in (model_id, IDEOGRAM4_MODEL_ID))
+    assert encoder.keys() == plain.keys()
+    assert max(((encoder[key] - value).abs().max() / value.abs().max().clamp(min=1e-12)).item()
+               for key, value in plain.items()) <= tolerance
+
+
+def test_a_full_checkpoint_in_the_original_layout_reads_back(tmp_path):
+    from diffsynth.core.loader.loading import load_model_from_files
+    from diffsynth.testing.tiny_ideogram4 import RELEASE_TRANSFORMER_CONFIG, _transformer
+    from diffsynth.training.outputs.full_model import write_full_model
+
+    model = _transformer(7, RELEASE_TRANSFORMER_CONFIG)
+    [file] = write_full_model(model, tmp_path, "epoch-0", "dit", ["original"])
+    loaded = load_model_from_files([file], torch.float32, "cpu").state_dict()
+    assert all(torch.equal(loaded[key], value) for key, value in model.state_dict().items())
+
+
+def test_the_nf4_layout_is_refused_naming_why(tmp_path):
+    from safetensors.torch import save_file
+
+    from diffsynth.core.loader.errors import ModelLoadError
+    from diffsynth.pipelines.ideogram4.original import identify
+
+    save_file({"llm_cond_proj.weight": torch.zeros(1, 1, dtype=torch.uint8),
+               "llm_cond_proj.weight.quant_state.bitsandbytes__nf4": torch.zeros(1, dtype=torch.uint8)},
+              str(tmp_path / "nf4.safetensors"))
+    with pytest.raises(ModelLoadError, match="bitsandbytes' NF4 layout"):
+        identify([tmp_path / "nf4.safetensors"])
