@@ -41,7 +41,8 @@ LAYERED_BASE_TOKENS = 256
 def vae_image_tensor(pipe: QwenImagePipeline, image: Image.Image) -> torch.Tensor:
     """``image`` as a ``(1, C, 1, H, W)`` tensor in ``[-1, 1]`` for the VAE: RGBA for a four-channel VAE
     (Qwen-Image-Layered), else RGB."""
-    mode = "RGBA" if pipe.vae.config.input_channels == 4 else "RGB"
+    # Only Qwen-Image's VAE names its input channels; the Wan VAE other rooms borrow this for is RGB.
+    mode = "RGBA" if getattr(pipe.vae.config, "input_channels", 3) == 4 else "RGB"
     array = np.asarray(image.convert(mode), dtype=np.float32) / 255.0
     tensor = torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0) * 2.0 - 1.0
     return tensor.to(pipe.device, pipe.vae.dtype).unsqueeze(2)

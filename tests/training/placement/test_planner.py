@@ -181,7 +181,8 @@ def test_plan_cli_refuses_unknown_model_ids_without_files_in_one_line(no_models,
     assert captured.out == "" and len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("error: --model_id_with_origin_paths: the files of Wan-AI/Wan2.2-TI2V-5B, "
                                    "Wan-AI/Wan2.1-T2V-1.3B are not on disk")
-    assert "pass --architecture with one of wan2.1-t2v-1.3b, wan2.1-t2v-14b" in captured.err
+    assert "pass --architecture with one of wan2.1-flf2v-14b, " in captured.err
+    assert "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.1-vace-1.3b" in captured.err
 
 
 def test_plan_cli_refuses_a_release_of_another_family_named_by_the_model_ids(no_models, capsys):
