@@ -58,6 +58,7 @@ CHILD_PROCESSES = (
 # Modules whose tests start child processes where their code cannot show it: a fixture picked by name at run time.
 SLOW_MODULES = (
     "tests/training/placement/test_shared_host_weights.py",  # request.getfixturevalue(f"{family}_runs")
+    "tests/training/test_multi_machine.py",  # its processes start in the Launch class's __init__, a method
 )
 # A test function parametrized into this many items or more that builds a model is a model grid.
 MODEL_GRID_SIZE = 8
