@@ -54,13 +54,7 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     from ...lora import lora_layer_names, naming_for
 
     names = [name for name, _ in model.named_modules() if _in_scope(name, *scope)]
-    # Each module under every dotted suffix of its name: a script naming hundreds of layers (the reference's SDXL
-    # LoRA) looks each up at once instead of scanning every module per entry.
-    by_suffix: dict[str, list[str]] = {}
-    for name in names:
-        parts = name.split(".")
-        for start in range(len(parts)):
-            by_suffix.setdefault(".".join(parts[start:]), []).append(name)
+    by_suffix = _by_suffix(names)
     renamed, matched = {}, {}
     for target in target_modules:
         alias = aliases.get(target, target)
@@ -91,6 +85,17 @@ def resolve_lora_targets(model: torch.nn.Module, target_modules: Sequence[str], 
     return list(dict.fromkeys(targets))
 
 
+def _by_suffix(names: Sequence[str]) -> dict[str, list[str]]:
+    """Each module name under every dotted suffix of it (peft's matching): a script naming hundreds of layers (the
+    reference's SDXL LoRA) looks each up at once instead of scanning every module per entry."""
+    index: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        for start in range(len(parts)):
+            index.setdefault(".".join(parts[start:]), []).append(name)
+    return index
+
+
 def _in_scope(name: str, inside: Sequence[str], outside: Sequence[str]) -> bool:
     """Whether a module path lies within one of the child modules ``inside`` (any, when empty) and in none of
     ``outside``."""
@@ -111,9 +116,10 @@ def scoped_targets(model: torch.nn.Module, targets: list[str], inside: Sequence[
     """
     if not inside and not outside:
         return targets
-    names = [name for name, _ in model.named_modules()
-             if any(name == target or name.endswith(f".{target}") for target in targets)
-             and _in_scope(name, inside, outside)]
+    scoped = [name for name, _ in model.named_modules() if _in_scope(name, inside, outside)]
+    by_suffix = _by_suffix(scoped)
+    selected = {name for target in targets for name in by_suffix.get(target, [])}
+    names = [name for name in scoped if name in selected]
     if not names:
         raise ValueError(f"--lora_target_modules {','.join(targets)} select no layer of {type(model).__name__} in "
                          f"{', '.join(inside) or 'its main blocks'}; name layers those modules have, e.g. 'q,k,v,o'")
