@@ -115,6 +115,12 @@ def draw_noise(pipe: BasePipeline, shape: tuple[int, ...], seed: int | None, ran
     return noise.to(pipe.device)
 
 
+def vision_language_model(text_encoder: torch.nn.Module) -> torch.nn.Module:
+    """The inner ``*VLModel`` of a released ``*ForConditionalGeneration`` text encoder (its LM head is not needed):
+    Qwen3-VL for Krea 2 and Ideogram 4."""
+    return getattr(text_encoder, "model", text_encoder)
+
+
 def prompt_only_problems(title: str, inputs: set[str]) -> list[str]:
     """``sample_input_problems`` of a family that renders from the prompt alone (no condition images)."""
     reasons = {"input_image": "is for Wan image-to-video", "edit_image": "is for the editing families"}

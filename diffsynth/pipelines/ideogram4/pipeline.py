@@ -39,9 +39,9 @@ from ..common import (
     draw_noise,
     image_to_tensor,
     prompt_only_problems,
+    vision_language_model,
 )
 from ..flux2_klein.pipeline import VAE_SCALE, patchify, unpatchify
-from ..krea2.pipeline import _language_model
 from .scheduler import Ideogram4Scheduler
 
 __all__ = ["Ideogram4Pipeline", "ModelConfig"]
@@ -85,7 +85,7 @@ def text_features(text_encoder: torch.nn.Module, input_ids: torch.Tensor) -> tor
     """
     from transformers.masking_utils import create_causal_mask
 
-    model = _language_model(text_encoder).language_model
+    model = vision_language_model(text_encoder).language_model
     if len(model.layers) <= ACTIVATION_LAYERS[-1]:
         raise ValueError(f"the text encoder has {len(model.layers)} layers; Ideogram 4 reads layer "
                          f"{ACTIVATION_LAYERS[-1]}: load the release's text_encoder (Qwen3-VL, 36 layers)")

@@ -36,9 +36,10 @@ from ..common import (
     ShapeCheckUnit,
     TextToLatentPipeline,
     check_call_inputs,
-    prompt_only_problems,
     pack_latents,
+    prompt_only_problems,
     unpack_latents,
+    vision_language_model,
 )
 from ..qwen_image.pipeline import QwenImagePipeline
 
@@ -70,11 +71,6 @@ def text_encoder_taps(num_layers: int) -> tuple[int, ...]:
     return tuple(range((num_layers - 1) % 3, num_layers, 3))
 
 
-def _language_model(text_encoder: torch.nn.Module) -> torch.nn.Module:
-    """The ``Qwen3VLModel`` inside a released ``Qwen3VLForConditionalGeneration`` (its LM head is not needed)."""
-    return getattr(text_encoder, "model", text_encoder)
-
-
 class PromptEmbedderUnit(PromptUnit):
     """Encodes the prompt (and, with CFG, the negative prompt) with Qwen3-VL as diffusers' ``Krea2Pipeline`` does.
 
@@ -95,7 +91,7 @@ class PromptEmbedderUnit(PromptUnit):
         mask = torch.cat([text.attention_mask, suffix.attention_mask], dim=1).bool().to(pipe.device)
         # Padding sits before the suffix: positions count real tokens only, on all three mRoPE axes.
         positions = (mask.long().cumsum(dim=-1) - 1).clamp(min=0).unsqueeze(0).expand(3, -1, -1)
-        encoder = _language_model(pipe.text_encoder)
+        encoder = vision_language_model(pipe.text_encoder)
         hidden = encoder(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          output_hidden_states=True).hidden_states
         taps = text_encoder_taps(len(hidden) - 1)
