@@ -6,6 +6,7 @@ import atexit
 import os
 import random
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ def make_accelerator(training: TrainingSection) -> Any:
     the process group's timeout (``DIFFSYNTH_PROCESS_TIMEOUT``, :mod:`..machines.watch`)."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from accelerate.utils import DistributedDataParallelKwargs
 
     from ..machines.watch import process_group_timeout
 
@@ -26,7 +27,7 @@ def make_accelerator(training: TrainingSection) -> Any:
     deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     handlers = [DistributedDataParallelKwargs(find_unused_parameters=training.find_unused_parameters)]
     if (timeout := process_group_timeout()) is not None:
-        handlers.append(InitProcessGroupKwargs(timeout=timeout))
+        handlers.append(process_group_handler(timeout))
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available() and not deepspeed_launch,
         gradient_accumulation_steps=training.gradient_accumulation_steps,
@@ -40,6 +41,19 @@ def make_accelerator(training: TrainingSection) -> Any:
         atexit.unregister(destroy_process_group_at_exit)
         atexit.register(destroy_process_group_at_exit)
     return accelerator
+
+
+def process_group_handler(timeout: timedelta) -> Any:
+    """accelerate's ``InitProcessGroupKwargs`` that passes ``timeout`` on to the process group.
+
+    accelerate passes on only values that differ from its handler's default (10 minutes), which would leave gloo at
+    torch's 30 minutes for ``DIFFSYNTH_PROCESS_TIMEOUT=600``; a microsecond more keeps that value passed.
+    """
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if timeout == InitProcessGroupKwargs().timeout:
+        timeout += timedelta(microseconds=1)
+    return InitProcessGroupKwargs(timeout=timeout)
 
 
 def destroy_process_group_at_exit() -> None:

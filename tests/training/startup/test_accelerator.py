@@ -1,9 +1,10 @@
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 
-from diffsynth.training.startup.accelerator import exit_process
+from diffsynth.training.startup.accelerator import exit_process, process_group_handler
 
 # A process in a one-rank gloo group that buffers output, registers an exit handler and ends through exit_process.
 GROUP_MEMBER = """
@@ -30,3 +31,9 @@ def test_a_single_process_exits_as_sys_exit_does():
     with pytest.raises(SystemExit) as exited:
         exit_process(3)
     assert exited.value.code == 3
+
+
+@pytest.mark.parametrize("seconds", [90, 600, 1800])
+def test_the_process_group_gets_the_timeout_asked_for_even_accelerates_default(seconds):
+    passed = process_group_handler(timedelta(seconds=seconds)).to_kwargs()["timeout"]
+    assert abs(passed.total_seconds() - seconds) < 1e-3
