@@ -3,23 +3,25 @@
 
 Exports the Python files of a ComfyUI snapshot (a bare git mirror) and imports its ``comfy`` package on the CPU, as
 those scripts do (their helpers are shared). For each row of :data:`VARIANTS` (Stable Diffusion 1.5, SDXL,
-ERNIE-Image, FLUX.2 [dev], Qwen-Image and the releases on its architecture) it builds the tiny denoiser of
-``diffsynth.testing``, puts a random LoRA (alpha / rank 0.5) on every layer a LoRA can wrap, and writes the files as
-the trainer does: its main file (kohya's layout for Stable Diffusion, the universal one otherwise), the kohya form
-(``--align_to_opensource_format``) and, where the trainer writes one, the ``.diffusers.safetensors`` twin for
-diffusers (ComfyUI is not meant to read it: the rows that show the check can fail). The text encoders of SD and SDXL
-get no LoRA: the trainer does not write text-encoder LoRAs.
+ERNIE-Image, FLUX.2 [dev] with every layer and with the reference's targets, Qwen-Image, whose layout
+Qwen-Image-Distill-Full, Qwen-Image-Edit and FireRed-Image-Edit share, Qwen-Image-Edit-2511 and Qwen-Image-Layered)
+it builds the tiny denoiser of ``diffsynth.testing``, puts a random LoRA (alpha / rank 0.5) on every layer a LoRA can
+wrap (or on the row's targets), and writes the files as the trainer does: its main file (kohya's layout for Stable
+Diffusion, the universal one otherwise), the kohya form (``--align_to_opensource_format``) and, where the trainer
+writes one, the ``.diffusers.safetensors`` twin for diffusers, which ComfyUI is not meant to read. The text encoders
+of SD and SDXL get no LoRA: the trainer writes no text-encoder LoRA.
 
-ComfyUI then meets the denoiser's weights under the names of the release's checkpoint that ComfyUI loads (the LDM
-names of SD's and SDXL's single-file checkpoints, BFL's for FLUX.2, diffusers' for the others, all under
-``diffusion_model.``): its own ``model_detection`` reads the model's structure from them and picks the model (for SD
-and SDXL the widths it matches on are given at the release's values, since the tiny UNets are narrower), which is
-built at the tiny sizes (those detection fixes at the release's values are set to the tiny ones) and must hold every
-base weight under the same name and shape. ``comfy.lora.model_lora_keys_unet`` on that model, ``convert_lora`` and
-``load_lora`` read each file, and ``comfy.lora.calculate_weight`` patches the base weights. Per file it prints the
-keys loaded and left unused, the weights changed against those this project's ``load_lora`` changes, the ratio of
-ComfyUI's change to ours (1.000000: exact), the largest difference, and ``python -m diffsynth.lora inspect``'s
-prediction for ComfyUI. The families the snapshot has no model for (:data:`NOT_IN_COMFYUI`) are named and skipped.
+ComfyUI then meets the denoiser's weights under the names of the release checkpoint ComfyUI loads (the LDM names of
+SD's and SDXL's single-file checkpoints, BFL's for FLUX.2, diffusers' for the others, under ``diffusion_model.``): its
+own ``model_detection`` reads the model's structure from them and picks the model (for SD and SDXL the widths its
+model list matches on are given at the release's values, since the tiny UNets are narrower), which is built at the
+tiny sizes (those its detection fixes at the release's values set to the tiny ones) and must hold every base weight
+under the same name and shape. ``comfy.lora.model_lora_keys_unet`` on that model, ``convert_lora`` and ``load_lora``
+read each file, and ``comfy.lora.calculate_weight`` patches the base weights. Per file it prints the keys loaded and
+left unused, the weights changed against those this project's ``load_lora`` changes, the ratio of ComfyUI's change to
+ours (1.000000: exact), the largest difference, and ``python -m diffsynth.lora inspect``'s prediction for ComfyUI.
+For the families the snapshot has no model for (:data:`NOT_IN_COMFYUI`: Krea 2, Ideogram 4, JoyAI-Image-Edit) it
+shows that its detection makes nothing of their release-named weights, and skips them.
 
 Usage::
 
@@ -29,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -44,13 +47,13 @@ import check_comfyui_flux_lora as harness  # noqa: E402 - the sibling script's C
 from diffsynth.lora import inspect_lora, load_lora, naming_for  # noqa: E402
 from diffsynth.lora.formats import write_lora  # noqa: E402
 from diffsynth.lora.naming import lora_layer_names  # noqa: E402
-from diffsynth.testing import tiny_ernie_image, tiny_stable_diffusion  # noqa: E402
+from diffsynth.testing import (  # noqa: E402
+    tiny_ernie_image, tiny_ideogram4, tiny_joyai_image, tiny_krea2, tiny_stable_diffusion)
 from diffsynth.testing.tiny_flux2 import tiny_flux2_transformer  # noqa: E402
 from diffsynth.testing.tiny_flux2_dev import DOUBLE_BLOCKS, SINGLE_BLOCKS, TEXT_HIDDEN  # noqa: E402
 
 MIRROR = Path("/work/.mirror/YellowRoseCx+ComfyUI/repo")
 PREFIX = "diffusion_model."
-NOT_IN_COMFYUI = ("Krea 2", "Ideogram 4", "JoyAI-Image-Edit")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Variant:
         tiny_sizes: The model arguments ComfyUI's detection fixes at the release's values (or does not read), as the
             tiny model has them.
         release_sizes: The detected arguments ComfyUI's model list matches on, at the release's values.
+        targets: ``--lora_target_modules`` (module name suffixes, as peft matches them); None for every layer a LoRA
+            can wrap.
     """
 
     name: str
@@ -74,6 +79,13 @@ class Variant:
     release_names: Callable[[object, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
     tiny_sizes: dict = field(default_factory=dict)
     release_sizes: dict = field(default_factory=dict)
+    targets: tuple[str, ...] | None = None
+
+
+def _reference_targets(script: str) -> tuple[str, ...]:
+    """The ``--lora_target_modules`` of a reference training script under ``examples/``."""
+    text = (Path(__file__).parents[1] / "examples" / script).read_text()
+    return tuple(re.search(r'--lora_target_modules "([^"]*)"', text)[1].split(","))
 
 
 def _unet(config: dict) -> Callable[[], torch.nn.Module]:
@@ -155,7 +167,13 @@ def _qwen(**extra) -> Callable[[], torch.nn.Module]:
     return build
 
 
+def _flux2_dev() -> torch.nn.Module:
+    # The releases' 256 timestep channels, which ComfyUI's Flux model fixes.
+    return tiny_flux2_transformer(0, DOUBLE_BLOCKS, SINGLE_BLOCKS, TEXT_HIDDEN, True, timestep_channels=256)
+
+
 SD15_UNET, SDXL_UNET = tiny_stable_diffusion.UNET_CONFIG, tiny_stable_diffusion.SDXL_UNET_CONFIG
+FLUX2_TINY = {"num_heads": 2, "axes_dim": [4, 4, 4, 4], "out_channels": 128}
 QWEN_TINY = {"attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32, "axes_dims_rope": (8, 4, 4)}
 
 VARIANTS = (
@@ -166,14 +184,48 @@ VARIANTS = (
             release_sizes={"model_channels": 320, "context_dim": 2048, "adm_in_channels": 2816}),
     Variant("ERNIE-Image", _ernie, "ErnieImage", _same_names,
             tiny_sizes={key: value for key, value in tiny_ernie_image.TRANSFORMER_CONFIG.items()}),
-    Variant("FLUX.2 [dev]", lambda: tiny_flux2_transformer(0, DOUBLE_BLOCKS, SINGLE_BLOCKS, TEXT_HIDDEN, True, 256),
-            "Flux2", _flux2_bfl_names, tiny_sizes={"num_heads": 2, "axes_dim": [4, 4, 4, 4], "out_channels": 128}),
+    Variant("FLUX.2 [dev]", _flux2_dev, "Flux2", _flux2_bfl_names, tiny_sizes=FLUX2_TINY),
+    Variant("FLUX.2 [dev], the reference's targets", _flux2_dev, "Flux2", _flux2_bfl_names, tiny_sizes=FLUX2_TINY,
+            targets=_reference_targets("flux2/model_training/lora/FLUX.2-dev.sh")),
     # Qwen-Image-Distill-Full, Qwen-Image-Edit(-2509) and FireRed-Image-Edit 1.0 / 1.1 hold the same weights.
     Variant("Qwen-Image", _qwen(), "QwenImage", _same_names, tiny_sizes=QWEN_TINY),
     Variant("Qwen-Image-Edit-2511", _qwen(zero_cond_t=True), "QwenImage", _same_names, tiny_sizes=QWEN_TINY),
     Variant("Qwen-Image-Layered", _qwen(use_additional_t_cond=True, use_layer3d_rope=True), "QwenImage", _same_names,
             tiny_sizes=QWEN_TINY),
 )
+
+
+def _krea2() -> dict[str, torch.Tensor]:
+    from diffusers import Krea2Transformer2DModel
+
+    from diffsynth.pipelines.krea2.original import transformer_to_original
+
+    torch.manual_seed(0)
+    return transformer_to_original(Krea2Transformer2DModel(**tiny_krea2.TRANSFORMER_CONFIG).state_dict())
+
+
+def _ideogram4() -> dict[str, torch.Tensor]:
+    from diffusers import Ideogram4Transformer2DModel
+
+    from diffsynth.pipelines.ideogram4.original import transformer_to_original
+
+    torch.manual_seed(0)
+    return transformer_to_original(Ideogram4Transformer2DModel(**tiny_ideogram4.TRANSFORMER_CONFIG).state_dict())
+
+
+def _joyai() -> dict[str, torch.Tensor]:
+    from diffusers import JoyImageEditTransformer3DModel
+
+    from diffsynth.pipelines.joyai_image.original import original_key
+
+    torch.manual_seed(0)
+    model = JoyImageEditTransformer3DModel(**tiny_joyai_image.TRANSFORMER_CONFIG)
+    return {original_key(key): value for key, value in model.state_dict().items()}
+
+
+# The families this ComfyUI has no model for, with their tiny denoisers' weights under their releases' names: only
+# what its detection makes of them is shown.
+NOT_IN_COMFYUI = (("Krea 2", _krea2), ("Ideogram 4", _ideogram4), ("JoyAI-Image-Edit", _joyai))
 
 
 @dataclass
@@ -198,9 +250,10 @@ def trainer_layouts(path: Path, model: torch.nn.Module) -> tuple[str, ...]:
 def prepare(variant: Variant, folder: Path) -> Prepared:
     """Writes the variant's LoRA files; records our merge of each and inspect's ComfyUI verdict."""
     model = variant.build().eval()
-    names = [name for name in lora_layer_names(model) if naming_for(model).to_native(name) is not None]
+    names = [name for name in lora_layer_names(model) if naming_for(model).to_native(name) is not None and (
+        variant.targets is None or any(name == target or name.endswith("." + target) for target in variant.targets))]
     weights = harness.random_lora(model, names=names)
-    stem = folder / variant.name.split(" (")[0].replace(" ", "_")
+    stem = folder / re.sub(r"\W+", "_", variant.name)
     main_layout = "kohya" if naming_for(model).kohya_only else "universal"
     main = write_lora(stem.with_suffix(f".{main_layout}.safetensors"), weights, main_layout, naming_for(model))
     runs = []
@@ -241,15 +294,26 @@ def report(comfy, item: Prepared) -> bool:
     return expected
 
 
+def report_absent(comfy, name: str, weights: dict[str, torch.Tensor]) -> bool:
+    """Prints what ComfyUI's detection makes of the release-named ``weights`` of a family it has no model for; True
+    when it makes nothing of them (a model it did pick would read the family's LoRA files by that model's names)."""
+    detected = comfy.model_detection.detect_unet_config(weights, PREFIX)
+    picked = None if detected is None else comfy.model_detection.model_config_from_unet_config(detected, weights)
+    print(f"{name}: no model of it in this ComfyUI; its detection makes "
+          f"{'nothing' if picked is None else type(picked).__name__} of the release's weights; skipped")
+    return picked is None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = harness.comfyui_arguments(__doc__, argv, MIRROR)
     with tempfile.TemporaryDirectory() as folder:
         prepared = [prepare(variant, Path(folder)) for variant in VARIANTS]
+        absent = {name: {PREFIX + key: value for key, value in build().items()} for name, build in NOT_IN_COMFYUI}
         commit = harness.export(args.mirror, args.rev, Path(folder) / "comfyui")
         comfy = harness.import_comfy(Path(folder) / "comfyui")
         print(f"ComfyUI {commit[:10]}; alpha / rank 0.5 on every LoRA-able layer")
         failures = sum(not report(comfy, item) for item in prepared)
-        print(f"Not in this ComfyUI (no model, detection or LoRA key map): {', '.join(NOT_IN_COMFYUI)}; skipped")
+        failures += sum(not report_absent(comfy, name, weights) for name, weights in absent.items())
     return 1 if failures else 0
 
 
