@@ -145,3 +145,16 @@ def test_layered_control_v2_extracts_one_layer_as_the_reference(tiny_root, layer
     assert (frames - expected).abs().max() < TOLERANCE
     other = render(ours, cfg_scale=2.5, layer_input_image=image, layer_num=0, context_image=Image.new("RGBA", (WIDTH, HEIGHT)))
     assert (other - expected).abs().max() > 100 * TOLERANCE
+
+
+def test_a_training_sample_encodes_its_context_image_at_the_target_size(tiny_root):
+    ours = load_ours(tiny_root, "qwen_image")
+    sample = {"image": control_image(2), "prompt": PROMPT, "context_image": control_image(3).resize((24, 16))}
+    shared, posi, _ = ours.run_units(*ours.training_inputs(sample, ("context_image",)))
+    expected = ours.encode_image(sample["context_image"].resize((WIDTH, HEIGHT)))
+    assert torch.equal(shared["context_latents"], expected)
+    latents = shared["input_latents"]
+    with_context = ours.model_fn(latents=latents, timestep=torch.tensor([500.0]), **posi,
+                                 context_latents=shared["context_latents"])
+    assert with_context.shape == latents.shape
+    assert (with_context - ours.model_fn(latents=latents, timestep=torch.tensor([500.0]), **posi)).abs().max() > 1e-4
