@@ -66,10 +66,14 @@ def render(pipe, **kwargs):
                 output_type="pt", progress_bar=False, **kwargs)
 
 
-def test_context_image_equals_the_reference_concatenation_on_diffusers_qwen_image(tiny_root, monkeypatch):
+@pytest.fixture(scope="module")
+def ours(tiny_root):
+    return load_ours(tiny_root, "qwen_image")
+
+
+def test_context_image_equals_the_reference_concatenation_on_diffusers_qwen_image(ours, tiny_root, monkeypatch):
     from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
 
-    ours = load_ours(tiny_root, "qwen_image")
     theirs = load_theirs(tiny_root, DiffusersQwenImagePipeline, QWEN_IMAGE_MODEL_ID)
     call = dict(prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=2.5, height=HEIGHT, width=WIDTH,
                 num_inference_steps=2, output_type="pt")
@@ -147,8 +151,7 @@ def test_layered_control_v2_extracts_one_layer_as_the_reference(tiny_root, layer
     assert (other - expected).abs().max() > 100 * TOLERANCE
 
 
-def test_a_training_sample_encodes_its_context_image_at_the_target_size(tiny_root):
-    ours = load_ours(tiny_root, "qwen_image")
+def test_a_training_sample_encodes_its_context_image_at_the_target_size(ours):
     sample = {"image": control_image(2), "prompt": PROMPT, "context_image": control_image(3).resize((24, 16))}
     shared, posi, _ = ours.run_units(*ours.training_inputs(sample, ("context_image",)))
     expected = ours.encode_image(sample["context_image"].resize((WIDTH, HEIGHT)))
@@ -158,3 +161,8 @@ def test_a_training_sample_encodes_its_context_image_at_the_target_size(tiny_roo
                                  context_latents=shared["context_latents"])
     assert with_context.shape == latents.shape
     assert (with_context - ours.model_fn(latents=latents, timestep=torch.tensor([500.0]), **posi)).abs().max() > 1e-4
+
+
+def test_a_context_image_that_is_no_image_is_refused_before_denoising(ours):
+    with pytest.raises(ValueError, match=r"context_image='pose.png' must be a PIL image.*Image.open"):
+        ours(PROMPT, context_image="pose.png", progress_bar=False)

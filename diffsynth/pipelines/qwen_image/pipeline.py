@@ -222,8 +222,7 @@ class QwenImagePipeline(TextToLatentPipeline):
         frame, one ``img_shapes`` entry each). ``context_latents`` (an in-context control image), ``edit_latents``
         (reference images) and ``layer_input_latents`` (the image to decompose) are packed after the latents, in this
         order (the reference's), each with its own ``img_shapes`` entry; the prediction keeps only the latents'
-        tokens. Extra state keys are accepted and ignored, since the loop passes the whole
-        state.
+        tokens. Extra state keys are accepted and ignored, since the loop passes the whole state.
         """
         batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
         frames = latents.shape[2] if latents.dim() == 5 else 1
@@ -276,8 +275,8 @@ class QwenImagePipeline(TextToLatentPipeline):
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  edit_image: Image.Image | Sequence[Image.Image] | None = None,
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
-                 context_image: Image.Image | None = None, height: int | None = None, width: int | None = None, seed: int | None = None,
-                 rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
+                 context_image: Image.Image | None = None, height: int | None = None, width: int | None = None,
+                 seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
         """Generates one image, or with ``layer_input_image`` its decomposition into layers.
 
@@ -309,6 +308,9 @@ class QwenImagePipeline(TextToLatentPipeline):
         """
         check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH)
         check_layer_num(layer_num, layer_input_image)
+        if context_image is not None and not isinstance(context_image, Image.Image):
+            raise ValueError(f"context_image={context_image!r} must be a PIL image; open it first, e.g. "
+                             "context_image=Image.open(path)")
         if layer_input_image is not None:
             default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
         elif edit_image is not None:
