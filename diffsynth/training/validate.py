@@ -74,12 +74,14 @@ def apply_weights(pipe: Any, run: Rendering, fail: Callable[[str], NoReturn], re
 
 
 def write_image(image: Any, path: Path) -> Path:
-    """Writes a PIL image atomically, in the format its suffix names."""
+    """Writes a PIL image atomically, in the format its suffix names (a layer's alpha is dropped in a JPEG)."""
     from PIL import Image
 
     from ..core.files import atomic_write
 
     image_format = Image.registered_extensions()[path.suffix.lower()]
+    if image_format == "JPEG" and image.mode != "RGB":
+        image = image.convert("RGB")
     return atomic_write(path, lambda temporary: image.save(temporary, format=image_format))
 
 
