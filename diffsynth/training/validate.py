@@ -100,7 +100,7 @@ class ImageScript:
         prompt: The reference script's prompt; ``call``: its other call arguments that the shared flags set
             (``cfg_scale``, ``height``, ``width``, ``num_inference_steps``, ``seed``, ``negative_prompt``).
         output: The file the reference script writes.
-        input_defaults: Defaults of its input flags other than ``IMAGE_INPUTS``' (``as_list`` for the releases that
+        input_defaults: Its own defaults of input flags, over ``IMAGE_INPUTS``' (``as_list`` for the releases that
             take edit images as a list, the reference's ``controlnet_scale``).
         control_input: ``"module:Class"`` wrapping ``--controlnet_image`` for the call's ``controlnet_inputs``.
         full: Whether it loads a full fine-tune (a ``validate_full`` script).

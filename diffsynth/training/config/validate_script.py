@@ -111,7 +111,8 @@ def add_flags(parser: argparse.ArgumentParser, weights: Sequence[Weights], full:
     for name, entry in inputs.items():
         needed = " (required)" if entry.required else ""
         if entry.kind == "images":
-            parser.add_argument(f"--{name}", nargs="+", action="extend", default=entry.default, help=entry.help + needed)
+            parser.add_argument(f"--{name}", nargs="+", action="extend", default=entry.default,
+                                help=entry.help + needed)
         elif entry.kind == "switch":
             parser.add_argument(f"--{name}", action="store_true", default=bool(entry.default), help=entry.help)
         else:

@@ -11,7 +11,6 @@ load as it trains on them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from diffsynth.training.validate import release_script
@@ -22,12 +21,7 @@ SCRIPT = SCRIPT.with_full(
     output="image_FLUX.1-Krea-dev_full.jpg",
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

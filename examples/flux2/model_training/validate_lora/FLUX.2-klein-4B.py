@@ -10,9 +10,6 @@ models load as ``lora/FLUX.2-klein-4B.sh`` trains on them; the defaults are the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 from diffsynth.training.validate import ImageScript
 
 SCRIPT = ImageScript(
@@ -26,12 +23,7 @@ SCRIPT = ImageScript(
     call=dict(num_inference_steps=40, cfg_scale=4.0, height=768, width=768),
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

@@ -10,9 +10,6 @@ models load as ``lora/Qwen-Image-2512.sh`` trains on them; the defaults are the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 from diffsynth.training.validate import ImageScript
 
 SCRIPT = ImageScript(
@@ -24,12 +21,7 @@ SCRIPT = ImageScript(
     trained="./models/train/Qwen-Image-2512_lora/epoch-4.safetensors",
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

@@ -11,9 +11,6 @@ models load as ``lora/Qwen-Image-Edit-2509.sh`` trains on them; the defaults are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 from diffsynth.training.validate import ImageScript
 
 SCRIPT = ImageScript(
@@ -30,12 +27,7 @@ SCRIPT = ImageScript(
     input_defaults={"as_list": True},
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

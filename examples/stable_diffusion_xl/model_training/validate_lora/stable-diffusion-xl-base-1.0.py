@@ -10,9 +10,6 @@ models load as ``lora/stable-diffusion-xl-base-1.0.sh`` trains on them; the defa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 from diffsynth.training.validate import ImageScript
 
 SCRIPT = ImageScript(
@@ -28,12 +25,7 @@ SCRIPT = ImageScript(
     output="image_stable-diffusion-xl-base-1.0.jpg",
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

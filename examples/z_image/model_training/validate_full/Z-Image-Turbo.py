@@ -11,7 +11,6 @@ load as it trains on them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from diffsynth.training.validate import release_script
@@ -19,12 +18,7 @@ from diffsynth.training.validate import release_script
 SCRIPT = release_script(Path(__file__).parents[1] / "validate_lora" / "Z-Image-Turbo.py")
 SCRIPT = SCRIPT.with_full("./models/train/Z-Image-Turbo_full/epoch-1.safetensors")
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

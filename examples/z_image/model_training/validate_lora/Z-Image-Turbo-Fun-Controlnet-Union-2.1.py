@@ -12,9 +12,6 @@ script's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-
 from diffsynth.training.validate import ImageScript
 
 SCRIPT = ImageScript(
@@ -32,12 +29,7 @@ SCRIPT = ImageScript(
     control_input="diffsynth.pipelines.z_image:ControlNetInput",
 )
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()

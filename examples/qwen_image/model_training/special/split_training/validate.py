@@ -8,7 +8,6 @@ stages, the second writing the LoRA).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from diffsynth.training.validate import release_script
@@ -16,12 +15,7 @@ from diffsynth.training.validate import release_script
 SCRIPT = release_script(Path(__file__).parents[2] / "validate_lora" / "Qwen-Image.py")
 SCRIPT = SCRIPT.with_trained("./models/train/Qwen-Image_lora/epoch-4.safetensors")
 MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Renders the image (``ImageScript.main``); returns the file written."""
-    return SCRIPT.main(argv)
-
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
 
 if __name__ == "__main__":
     main()
