@@ -34,6 +34,8 @@ IMAGE_INPUTS = {
     "controlnet_scale": InputFlag("number", "how strongly the control image steers (the reference's 0.7)", default=0.7),
     "layer_input_image": InputFlag("image", "the image to split into layers (its alpha channel is kept)"),
     "layer_num": InputFlag("integer", "how many layers to split it into", default=3),
+    "context_image": InputFlag("image", "the in-context control image the LoRA learned to follow (edges, depth, a "
+                                        "pose; Layered-Control V2: the mask of the layer to extract)"),
     "processor_path": InputFlag("folder", "the processor folder (unset: the release's own)"),
     "zero_cond_t": InputFlag("switch", "turn on Edit-2511's zero_cond_t (its transformer config already does)"),
 }
@@ -211,6 +213,8 @@ class ImageScript:
                                                     scale=values["controlnet_scale"])]
             elif name == "layer_input_image":
                 inputs.update(layer_input_image=Image.open(value).convert("RGBA"), layer_num=values["layer_num"])
+            elif IMAGE_INPUTS[name].kind == "image":
+                inputs[name] = Image.open(value).convert("RGB")
             else:
                 images = [Image.open(path).convert("RGB") for path in value]
                 inputs[name] = images if len(images) > 1 or values.get("as_list") else images[0]

@@ -57,6 +57,8 @@ def test_every_script_reads_the_files_its_training_script_writes(path):
 RUNS = {
     "qwen_image-edit-list": ("qwen_image/model_training/validate_lora/Qwen-Image-Edit-2509.py",
                              ["--edit_image", "red.png", "blue.png"], 16),
+    "qwen_image-context": ("qwen_image/model_training/validate_lora/Qwen-Image-In-Context-Control-Union.py",
+                           ["--context_image", "red.png"], 16),
     "z_image-controlnet-full": ("z_image/model_training/validate_full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.py",
                                 ["--controlnet_image", "red.png"], 16),
     "z_image-special": ("z_image/model_training/special/differential_training/validate.py", [], 16),
