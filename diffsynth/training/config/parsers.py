@@ -209,8 +209,13 @@ def parse_namespace(parser: argparse.ArgumentParser, argv: Sequence[str] | None 
 
 
 def uses_bitsandbytes(namespace: argparse.Namespace) -> bool:
-    """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``), or an optimizer from
-    outside torch (``--customized_optimizer``: bitsandbytes' own, or a class that may import it)."""
+    """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``, or a release packed in
+    bitsandbytes' layout among the models), or an optimizer from outside torch (``--customized_optimizer``:
+    bitsandbytes' own, or a class that may import it)."""
+    from ...pipelines.registry import bitsandbytes_model_ids
+
     optimizer = namespace.customized_optimizer
-    return "bitsandbytes" in (namespace.quant_options or "") or (optimizer is not None
-                                                                 and not optimizer.startswith("torch."))
+    models = f"{namespace.model_id_with_origin_paths or ''} {namespace.model_paths or ''}".lower()
+    return ("bitsandbytes" in (namespace.quant_options or "") or any(prefix.lower() in models
+                                                                     for prefix in bitsandbytes_model_ids())
+            or (optimizer is not None and not optimizer.startswith("torch.")))
