@@ -232,6 +232,16 @@ def _tie_weights(model: torch.nn.Module, missing: set[str]) -> None:
         tie()
 
 
+def _load_shared_part(model: torch.nn.Module, plan: dict, dtype: torch.dtype, fp32_modules: tuple[str, ...],
+                      shared: SharedLoad, original: OriginalModel | None) -> dict:
+    """``load_shared`` of the plan but its packed 4-bit weights; returns what is left for this process to load."""
+    # A packed weight is a Params4bit with its statistics beside the data; the shared copy holds plain tensors.
+    packed = original.packed if original is not None else frozenset()
+    remaining = load_shared(model, {key: entry for key, entry in plan.items() if key not in packed}, dtype,
+                            fp32_modules, shared)
+    return {**remaining, **{key: plan[key] for key in packed}}
+
+
 def load_model_from_files(
     files: list[Path], torch_dtype: torch.dtype | str = torch.bfloat16, device: str | torch.device = "cpu",
     shared: SharedLoad | None = None, original: OriginalModel | None = None,
@@ -287,12 +297,7 @@ def load_model_from_files(
             ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
             plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
         fp32_modules = _fp32_modules(library, model, dtype)
-        remaining = plan
-        if shared is not None:
-            # A packed weight is a Params4bit, its statistics beside the data; the shared copy holds plain tensors.
-            packed = original.packed if original is not None else frozenset()
-            remaining = {**load_shared(model, {key: entry for key, entry in plan.items() if key not in packed}, dtype,
-                                       fp32_modules, shared), **{key: plan[key] for key in packed}}
+        remaining = plan if shared is None else _load_shared_part(model, plan, dtype, fp32_modules, shared, original)
         assign_shards(model, remaining, dtype, target, fp32_modules=fp32_modules)
     if library == "transformers":
         _tie_weights(model, set(expected) - set(plan))
