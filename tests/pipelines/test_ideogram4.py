@@ -163,6 +163,14 @@ def test_the_nf4_release_loads_packed_and_computes_its_dequantized_weights(tiny_
     # loaded through the bf16 repackage's reader, which splits plain rows.
     raw = load_file(str(file))
     blob = ".quant_state.bitsandbytes__nf4"
+    # The keys the reference's loader groups (everything after ``.weight.`` is a statistic of that packed weight):
+    # exactly bitsandbytes' non-nested three beside each uint8 weight.
+    stats = {}
+    for key in (key for key in raw if ".weight." in key):
+        weight, _, stat = key.rpartition(".weight.")
+        stats.setdefault(f"{weight}.weight", set()).add(stat)
+    assert stats and all(raw[weight].dtype == torch.uint8 for weight in stats)
+    assert all(names == {"absmax", "quant_map", blob[1:]} for names in stats.values())
     states = {key.removesuffix(blob): bnb.functional.QuantState.from_dict(
         {name: value for name, value in raw.items() if name.startswith(key.removesuffix(blob) + ".")}, "cpu")
         for key in raw if key.endswith(blob)}

@@ -212,10 +212,9 @@ def uses_bitsandbytes(namespace: argparse.Namespace) -> bool:
     """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``, or a release packed in
     bitsandbytes' layout among the models), or an optimizer from outside torch (``--customized_optimizer``:
     bitsandbytes' own, or a class that may import it)."""
-    from ...pipelines.registry import bitsandbytes_model_ids
+    from .quant_flags import packed_releases
 
     optimizer = namespace.customized_optimizer
-    models = f"{namespace.model_id_with_origin_paths or ''} {namespace.model_paths or ''}".lower()
-    return ("bitsandbytes" in (namespace.quant_options or "") or any(prefix.lower() in models
-                                                                     for prefix in bitsandbytes_model_ids())
+    return ("bitsandbytes" in (namespace.quant_options or "")
+            or bool(packed_releases(namespace.model_id_with_origin_paths, namespace.model_paths))
             or (optimizer is not None and not optimizer.startswith("torch.")))
