@@ -63,6 +63,11 @@ def test_flag_problems_name_the_fix(capsys):
     assert "the 4-bit release ideogram-ai/ideogram-4-nf4 and DeepSpeed cannot be combined" in refused
     assert run_config(["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-fp8:transformer/*.safetensors",
                        "--blocks_to_swap", "2"]).placement.blocks_to_swap == 2  # teeth: fp8 weights move
+    with pytest.MonkeyPatch.context() as patch:  # a machine without bitsandbytes stops before loading it
+        patch.setattr("diffsynth.training.placement.quant_options.bitsandbytes_available", lambda: False)
+        (missing,) = quant_package_problems(None, packed[1])
+        assert missing.startswith("ideogram-ai/ideogram-4-nf4 is packed in bitsandbytes' 4-bit layout")
+        assert quant_package_problems(None, ALL_MODELS) == []
     with pytest.raises(SystemExit):
         parse_args(["--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit", "--dataset_metadata_path",
                     "m.csv", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_int8"])
