@@ -26,7 +26,7 @@ when each part holds whole blocks: packing and block statistics then run along t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -121,7 +121,7 @@ def check_split(packed: PackedWeight, parts: int) -> None:
         ModelLoadError: It does not.
     """
     rows, columns = packed.part_shape(parts)
-    if rows * parts != packed.shape[0] or (rows * columns) % (2 * packed.blocksize):
+    if rows * parts != packed.shape[0] or (rows * columns) % packed.blocksize or (rows * columns) % 2:
         raise ModelLoadError(f"{packed.file}: the fused NF4 weight {packed.key} {list(packed.shape)} does not split "
                              f"into {parts} parts of whole {packed.blocksize}-value blocks, so its layers cannot be "
                              "read apart; load a bf16 release of the model with --quant_options instead")
@@ -142,11 +142,9 @@ def _unpack(packed: PackedWeight, index: int, parts: int, tensor: torch.Tensor) 
     return bnb.nn.Params4bit.from_prequantized(tensor.chunk(parts)[index], stats, requires_grad=False, device="cpu")
 
 
-def unpacker(packed: PackedWeight, index: int = 0, parts: int = 1, then: Any = None) -> Any:
-    """An entry's ``convert`` loading row slice ``index`` of ``parts`` of ``packed`` as a ``Params4bit`` (``then``
-    maps the packed tensor first, None: nothing)."""
-    unpack = partial(_unpack, packed, index, parts)
-    return unpack if then is None else lambda tensor: unpack(then(tensor))
+def unpacker(packed: PackedWeight, index: int = 0, parts: int = 1) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An entry's ``convert`` loading row slice ``index`` of ``parts`` of ``packed`` as a ``Params4bit``."""
+    return partial(_unpack, packed, index, parts)
 
 
 def linear4bit_shells(model: torch.nn.Module, weight_keys: Iterable[str], dtype: torch.dtype) -> None:
