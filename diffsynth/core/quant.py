@@ -157,3 +157,33 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig) -> QuantStorage:
         before += weight.numel() * weight.element_size()
         after += layer.weight.numel() + state.absmax.numel() * state.absmax.element_size()
     return QuantStorage([_layer_name(name) for name, *_ in slots], before, after)
+
+
+def dense_weight(layer: torch.nn.Module) -> torch.Tensor:
+    """``layer``'s weight as an unpacked tensor of its logical shape: a bitsandbytes 4-bit weight dequantized (a
+    new tensor, in the dtype it was packed from), any other weight itself."""
+    weight = layer.weight
+    state = getattr(weight, "quant_state", None)
+    if state is None:
+        return weight
+    from bitsandbytes.functional import dequantize_4bit
+
+    return dequantize_4bit(weight.data, state)
+
+
+def weight_shape(layer: torch.nn.Module) -> torch.Size:
+    """The logical shape of ``layer``'s weight (a packed 4-bit weight's is in its quant state)."""
+    state = getattr(layer.weight, "quant_state", None)
+    return layer.weight.shape if state is None else state.shape
+
+
+def repack_4bit_weight(layer: torch.nn.Module, weight: torch.Tensor) -> None:
+    """Replaces a bitsandbytes 4-bit layer's weight by ``weight`` (unpacked), packed as the old one was: how a LoRA is
+    merged into a 4-bit model, one layer at a time, as peft merges into ``Linear4bit`` (the merged weight takes the
+    4-bit rounding again)."""
+    import bitsandbytes as bnb
+
+    old = layer.weight
+    layer.weight = bnb.nn.Params4bit(
+        weight.contiguous(), requires_grad=False, quant_type=old.quant_type, blocksize=old.blocksize,
+        compress_statistics=old.compress_statistics).to(old.device)

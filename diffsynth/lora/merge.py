@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..core.quant import dense_weight, repack_4bit_weight, weight_shape
 from .formats import AdapterLayer, LoRALayer, LoRAWeights
 from .naming import LORA_TARGET_TYPES, ModuleNaming, naming_for
 from .reading import read_lora
@@ -57,9 +58,14 @@ def load_lora(
     # Deltas are built one at a time: all of them at once would take the model's size again, in float32.
     with torch.no_grad():
         for name, layer in weights.layers.items():
-            weight = targets[name].weight
+            target = targets[name]
+            weight = dense_weight(target)
             delta = layer.delta(device=weight.device, base=weight)
-            weight.copy_((weight.to(torch.float32) + alpha * delta.reshape(weight.shape)).to(weight.dtype))
+            merged = (weight.to(torch.float32) + alpha * delta.reshape(weight.shape)).to(weight.dtype)
+            if weight is target.weight:
+                weight.copy_(merged)
+            else:  # a packed 4-bit weight (an NF4 release), packed again
+                repack_4bit_weight(target, merged)
     return len(weights.layers)
 
 
@@ -89,24 +95,25 @@ def _fitting_layers(module: torch.nn.Module, source: str | os.PathLike | Mapping
         logger.warning("Skipping %d unmatched LoRA layers from %s, e.g. %s", len(weights.unmatched), weights.source,
                        weights.unmatched[:5])
     for name, layer in weights.layers.items():
-        _check_fits(name, layer, targets[name].weight, weights.source, allow_meta)
+        if targets[name].weight.is_meta and not allow_meta:
+            raise ValueError(f"module {name!r} has its weight on the meta device; load the base weights before the "
+                             "LoRA")
+        _check_fits(name, layer, tuple(weight_shape(targets[name])), weights.source)
     return weights, targets
 
 
-def _check_fits(name: str, layer: AdapterLayer, weight: torch.Tensor, source: str, allow_meta: bool = False) -> None:
-    """Raises unless the layer's change has the weight's shape: ``up @ down`` for a LoRA (a conv delta keeps down's
-    kernel, up being 1 x 1), the factors' product for LoHa and LoKr (Linear layers)."""
-    if weight.is_meta and not allow_meta:
-        raise ValueError(f"module {name!r} has its weight on the meta device; load the base weights before the LoRA")
+def _check_fits(name: str, layer: AdapterLayer, shape: tuple[int, ...], source: str) -> None:
+    """Raises unless the layer's change has the weight's ``shape``: ``up @ down`` for a LoRA (a conv delta keeps
+    down's kernel, up being 1 x 1), the factors' product for LoHa and LoKr (Linear layers)."""
     if not isinstance(layer, LoRALayer):
-        if tuple(layer.shape) != tuple(weight.shape):
+        if tuple(layer.shape) != shape:
             raise ValueError(f"{layer.kind} layer {name!r} in {source} makes a change of shape {tuple(layer.shape)}, "
-                             f"module {name!r} has weight {tuple(weight.shape)}; was it trained on another model?")
+                             f"module {name!r} has weight {shape}; was it trained on another model?")
         return
     down, up = layer.down, layer.up
     fits = up.dim() == down.dim() >= 2 and up.shape[1] == down.shape[0] and all(size == 1 for size in up.shape[2:])
-    if not fits or (up.shape[0], *down.shape[1:]) != tuple(weight.shape):
+    if not fits or (up.shape[0], *down.shape[1:]) != shape:
         raise ValueError(
             f"LoRA layer {name!r} in {source} (down {tuple(down.shape)}, up {tuple(up.shape)}) does not fit "
-            f"module {name!r} with weight {tuple(weight.shape)}; was it trained on another model?"
+            f"module {name!r} with weight {shape}; was it trained on another model?"
         )

@@ -72,6 +72,7 @@ RUNS = {
     "ernie_image": ("ernie_image/model_training/validate_lora/ERNIE-Image.py", [], 16),
     # A short prompt: the reference's JSON caption is a thousand tokens.
     "ideogram4": ("ideogram4/model_training/validate_lora/Ideogram-4-bf16-repackage.py", ["--prompt", "a dog"], 16),
+    "ideogram4-nf4": ("ideogram4/model_training/validate_lora/Ideogram-4-nf4.py", ["--prompt", "a dog"], 16),
     "joyai_image-edit": ("joyai_image/model_training/validate_lora/JoyAI-Image-Edit.py", ["--edit_image", "red.png"],
                          16),
 }
