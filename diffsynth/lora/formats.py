@@ -9,7 +9,7 @@ layout     keys of one layer                                  scale
 ========== ================================================== ===================================================
 universal  ``diffusion_model.<native>.lora_A.weight``,        folded into ``lora_B`` (the file's strength is 1.0)
            ``...lora_B.weight``
-diffusers  ``transformer.<diffusers name>.lora_A.weight``     ``lora_adapter_metadata`` (peft ``LoraConfig`` JSON)
+diffusers  ``transformer.<diffusers name>.lora_A.weight``     folded (``lora_adapter_metadata``: alpha = rank)
 kohya      ``lora_unet_<native with _>.lora_down.weight``,    ``<...>.alpha`` tensor divided by the rank
            ``...lora_up.weight``, ``...alpha``
 peft       ``<native>.lora_A.default.weight``                 folded (the reference's training output)
@@ -219,7 +219,8 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
         return _lycoris_state_dict(weights, kind, layout, naming, dtype)
     uniform = len(weights.ranks) == 1 and len(weights.scales) == 1
     fused = naming.fuses(layout)
-    fold = layout in ("universal", "peft") or (layout == "diffusers" and not uniform) or fused
+    # A diffusers file's scale is folded too: ComfyUI, given one, reads no peft metadata (it took alpha as the rank).
+    fold = layout in ("universal", "peft", "diffusers") or fused
     tensors, metadata, folded = {}, {}, {}
 
     def store(tensor: torch.Tensor) -> torch.Tensor:
@@ -246,8 +247,8 @@ def to_state_dict(weights: LoRAWeights, layout: str, naming: ModuleNaming = DIFF
             tensors[f"{DIFFUSERS_COMPONENT}.{file_name}.lora_A.weight"] = store(down)
             tensors[f"{DIFFUSERS_COMPONENT}.{file_name}.lora_B.weight"] = store(up)
     if layout == "diffusers" and uniform:
-        rank, scale = next(iter(weights.ranks)), next(iter(weights.scales))
-        config = {"r": rank, "lora_alpha": _plain_number(scale * rank), "target_modules": sorted(weights.layers)}
+        rank = next(iter(weights.ranks))
+        config = {"r": rank, "lora_alpha": rank, "target_modules": sorted(weights.layers)}  # the scale is folded
         metadata["lora_adapter_metadata"] = json.dumps({f"{DIFFUSERS_COMPONENT}.{key}": value
                                                         for key, value in config.items()}, sort_keys=True)
     if folded:

@@ -45,9 +45,13 @@ def models(tiny_root):
 def first_format_file(path, model, alpha, converted=False):
     """A LoRA as this project wrote it before (``transformer.`` keys, alpha in metadata), or as the old Wan converter
     rewrote it (original names, the peft JSON dropped)."""
-    weights = from_peft_state_dict({k: v for k, v in model.named_parameters() if ".lora_" in k}, alpha)
-    tensors, metadata = to_state_dict(weights, "diffusers")
-    metadata = {"format": "pt", "lora_rank": str(RANK), "lora_alpha": str(alpha), **metadata}
+    # Its factors as trained (the scale alpha / rank unfolded), peft's LoraConfig under the transformer's name.
+    tensors = {"transformer." + key.replace(".default.", "."): value for key, value in model.named_parameters()
+               if ".lora_" in key}
+    modules = sorted({key.split(".", 1)[1].rsplit(".lora_", 1)[0] for key in tensors})
+    config = {"transformer.r": RANK, "transformer.lora_alpha": alpha, "transformer.target_modules": modules}
+    metadata = {"format": "pt", "lora_rank": str(RANK), "lora_alpha": str(alpha),
+                "lora_adapter_metadata": json.dumps(config, sort_keys=True)}
     if converted:
         tensors = {key.replace("transformer.", "diffusion_model.", 1): value for key, value in tensors.items()}
         tensors = {_original(key): value for key, value in tensors.items()}
