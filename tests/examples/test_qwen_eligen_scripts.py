@@ -5,6 +5,7 @@ the entity prompts' embeddings and masks."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -56,10 +57,15 @@ def test_eligen_scripts_train_loras_that_load_fully_in_diffusers(workdir, tiny_r
             theirs.unload_lora_weights()
 
 
-def test_split_training_caches_the_entity_inputs(workdir):
+def test_split_training_caches_the_entity_inputs_and_samples_render_entities(workdir):
     [(_, eligen)] = script_commands(QWEN, "lora/Qwen-Image-EliGen.sh")
     cache = "./models/train/Qwen-Image-EliGen_cache"
     assert run([*small(eligen, {"--output_path": cache}), "--task", "sft:data_process"])["cached"] == 2
+    dataset = json.loads((workdir / "data/diffsynth_example_dataset/qwen_image/Qwen-Image-EliGen/metadata.json")
+                         .read_text())
+    prompts = workdir / "data/diffsynth_example_dataset/qwen_image/Qwen-Image-EliGen/prompts.json"
+    prompts.write_text(json.dumps([{key: dataset[0][key] for key in ("prompt", "eligen_entity_prompts",
+                                                                      "eligen_entity_masks")}]))
     from safetensors import safe_open
 
     with safe_open(next(Path(cache).rglob("*.safetensors")), "pt") as cached:
@@ -68,4 +74,7 @@ def test_split_training_caches_the_entity_inputs(workdir):
     stage_two = small(eligen, {"--dataset_base_path": cache, "--output_path": "./models/train/split"})
     stage_two = [word for index, word in enumerate(stage_two) if word != "--dataset_metadata_path"
                  and stage_two[index - 1] != "--dataset_metadata_path"]
-    assert run([*stage_two, "--task", "sft:train"])["global_step"] == 2
+    sampling = ["--validation_prompts", str(prompts), "--validation_epochs", "1", "--validation_num_inference_steps",
+                "1"]
+    assert run([*stage_two, "--task", "sft:train", *sampling])["global_step"] == 2
+    assert len(list((workdir / "models/train/split/samples").rglob("*.png"))) == 1

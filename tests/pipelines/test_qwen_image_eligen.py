@@ -203,3 +203,26 @@ def test_dataset_rows_load_their_masks_and_a_count_mismatch_names_the_row(tmp_pa
     metadata.write_text(json.dumps(rows))
     with pytest.raises(DatasetError, match="row 2 holds 1 entries in column 'eligen_entity_prompts' and 2 in"):
         UnifiedDataset(tmp_path, metadata, **options)
+
+
+def test_prompt_file_entries_give_entity_inputs_to_samples(tmp_path):
+    import json
+
+    from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
+    from diffsynth.training.config.validation_prompts import ValidationConfig, ValidationError, read_validation_prompts
+    from diffsynth.training.loop.sampling import unknown_input_problems
+
+    mask((0, 0, 16, 16)).save(tmp_path / "hat.png")
+    entry = {"prompt": PROMPT, "eligen_entity_prompts": ["a hat"], "eligen_entity_masks": ["hat.png"]}
+    (tmp_path / "prompts.json").write_text(json.dumps([entry]))
+    [prompt] = read_validation_prompts(tmp_path / "prompts.json")
+    config = ValidationConfig((prompt,), every_steps=1, every_epochs=None, max_pixels=48 * 32)
+    arguments = config.call_arguments(prompt, 16)
+    assert arguments["eligen_entity_prompts"] == ["a hat"] and arguments["eligen_entity_masks"][0].size == (48, 32)
+    pipe = QwenImagePipeline(torch_dtype=torch.float32)
+    assert unknown_input_problems(pipe, prompt.inputs()) == []
+    assert unknown_input_problems(pipe, {"control_video"}) == [
+        '"control_video" is not an input of QwenImagePipeline; drop it']
+    (tmp_path / "prompts.json").write_text(json.dumps([{**entry, "eligen_entity_prompts": ["a hat", "a cat"]}]))
+    with pytest.raises(ValidationError, match='gives 2 "eligen_entity_prompts" and 1 "eligen_entity_masks"'):
+        read_validation_prompts(tmp_path / "prompts.json")
