@@ -79,8 +79,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
-                  file_options: Mapping[str, Any] | None = None,
-                  column_types: Mapping[str, CellType] | None = None,
+                  file_options: Mapping[str, Any] | None = None, column_types: Mapping[str, CellType] | None = None,
                   optional_file_keys: Sequence[str] = (),
                   paired_lists: Sequence[tuple[str, str]] = ()) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
@@ -101,8 +100,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         optional_file_keys: Data-file columns a row may leave empty (a loss mask, LTX-2's sound); an empty cell is
             dropped from the row, as if the column were absent, instead of being refused, also in a required
             column (which the metadata must still have).
-        paired_lists: Pairs of columns whose cells hold lists of one length (a single value counts as one), e.g.
-            EliGen's entity prompts and masks.
+        paired_lists: Pairs of columns whose lists a row must give at one length (EliGen's prompts and masks).
 
     Returns:
         The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
@@ -143,7 +141,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         row, cell_problems = convert_row(row, column_types or {})
         row = {key: value for key, value in row.items() if key not in optional_file_keys or not is_blank(value)}
         problems += [DatasetError(f"{where} {problem}")
-                     for problem in [*cell_problems, *_length_problems(row, paired_lists)]]
+                     for problem in cell_problems + _length_problems(row, paired_lists)]
         converted.append(row)
         for key in data_file_keys:
             if key not in row or key in blank:

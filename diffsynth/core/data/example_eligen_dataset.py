@@ -1,19 +1,15 @@
-"""A tiny procedurally drawn entity-mask dataset, for tests, smoke runs and the EliGen commands.
+"""A tiny procedurally drawn entity-mask dataset, for the tests of the EliGen commands.
 
 Each sample is a gradient with two shapes; column ``eligen_entity_prompts`` names each shape and
 ``eligen_entity_masks`` lists one mask per shape (white where it is, black elsewhere), as the reference
 implementation's EliGen dataset holds them. The metadata is ``metadata.json``; the same seed gives the same files.
-
-    python -m diffsynth.core.data.example_eligen_dataset --output data/example_eligen_dataset
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
-from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -61,20 +57,3 @@ def build_example_eligen_dataset(folder: str | os.PathLike, num_samples: int = 2
                      "eligen_entity_masks": names[1:]})
     return atomic_write_text(folder / JSON_METADATA_FILE, json.dumps(rows, indent=2) + "\n")
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--output DIR [--num_samples N] [--seed S]``; prints the flags."""
-    parser = argparse.ArgumentParser(description="Write a small procedurally drawn entity-mask dataset.")
-    parser.add_argument("--output", required=True, help="folder to write the images and metadata.json into")
-    parser.add_argument("--num_samples", type=int, default=2, help="how many pictures to draw (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
-    args = parser.parse_args(argv)
-    metadata = build_example_eligen_dataset(args.output, args.num_samples, args.seed)
-    print(f"wrote {args.num_samples} pictures and {JSON_METADATA_FILE} to {metadata.parent}")
-    print(f"train on it with: --dataset_base_path {metadata.parent} --dataset_metadata_path {metadata} "
-          "--data_file_keys image,eligen_entity_masks --extra_inputs eligen_entity_masks,eligen_entity_prompts")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,9 +20,10 @@ the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` 
 Wan2.2-Animate clips ``animate_pose_video``, ``animate_face_video``, ``animate_inpaint_video`` and
 ``animate_mask_video`` (read likewise; ``input_image`` is the character), and Qwen-Image EliGen's
 ``eligen_entity_prompts`` (a list of prompts) and ``eligen_entity_masks`` (a list of mask paths, one per prompt); paths
-are relative to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry,
-every image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
-``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
+are relative to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file,
+every entry, every image (its header), and every size, which may not exceed what training itself computes
+(``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory
+plan.
 """
 
 from __future__ import annotations
