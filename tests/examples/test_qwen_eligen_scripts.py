@@ -9,11 +9,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
+from safetensors import safe_open
 
 from diffsynth.core.data.example_eligen_dataset import build_example_eligen_dataset
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID
+from diffsynth.training.config.errors import FlagError
 from diffsynth.training.config.parsers import build_parser
 from tests.conftest import load_lora_into_diffusers
 from tests.examples.helpers import lora_update, run_command, script_commands, small
@@ -36,6 +39,8 @@ def run(argv: list[str]) -> dict:
 
 
 def test_eligen_scripts_train_loras_that_load_fully_in_diffusers(workdir, tiny_root):
+    from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
+
     [(_, eligen)] = script_commands(QWEN, "lora/Qwen-Image-EliGen.sh")
     result = run(eligen)
     assert result["global_step"] == 2 and all(torch.isfinite(torch.tensor(result["losses"])))
@@ -47,7 +52,7 @@ def test_eligen_scripts_train_loras_that_load_fully_in_diffusers(workdir, tiny_r
     shutil.copy(first, released)
     [(_, poster)] = script_commands(QWEN, "lora/Qwen-Image-EliGen-Poster.sh")
     assert run(poster)["global_step"] == 2
-    theirs = load_theirs(tiny_root, __import__("diffusers").QwenImagePipeline, QWEN_IMAGE_MODEL_ID)
+    theirs = load_theirs(tiny_root, DiffusersQwenImagePipeline, QWEN_IMAGE_MODEL_ID)
     for path in (first, workdir / "models/train/Qwen-Image-EliGen-Poster_lora/epoch-0.safetensors"):
         try:
             assert load_lora_into_diffusers(theirs, path, "eligen") == []
@@ -66,8 +71,6 @@ def test_split_training_caches_the_entity_inputs_and_samples_render_entities(wor
     prompts = workdir / "data/diffsynth_example_dataset/qwen_image/Qwen-Image-EliGen/prompts.json"
     prompts.write_text(json.dumps([{key: dataset[0][key] for key in ("prompt", "eligen_entity_prompts",
                                                                       "eligen_entity_masks")}]))
-    from safetensors import safe_open
-
     with safe_open(next(Path(cache).rglob("*.safetensors")), "pt") as cached:
         names = set(cached.keys())
     assert {"posi/entity_prompt_emb/0", "posi/entity_prompt_emb/1", "posi/entity_masks"} <= names
@@ -78,3 +81,10 @@ def test_split_training_caches_the_entity_inputs_and_samples_render_entities(wor
                 "1"]
     assert run([*stage_two, "--task", "sft:train", *sampling])["global_step"] == 2
     assert len(list((workdir / "models/train/split/samples").rglob("*.png"))) == 1
+
+
+def test_a_batch_of_several_samples_is_refused_before_loading(workdir):
+    [(_, eligen)] = script_commands(QWEN, "lora/Qwen-Image-EliGen.sh")
+    with pytest.raises(FlagError, match="--batch_size 2 with --extra_inputs eligen_entity_masks, eligen_entity_pro"):
+        run([*eligen, "--batch_size", "2"])
+    assert not (workdir / "models").exists()

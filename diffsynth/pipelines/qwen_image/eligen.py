@@ -180,6 +180,7 @@ class EntityAttnProcessor:
         if eligen is None:
             return self.plain(attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
                               attention_mask, image_rotary_emb)
+        # diffusers is imported with the models, not with this module (importing the pipeline stays cheap).
         from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
         head_dim = attn.inner_dim // attn.heads

@@ -6,7 +6,8 @@ Models, by pipeline name: ``dit`` (``QwenImageTransformer2DModel``), ``vae`` (``
 Qwen2.5-VL processor). The computation follows diffusers' ``QwenImagePipeline`` step for step (prompt template, latent
 packing, flow-matching schedule with Qwen-Image's resolution-dependent shift, CFG with norm rescaling, latent
 de-normalisation), so both produce the same image from the same weights and seed; with ``edit_image`` it follows
-``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``edit.py``). Latents live in the state
+``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``edit.py``); with ``eligen_entity_prompts`` and
+``eligen_entity_masks`` it adds EliGen's regional prompts (see ``eligen.py``). Latents live in the state
 unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn`` packs them into 2x2 patches for the transformer and
 unpacks its prediction.
 """
@@ -135,6 +136,7 @@ class QwenImagePipeline(TextToLatentPipeline):
     image_inputs = ("edit_image", "layer_input_image", "eligen_entity_masks")
     #: EliGen's entity prompts and masks: a row's two lists must be of one length.
     paired_list_inputs = (ENTITY_INPUTS,)
+    unbatched_inputs = ENTITY_INPUTS
     #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
     alpha_inputs = ("layer_input_image",)
     media_inputs = ("layer_num",)
