@@ -119,6 +119,8 @@ class FamilySpec:
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
         refused_inputs: ``--extra_inputs`` names of reference features its pipeline does not run, and why: a command
             loading one of its ``model_ids`` with one is refused before anything loads (FLUX.1's EliGen).
+        bitsandbytes_model_ids: Repository id prefixes of its releases packed in bitsandbytes' 4-bit layout, which
+            need bitsandbytes to load whatever the flags say.
         other_denoiser_classes: Further classes of its denoisers, which share its LoRA naming, planner inputs and
             tools: diffusers classes of variants diffusers models apart (``WanVACETransformer3DModel``) and the room's
             subclasses of its class for variants with modules diffusers' class lacks (``WanFunTransformer3DModel``).
@@ -151,6 +153,7 @@ class FamilySpec:
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
     refused_inputs: Mapping[str, str] = field(default_factory=dict)
+    bitsandbytes_model_ids: tuple[str, ...] = ()
     reference_flags: tuple[str, ...] = ()
     other_denoiser_classes: tuple[str, ...] = ()
     block_swap: bool = True
@@ -282,6 +285,11 @@ def scheduler_preset(name: str) -> dict[str, Any]:
 def refused_model_ids() -> dict[str, str]:
     """Every family's refused repository id prefixes and why."""
     return {prefix: why for spec in families() for prefix, why in spec.refused_model_ids.items()}
+
+
+def bitsandbytes_model_ids() -> tuple[str, ...]:
+    """Every family's repository id prefixes of releases that need bitsandbytes to load."""
+    return tuple(prefix for spec in families() for prefix in spec.bitsandbytes_model_ids)
 
 
 def register_traits() -> None:

@@ -450,6 +450,8 @@ def test_the_planner_shares_the_short_errors(capsys):
     (["--customized_optimizer", "bitsandbytes.optim.AdamW8bit"], True),
     (["--customized_optimizer", "my_package.MyOptimizer"], True),  # might import it
     (["--quant_options", "Qwen/Qwen-Image:transformer/*.safetensors:bitsandbytes_nf4"], True),
+    (["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-nf4:transformer/*.safetensors"], True),  # packed
+    (["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-fp8:transformer/*.safetensors"], False),
 ])
 def test_the_flags_say_whether_the_run_may_need_bitsandbytes(flags, uses):
     assert uses_bitsandbytes(parse_flags(flags)) is uses
