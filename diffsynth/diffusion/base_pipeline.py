@@ -103,6 +103,10 @@ class BasePipeline(torch.nn.Module):
     image_inputs: tuple[str, ...] = ()
     #: Extra inputs that make the dataset keep images' transparency (RGBA) when ``--extra_inputs`` names one.
     alpha_inputs: tuple[str, ...] = ()
+    #: Pairs of extra inputs whose lists a row must give at one length (EliGen: a mask per entity prompt).
+    paired_list_inputs: tuple[tuple[str, str], ...] = ()
+    #: Extra inputs that condition one sample alone, which a batch of several cannot hold (EliGen's entities).
+    unbatched_inputs: tuple[str, ...] = ()
     #: The type of each input a metadata column may feed through ``--extra_inputs`` (``core.data.cells``); a CSV
     #: cell is text, so the dataset converts those columns (e.g. ``seed`` to an int) and refuses cells that do not.
     input_types: dict[str, Any] = {}

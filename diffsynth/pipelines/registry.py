@@ -117,6 +117,8 @@ class FamilySpec:
         lora_tools: How the real tools load its LoRA files.
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
+        refused_inputs: ``--extra_inputs`` names of reference features its pipeline does not run, and why: a command
+            loading one of its ``model_ids`` with one is refused before anything loads (FLUX.1's EliGen).
         bitsandbytes_model_ids: Repository id prefixes of its releases packed in bitsandbytes' 4-bit layout, which
             need bitsandbytes to load whatever the flags say.
         other_denoiser_classes: Further classes of its denoisers, which share its LoRA naming, planner inputs and
@@ -150,6 +152,7 @@ class FamilySpec:
     lora_naming: str | None = ""
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
+    refused_inputs: Mapping[str, str] = field(default_factory=dict)
     bitsandbytes_model_ids: tuple[str, ...] = ()
     reference_flags: tuple[str, ...] = ()
     other_denoiser_classes: tuple[str, ...] = ()

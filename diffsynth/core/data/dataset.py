@@ -79,9 +79,9 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                   data_file_keys: Sequence[str] = DEFAULT_DATA_FILE_KEYS,
                   required_columns: Sequence[str] = DEFAULT_REQUIRED_COLUMNS,
                   resize: ResizeConfig | None = None,
-                  file_options: Mapping[str, Any] | None = None,
-                  column_types: Mapping[str, CellType] | None = None,
-                  optional_file_keys: Sequence[str] = ()) -> CheckedDataset:
+                  file_options: Mapping[str, Any] | None = None, column_types: Mapping[str, CellType] | None = None,
+                  optional_file_keys: Sequence[str] = (),
+                  paired_lists: Sequence[tuple[str, str]] = ()) -> CheckedDataset:
     """Checks a dataset without decoding any image: metadata, required cells, and every data file's header.
 
     Opening each file's header costs one small read per file, so this is fast even for large datasets; a file whose
@@ -100,6 +100,7 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
         optional_file_keys: Data-file columns a row may leave empty (a loss mask, LTX-2's sound); an empty cell is
             dropped from the row, as if the column were absent, instead of being refused, also in a required
             column (which the metadata must still have).
+        paired_lists: Pairs of columns whose lists a row must give at one length (EliGen's prompts and masks).
 
     Returns:
         The metadata rows (typed columns converted), the pixels their files decode to, and the operator options
@@ -139,7 +140,8 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                      if column in row and row[column] is not None and not isinstance(row[column], str)]
         row, cell_problems = convert_row(row, column_types or {})
         row = {key: value for key, value in row.items() if key not in optional_file_keys or not is_blank(value)}
-        problems += [DatasetError(f"{where} {problem}") for problem in cell_problems]
+        problems += [DatasetError(f"{where} {problem}")
+                     for problem in cell_problems + _length_problems(row, paired_lists)]
         converted.append(row)
         for key in data_file_keys:
             if key not in row or key in blank:
@@ -153,6 +155,18 @@ def check_dataset(base_path: str | os.PathLike, metadata_path: str | os.PathLike
                 problems.append(error)  # the cell's first bad file; the rows after it are still checked
     raise_row_problems(metadata_path, problems)
     return CheckedDataset(converted, pixels, tuple(options))
+
+
+def _length_problems(row: Mapping[str, Any], paired_lists: Sequence[tuple[str, str]]) -> list[str]:
+    """One problem per pair of ``paired_lists`` columns whose cells in ``row`` hold lists of different lengths."""
+    problems = []
+    for first, second in paired_lists:
+        if first in row and second in row:
+            sizes = [len(row[column]) if isinstance(row[column], list) else 1 for column in (first, second)]
+            if sizes[0] != sizes[1]:
+                problems.append(f"holds {sizes[0]} entries in column {first!r} and {sizes[1]} in {second!r}; give "
+                                "one entry of each per item (e.g. one mask per entity prompt)")
+    return problems
 
 
 def _split_file_lists(row: dict[str, Any], data_file_keys: Sequence[str]) -> dict[str, Any]:
@@ -225,6 +239,7 @@ class UnifiedDataset(Dataset):
         optional_columns: Columns the pipeline reads where a row has them (LTX-2's ``frame_rate``): like the
             required ones, part of each sample's fingerprint.
         keep_alpha: Decode images as RGBA instead of compositing transparency on white (Qwen-Image-Layered).
+        paired_lists: Pairs of columns whose lists must be of one length (see ``check_dataset``).
 
     Raises:
         DataFileNotFoundError, DatasetError: See ``check_dataset``; also a ``repeat`` below 1, a ``num_frames`` not
@@ -239,7 +254,8 @@ class UnifiedDataset(Dataset):
                  allow_shorter_videos: bool = False, on_bad_sample: str = "stop",
                  keep_row_indices: bool = False, column_types: Mapping[str, CellType] | None = None,
                  buckets: bool = False, optional_file_keys: Sequence[str] = (),
-                 optional_columns: Sequence[str] = (), keep_alpha: bool = False) -> None:
+                 optional_columns: Sequence[str] = (), keep_alpha: bool = False,
+                 paired_lists: Sequence[tuple[str, str]] = ()) -> None:
         check_repeat(repeat)
         check_on_bad_sample(on_bad_sample)
         if isinstance(data_file_keys, str) or isinstance(required_columns, str):
@@ -260,7 +276,8 @@ class UnifiedDataset(Dataset):
         self.keep_row_indices = keep_row_indices
         self.optional_file_keys = tuple(optional_file_keys)
         checked = check_dataset(self.base_path, self.metadata_path, self.data_file_keys, tuple(required_columns),
-                                self.resize, self.file_options, column_types, self.optional_file_keys)
+                                self.resize, self.file_options, column_types, self.optional_file_keys,
+                                paired_lists)
         self.rows, self.decode_pixels, self._used_options = checked
         #: Rows left out because their files failed to decode (``exclude``), by row index.
         self.excluded: dict[int, BadSample] = {}

@@ -23,6 +23,10 @@ SPEC = FamilySpec(
     scheduler_presets={"flux": dict(dynamic_shift=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                     max_image_seq_len=4096, training_shift=3.0)},
     lora_tools=LoraTools("FluxLoraLoaderMixin", comfyui_key_map="bfl", diffsynth_studio_loader="bfl"),
+    # EliGen runs on Qwen-Image here; its FLUX.1 command loads only FLUX.1-dev's own models.
+    refused_inputs=dict.fromkeys(["eligen_entity_masks", "eligen_entity_prompts"],
+                                 "FLUX.1's EliGen (entity-level regional prompts) is not supported here; EliGen runs "
+                                 "on Qwen-Image"),
     refused_model_ids={
         "black-forest-labs/FLUX.1-Fill-dev": "FLUX.1 Fill (inpainting and outpainting; also Insert-Anything, which "
                                              "builds on it) is not supported here; train FLUX.1-dev, -Krea-dev or "

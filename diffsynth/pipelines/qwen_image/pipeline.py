@@ -6,7 +6,8 @@ Models, by pipeline name: ``dit`` (``QwenImageTransformer2DModel``), ``vae`` (``
 Qwen2.5-VL processor). The computation follows diffusers' ``QwenImagePipeline`` step for step (prompt template, latent
 packing, flow-matching schedule with Qwen-Image's resolution-dependent shift, CFG with norm rescaling, latent
 de-normalisation), so both produce the same image from the same weights and seed; with ``edit_image`` it follows
-``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``edit.py``). Latents live in the state
+``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline`` (see ``edit.py``); with ``eligen_entity_prompts`` and
+``eligen_entity_masks`` it adds EliGen's regional prompts (see ``eligen.py``). Latents live in the state
 unpacked, ``(batch, 16, height / 8, width / 8)``; ``model_fn`` packs them into 2x2 patches for the transformer and
 unpacks its prediction.
 """
@@ -46,6 +47,7 @@ from .edit import (
     processor_if_present,
     set_zero_cond_t,
 )
+from .eligen import ENTITY_INPUTS, EntityPromptUnit, entity_inputs, entity_lists
 from .layered import (
     LAYERED_DEFAULT_PIXELS,
     LayeredInputImageUnit,
@@ -99,21 +101,23 @@ class PromptEmbedderUnit(PromptUnit):
         self.require_text_encoder(pipe)
         if edit_image is not None:
             hidden, mask = encode_edit_prompt(pipe, prompt or "", edit_image)
-            drop, limit = EDIT_TEMPLATE_DROP_TOKENS, None
+            embeddings, embeddings_mask = kept_tokens(pipe, hidden, mask, EDIT_TEMPLATE_DROP_TOKENS, None)
         else:
-            tokens = pipe.tokenizer([PROMPT_TEMPLATE.format(prompt or "")],
-                                    max_length=TOKENIZER_MAX_LENGTH + PROMPT_TEMPLATE_DROP_TOKENS, padding=True,
-                                    truncation=True, return_tensors="pt").to(pipe.device)
-            hidden = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                                       output_hidden_states=True).hidden_states[-1]
-            mask, drop, limit = tokens.attention_mask, PROMPT_TEMPLATE_DROP_TOKENS, max_sequence_length or 512
-        kept = [states[row_mask][drop:] for states, row_mask in zip(hidden, mask.bool())]
-        length = max(len(states) for states in kept)
-        embeddings = torch.stack([torch.cat([s, s.new_zeros(length - len(s), s.shape[1])]) for s in kept])
-        embeddings_mask = torch.stack([torch.arange(length, device=pipe.device) < len(s) for s in kept]).long()
-        embeddings, embeddings_mask = embeddings[:, :limit], embeddings_mask[:, :limit]
-        return {"prompt_emb": embeddings.to(pipe.torch_dtype),
-                "prompt_emb_mask": None if bool(embeddings_mask.all()) else embeddings_mask}
+            embeddings, embeddings_mask = pipe.encode_prompt(prompt or "", max_sequence_length or 512)
+        return {"prompt_emb": embeddings, "prompt_emb_mask": embeddings_mask}
+
+
+def kept_tokens(pipe: QwenImagePipeline, hidden: torch.Tensor, mask: torch.Tensor, drop: int,
+                limit: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The encoder's ``hidden`` states of the real tokens (``mask``) after the template's first ``drop``, zero-padded
+    to the longest prompt and cut to ``limit`` tokens, in the pipeline's dtype, and their mask (None when no token is
+    padding)."""
+    kept = [states[row_mask][drop:] for states, row_mask in zip(hidden, mask.bool())]
+    length = max(len(states) for states in kept)
+    embeddings = torch.stack([torch.cat([s, s.new_zeros(length - len(s), s.shape[1])]) for s in kept])
+    embeddings_mask = torch.stack([torch.arange(length, device=pipe.device) < len(s) for s in kept]).long()
+    embeddings, embeddings_mask = embeddings[:, :limit], embeddings_mask[:, :limit]
+    return embeddings.to(pipe.torch_dtype), None if bool(embeddings_mask.all()) else embeddings_mask
 
 
 class QwenImagePipeline(TextToLatentPipeline):
@@ -127,9 +131,13 @@ class QwenImagePipeline(TextToLatentPipeline):
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask", "context_latents", "edit_latents", "layer_input_latents")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "context_latents", "edit_latents", "layer_input_latents",
+                       "entity_prompt_emb", "entity_masks")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
-    image_inputs = ("edit_image", "layer_input_image", "context_image")
+    image_inputs = ("edit_image", "layer_input_image", "context_image", "eligen_entity_masks")
+    #: EliGen's entity prompts and masks: a row's two lists must be of one length.
+    paired_list_inputs = (ENTITY_INPUTS,)
+    unbatched_inputs = ENTITY_INPUTS
     #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
     alpha_inputs = ("layer_input_image",)
     media_inputs = ("layer_num",)
@@ -144,10 +152,10 @@ class QwenImagePipeline(TextToLatentPipeline):
     edit_condition_pixels = EDIT_CONDITION_PIXELS
     #: The Qwen2.5-VL processor that reads edit images, and its folder; loaded on first use if unset.
     extra_attributes = {"processor": None, "processor_config": None}
-    # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``) and
-    # the in-context control image (``context.py``).
+    # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``), the
+    # in-context control image (``context.py``) and EliGen's entity prompts (``eligen.py``).
     unit_classes = (ShapeCheckUnit, LayeredNoiseUnit, LayeredInputImageUnit, EditImageEmbedderUnit,
-                    LayerInputImageUnit, ContextImageUnit, LatentsUnit, PromptEmbedderUnit)
+                    LayerInputImageUnit, ContextImageUnit, LatentsUnit, PromptEmbedderUnit, EntityPromptUnit)
 
     def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
         """What editing needs, after the models: the processor and Edit-2511's switch.
@@ -182,6 +190,17 @@ class QwenImagePipeline(TextToLatentPipeline):
             companions.append(default_processor_config(dit))
         return companions
 
+    def encode_prompt(self, prompt: str, max_sequence_length: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``prompt`` through the text-to-image template: its embeddings ``(1, tokens, dim)``, at most
+        ``max_sequence_length`` tokens (None: the tokenizer's 1024, as EliGen's entity prompts), and their mask
+        (None: no padding)."""
+        tokens = self.tokenizer([PROMPT_TEMPLATE.format(prompt)],
+                                max_length=TOKENIZER_MAX_LENGTH + PROMPT_TEMPLATE_DROP_TOKENS, padding=True,
+                                truncation=True, return_tensors="pt").to(self.device)
+        hidden = self.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                                   output_hidden_states=True).hidden_states[-1]
+        return kept_tokens(self, hidden, tokens.attention_mask, PROMPT_TEMPLATE_DROP_TOKENS, max_sequence_length)
+
     def edit_processor(self) -> Any:
         """The Qwen2.5-VL processor, loaded (and downloaded if missing) from ``processor_config`` on first use."""
         if self.processor is None:
@@ -215,6 +234,7 @@ class QwenImagePipeline(TextToLatentPipeline):
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, context_latents: torch.Tensor | None = None,
                  edit_latents: Sequence[torch.Tensor] | None = None, layer_input_latents: torch.Tensor | None = None,
+                 entity_prompt_emb: Sequence[torch.Tensor] | None = None, entity_masks: torch.Tensor | None = None,
                  **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
@@ -222,7 +242,9 @@ class QwenImagePipeline(TextToLatentPipeline):
         frame, one ``img_shapes`` entry each). ``context_latents`` (an in-context control image), ``edit_latents``
         (reference images) and ``layer_input_latents`` (the image to decompose) are packed after the latents, in this
         order (the reference's), each with its own ``img_shapes`` entry; the prediction keeps only the latents'
-        tokens. Extra state keys are accepted and ignored, since the loop passes the whole state.
+        tokens. ``entity_prompt_emb`` and ``entity_masks`` (EliGen) join the entity prompts to the text stream under a
+        regional attention mask (see ``eligen.py``). Extra state keys are accepted and ignored, since the loop passes
+        the whole state.
         """
         batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
         frames = latents.shape[2] if latents.dim() == 5 else 1
@@ -237,9 +259,14 @@ class QwenImagePipeline(TextToLatentPipeline):
         # Layered's transformer takes an extra timestep condition, 0 for the RGBA decomposition.
         extra = {"additional_t_cond": torch.zeros(batch, dtype=torch.long, device=latents.device)} \
             if self.dit.config.get("use_additional_t_cond", False) else {}
-        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000,
-                              encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
-                              img_shapes=[shapes] * batch, return_dict=False, **extra)[0]
+        hidden_states, attention = torch.cat(tokens, dim=1), None
+        if entity_prompt_emb is not None:
+            prompt_emb, attention = entity_inputs(self.dit, prompt_emb, prompt_emb_mask, entity_prompt_emb,
+                                                  entity_masks, [shapes] * batch, hidden_states.shape[1])
+            prompt_emb_mask = None
+        prediction = self.dit(hidden_states=hidden_states, timestep=timestep / 1000, encoder_hidden_states=prompt_emb,
+                              encoder_hidden_states_mask=prompt_emb_mask, img_shapes=[shapes] * batch,
+                              attention_kwargs=attention, return_dict=False, **extra)[0]
         prediction = prediction[:, :tokens[0].shape[1]]
         return unpack_frames(prediction, frames, height, width) if latents.dim() == 5 else \
             unpack_latents(prediction, height, width)
@@ -275,8 +302,10 @@ class QwenImagePipeline(TextToLatentPipeline):
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  edit_image: Image.Image | Sequence[Image.Image] | None = None,
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
-                 context_image: Image.Image | None = None, height: int | None = None, width: int | None = None,
-                 seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
+                 context_image: Image.Image | None = None, eligen_entity_prompts: Sequence[str] | None = None,
+                 eligen_entity_masks: Sequence[Image.Image] | None = None, eligen_enable_on_negative: bool = False,
+                 height: int | None = None, width: int | None = None, seed: int | None = None,
+                 rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
         """Generates one image, or with ``layer_input_image`` its decomposition into layers.
 
@@ -295,6 +324,10 @@ class QwenImagePipeline(TextToLatentPipeline):
             context_image: In-context control (Qwen-Image-In-Context-Control-Union, Qwen-Image-Layered-Control-V2,
                 each a LoRA): a control image (pose, edges, depth, a mask) read at the output size (see
                 ``context.py``).
+            eligen_entity_prompts: EliGen: one prompt per entity, each drawn in its mask's region (see ``eligen.py``).
+            eligen_entity_masks: EliGen: one image per entity prompt, white where the entity goes.
+            eligen_enable_on_negative: EliGen: also condition the negative CFG branch on the regions, with the
+                negative prompt as every entity's text.
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
                 ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
@@ -311,6 +344,7 @@ class QwenImagePipeline(TextToLatentPipeline):
         if context_image is not None and not isinstance(context_image, Image.Image):
             raise ValueError(f"context_image={context_image!r} must be a PIL image; open it first, e.g. "
                              "context_image=Image.open(path)")
+        entity_lists(eligen_entity_prompts, eligen_entity_masks)
         if layer_input_image is not None:
             default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
         elif edit_image is not None:
@@ -328,7 +362,8 @@ class QwenImagePipeline(TextToLatentPipeline):
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
             "context_image": context_image,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,
-            "max_sequence_length": max_sequence_length,
+            "max_sequence_length": max_sequence_length, "eligen_entity_prompts": eligen_entity_prompts,
+            "eligen_entity_masks": eligen_entity_masks, "eligen_enable_on_negative": eligen_enable_on_negative,
         }  # fmt: skip
         images = self.denoise(inputs_shared, {"prompt": prompt}, {"negative_prompt": negative_prompt},
                               progress_bar=progress_bar)

@@ -18,10 +18,12 @@ the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` 
 ``camera_control_direction`` and ``camera_control_speed``, and the Wan VACE inputs ``vace_video`` / ``vace_video_mask``
 (clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list), and the
 Wan2.2-Animate clips ``animate_pose_video``, ``animate_face_video``, ``animate_inpaint_video`` and
-``animate_mask_video`` (read likewise; ``input_image`` is the character); paths are relative
-to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry,
-every image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
-``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
+``animate_mask_video`` (read likewise; ``input_image`` is the character), and Qwen-Image EliGen's
+``eligen_entity_prompts`` (a list of prompts) and ``eligen_entity_masks`` (a list of mask paths, one per prompt); paths
+are relative to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file,
+every entry, every image (its header), and every size, which may not exceed what training itself computes
+(``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory
+plan.
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ if TYPE_CHECKING:
 #: The entries' image inputs (the list-valued ones may hold several paths), video inputs (a clip's path, read at the
 #: render's size and frame count) and the values passed to the pipeline as they are (Wan Fun Control-Camera's motion),
 #: as the pipelines' calls name them.
-IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image")
-LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image")
+IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image",
+              "eligen_entity_masks")
+LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image", "eligen_entity_masks")
 VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask", "animate_pose_video", "animate_face_video",
               "animate_inpaint_video", "animate_mask_video")
 CAMERA_KEYS = ("camera_control_direction", "camera_control_speed")
+#: Values passed as they are: the camera's motion and EliGen's entity prompts (as a list).
+PLAIN_KEYS = (*CAMERA_KEYS, "eligen_entity_prompts")
 FILE_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
-INPUT_KEYS = (*FILE_KEYS, *CAMERA_KEYS)
+INPUT_KEYS = (*FILE_KEYS, *PLAIN_KEYS)
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", *INPUT_KEYS)
 DEFAULT_FPS = 16  # Wan's frame rate
 #: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
@@ -90,6 +95,8 @@ class ValidationPrompt:
     animate_face_video: Path | None = None
     animate_inpaint_video: Path | None = None
     animate_mask_video: Path | None = None
+    eligen_entity_prompts: tuple[str, ...] | None = None
+    eligen_entity_masks: tuple[Path, ...] | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
@@ -178,7 +185,7 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
         problems.append(f'"seed" {seed!r} must be a non-negative integer')
     if ("height" in entry) != ("width" in entry):
         problems.append('gives one of "height" and "width"; give both, or neither for the run\'s default size')
-    problems += _camera_problems(entry)
+    problems += _camera_problems(entry) + _entity_problems(entry)
     images: dict[str, Any] = {}
     for key in FILE_KEYS:
         if key in entry:
@@ -194,7 +201,20 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
             images[key] = tuple(paths) if isinstance(entry[key], list) else (paths[0] if paths else None)
     if problems:
         raise ValidationError(problems)
-    return ValidationPrompt(**{**{key: value for key, value in entry.items() if key not in images}, **images})
+    plain = {key: tuple(value) if isinstance(value, list) else value for key, value in entry.items()}
+    return ValidationPrompt(**{**{key: value for key, value in plain.items() if key not in images}, **images})
+
+
+def _entity_problems(entry: dict[str, Any]) -> list[str]:
+    """EliGen's entity prompts: a list of non-empty strings, one per entity mask."""
+    prompts, masks = entry.get("eligen_entity_prompts"), entry.get("eligen_entity_masks")
+    if prompts is None and masks is None:
+        return []
+    if not isinstance(prompts, list) or not all(isinstance(text, str) and text.strip() for text in prompts):
+        return [f'"eligen_entity_prompts" {prompts!r} must be a list of prompts, one per entity mask']
+    count = len(masks) if isinstance(masks, list) else 0 if masks is None else 1
+    return [] if count == len(prompts) else [f'gives {len(prompts)} "eligen_entity_prompts" and {count} '
+                                             '"eligen_entity_masks"; give one mask per entity prompt']
 
 
 def _camera_problems(entry: dict[str, Any]) -> list[str]:
@@ -336,7 +356,8 @@ class ValidationConfig:
             arguments["cfg_scale"] = self.cfg_scale
         if self.max_frames is not None:
             arguments["num_frames"] = prompt.num_frames or self.max_frames
-        arguments.update({key: getattr(prompt, key) for key in CAMERA_KEYS if getattr(prompt, key) is not None})
+        arguments.update({key: list(value) if isinstance(value := getattr(prompt, key), tuple) else value
+                          for key in PLAIN_KEYS if getattr(prompt, key) is not None})
         return arguments
 
 

@@ -22,6 +22,7 @@ run with samples trains the same weights as one without.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +43,15 @@ from ..placement.placers import Placer
 
 logger = logging.getLogger(__name__)
 
+
+
+def unknown_input_problems(pipe: BasePipeline, inputs: set[str]) -> list[str]:
+    """One problem per prompt-file input the pipeline's call does not take (EliGen's for any model but Qwen-Image)."""
+    parameters = inspect.signature(pipe.__call__).parameters
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return []
+    return [f'"{name}" is not an input of {type(pipe).__name__}; drop it' for name in sorted(inputs)
+            if name not in parameters]
 
 
 def rendering_model_names(pipe: BasePipeline) -> list[str]:
@@ -105,7 +115,8 @@ class SampleRenderer:
         self.device, self.output_path, self.model_logger, self.meter = device, Path(output_path), model_logger, meter
         problems = [f"--validation_prompts entry {number}: {problem}"
                     for number, prompt in enumerate(config.prompts, start=1)
-                    for problem in pipe.sample_input_problems(prompt.inputs())]
+                    for problem in [*unknown_input_problems(pipe, prompt.inputs()),
+                                    *pipe.sample_input_problems(prompt.inputs())]]
         if problems:
             raise ValueError("\n".join(problems))
         self.streamed = [name for name in rendering_model_names(pipe) if name not in placed]

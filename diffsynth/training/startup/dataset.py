@@ -77,6 +77,7 @@ def build_raw_dataset(config: RunConfig, pipeline_class: type[BasePipeline],
             keep_row_indices=caching, buckets=flags.bucketed, optional_file_keys=optional,
             optional_columns=pipeline_class.optional_columns,
             keep_alpha=any(name in pipeline_class.alpha_inputs for name in extra_inputs),
+            paired_lists=[pair for pair in pipeline_class.paired_list_inputs if set(pair) <= set(extra_inputs)],
             column_types={name: pipeline_class.input_types[name] for name in extra_inputs
                           if name in pipeline_class.input_types},
         )  # fmt: skip

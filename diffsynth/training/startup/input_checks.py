@@ -1,4 +1,5 @@
-"""No silently ignored input: extra inputs nothing reads, metadata columns left unread, flags without effect.
+"""No silently ignored input: extra inputs nothing reads, metadata columns left unread, flags without effect; and no
+batch of several samples for inputs that condition one sample alone.
 
 A reference command that names an input this pipeline or task does not use trains something else than its author
 meant, and exits 0. These checks run on the flags and the pipeline's declarations before any model loads. Where the
@@ -132,6 +133,16 @@ def flag_effect_problems(config: RunConfig) -> list[str]:
     return problems
 
 
+def unbatched_input_problems(config: RunConfig, pipeline_class: type[BasePipeline]) -> list[str]:
+    """``--batch_size`` above 1 with extra inputs the pipeline conditions one sample on alone (``unbatched_inputs``)."""
+    names = [name for name in config.model.extra_input_names if name in pipeline_class.unbatched_inputs]
+    if not names or config.dataset.batch_size == 1:
+        return []
+    return [f"--batch_size {config.dataset.batch_size} with --extra_inputs {', '.join(names)}: {pipeline_class.__name__} "
+            "conditions each sample on them alone; use --batch_size 1 (--gradient_accumulation_steps trains on as many "
+            "samples per step)"]
+
+
 def check_inputs_used(config: RunConfig, pipeline_class: type[BasePipeline]) -> None:
     """Refuses inputs and flags that would be silently ignored (see the module docstring).
 
@@ -139,6 +150,6 @@ def check_inputs_used(config: RunConfig, pipeline_class: type[BasePipeline]) -> 
         FlagError: One line per problem, each naming the flag, the value and the fix.
     """
     problems = (extra_input_problems(config, pipeline_class) + flag_effect_problems(config)
-                + column_default_problems(config, pipeline_class))
+                + column_default_problems(config, pipeline_class) + unbatched_input_problems(config, pipeline_class))
     if problems:
         raise FlagError(problems)

@@ -62,11 +62,12 @@ def test_stages_run_complementary_units(pipe):
     assert full.active_model_names() == ["vae", "text_encoder", "dit"]
     cached = stage_one.process_sample(SAMPLE)
     assert {scope: sorted(values) for scope, values in cached.items()} == {
-        "shared": ["edit_latents", "input_latents", "layer_input_latents"], "posi": ["prompt_emb", "prompt_emb_mask"],
-        "nega": []}
+        "shared": ["context_latents", "edit_latents", "input_latents", "layer_input_latents"],
+        "posi": ["entity_masks", "entity_prompt_emb", "prompt_emb", "prompt_emb_mask"], "nega": []}
     assert cached["shared"]["input_latents"].shape == (1, 16, 6, 4)
-    # a text-to-image sample has no reference images, nor an image to decompose into layers
+    # a text-to-image sample has no reference images, nor an image to decompose into layers, nor EliGen entities
     assert cached["shared"]["edit_latents"] is None and cached["shared"]["layer_input_latents"] is None
+    assert cached["posi"]["entity_prompt_emb"] is None
 
 
 def test_a_cached_state_gives_the_one_stage_loss(pipe):
