@@ -32,6 +32,8 @@ from ..common import (
     pack_latents,
     unpack_latents,
 )
+from .blockwise import BlockResiduals, BlockwiseControlNetUnit, ControlNetInput, set_block_residuals
+from .blockwise_model import QwenImageBlockwiseControlNet, QwenImageBlockwiseMultiControlNet
 from .edit import (
     EDIT_CONDITION_PIXELS,
     EDIT_IMAGE_PIXELS,
@@ -58,7 +60,7 @@ from .layered import (
     unpack_frames,
 )
 
-__all__ = ["ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
+__all__ = ["ControlNetInput", "ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ MODEL_ROLES = {
     "QwenImageTransformer2DModel": "dit",
     "AutoencoderKLQwenImage": "vae",
     "Qwen2_5_VLForConditionalGeneration": "text_encoder",
+    # A loaded Blockwise ControlNet joins the slot's QwenImageBlockwiseMultiControlNet (see ``_assign``).
+    "QwenImageBlockwiseControlNet": "blockwise_controlnet",
+    "QwenImageBlockwiseMultiControlNet": "blockwise_controlnet",
 }
 
 
@@ -126,14 +131,17 @@ class QwenImagePipeline(TextToLatentPipeline):
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents", "layer_input_latents")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents", "layer_input_latents",
+                       "blockwise_controlnet_conditioning")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
-    image_inputs = ("edit_image", "layer_input_image")
+    image_inputs = ("edit_image", "layer_input_image", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
     #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
     alpha_inputs = ("layer_input_image",)
     media_inputs = ("layer_num",)
     input_types = {**TextToLatentPipeline.input_types, "layer_num": positive_integer}
     load_options = ("processor_config", "zero_cond_t")
+    unplaceable_models = {"blockwise_controlnet": "it computes inside the transformer's blocks, which the "
+                                                  "transformer's offload or swap moves"}
     #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "qwen_image"
@@ -145,7 +153,7 @@ class QwenImagePipeline(TextToLatentPipeline):
     extra_attributes = {"processor": None, "processor_config": None}
     # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``).
     unit_classes = (ShapeCheckUnit, LayeredNoiseUnit, LayeredInputImageUnit, EditImageEmbedderUnit,
-                    LayerInputImageUnit, LatentsUnit, PromptEmbedderUnit)
+                    LayerInputImageUnit, LatentsUnit, PromptEmbedderUnit, BlockwiseControlNetUnit)
 
     def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
         """What editing needs, after the models: the processor and Edit-2511's switch.
@@ -167,6 +175,20 @@ class QwenImagePipeline(TextToLatentPipeline):
             self.processor = processor_if_present(self.processor_config)
         if zero_cond_t is not None and self.dit is not None:
             set_zero_cond_t(self.dit, zero_cond_t)
+        if self.blockwise_controlnet is not None:
+            # The ControlNets compute in every step beside the transformer (an instance setting: pipelines without
+            # them keep the class's).
+            self.denoising_model_names = ("dit", "blockwise_controlnet")
+
+    def _assign(self, component: Any, config: ModelConfig) -> str:
+        """As ``BasePipeline._assign``; a Blockwise ControlNet joins ``blockwise_controlnet.models`` (the first
+        one's config is the slot's), as the reference holds several."""
+        if not isinstance(component, QwenImageBlockwiseControlNet):
+            return super()._assign(component, config)
+        if self.blockwise_controlnet is not None:
+            self.blockwise_controlnet.models.append(component)
+            return "blockwise_controlnet"
+        return super()._assign(QwenImageBlockwiseMultiControlNet([component]), config)
 
     @classmethod
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
@@ -212,13 +234,16 @@ class QwenImagePipeline(TextToLatentPipeline):
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
                  prompt_emb_mask: torch.Tensor | None = None, edit_latents: Sequence[torch.Tensor] | None = None,
-                 layer_input_latents: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 layer_input_latents: torch.Tensor | None = None,
+                 blockwise_controlnet_conditioning: Sequence[tuple[int, float, torch.Tensor]] | None = None,
+                 **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
         ``latents`` are ``(B, 16, h, w)``, or ``(B, 16, frames, h, w)`` for Qwen-Image-Layered (packed frame after
         frame, one ``img_shapes`` entry each). ``edit_latents`` (reference images) and ``layer_input_latents`` (the
         image to decompose) are packed after the latents, each with its own ``img_shapes`` entry; the prediction
-        keeps only the latents' tokens. Extra state keys are accepted and ignored, since the loop passes the whole
+        keeps only the latents' tokens. ``blockwise_controlnet_conditioning`` adds the Blockwise ControlNets'
+        residuals to the latents' tokens after each block (``blockwise.py``). Extra state keys are accepted and ignored, since the loop passes the whole
         state.
         """
         batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
@@ -233,12 +258,40 @@ class QwenImagePipeline(TextToLatentPipeline):
         # Layered's transformer takes an extra timestep condition, 0 for the RGBA decomposition.
         extra = {"additional_t_cond": torch.zeros(batch, dtype=torch.long, device=latents.device)} \
             if self.dit.config.get("use_additional_t_cond", False) else {}
-        prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000,
-                              encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
-                              img_shapes=[shapes] * batch, return_dict=False, **extra)[0]
+        set_block_residuals(self.dit, self.block_residuals(blockwise_controlnet_conditioning, batch, tokens[0].shape[1]))
+        try:
+            prediction = self.dit(hidden_states=torch.cat(tokens, dim=1), timestep=timestep / 1000,
+                                  encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
+                                  img_shapes=[shapes] * batch, return_dict=False, **extra)[0]
+        finally:
+            # With gradients, a checkpointed block recomputes its forward (the hook's residual included) during the
+            # backward pass: the residuals stay until the next call sets its own.
+            if not torch.is_grad_enabled():
+                set_block_residuals(self.dit, None)
         prediction = prediction[:, :tokens[0].shape[1]]
         return unpack_frames(prediction, frames, height, width) if latents.dim() == 5 else \
             unpack_latents(prediction, height, width)
+
+    def block_residuals(self, conditioning: Sequence[tuple[int, float, torch.Tensor]] | None, batch: int,
+                        tokens: int) -> BlockResiduals | None:
+        """What the Blockwise ControlNets add to the first ``tokens`` image tokens after each block, or None.
+
+        Raises:
+            ValueError: No ControlNet is loaded, or one has another number of blocks than the transformer.
+        """
+        if conditioning is None:
+            return None
+        if self.blockwise_controlnet is None:
+            raise ValueError("blockwise_controlnet_conditioning needs the Blockwise ControlNet; add "
+                             "'DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-Canny:model.safetensors' (or -Depth, "
+                             "-Inpaint) to the model configs")
+        blocks = len(self.dit.transformer_blocks)
+        for controlnet_id, _, _ in conditioning:
+            found = len(self.blockwise_controlnet.models[controlnet_id].controlnet_blocks)
+            if found != blocks:
+                raise ValueError(f"Blockwise ControlNet {controlnet_id} has {found} blocks and the transformer "
+                                 f"{blocks}; load the ControlNet released for this transformer")
+        return BlockResiduals(self.blockwise_controlnet.models, conditioning, batch, tokens)
 
     def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule); plain for
@@ -271,6 +324,7 @@ class QwenImagePipeline(TextToLatentPipeline):
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  edit_image: Image.Image | Sequence[Image.Image] | None = None,
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
+                 blockwise_controlnet_inputs: Sequence[ControlNetInput] | None = None,
                  height: int | None = None, width: int | None = None, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
@@ -287,6 +341,8 @@ class QwenImagePipeline(TextToLatentPipeline):
             layer_input_image: Qwen-Image-Layered: the RGBA image to decompose (see ``layered.py``).
             layer_num: Qwen-Image-Layered: the number of layers; the output is a list of ``layer_num + 1`` RGBA
                 images, the composite first (a ``(layer_num + 1, 4, H, W)`` tensor for ``"pt"``).
+            blockwise_controlnet_inputs: The Blockwise ControlNets' inputs, ``[ControlNetInput(image=...,
+                inpaint_mask=..., scale=...)]`` (see ``blockwise.py``); needs the ``blockwise_controlnet`` model.
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
                 ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
@@ -315,6 +371,7 @@ class QwenImagePipeline(TextToLatentPipeline):
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
+            "blockwise_controlnet_inputs": blockwise_controlnet_inputs,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length,
         }  # fmt: skip

@@ -11,7 +11,11 @@ SPEC = FamilySpec(
     denoiser_class="QwenImageTransformer2DModel",
     model_ids=("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511",
                "FireRedTeam/FireRed-Image-Edit-1.0", "FireRedTeam/FireRed-Image-Edit-1.1",
-               "DiffSynth-Studio/Qwen-Image-Distill-Full", "Qwen/Qwen-Image-Layered"),
+               "DiffSynth-Studio/Qwen-Image-Distill-Full", "Qwen/Qwen-Image-Layered",
+               *(f"DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}" for kind in ("Canny", "Depth", "Inpaint"))),
+    layouts=("diffusers", "DiffSynth-Studio Blockwise ControlNet single files (Canny, Depth, Inpaint)"),
+    # The Blockwise ControlNets ship as one file each under their own model's names, without a config.
+    original_readers=("diffsynth.pipelines.qwen_image.original:identify",),
     releases=(Release("qwen-image", dict(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
         joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56)),
@@ -23,8 +27,6 @@ SPEC = FamilySpec(
     # The original release uses diffusers' names.
     lora_tools=LoraTools("QwenImageLoraLoaderMixin", comfyui_key_map="native_bare"),
     refused_model_ids={
-        "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-": "the Qwen-Image Blockwise ControlNets are not supported "
-                                                             "here",
         "DiffSynth-Studio/Qwen-Image-Layered-Control": "Qwen-Image-Layered-Control (and its V2's context_image) is "
                                                        "not supported here; train Qwen/Qwen-Image-Layered",
     },

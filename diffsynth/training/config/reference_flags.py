@@ -123,13 +123,10 @@ UNSUPPORTED_MODELS: dict[str, str] = {
 def unsupported_models() -> dict[str, str]:
     """Every refused repository id prefix and why: the families' and ``UNSUPPORTED_MODELS``."""
     return {**refused_model_ids(), **UNSUPPORTED_MODELS}
-# Reference features named only by the --extra_inputs they feed: EliGen's models are FLUX.1-dev's own, and the
-# Qwen-Image Blockwise ControlNet commands may start a ControlNet from scratch, loading only Qwen-Image.
+# Reference features named only by the --extra_inputs they feed: EliGen's models are FLUX.1-dev's own.
 UNSUPPORTED_INPUTS: dict[str, str] = {
     "eligen_entity_masks": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
     "eligen_entity_prompts": "EliGen (FLUX.1 entity-level regional prompts) is not supported here",
-    **dict.fromkeys(["blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask"],
-                    "the Qwen-Image Blockwise ControlNets are not supported here"),
 }
 UNSUPPORTED_TASKS: dict[str, str] = {
     "trajectory_imitation": "trajectory imitation (the reference's experimental Z-Image-Turbo distillation) is not "
