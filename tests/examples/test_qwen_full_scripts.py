@@ -201,8 +201,6 @@ def test_the_recipes_table_names_each_scripts_accelerate_config():
     assert set(FULL.glob("*.sh")) | set((REPO / "examples/wanvideo/model_training/full").glob("*.sh")) <= listed
 
 
-QWEN_ENCODERS = "Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors"
-QWEN_DIT = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors"
 DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--max_pixels", "1048576"]
 
 
@@ -213,15 +211,6 @@ def refused(models: str, *flags: str) -> list[str]:
 # The distinguishing flags of the reference's full/ Qwen-Image scripts for releases not supported here, as they write
 # them, and what the one line of refusal names.
 REFUSED = {
-    **{f"Qwen-Image-Blockwise-ControlNet-{kind}": (
-        refused(f"{QWEN_DIT},{QWEN_ENCODERS},DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}:model.safetensors",
-                "--trainable_models", "blockwise_controlnet", "--extra_inputs", inputs), "Blockwise ControlNet")
-       for kind, inputs in (("Canny", "blockwise_controlnet_image"), ("Depth", "blockwise_controlnet_image"),
-                            ("Inpaint", "blockwise_controlnet_image,blockwise_controlnet_inpaint_mask"))},
-    # the reference's commented-out variant: a ControlNet started from scratch, only Qwen-Image loaded
-    "Qwen-Image-Blockwise-ControlNet (from scratch)": (
-        refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
-                "blockwise_controlnet_image"), "Blockwise ControlNet"),
     "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
                                            "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
                                            "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"

@@ -12,6 +12,8 @@ control block ``i`` reads the block's image tokens and that embedding and return
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
@@ -85,3 +87,24 @@ class QwenImageBlockwiseMultiControlNet(nn.Module):
     def __init__(self, models: list[QwenImageBlockwiseControlNet]) -> None:
         super().__init__()
         self.models = nn.ModuleList(models)
+
+
+def write_initial_controlnet(path: str | Path, torch_dtype: torch.dtype = torch.bfloat16, **config: int) -> Path:
+    """Writes a zero-initialised Blockwise ControlNet (``zero_initialise``) to ``path``, in the release's layout, to
+    train one from scratch (``--model_paths``); the reference's initialisation scripts.
+
+    Args:
+        path: The safetensors file to write; its folder is created.
+        torch_dtype: The weights' dtype.
+        config: ``QwenImageBlockwiseControlNet`` arguments; by default Qwen-Image's sizes (Inpaint:
+            ``additional_in_dim=4``).
+    """
+    from safetensors.torch import save_file
+
+    with torch.device("cpu"):
+        controlnet = QwenImageBlockwiseControlNet(**config).to(torch_dtype)
+    controlnet.zero_initialise()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({key: value.contiguous() for key, value in controlnet.state_dict().items()}, str(path))
+    return path
