@@ -51,8 +51,6 @@ class QwenImageBlockwiseControlNet(ModelMixin, ConfigMixin):
         dim: The transformer's width.
     """
 
-    _supports_gradient_checkpointing = False
-
     @register_to_config
     def __init__(self, num_layers: int = 60, in_dim: int = 64, additional_in_dim: int = 0, dim: int = 3072) -> None:
         super().__init__()
