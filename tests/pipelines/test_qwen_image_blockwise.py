@@ -143,6 +143,8 @@ def test_bad_control_input_is_named(pipe, tiny_root):
         pipe(PROMPT, blockwise_controlnet_inputs=[ControlNetInput(image=image, start=0.9)], **size)
     with pytest.raises(ValueError, match=r"controlnet_id=1\) names a Blockwise ControlNet that is not loaded"):
         pipe(PROMPT, blockwise_controlnet_inputs=[ControlNetInput(image=image, controlnet_id=1)], **size)
+    with pytest.raises(ValueError, match="the Inpaint ControlNet needs inpaint_mask="):
+        pipe(PROMPT, blockwise_controlnet_inputs=[ControlNetInput(image=image)], **size)
     plain = load_ours(tiny_root, "qwen_image", QWEN)
     with pytest.raises(ValueError, match="Qwen-Image-Blockwise-ControlNet-Canny:model.safetensors"):
         plain(PROMPT, blockwise_controlnet_inputs=[ControlNetInput(image=image)], **size)

@@ -152,15 +152,26 @@ class BlockwiseControlNetUnit(PipelineUnit):
                                   blockwise_controlnet_inpaint_mask)
         if not inputs:
             return {"blockwise_controlnet_conditioning": None}
-        loaded = 0 if pipe.blockwise_controlnet is None else len(pipe.blockwise_controlnet.models)
         for given in inputs:
-            if not 0 <= given.controlnet_id < loaded:
-                raise ValueError(f"ControlNetInput(controlnet_id={given.controlnet_id}) names a Blockwise ControlNet "
-                                 f"that is not loaded ({loaded} loaded); add '{BLOCKWISE_ENTRY}' (or -Depth, "
-                                 "-Inpaint) to the model configs")
+            _check_controlnet(pipe, given)
         return {"blockwise_controlnet_conditioning": [
             (given.controlnet_id, float(given.scale), control_latents(pipe, given, height, width))
             for given in inputs]}
+
+
+def _check_controlnet(pipe: QwenImagePipeline, given: ControlNetInput) -> None:
+    """Raises ValueError unless ``given`` names a loaded ControlNet that reads a mask exactly when it has one."""
+    loaded = 0 if pipe.blockwise_controlnet is None else len(pipe.blockwise_controlnet.models)
+    if not 0 <= given.controlnet_id < loaded:
+        raise ValueError(f"ControlNetInput(controlnet_id={given.controlnet_id}) names a Blockwise ControlNet that is "
+                         f"not loaded ({loaded} loaded); add '{BLOCKWISE_ENTRY}' (or -Depth, -Inpaint) to the model "
+                         "configs")
+    reads_mask = pipe.blockwise_controlnet.models[given.controlnet_id].config.additional_in_dim > 0
+    if reads_mask != (given.inpaint_mask is not None):
+        raise ValueError(f"ControlNetInput(inpaint_mask={'set' if given.inpaint_mask else None}) for Blockwise "
+                         f"ControlNet {given.controlnet_id}, which {'reads' if reads_mask else 'reads no'} mask: the "
+                         "Inpaint ControlNet needs inpaint_mask= (blockwise_controlnet_inpaint_mask), Canny and Depth "
+                         "take none")
 
 
 class BlockResiduals:

@@ -287,10 +287,10 @@ class QwenImagePipeline(TextToLatentPipeline):
                              "-Inpaint) to the model configs")
         blocks = len(self.dit.transformer_blocks)
         for controlnet_id, _, _ in conditioning:
-            found = len(self.blockwise_controlnet.models[controlnet_id].controlnet_blocks)
-            if found != blocks:
-                raise ValueError(f"Blockwise ControlNet {controlnet_id} has {found} blocks and the transformer "
-                                 f"{blocks}; load the ControlNet released for this transformer")
+            model = self.blockwise_controlnet.models[controlnet_id]
+            if len(model.controlnet_blocks) != blocks:
+                raise ValueError(f"Blockwise ControlNet {controlnet_id} has {len(model.controlnet_blocks)} blocks and "
+                                 f"the transformer {blocks}; load the ControlNet released for this transformer")
         return BlockResiduals(self.blockwise_controlnet.models, conditioning, batch, tokens)
 
     def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
