@@ -113,9 +113,12 @@ def test_inpaint_denoiser_matches_the_reference_forward(pipe, tiny_root):
                              blockwise_controlnet_conditioning=shared["blockwise_controlnet_conditioning"])
         reference = ref_denoiser(pipe.dit, weights, latents, timestep, posi["prompt_emb"], expected_condition, 0.7)
         plain = pipe.model_fn(latents, timestep, posi["prompt_emb"], posi["prompt_emb_mask"])
+        # Several inputs add up, each times its scale (the reference's sum over its inputs).
+        split = pipe.model_fn(latents, timestep, posi["prompt_emb"], posi["prompt_emb_mask"],
+                              blockwise_controlnet_conditioning=[(0, 0.3, condition), (0, 0.4, condition)])
         other = ref_denoiser(pipe.dit, weights, latents, timestep, posi["prompt_emb"],
                              ref_condition(pipe.vae, picture((20, 220, 40)), mask()), 0.7)
-    assert (ours - reference).abs().max() < 1e-5
+    assert (ours - reference).abs().max() < 1e-5 and (split - reference).abs().max() < 1e-5
     # Teeth: another control image, or none, moves the prediction far beyond the tolerance.
     assert (other - reference).abs().max() > 1e-2 and (plain - reference).abs().max() > 1e-2
 
