@@ -1,7 +1,7 @@
 """The reference's Qwen-Image full fine-tunes (DiffSynth-Studio fed7b18, ``examples/qwen_image/model_training/full``)
 run as written on the tiny repos through the trainer's ``main``, as do the LoRA scripts of the releases that only have
-a tiny repo here under an alias (FireRed-Image-Edit, Qwen-Image-Distill-Full), and the ones for releases not supported
-here stop with one line naming the release before any model loads.
+a tiny repo here under an alias (FireRed-Image-Edit, Qwen-Image-Distill-Full); the Blockwise ControlNets' scripts are
+run in ``test_qwen_blockwise_scripts.py``.
 
 Each ``accelerate launch`` command runs from a scratch working folder with only what a user on a small machine would
 change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and ``DIFFSYNTH_MODEL_BASE_PATH``
@@ -24,7 +24,12 @@ from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.core.data.example_layered_dataset import build_example_layered_dataset
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_MODEL_ID
-from diffsynth.testing.tiny_qwen_layered import QWEN_IMAGE_LAYERED_MODEL_ID, build_tiny_qwen_image_layered
+from diffsynth.testing.tiny_qwen_layered import (
+    QWEN_IMAGE_LAYERED_CONTROL_MODEL_ID,
+    QWEN_IMAGE_LAYERED_MODEL_ID,
+    build_tiny_qwen_image_layered,
+    build_tiny_qwen_image_layered_control,
+)
 from diffsynth.training.config.parsers import build_parser
 from tests.examples.helpers import (
     assert_deepspeed_config,
@@ -34,7 +39,6 @@ from tests.examples.helpers import (
     run_command,
     script_commands,
 )
-from tests.pipelines.family_helpers import refused_before_loading
 
 from .test_scripts import REPO, launch_commands
 
@@ -51,6 +55,7 @@ RELEASES = {
     "FireRed-Image-Edit-1.0": "FireRedTeam/FireRed-Image-Edit-1.0",
     "FireRed-Image-Edit-1.1": "FireRedTeam/FireRed-Image-Edit-1.1",
     "Qwen-Image-Layered": QWEN_IMAGE_LAYERED_MODEL_ID,
+    "Qwen-Image-Layered-Control": QWEN_IMAGE_LAYERED_CONTROL_MODEL_ID,
 }
 CONFIGS = {"accelerate_config.yaml": (2, "none"), "accelerate_config_zero2offload.yaml": (2, "cpu"),
            "accelerate_config_zero3.yaml": (3, "none")}
@@ -91,11 +96,12 @@ def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
 
 def draw_dataset(argv: list[str]) -> None:
     """Draws a two-sample dataset where a command expects one: one edit image per sample in a CSV (Edit), a list in
-    JSON (2509+) for an Edit command, RGBA layers for a Layered one."""
+    JSON (2509+) for an Edit command, RGBA layers for a Layered one (one layer to extract for Layered-Control)."""
     args = build_parser().parse_args(argv)
     if not Path(args.dataset_metadata_path).is_file():
         if args.extra_inputs == "layer_num,layer_input_image":
-            build_example_layered_dataset(args.dataset_base_path)
+            build_example_layered_dataset(args.dataset_base_path,
+                                          control="layer" if "Layered-Control" in args.dataset_base_path else None)
         elif args.extra_inputs == "edit_image":
             build_example_edit_dataset(args.dataset_base_path, num_samples=2,
                                        num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
@@ -113,7 +119,7 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     ``Qwen/Qwen-Image-2512`` (the whole Qwen-Image repo), the FireRed-Image-Edit releases (the whole Edit-2509 repo,
     processor included: diffusers loads them with ``QwenImageEditPlusPipeline``) and
     ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (the Qwen-Image transformer folder, as that release keeps the
-    transformer at the root); and the tiny Qwen-Image-Layered repo."""
+    transformer at the root); and the tiny Qwen-Image-Layered and Layered-Control repos."""
     firered = {f"FireRedTeam/FireRed-Image-Edit-{version}": QWEN_IMAGE_EDIT_2509_MODEL_ID for version in ("1.0", "1.1")}
     root = linked_model_root(tiny_root, tmp_path_factory.mktemp("full_model_root"),
                              {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID, **firered})
@@ -121,6 +127,7 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     (root / "DiffSynth-Studio").mkdir(exist_ok=True)
     (root / "DiffSynth-Studio" / "Qwen-Image-Distill-Full").symlink_to(qwen / "transformer", target_is_directory=True)
     build_tiny_qwen_image_layered(root)
+    build_tiny_qwen_image_layered_control(root)
     return root
 
 
@@ -199,28 +206,3 @@ def test_the_recipes_table_names_each_scripts_accelerate_config():
             configs = {config_file(words) for words in launch_commands((training / script).read_text())}
             assert configs == {config and training / config}, (script, configs)
     assert set(FULL.glob("*.sh")) | set((REPO / "examples/wanvideo/model_training/full").glob("*.sh")) <= listed
-
-
-DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--max_pixels", "1048576"]
-
-
-def refused(models: str, *flags: str) -> list[str]:
-    return [*DATA, "--model_id_with_origin_paths", models, *flags]
-
-
-# The distinguishing flags of the reference's full/ Qwen-Image scripts for releases not supported here, as they write
-# them, and what the one line of refusal names.
-REFUSED = {
-    "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
-                                           "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
-                                           "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"
-                                           "diffusion_pytorch_model.safetensors", "--trainable_models", "dit",
-                                           "--extra_inputs", "layer_num,layer_input_image"),
-                                   "Qwen-Image-Layered-Control"),
-}
-
-
-@pytest.mark.parametrize("script", list(REFUSED))
-def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, capsys):
-    argv, reason = REFUSED[script]
-    assert reason in refused_before_loading(QwenImagePipeline, argv, workdir, capsys)

@@ -21,7 +21,7 @@ REFERENCE_DEFAULTS = {
     "quant_options": None,
     "processor_path": None, "zero_cond_t": False, "tokenizer_1_path": None, "tokenizer_2_path": None,
     "align_to_opensource_format": False,
-    "offload_models": None, "initialize_model_on_cpu": False,
+    "offload_models": None, "initialize_model_on_cpu": False, "enable_npu_patch": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
     "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1, "customized_optimizer": None,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
