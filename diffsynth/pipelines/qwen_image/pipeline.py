@@ -331,6 +331,8 @@ class QwenImagePipeline(TextToLatentPipeline):
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
                  context_image: Image.Image | None = None,
                  blockwise_controlnet_inputs: Sequence[ControlNetInput] | None = None,
+                 blockwise_controlnet_image: Image.Image | None = None,
+                 blockwise_controlnet_inpaint_mask: Image.Image | None = None,
                  height: int | None = None, width: int | None = None, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
@@ -351,6 +353,8 @@ class QwenImagePipeline(TextToLatentPipeline):
                  seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
             blockwise_controlnet_inputs: The Blockwise ControlNets' inputs, ``[ControlNetInput(image=...,
                 inpaint_mask=..., scale=...)]`` (see ``blockwise.py``); needs the ``blockwise_controlnet`` model.
+            blockwise_controlnet_image: One Blockwise ControlNet input at scale 1, as training's columns name it
+                (instead of ``blockwise_controlnet_inputs``); ``blockwise_controlnet_inpaint_mask``: its mask (Inpaint).
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
                 ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
@@ -383,6 +387,8 @@ class QwenImagePipeline(TextToLatentPipeline):
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
             "context_image": context_image, "blockwise_controlnet_inputs": blockwise_controlnet_inputs,
+            "blockwise_controlnet_image": blockwise_controlnet_image,
+            "blockwise_controlnet_inpaint_mask": blockwise_controlnet_inpaint_mask,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length,
         }  # fmt: skip
