@@ -44,6 +44,7 @@ from .tiny_krea2 import KREA2_BUILDERS
 from .tiny_ltx2 import LTX2_BUILDERS
 from .tiny_ltx2_repackage import LTX2_REPACKAGE_BUILDERS
 from .tiny_ltx23 import LTX23_BUILDERS
+from .tiny_qwen_blockwise import QWEN_BLOCKWISE_BUILDERS
 from .tiny_wan import (
     WAN22_A14B_PATTERNS,
     WAN22_I2V_MODEL_ID,
@@ -287,6 +288,7 @@ BUILDERS = {
     **Z_IMAGE_BUILDERS,
     **STABLE_DIFFUSION_BUILDERS,
     **Z_IMAGE_CONTROLNET_BUILDERS,
+    **QWEN_BLOCKWISE_BUILDERS,
     **LTX2_BUILDERS,
     **LTX2_REPACKAGE_BUILDERS,
     **LTX23_BUILDERS,

@@ -36,6 +36,10 @@ IMAGE_INPUTS = {
     "layer_num": InputFlag("integer", "how many layers to split it into", default=3),
     "context_image": InputFlag("image", "the in-context control image the LoRA learned to follow (edges, depth, a "
                                         "pose; Layered-Control V2: the mask of the layer to extract)"),
+    "blockwise_controlnet_image": InputFlag("image", "the Blockwise ControlNet's control image (edges, depth; "
+                                                     "Inpaint: the image to fill)"),
+    "blockwise_controlnet_inpaint_mask": InputFlag("image", "the Inpaint Blockwise ControlNet's mask: white where to "
+                                                            "fill"),
     "processor_path": InputFlag("folder", "the processor folder (unset: the release's own)"),
     "zero_cond_t": InputFlag("switch", "turn on Edit-2511's zero_cond_t (its transformer config already does)"),
 }
@@ -63,7 +67,7 @@ def apply_weights(pipe: Any, run: Rendering, fail: Callable[[str], NoReturn], re
     from .outputs.initial_weights import load_initial_weights
 
     for flag, slots, path in run.weights:
-        for slot in [slot for slot in slots if path and getattr(pipe, slot, None) is not None]:
+        for slot in [slot for slot in slots if path and _held(pipe, slot) is not None]:
             if run.full:
                 try:  # the flat file names the slot's weights as the model names them
                     count = load_initial_weights(pipe, path, f"pipe.{slot}.", flag)
@@ -71,8 +75,16 @@ def apply_weights(pipe: Any, run: Rendering, fail: Callable[[str], NoReturn], re
                     fail(f"{error}; pass the epoch-<e>.safetensors of a full fine-tune of {release}")
                 print(f"loaded {count} weights from {path} into {slot}")
             else:
-                layers = load_lora(getattr(pipe, slot), path, alpha=run.strength)
+                layers = load_lora(_held(pipe, slot), path, alpha=run.strength)
                 print(f"merged {layers} LoRA layers from {path} into {slot} (scale {run.strength})")
+
+
+def _held(pipe: Any, slot: str) -> Any:
+    """The model a slot names (a dotted path reaches inside one: ``blockwise_controlnet.models.0``), or None."""
+    try:
+        return pipe.get_submodule(slot)
+    except AttributeError:  # an empty slot, or none of that name
+        return None
 
 
 def write_image(image: Any, path: Path) -> Path:
@@ -96,7 +108,8 @@ class ImageScript:
         pipeline: ``"module:Class"`` of the pipeline its ``train.py`` trains.
         models: ``--model_id_with_origin_paths`` of its training script.
         trained: The file its training script writes last (the ``--lora_path`` / ``--checkpoint_path`` default).
-        slots: The pipeline slots the trained file applies to (``dit``; a UNet family's ``unet``).
+        slots: The pipeline slots the trained file applies to (``dit``; a UNet family's ``unet``), or a model inside
+            one (``blockwise_controlnet.models.0``, as the training script's ``--remove_prefix_in_ckpt`` names it).
         inputs: Names of ``IMAGE_INPUTS`` it renders with; ``required``: those it cannot render without.
         tokenizer: ``--tokenizer_path`` of its training script, if it gives one.
         prompt: The reference script's prompt; ``call``: its other call arguments that the shared flags set

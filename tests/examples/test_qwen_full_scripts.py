@@ -1,7 +1,7 @@
 """The reference's Qwen-Image full fine-tunes (DiffSynth-Studio fed7b18, ``examples/qwen_image/model_training/full``)
 run as written on the tiny repos through the trainer's ``main``, as do the LoRA scripts of the releases that only have
-a tiny repo here under an alias (FireRed-Image-Edit, Qwen-Image-Distill-Full), and the ones for releases not supported
-here stop with one line naming the release before any model loads.
+a tiny repo here under an alias (FireRed-Image-Edit, Qwen-Image-Distill-Full); the Blockwise ControlNets' scripts are
+run in ``test_qwen_blockwise_scripts.py``.
 
 Each ``accelerate launch`` command runs from a scratch working folder with only what a user on a small machine would
 change: the dataset (drawn at the path the script names), sizes, epochs and repeats, and ``DIFFSYNTH_MODEL_BASE_PATH``
@@ -39,7 +39,6 @@ from tests.examples.helpers import (
     run_command,
     script_commands,
 )
-from tests.pipelines.family_helpers import refused_before_loading
 
 from .test_scripts import REPO, launch_commands
 
@@ -207,33 +206,3 @@ def test_the_recipes_table_names_each_scripts_accelerate_config():
             configs = {config_file(words) for words in launch_commands((training / script).read_text())}
             assert configs == {config and training / config}, (script, configs)
     assert set(FULL.glob("*.sh")) | set((REPO / "examples/wanvideo/model_training/full").glob("*.sh")) <= listed
-
-
-QWEN_ENCODERS = "Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors"
-QWEN_DIT = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors"
-DATA = ["--dataset_base_path", "data/d", "--dataset_metadata_path", "data/d/metadata.csv", "--max_pixels", "1048576"]
-
-
-def refused(models: str, *flags: str) -> list[str]:
-    return [*DATA, "--model_id_with_origin_paths", models, *flags]
-
-
-# The distinguishing flags of the reference's full/ Qwen-Image scripts for releases not supported here, as they write
-# them, and what the one line of refusal names.
-REFUSED = {
-    **{f"Qwen-Image-Blockwise-ControlNet-{kind}": (
-        refused(f"{QWEN_DIT},{QWEN_ENCODERS},DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}:model.safetensors",
-                "--trainable_models", "blockwise_controlnet", "--extra_inputs", inputs), "Blockwise ControlNet")
-       for kind, inputs in (("Canny", "blockwise_controlnet_image"), ("Depth", "blockwise_controlnet_image"),
-                            ("Inpaint", "blockwise_controlnet_image,blockwise_controlnet_inpaint_mask"))},
-    # the reference's commented-out variant: a ControlNet started from scratch, only Qwen-Image loaded
-    "Qwen-Image-Blockwise-ControlNet (from scratch)": (
-        refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
-                "blockwise_controlnet_image"), "Blockwise ControlNet"),
-}
-
-
-@pytest.mark.parametrize("script", list(REFUSED))
-def test_unsupported_scripts_stop_with_one_line_before_loading(workdir, script, capsys):
-    argv, reason = REFUSED[script]
-    assert reason in refused_before_loading(QwenImagePipeline, argv, workdir, capsys)

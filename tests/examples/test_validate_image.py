@@ -59,6 +59,9 @@ RUNS = {
                              ["--edit_image", "red.png", "blue.png"], 16),
     "qwen_image-context": ("qwen_image/model_training/validate_lora/Qwen-Image-In-Context-Control-Union.py",
                            ["--context_image", "red.png"], 16),
+    "qwen_image-blockwise-full": ("qwen_image/model_training/validate_full/Qwen-Image-Blockwise-ControlNet-Inpaint.py",
+                                  ["--blockwise_controlnet_image", "red.png", "--blockwise_controlnet_inpaint_mask",
+                                   "blue.png"], 16),
     "z_image-controlnet-full": ("z_image/model_training/validate_full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.py",
                                 ["--controlnet_image", "red.png"], 16),
     "z_image-special": ("z_image/model_training/special/differential_training/validate.py", [], 16),
@@ -107,7 +110,7 @@ def write_trained(script) -> int:
     pipe = load(script.pipeline).from_pretrained(torch_dtype="float32", model_configs=configs, skeleton_configs=configs)
     generator = torch.Generator().manual_seed(0)
     tensors = {}
-    for name, layer in getattr(pipe, script.slots[0]).named_modules():
+    for name, layer in pipe.get_submodule(script.slots[0]).named_modules():
         if not isinstance(layer, torch.nn.Linear):
             continue
         scale = 2 / layer.in_features ** 0.5  # a few times a fresh layer's weights

@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageChops, ImageDraw
 
 from ..files import atomic_write, atomic_write_text
 from .errors import DatasetError
@@ -55,7 +55,7 @@ def draw_edit_example(rng: random.Random, num_edit_images: int) -> tuple[Image.I
 
 
 def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, num_edit_images: int = 1,
-                               seed: int = 0, column: str = "edit_image") -> Path:
+                               seed: int = 0, column: str = "edit_image", mask_column: str | None = None) -> Path:
     """Writes ``num_samples`` edits (PNG files) with ``metadata.csv`` and ``metadata.json`` into ``folder``.
 
     Args:
@@ -64,6 +64,8 @@ def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, 
         num_edit_images: Edit images per sample: 1 (Qwen-Image-Edit) or 2 (Edit-2509 / 2511).
         seed: The same seed writes the same files.
         column: The name of the edit images' column: ``edit_image``, or ``kontext_images`` for FLUX.1 Kontext.
+        mask_column: With a name, a column of masks too: white where the target differs from the (first) edit
+            image, the recoloured shape (``blockwise_controlnet_inpaint_mask`` for the Qwen-Image Inpaint ControlNet).
 
     Returns:
         ``metadata.json`` (columns ``image``, ``column``, ``prompt``); ``metadata.csv`` beside it holds the same
@@ -86,20 +88,24 @@ def build_example_edit_dataset(folder: str | os.PathLike, num_samples: int = 4, 
             atomic_write(folder / name, lambda temporary, image=image: image.save(temporary, format="PNG"))
         rows.append({"image": f"target_{index:03d}.png", column: names if num_edit_images > 1 else names[0],
                      "prompt": prompt})
+        if mask_column is not None:
+            mask = ImageChops.difference(target, edit_images[0]).convert("L").point(lambda v: 255 if v else 0)
+            name = rows[-1][mask_column] = f"mask_{index:03d}.png"
+            atomic_write(folder / name, lambda temporary: mask.convert("RGB").save(temporary, format="PNG"))
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(("image", column, "prompt"))
+    writer.writerow(("image", column, "prompt", *([mask_column] if mask_column else [])))
     for row in rows:
         edit_image = row[column]
         writer.writerow((row["image"], ",".join(edit_image) if isinstance(edit_image, list) else edit_image,
-                         row["prompt"]))
+                         row["prompt"], *([row[mask_column]] if mask_column else [])))
     atomic_write_text(folder / CSV_METADATA_FILE, text.getvalue())
     return atomic_write_text(folder / JSON_METADATA_FILE, json.dumps(rows, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--output DIR [--num_samples N] [--num_edit_images 1|2] [--seed S] [--column NAME]``; prints
-    the flags."""
+    """Command line: ``--output DIR [--num_samples N] [--num_edit_images 1|2] [--seed S] [--column NAME]
+    [--mask_column NAME]``; prints the flags."""
     parser = argparse.ArgumentParser(description="Write a small procedurally drawn image-editing dataset.")
     parser.add_argument("--output", required=True, help="folder to write the images and metadata files into")
     parser.add_argument("--num_samples", type=int, default=4, help="how many edits to draw (default 4)")
@@ -108,12 +114,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
     parser.add_argument("--column", default="edit_image",
                         help="name of the edit images' column (default edit_image; kontext_images for FLUX.1 Kontext)")
+    parser.add_argument("--mask_column", default=None,
+                        help="also write a column of masks of the recoloured shape under this name (e.g. "
+                             "blockwise_controlnet_inpaint_mask)")
     args = parser.parse_args(argv)
     metadata = build_example_edit_dataset(args.output, num_samples=args.num_samples,
-                                          num_edit_images=args.num_edit_images, seed=args.seed, column=args.column)
+                                          num_edit_images=args.num_edit_images, seed=args.seed, column=args.column,
+                                          mask_column=args.mask_column)
+    columns = ",".join([args.column, *([args.mask_column] if args.mask_column else [])])
     print(f"wrote {args.num_samples} edits, {CSV_METADATA_FILE} and {JSON_METADATA_FILE} to {metadata.parent}")
     print(f"train on it with: --dataset_base_path {metadata.parent} --dataset_metadata_path {metadata} "
-          f"--data_file_keys image,{args.column} --extra_inputs {args.column}")
+          f"--data_file_keys image,{columns} --extra_inputs {columns}")
     return 0
 
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from ...core.lazy_exports import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ModelConfig", "QwenImagePipeline"]})
+__getattr__, __dir__ = lazy_exports(__name__, {".pipeline": ["ControlNetInput", "ModelConfig", "QwenImagePipeline"]})
 
 if TYPE_CHECKING:
-    from .pipeline import ModelConfig, QwenImagePipeline
+    from .pipeline import ControlNetInput, ModelConfig, QwenImagePipeline
 
-__all__ = ["ModelConfig", "QwenImagePipeline"]
+__all__ = ["ControlNetInput", "ModelConfig", "QwenImagePipeline"]

@@ -33,6 +33,8 @@ from ..common import (
     pack_latents,
     unpack_latents,
 )
+from .blockwise import BlockResiduals, BlockwiseControlNetUnit, ControlNetInput, set_block_residuals
+from .blockwise_model import QwenImageBlockwiseControlNet, QwenImageBlockwiseMultiControlNet
 from .context import ContextImageUnit
 from .edit import (
     EDIT_CONDITION_PIXELS,
@@ -61,7 +63,7 @@ from .layered import (
     unpack_frames,
 )
 
-__all__ = ["ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
+__all__ = ["ControlNetInput", "ModelConfig", "QwenImagePipeline", "pack_latents", "unpack_latents"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,9 @@ MODEL_ROLES = {
     "QwenImageTransformer2DModel": "dit",
     "AutoencoderKLQwenImage": "vae",
     "Qwen2_5_VLForConditionalGeneration": "text_encoder",
+    # A loaded Blockwise ControlNet joins the slot's QwenImageBlockwiseMultiControlNet (see ``_assign``).
+    "QwenImageBlockwiseControlNet": "blockwise_controlnet",
+    "QwenImageBlockwiseMultiControlNet": "blockwise_controlnet",
 }
 
 
@@ -132,9 +137,10 @@ class QwenImagePipeline(TextToLatentPipeline):
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
     model_fn_params = ("prompt_emb", "prompt_emb_mask", "context_latents", "edit_latents", "layer_input_latents",
-                       "entity_prompt_emb", "entity_masks")
+                       "entity_prompt_emb", "entity_masks", "blockwise_controlnet_conditioning")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
-    image_inputs = ("edit_image", "layer_input_image", "context_image", "eligen_entity_masks")
+    image_inputs = ("edit_image", "layer_input_image", "context_image", "eligen_entity_masks",
+                    "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
     #: EliGen's entity prompts and masks: a row's two lists must be of one length.
     paired_list_inputs = (ENTITY_INPUTS,)
     unbatched_inputs = ENTITY_INPUTS
@@ -143,6 +149,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     media_inputs = ("layer_num",)
     input_types = {**TextToLatentPipeline.input_types, "layer_num": non_negative_integer}
     load_options = ("processor_config", "zero_cond_t")
+    unplaceable_models = {"blockwise_controlnet": "it computes inside the transformer's blocks, which the "
+                                                  "transformer's offload or swap moves"}
     #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
     scheduler_preset = "qwen_image"
@@ -155,7 +163,8 @@ class QwenImagePipeline(TextToLatentPipeline):
     # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``), the
     # in-context control image (``context.py``) and EliGen's entity prompts (``eligen.py``).
     unit_classes = (ShapeCheckUnit, LayeredNoiseUnit, LayeredInputImageUnit, EditImageEmbedderUnit,
-                    LayerInputImageUnit, ContextImageUnit, LatentsUnit, PromptEmbedderUnit, EntityPromptUnit)
+                    LayerInputImageUnit, ContextImageUnit, LatentsUnit, PromptEmbedderUnit, EntityPromptUnit,
+                    BlockwiseControlNetUnit)
 
     def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
         """What editing needs, after the models: the processor and Edit-2511's switch.
@@ -177,6 +186,20 @@ class QwenImagePipeline(TextToLatentPipeline):
             self.processor = processor_if_present(self.processor_config)
         if zero_cond_t is not None and self.dit is not None:
             set_zero_cond_t(self.dit, zero_cond_t)
+        if self.blockwise_controlnet is not None:
+            # The ControlNets compute in every step beside the transformer (an instance setting: pipelines without
+            # them keep the class's).
+            self.denoising_model_names = ("dit", "blockwise_controlnet")
+
+    def _assign(self, component: Any, config: ModelConfig) -> str:
+        """As ``BasePipeline._assign``; a Blockwise ControlNet joins ``blockwise_controlnet.models`` (the first
+        one's config is the slot's), as the reference holds several."""
+        if not isinstance(component, QwenImageBlockwiseControlNet):
+            return super()._assign(component, config)
+        if self.blockwise_controlnet is not None:
+            self.blockwise_controlnet.models.append(component)
+            return "blockwise_controlnet"
+        return super()._assign(QwenImageBlockwiseMultiControlNet([component]), config)
 
     @classmethod
     def companion_configs(cls, model_configs: Sequence[ModelConfig], tokenizer_config: ModelConfig | None = None,
@@ -235,6 +258,7 @@ class QwenImagePipeline(TextToLatentPipeline):
                  prompt_emb_mask: torch.Tensor | None = None, context_latents: torch.Tensor | None = None,
                  edit_latents: Sequence[torch.Tensor] | None = None, layer_input_latents: torch.Tensor | None = None,
                  entity_prompt_emb: Sequence[torch.Tensor] | None = None, entity_masks: torch.Tensor | None = None,
+                 blockwise_controlnet_conditioning: Sequence[tuple[int, float, torch.Tensor]] | None = None,
                  **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
@@ -243,8 +267,9 @@ class QwenImagePipeline(TextToLatentPipeline):
         (reference images) and ``layer_input_latents`` (the image to decompose) are packed after the latents, in this
         order (the reference's), each with its own ``img_shapes`` entry; the prediction keeps only the latents'
         tokens. ``entity_prompt_emb`` and ``entity_masks`` (EliGen) join the entity prompts to the text stream under a
-        regional attention mask (see ``eligen.py``). Extra state keys are accepted and ignored, since the loop passes
-        the whole state.
+        regional attention mask (see ``eligen.py``). ``blockwise_controlnet_conditioning`` adds the Blockwise
+        ControlNets' residuals to the latents' tokens after each block (``blockwise.py``). Extra state keys are accepted
+        and ignored, since the loop passes the whole state.
         """
         batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
         frames = latents.shape[2] if latents.dim() == 5 else 1
@@ -264,12 +289,42 @@ class QwenImagePipeline(TextToLatentPipeline):
             prompt_emb, attention = entity_inputs(self.dit, prompt_emb, prompt_emb_mask, entity_prompt_emb,
                                                   entity_masks, [shapes] * batch, hidden_states.shape[1])
             prompt_emb_mask = None
-        prediction = self.dit(hidden_states=hidden_states, timestep=timestep / 1000, encoder_hidden_states=prompt_emb,
-                              encoder_hidden_states_mask=prompt_emb_mask, img_shapes=[shapes] * batch,
-                              attention_kwargs=attention, return_dict=False, **extra)[0]
+        residuals = self.block_residuals(blockwise_controlnet_conditioning, batch, tokens[0].shape[1])
+        set_block_residuals(self.dit, residuals)
+        try:
+            prediction = self.dit(hidden_states=hidden_states, timestep=timestep / 1000,
+                                  encoder_hidden_states=prompt_emb, encoder_hidden_states_mask=prompt_emb_mask,
+                                  img_shapes=[shapes] * batch, attention_kwargs=attention, return_dict=False,
+                                  **extra)[0]
+        finally:
+            # With gradients, a checkpointed block recomputes its forward (the hook's residual included) during the
+            # backward pass: the residuals stay until the next call sets its own.
+            if not torch.is_grad_enabled():
+                set_block_residuals(self.dit, None)
         prediction = prediction[:, :tokens[0].shape[1]]
         return unpack_frames(prediction, frames, height, width) if latents.dim() == 5 else \
             unpack_latents(prediction, height, width)
+
+    def block_residuals(self, conditioning: Sequence[tuple[int, float, torch.Tensor]] | None, batch: int,
+                        tokens: int) -> BlockResiduals | None:
+        """What the Blockwise ControlNets add to the first ``tokens`` image tokens after each block, or None.
+
+        Raises:
+            ValueError: No ControlNet is loaded, or one has another number of blocks than the transformer.
+        """
+        if conditioning is None:
+            return None
+        if self.blockwise_controlnet is None:
+            raise ValueError("blockwise_controlnet_conditioning needs the Blockwise ControlNet; add "
+                             "'DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-Canny:model.safetensors' (or -Depth, "
+                             "-Inpaint) to the model configs")
+        blocks = len(self.dit.transformer_blocks)
+        for controlnet_id, _, _ in conditioning:
+            model = self.blockwise_controlnet.models[controlnet_id]
+            if len(model.controlnet_blocks) != blocks:
+                raise ValueError(f"Blockwise ControlNet {controlnet_id} has {len(model.controlnet_blocks)} blocks and "
+                                 f"the transformer {blocks}; load the ControlNet released for this transformer")
+        return BlockResiduals(self.blockwise_controlnet.models, conditioning, batch, tokens)
 
     def guide(self, positive: torch.Tensor, negative: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """CFG, rescaled so each packed token keeps the norm of the positive prediction (diffusers' rule); plain for
@@ -304,6 +359,9 @@ class QwenImagePipeline(TextToLatentPipeline):
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
                  context_image: Image.Image | None = None, eligen_entity_prompts: Sequence[str] | None = None,
                  eligen_entity_masks: Sequence[Image.Image] | None = None, eligen_enable_on_negative: bool = False,
+                 blockwise_controlnet_inputs: Sequence[ControlNetInput] | None = None,
+                 blockwise_controlnet_image: Image.Image | None = None,
+                 blockwise_controlnet_inpaint_mask: Image.Image | None = None,
                  height: int | None = None, width: int | None = None, seed: int | None = None,
                  rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
@@ -328,6 +386,10 @@ class QwenImagePipeline(TextToLatentPipeline):
             eligen_entity_masks: EliGen: one image per entity prompt, white where the entity goes.
             eligen_enable_on_negative: EliGen: also condition the negative CFG branch on the regions, with the
                 negative prompt as every entity's text.
+            blockwise_controlnet_inputs: The Blockwise ControlNets' inputs, ``[ControlNetInput(image=...,
+                inpaint_mask=..., scale=...)]`` (see ``blockwise.py``); needs the ``blockwise_controlnet`` model.
+            blockwise_controlnet_image: One Blockwise ControlNet input at scale 1, as training's columns name it
+                (instead of ``blockwise_controlnet_inputs``); ``blockwise_controlnet_inpaint_mask``: its mask (Inpaint).
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
                 ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
@@ -360,7 +422,9 @@ class QwenImagePipeline(TextToLatentPipeline):
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
-            "context_image": context_image,
+            "context_image": context_image, "blockwise_controlnet_inputs": blockwise_controlnet_inputs,
+            "blockwise_controlnet_image": blockwise_controlnet_image,
+            "blockwise_controlnet_inpaint_mask": blockwise_controlnet_inpaint_mask,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length, "eligen_entity_prompts": eligen_entity_prompts,
             "eligen_entity_masks": eligen_entity_masks, "eligen_enable_on_negative": eligen_enable_on_negative,

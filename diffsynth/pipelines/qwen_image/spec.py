@@ -1,6 +1,6 @@
 """Qwen-Image, Qwen-Image-Edit (-2509, -2511) and the releases on their architecture (FireRed-Image-Edit,
-Qwen-Image-Distill-Full), Qwen-Image-Layered and Layered-Control (with the In-Context-Control LoRAs' context_image): the
-family's spec (data only; see ``pipelines.registry``)."""
+Qwen-Image-Distill-Full), Qwen-Image-Layered and Layered-Control (with the In-Context-Control LoRAs' context_image) and
+the Blockwise ControlNets: the family's spec (data only; see ``pipelines.registry``)."""
 
 from ..registry import FamilySpec, LoraTools, Release
 
@@ -13,7 +13,11 @@ SPEC = FamilySpec(
     model_ids=("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511",
                "FireRedTeam/FireRed-Image-Edit-1.0", "FireRedTeam/FireRed-Image-Edit-1.1",
                "DiffSynth-Studio/Qwen-Image-Distill-Full", "Qwen/Qwen-Image-Layered",
-               "DiffSynth-Studio/Qwen-Image-Layered-Control"),
+               "DiffSynth-Studio/Qwen-Image-Layered-Control",
+               *(f"DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-{kind}" for kind in ("Canny", "Depth", "Inpaint"))),
+    layouts=("diffusers", "DiffSynth-Studio Blockwise ControlNet single files (Canny, Depth, Inpaint)"),
+    # The Blockwise ControlNets ship as one file each under their own model's names, without a config.
+    original_readers=("diffsynth.pipelines.qwen_image.original:identify",),
     releases=(Release("qwen-image", dict(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
         joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56)),
@@ -25,10 +29,6 @@ SPEC = FamilySpec(
                                           max_image_seq_len=8192, shift_terminal=0.02)},
     # The original release uses diffusers' names.
     lora_tools=LoraTools("QwenImageLoraLoaderMixin", comfyui_key_map="native_bare"),
-    refused_model_ids={
-        "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-": "the Qwen-Image Blockwise ControlNets are not supported "
-                                                             "here",
-    },
     reference_flags=("--tokenizer_path", "--processor_path", "--zero_cond_t", "--initialize_model_on_cpu"),
     example_folder="examples/qwen_image/model_training",
     docs_page="Qwen_Image.md",

@@ -123,12 +123,8 @@ UNSUPPORTED_MODELS: dict[str, str] = {
 def unsupported_models() -> dict[str, str]:
     """Every refused repository id prefix and why: the families' and ``UNSUPPORTED_MODELS``."""
     return {**refused_model_ids(), **UNSUPPORTED_MODELS}
-# Reference features named only by the --extra_inputs they feed: the Qwen-Image Blockwise ControlNet commands may
-# start a ControlNet from scratch, loading only Qwen-Image.
-UNSUPPORTED_INPUTS: dict[str, str] = {
-    **dict.fromkeys(["blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask"],
-                    "the Qwen-Image Blockwise ControlNets are not supported here"),
-}
+
+
 def family_refused_inputs(model_ids: list[str]) -> dict[str, str]:
     """The ``refused_inputs`` of the families whose released models ``model_ids`` name, and why."""
     return {name: why for spec in families() if spec.refused_inputs and any(model_id in spec.model_ids
@@ -154,7 +150,7 @@ def unsupported_feature_problems(flags: Mapping[str, Any]) -> list[str]:
             if model_id and reason is not None:
                 problems.append(f"--{flag} loads {model_id}: {reason}")
     loaded = [entry.split(":", 1)[0].strip() for entry in str(flags.get("model_id_with_origin_paths") or "").split(",")]
-    refused_inputs = {**UNSUPPORTED_INPUTS, **family_refused_inputs(loaded)}
+    refused_inputs = family_refused_inputs(loaded)
     for name in str(flags.get("extra_inputs") or "").split(","):
         if name.strip() in refused_inputs:
             problems.append(f"--extra_inputs {name.strip()}: {refused_inputs[name.strip()]}")

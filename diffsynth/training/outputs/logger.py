@@ -203,7 +203,9 @@ class ModelLogger(LoRASaving, MetricsLogging):
         if self.full_checkpoint_formats == (AUTO,):
             with_lora = any(is_peft_adapter_key(key) for model in models.values()
                             for key, _ in model.named_parameters())
-            self.full_checkpoint_formats = (FLAT,) if with_lora or not models else (FLAT, DIFFUSERS)
+            # A model without a config of its own (Qwen-Image's Blockwise ControlNets, held as a list) has no folder.
+            configless = any(not hasattr(model, "config") for model in models.values())
+            self.full_checkpoint_formats = (FLAT,) if with_lora or configless or not models else (FLAT, DIFFUSERS)
         formats = self.full_checkpoint_formats
         asked = [layout for layout in formats if layout != FLAT]
         problems = []
@@ -213,6 +215,10 @@ class ModelLogger(LoRASaving, MetricsLogging):
                             "(a LoRA is written as one LoRA file)")
         if "original" in formats:
             problems += [problem for name, model in models.items() if (problem := original_layout_problem(name, model))]
+        if DIFFUSERS in formats:
+            problems += [f"--full_checkpoint_format {','.join(formats)}: {name} ({type(model).__name__}) has no config "
+                         "of its own to write a diffusers folder with; keep the flat format only"
+                         for name, model in models.items() if not hasattr(model, "config")]
         if asked:
             problems += [f"--full_checkpoint_format {','.join(formats)}: {name} is trained in full and carries a LoRA; "
                          f"its folder would mix both: drop --lora_base_model {name} or keep the flat format only"
