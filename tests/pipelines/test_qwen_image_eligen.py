@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from diffsynth.pipelines.qwen_image.eligen import EntityAttnProcessor, entity_lists
+from diffsynth.pipelines.qwen_image.eligen import EntityAttnProcessor, EntityPromptUnit, entity_lists
 from tests.pipelines.family_helpers import load_ours
 
 PROMPT, NEGATIVE, ENTITIES = "a cat under a tree", "blurry", ["a red hat", "a tall green tree with many leaves"]
@@ -141,7 +141,8 @@ def test_masked_forward_equals_the_reference_restatement(ours):
     assert (ours_out - expected).abs().max() < 1e-5
     # teeth: moving the first entity's mask moves the prediction far beyond the tolerance
     moved = entity_state(ours, [(32, 0, 48, 16), boxes[1]])[0]["eligen_entity_masks"]
-    other = ours.units[-1].process(ours, ENTITIES, moved, False, HEIGHT, WIDTH, PROMPT, posi["prompt_emb"])
+    unit = next(unit for unit in ours.units if isinstance(unit, EntityPromptUnit))
+    other = unit.process(ours, ENTITIES, moved, False, HEIGHT, WIDTH, PROMPT, posi["prompt_emb"])
     shifted = ours.model_fn(latents, timestep, posi["prompt_emb"], entity_prompt_emb=embeddings,
                             entity_masks=other["entity_masks"])
     assert (shifted - ours_out).abs().max() > 1e-3

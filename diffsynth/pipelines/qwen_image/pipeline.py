@@ -352,6 +352,25 @@ class QwenImagePipeline(TextToLatentPipeline):
         return ['"input_image" is for Wan image-to-video; Qwen-Image-Edit takes "edit_image"'] \
             if "input_image" in inputs else []
 
+    def _set_schedule(self, height: int | None, width: int | None, num_inference_steps: int,
+                      denoising_strength: float, edit_image: Any, layer_input_image: Image.Image | None
+                      ) -> tuple[int, int]:
+        """Sets the scheduler's timesteps for the output size, and returns that size: ``height`` and ``width``, or
+        where unset the defaults ``__call__`` describes."""
+        if layer_input_image is not None:
+            default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
+        elif edit_image is not None:
+            default_height, default_width = output_size(self, edit_image)
+        else:
+            default_height, default_width = DEFAULT_SIZE, DEFAULT_SIZE
+        height, width = height or default_height, width or default_width
+        if layer_input_image is None:
+            self.set_inference_timesteps(num_inference_steps, denoising_strength,
+                                         latent_shape=self.image_latent_shape(height, width))
+        else:
+            self.scheduler.set_timesteps(num_inference_steps, denoising_strength, mu=layered_mu(height, width))
+        return height, width
+
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 4.0,
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
@@ -407,18 +426,8 @@ class QwenImagePipeline(TextToLatentPipeline):
             raise ValueError(f"context_image={context_image!r} must be a PIL image; open it first, e.g. "
                              "context_image=Image.open(path)")
         entity_lists(eligen_entity_prompts, eligen_entity_masks)
-        if layer_input_image is not None:
-            default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
-        elif edit_image is not None:
-            default_height, default_width = output_size(self, edit_image)
-        else:
-            default_height, default_width = DEFAULT_SIZE, DEFAULT_SIZE
-        height, width = height or default_height, width or default_width
-        if layer_input_image is None:
-            self.set_inference_timesteps(num_inference_steps, denoising_strength,
-                                         latent_shape=self.image_latent_shape(height, width))
-        else:
-            self.scheduler.set_timesteps(num_inference_steps, denoising_strength, mu=layered_mu(height, width))
+        height, width = self._set_schedule(height, width, num_inference_steps, denoising_strength, edit_image,
+                                           layer_input_image)
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
