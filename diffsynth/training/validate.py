@@ -34,6 +34,9 @@ IMAGE_INPUTS = {
     "controlnet_scale": InputFlag("number", "how strongly the control image steers (the reference's 0.7)", default=0.7),
     "layer_input_image": InputFlag("image", "the image to split into layers (its alpha channel is kept)"),
     "layer_num": InputFlag("integer", "how many layers to split it into", default=3),
+    "eligen_entity_prompts": InputFlag("texts", "one prompt per entity (EliGen), each drawn in its mask's region",
+                                       paired_with="eligen_entity_masks"),
+    "eligen_entity_masks": InputFlag("images", "one mask image per entity prompt, white where the entity goes"),
     "context_image": InputFlag("image", "the in-context control image the LoRA learned to follow (edges, depth, a "
                                         "pose; Layered-Control V2: the mask of the layer to extract)"),
     "blockwise_controlnet_image": InputFlag("image", "the Blockwise ControlNet's control image (edges, depth; "
@@ -226,6 +229,10 @@ class ImageScript:
                                                     scale=values["controlnet_scale"])]
             elif name == "layer_input_image":
                 inputs.update(layer_input_image=Image.open(value).convert("RGBA"), layer_num=values["layer_num"])
+            elif IMAGE_INPUTS[name].kind == "texts":
+                inputs[name] = list(value)
+            elif name == "eligen_entity_masks":  # one image per entity, even of one
+                inputs[name] = [Image.open(path).convert("RGB") for path in value]
             elif IMAGE_INPUTS[name].kind == "image":
                 inputs[name] = Image.open(value).convert("RGB")
             else:

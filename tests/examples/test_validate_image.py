@@ -62,6 +62,8 @@ RUNS = {
     "qwen_image-blockwise-full": ("qwen_image/model_training/validate_full/Qwen-Image-Blockwise-ControlNet-Inpaint.py",
                                   ["--blockwise_controlnet_image", "red.png", "--blockwise_controlnet_inpaint_mask",
                                    "blue.png"], 16),
+    "qwen_image-eligen": ("qwen_image/model_training/validate_lora/Qwen-Image-EliGen.py",
+                          ["--eligen_entity_prompts", "a red square", "--eligen_entity_masks", "red.png"], 16),
     "z_image-controlnet-full": ("z_image/model_training/validate_full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.py",
                                 ["--controlnet_image", "red.png"], 16),
     "z_image-special": ("z_image/model_training/special/differential_training/validate.py", [], 16),
@@ -164,3 +166,13 @@ def test_bad_flags_fail_before_loading(flags, error, tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit):
         module.main(["--lora_path", "lora.safetensors", *flags])
     assert error in capsys.readouterr().err
+
+
+def test_entity_prompts_and_masks_must_pair_up(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("lora.safetensors").touch()
+    module = release_script(EXAMPLES / "qwen_image/model_training/validate_lora/Qwen-Image-EliGen.py")
+    with pytest.raises(SystemExit):  # the reference's four prompts, one mask
+        module.main(["--lora_path", "lora.safetensors", "--eligen_entity_masks", "lora.safetensors"])
+    assert ("--eligen_entity_prompts has 4 values and --eligen_entity_masks 1; give one of each per entity"
+            in capsys.readouterr().err)

@@ -28,16 +28,18 @@ class InputFlag:
 
     Attributes:
         kind: ``image`` / ``video`` (a file), ``images`` (one or more files), ``folder``, ``number``, ``integer``,
-            ``text`` or ``switch`` (on when given).
+            ``text``, ``texts`` (one or more) or ``switch`` (on when given).
         help: What to pass, for ``--help`` and the errors.
         required: The release renders nothing without it.
         default: Its value when not given.
+        paired_with: Another list input that must hold as many values (one mask per entity prompt).
     """
 
     kind: str
     help: str
     required: bool = False
     default: Any = None
+    paired_with: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ def add_flags(parser: argparse.ArgumentParser, weights: Sequence[Weights], full:
         if entry.kind == "images":
             parser.add_argument(f"--{name}", nargs="+", action="extend", default=entry.default,
                                 help=entry.help + needed)
+        elif entry.kind == "texts":  # given values replace the default list (extend would append to it)
+            parser.add_argument(f"--{name}", nargs="+", default=entry.default, help=entry.help + needed)
         elif entry.kind == "switch":
             parser.add_argument(f"--{name}", action="store_true", default=bool(entry.default), help=entry.help)
         else:
@@ -186,6 +190,10 @@ def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace, inp
                      + "; ".join(f"--{name}: {inputs[name].help}" for name in missing))
     for name, entry in inputs.items():
         value = getattr(args, name)
+        other = getattr(args, entry.paired_with, None) if entry.paired_with else None
+        if value is not None and other is not None and len(value) != len(other):
+            parser.error(f"--{name} has {len(value)} values and --{entry.paired_with} {len(other)}; give one of "
+                         "each per entity, in the same order")
         if entry.kind == "folder" and value is not None and not Path(value).is_dir():
             parser.error(f"--{name} {value}: no such folder; pass {entry.help}, or drop the flag")
         if entry.kind not in FILE_KINDS or value is None:
