@@ -10,6 +10,7 @@ background the clip's first frame held, the mask white on the left half (where t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from PIL import Image
 
 from ...core.data.example_dataset import VIDEO_SIZE
+from ...core.files import atomic_write_text
 from .example_vace import drawn_clips, example_parser, grey_frames, half_mask, write_clip, write_metadata
 
 
@@ -51,6 +53,29 @@ def build_animate_example_dataset(folder: str | os.PathLike, num_videos: int = 2
             write_clip(folder / row["animate_inpaint_video"], [frames[0]] * len(frames))
             write_clip(folder / row["animate_mask_video"], half_mask(frames[0].size, len(frames)))
     return write_metadata(metadata, columns, [row for row, _ in clips])
+
+
+def build_animate2_example_dataset(folder: str | os.PathLike, num_videos: int = 2, num_frames: int = 9,
+                                   size: tuple[int, int] = VIDEO_SIZE, seed: int = 0) -> Path:
+    """Writes the example clips with the columns of the reference's Wan2.2-Animate-2 scripts: a character image
+    (``character_<i>.png``, the clip's first frame), a driving video (``driving_<i>.mp4``, the clip in grey) and
+    ``animate2_prompt_ref`` (the clip's prompt). The rows go to ``metadata.json`` too, the file the reference's
+    example dataset ships and its scripts name.
+
+    Returns:
+        The metadata file (``--dataset_metadata_path``), ``metadata.json``.
+    """
+    metadata, clips = drawn_clips(folder, num_videos, num_frames, size, seed)
+    folder = metadata.parent
+    for index, (row, frames) in enumerate(clips):
+        row.update(animate2_reference_image=f"character_{index:03d}.png",
+                   animate2_reference_video=f"driving_{index:03d}.mp4", animate2_prompt_ref=row["prompt"])
+        frames[0].save(folder / row["animate2_reference_image"])
+        write_clip(folder / row["animate2_reference_video"], grey_frames(frames))
+    columns = ["video", "prompt", "animate2_reference_image", "animate2_reference_video", "animate2_prompt_ref"]
+    rows = [row for row, _ in clips]
+    write_metadata(metadata, columns, rows)
+    return atomic_write_text(metadata.with_suffix(".json"), json.dumps(rows, indent=1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

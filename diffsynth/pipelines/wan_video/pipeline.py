@@ -98,7 +98,9 @@ class WanVideoPipeline(TextToLatentPipeline):
     derived_inputs = ("input_image", "end_image")
     # The reference's Wan commands name layers as in the original Wan code; suffixes match self- and cross-attention.
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
-                           "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
+                           "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj",
+                           # Wan2.2-Animate-2's commands name its self-attention (diffusers keeps self_attn)
+                           **{f"self_attn.{name}": f"self_attn.to_{name}" for name in "qkv"}}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
     # Likewise Animate's pose embedding, motion and face encoders and face adapter, pipe.animate_adapter there.
