@@ -72,6 +72,8 @@ PATCH_SIZE = 2
 # The boundary of the Wan2.2 A14B experts (``boundary`` in wan/configs/wan_{t2v,i2v}_A14B.py of Wan-Video/Wan2.2).
 T2V_BOUNDARY_RATIO = 0.875
 I2V_BOUNDARY_RATIO = 0.9
+# The arguments of WanVideoPipeline.__call__ that are not the units' shared state.
+_NOT_SHARED = ("self", "prompt", "negative_prompt", "num_inference_steps", "output_type", "progress_bar")
 
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
@@ -463,6 +465,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             animate2_prompt_ref: Wan2.2-Animate-2: the prompt of the reference video's pass.
             animate2_refert_images: Wan2.2-Animate-2: frames continuing a previous clip (known first frames).
         """
+        # Every argument but the prompts and the output options is the units' shared state.
+        inputs_shared = {name: value for name, value in locals().items() if name not in _NOT_SHARED}
         check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
             raise ValueError(f"boundary_ratio={boundary_ratio!r} must lie between 0 and 1, e.g. 0.875")
@@ -470,23 +474,8 @@ class WanVideoPipeline(TextToLatentPipeline):
         latent_shape = self.latent_shape(round_size(height, multiple), round_size(width, multiple),
                                          round_frames(num_frames))
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
-        inputs_shared = {
-            "cfg_scale": cfg_scale, "input_video": input_video, "input_image": input_image,
-            "end_image": end_image, "denoising_strength": denoising_strength,
-            "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
-            "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
-            "control_video": control_video, "reference_image": reference_image,
-            "camera_control_direction": camera_control_direction, "camera_control_speed": camera_control_speed,
-            "camera_control_origin": camera_control_origin,
-            "vace_video": vace_video, "vace_video_mask": vace_video_mask,
-            "vace_reference_image": vace_reference_image, "vace_scale": vace_scale,
-            "animate_pose_video": animate_pose_video, "animate_face_video": animate_face_video,
-            "animate_inpaint_video": animate_inpaint_video, "animate_mask_video": animate_mask_video,
-            "animate2_reference_image": animate2_reference_image, "animate2_reference_video": animate2_reference_video,
-            "animate2_prompt_ref": animate2_prompt_ref, "animate2_refert_images": animate2_refert_images,
-            # Animate-2's reference pass fills it once; every step and both CFG branches read it.
-            "animate2_kv_cache": new_kv_cache(self.dit) if self.takes_animate2() else None,
-        }  # fmt: skip
+        # Animate-2's reference pass fills it once; every step and both CFG branches read it.
+        inputs_shared["animate2_kv_cache"] = new_kv_cache(self.dit) if self.takes_animate2() else None
         # diffusers' Animate pipeline blanks the face in the negative branch.
         negative = {"negative_prompt": negative_prompt, **({"blank_face": True} if animate_face_video else {}),
                     **({"animate2_unconditional": True} if animate2_reference_video else {})}
