@@ -5,7 +5,8 @@ animate_face_video`` (and with ``replace``, ``animate_inpaint_video,animate_mask
 in grey (a stand-in for rendered skeletons), the face video the clip's centre square (a stand-in for face crops), the
 background the clip's first frame held, the mask white on the left half (where the character goes). The input image
 (the character) is each clip's first frame, as the reference takes it with ``--extra_inputs input_image``. Run
-``python -m diffsynth.pipelines.wan_video.example_animate --output DIR`` to write one.
+``python -m diffsynth.pipelines.wan_video.example_animate --output DIR`` to write one (``--animate2``: the
+Wan2.2-Animate-2 columns, ``build_animate2_example_dataset``).
 """
 
 from __future__ import annotations
@@ -79,11 +80,20 @@ def build_animate2_example_dataset(folder: str | os.PathLike, num_videos: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--output DIR [--num_videos N] [--num_frames F] [--width W] [--height H] [--replace]``."""
+    """Command line: ``--output DIR [--num_videos N] [--num_frames F] [--width W] [--height H] [--replace |
+    --animate2]``."""
     parser = example_parser("Write a small drawn dataset for Wan2.2-Animate training.")
     parser.add_argument("--replace", action="store_true",
                         help="also write the replacement-mode columns animate_inpaint_video, animate_mask_video")
+    parser.add_argument("--animate2", action="store_true",
+                        help="write Wan2.2-Animate-2's columns instead (animate2_reference_image, "
+                             "animate2_reference_video, animate2_prompt_ref) and metadata.json")
     args = parser.parse_args(argv)
+    if args.animate2:
+        metadata = build_animate2_example_dataset(args.output, args.num_videos, args.num_frames,
+                                                  (args.width, args.height))
+        print(f"wrote {args.num_videos} clips with character images and driving videos to {metadata.parent}")
+        return 0
     metadata = build_animate_example_dataset(args.output, args.num_videos, args.num_frames,
                                              (args.width, args.height), replace=args.replace)
     print(f"wrote {args.num_videos} clips with pose and face videos to {metadata.parent}")
