@@ -118,3 +118,20 @@ def test_training_backpropagates_through_the_reference_pass(pipe):
         animate2_prediction(pipe.dit, timestep=torch.tensor([500.0]), animate2_kv_cache=frozen, **given)
     generation_only = gradient(frozen)
     assert both.abs().max() > 0 and (both - generation_only).abs().max() > 1e-3 * both.abs().max()
+
+
+def test_a_full_fine_tune_is_written_as_the_release_file_the_loader_reads(tmp_path):
+    from safetensors.torch import load_file
+
+    from diffsynth.pipelines.wan_video.original import identify
+    from diffsynth.training.outputs.full_model import write_full_model
+
+    model = tiny_wan_animate2_transformer(0)
+    (path,) = write_full_model(model, tmp_path, "epoch-0", "dit", formats=("original",))
+    assert path.is_file() and path.suffix == ".safetensors"  # one file without a config, as released
+    written = load_file(str(path))
+    assert torch.equal(written["blocks.1.block.self_attn.q.weight"], model.blocks[1].self_attn.to_q.weight)
+    found = identify([path])
+    assert found.class_name == type(model).__name__ and set(found.entries) == set(model.state_dict())
+    assert {key: found.config[key] for key in ("dim", "num_heads", "num_layers", "in_dim")} == \
+        {key: model.config[key] for key in ("dim", "num_heads", "num_layers", "in_dim")}

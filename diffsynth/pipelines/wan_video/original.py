@@ -299,10 +299,13 @@ def dit_to_original(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {**{names[key]: tensor for key, tensor in plain.items()}, **animate}
 
 
-def dit_original_config(model: Any) -> dict[str, Any]:
+def dit_original_config(model: Any) -> dict[str, Any] | None:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
-    ``model_type`` is informational: loaders read the weights' shapes."""
+    ``model_type`` is informational: loaders read the weights' shapes. None for Wan2.2-Animate-2, released as one file
+    without a config."""
     config = dict(model.config)
+    if "refer_offset_t" in config:
+        return None
     if "motion_encoder_size" in config:
         return original_dit_config_json(config, "animate")
     if "vace_layers" in config:
