@@ -4,7 +4,8 @@
   ``WanAnimate2Transformer3DModel`` each (two seeds), one file each, under the release's names (``blocks.N.block.
   self_attn.q``, written by ``original.dit_to_original``), no ``config.json``. It is 256 wide with two heads: the
   loader takes the head count from Wan's head size of 128, as the release has it.
-- ``videomodel/Wan-AI/``: the ``.pth`` T5 (with ``google/umt5-xxl/`` beside it) and CLIP files. The transformer's
+- ``videomodel/Wan-AI/``: the ``.pth`` T5 (with its tokenizer beside it in ``umt5-xxl/``, where the reference's
+  inference example reads it) and CLIP files. The transformer's
   image projection reads 1280-wide CLIP features (fixed in diffusers' class), so this CLIP is 1280 wide, with one
   layer whose weights the penultimate hidden states never read.
 
@@ -58,7 +59,7 @@ def build_tiny_wan_animate2(root: Path, model_id: str = WAN_ANIMATE2_MODEL_ID, s
     repo = prepare_repo(root, model_id)
     (repo / "videomodel" / "Wan-AI").mkdir(parents=True, exist_ok=True)
     tokenizer = build_t5_tokenizer()
-    tokenizer.save_pretrained(repo / "google" / "umt5-xxl")
+    tokenizer.save_pretrained(repo / "videomodel" / "Wan-AI" / "umt5-xxl")
     text_encoder = umt5_original_state_dict(tiny_umt5(seed, tokenizer).state_dict())
     _save_pth(text_encoder, repo / ANIMATE2_ENCODERS["text_encoder"])
     write_original_clip(repo / ANIMATE2_ENCODERS["image_encoder"], tiny_wide_clip_vision(seed), seed)

@@ -144,7 +144,10 @@ class WanVideoPipeline(TextToLatentPipeline):
         text_encoder = roles.get("text_encoder")
         if text_encoder is not None and "tokenizer" not in roles and tokenizer_config is None \
                 and is_original_layout(text_encoder):
-            companions = {"tokenizer": sibling_folder(text_encoder, UMT5_TOKENIZER_FOLDER, beside_suffix=".pth")}
+            # Wan2.2-Animate-2 keeps its T5 in videomodel/Wan-AI/ with the tokenizer beside it, in umt5-xxl/.
+            folder = str(Path(text_encoder.origin_file_pattern or "").parent)
+            folder = UMT5_TOKENIZER_FOLDER if folder == "." else f"{folder}/{Path(UMT5_TOKENIZER_FOLDER).name}"
+            companions = {"tokenizer": sibling_folder(text_encoder, folder, beside_suffix=".pth")}
             companions = {name: config for name, config in companions.items() if config is not None}
         else:
             companions = super()._companions(roles, tokenizer_config)
