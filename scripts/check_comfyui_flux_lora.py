@@ -165,6 +165,49 @@ def stand_in_model(model_class: type, unet_config: dict, state_dict: dict[str, t
     return model
 
 
+def as_loaded(config, state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """``state`` (keys under ``prefix``) as ComfyUI's model loads it: through its model config's
+    ``process_unet_state_dict`` (FLUX's RMSNorm ``scale`` becomes ``weight``)."""
+    processed = config.process_unet_state_dict({key.removeprefix(prefix): value for key, value in state.items()})
+    return {prefix + key: value for key, value in processed.items()}
+
+
+def comfy_model(comfy, released: dict[str, torch.Tensor], prefix: str, tiny_sizes: dict,
+                release_sizes: dict | None = None) -> tuple[object, object, str]:
+    """ComfyUI's own model and model config for the weights ``released`` (a release's names under ``prefix``), as its
+    ``model_detection`` picks and builds them, and a line on what it picked and whether the model holds every weight
+    under the same name and shape.
+
+    Args:
+        tiny_sizes: The model arguments its detection fixes at the release's values (or does not read), set to the
+            tiny model's before the model is built.
+        release_sizes: Detected arguments its model list matches on, given at the release's values for the match
+            only (the widths of a tiny UNet).
+    """
+    detected = comfy.model_detection.detect_unet_config(released, prefix)
+    if detected is None:
+        return None, None, "ComfyUI's detection recognises no model in these weights"
+    picked = comfy.model_detection.model_config_from_unet_config({**detected, **(release_sizes or {})}, released)
+    if picked is None:
+        return None, None, f"ComfyUI's model list has no match for {detected}"
+    config = type(picked)(detected)
+    config.unet_config.update(tiny_sizes)
+    model = config.get_model(released, prefix)
+    base = as_loaded(config, released, prefix)
+    theirs = {key: value.shape for key, value in model.state_dict().items()}
+    missing = [key for key in base if key not in theirs]
+    misshapen = [key for key in base if key in theirs and theirs[key] != base[key].shape]
+    extra = [key for key in theirs if key.startswith(prefix) and key not in base]
+    model_type = config.unet_config.get("model_type")
+    line = (f"detected {type(config).__name__} ({'' if model_type is None else f'model_type {model_type}, '}"
+            f"{type(model).__name__}); it holds {len(base) - len(missing)}/{len(base)} base weights "
+            f"({len(misshapen)} of another shape), and {len(extra)} more"
+            f"{' (' + ', '.join(extra[:3]) + ')' if extra else ''}")
+    if missing or misshapen:
+        line += f"; missing or misshapen: {', '.join((missing + misshapen)[:4])}"
+    return model, config, line
+
+
 def comfyui_patches(comfy, model, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
     """ComfyUI's patches for a LoRA file's ``tensors`` on ``model`` (a ``comfy.model_base`` model, or a
     :func:`stand_in_model`), as its ``load_lora_for_models`` makes them (its key map, ``convert_lora``, ``load_lora``),
@@ -181,16 +224,25 @@ def comfyui_patches(comfy, model, tensors: dict[str, torch.Tensor]) -> tuple[dic
     return patches, messages
 
 
+def comfyui_patched(comfy, patches: dict, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights of ``base`` that ComfyUI's ``patches`` change, patched at strength 1.0 by
+    ``comfy.lora.calculate_weight``, grouped as its ``ModelPatcher.add_patches`` groups them (a target is a key, or a
+    key with the offset of a slice and a function)."""
+    grouped = {}
+    for target, adapter in patches.items():
+        key, offset, function = (target, None, None) if isinstance(target, str) else (*target, None)[:3]
+        if key in base:
+            grouped.setdefault(key, []).append((1.0, adapter, 1.0, offset, function))
+    return {key: comfy.lora.calculate_weight(items, base[key].clone(), key) for key, items in grouped.items()}
+
+
 def comfyui_changes(comfy, model, path: Path,
                     base: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, list[str]]:
     """ComfyUI's change of each base weight (its native names) after loading ``path`` at strength 1.0 on ``model`` (as
     :func:`comfyui_patches`), the number of keys it loaded, and its messages about keys it did not load or adapters
     that failed (it logs those rather than raising)."""
     patches, messages = comfyui_patches(comfy, model, load_file(str(path)))
-    changed = {}
-    for key, adapter in patches.items():
-        patched = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], base[key].clone(), key)
-        changed[key] = patched - base[key]
+    changed = {key: value - base[key] for key, value in comfyui_patched(comfy, patches, base).items()}
     loaded = {key for adapter in patches.values() for key in adapter.loaded_keys}
     return changed, len(loaded), [message for message in messages if "not loaded" in message or "ERROR" in message]
 
@@ -210,12 +262,7 @@ def comfyui_weights(comfy, lora_file: Path, bfl: dict[str, torch.Tensor]) -> tup
     unet_config = {"depth": DEPTH, "depth_single_blocks": SINGLE_DEPTH, "hidden_size": HIDDEN}
     patches, messages = comfyui_patches(comfy, stand_in_model(comfy.model_base.Flux, unet_config, bfl),
                                         load_file(str(lora_file)))
-    grouped = {}
-    for target, adapter in patches.items():  # as ModelPatcher.add_patches: (key, offset, function) targets
-        key, offset, function = (target, None, None) if isinstance(target, str) else (*target, None)[:3]
-        if key in bfl:
-            grouped.setdefault(key, []).append((1.0, adapter, 1.0, offset, function))
-    patched = {key: comfy.lora.calculate_weight(items, bfl[key].clone(), key) for key, items in grouped.items()}
+    patched = comfyui_patched(comfy, patches, bfl)
     return patched, [message for message in messages if "not loaded" in message]
 
 

@@ -140,27 +140,6 @@ def prepare(variant: Variant, folder: Path) -> Prepared:
     return Prepared(variant, len(names), base, runs)
 
 
-def comfy_model(comfy, base: dict[str, torch.Tensor]) -> tuple[object, str]:
-    """ComfyUI's own model for the weights ``base``, as its detection picks and builds it at the tiny sizes, and a
-    line on what it picked and whether it holds every base weight under the same name and shape."""
-    config = comfy.model_detection.model_config_from_unet(base, PREFIX)
-    if config is None:
-        return None, "ComfyUI's detection recognises no model in these weights"
-    model_type = config.unet_config.get("model_type")
-    config.unet_config.update(TINY_SIZES)
-    model = config.get_model(base, PREFIX)
-    theirs = {key: value.shape for key, value in model.state_dict().items()}
-    missing = [key for key in base if key not in theirs]
-    misshapen = [key for key in base if key in theirs and theirs[key] != base[key].shape]
-    extra = [key for key in theirs if key.startswith(PREFIX) and key not in base]
-    line = (f"detected {type(config).__name__} (model_type {model_type}, {type(model).__name__}); it holds "
-            f"{len(base) - len(missing)}/{len(base)} base weights ({len(misshapen)} of another shape), and "
-            f"{len(extra)} more{' (' + ', '.join(extra[:3]) + ')' if extra else ''}")
-    if missing or misshapen:
-        line += f"; missing or misshapen: {', '.join((missing + misshapen)[:4])}"
-    return model, line
-
-
 def main(argv: list[str] | None = None) -> int:
     args = harness.comfyui_arguments(__doc__, argv, MIRROR)
     with tempfile.TemporaryDirectory() as folder:
@@ -170,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ComfyUI {commit[:10]}; alpha / rank 0.5 on every LoRA-able layer")
         failures = 0
         for item in prepared:
-            model, line = comfy_model(comfy, item.base)
+            model, _, line = harness.comfy_model(comfy, item.base, PREFIX, TINY_SIZES)
             expected = line.startswith(f"detected {item.variant.comfy_config} ")
             failures += not expected
             print(f"{item.variant.name}: {item.layers} LoRA layers; {line}"

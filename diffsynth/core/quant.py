@@ -116,6 +116,20 @@ def quantizable_layers(model: torch.nn.Module, config: QuantConfig) -> list[str]
     return kept
 
 
+def empty_linear4bit(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
+    """A ``bitsandbytes.nn.Linear4bit`` (NF4) of ``linear``'s sizes and bias on the meta device, computing in
+    ``compute_dtype``: its weight is then set, quantized here or read packed from a file (``loader.nf4_layout``)."""
+    import bitsandbytes as bnb
+
+    layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              compute_dtype=compute_dtype, quant_type="nf4", device="meta")
+    # On a CPU with AVX512-BF16, bitsandbytes repacks the weight in place for its inference kernel at the first
+    # eval-mode call without gradients (rounding the block scales to bf16, and only for widths that are multiples
+    # of 64); training keeps the standard layout, which every later call and backward reads.
+    layer.support_avx512bf16_for_cpu = False
+    return layer.train(linear.training)
+
+
 def quantize_model(model: torch.nn.Module, config: QuantConfig) -> QuantStorage:
     """Quantizes the frozen Linear weights of ``model`` in place (see the module docstring).
 
@@ -134,15 +148,10 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig) -> QuantStorage:
     before = after = 0
     for name, parent, attribute, linear in slots:
         weight = linear.weight.detach()
-        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                  compute_dtype=weight.dtype, quant_type="nf4", device="meta")
+        layer = empty_linear4bit(linear, weight.dtype)
         # Params4bit packs the weight when it is moved to a device, its current one included.
         layer.weight = bnb.nn.Params4bit(weight.contiguous(), requires_grad=False, quant_type="nf4").to(weight.device)
         layer.bias = linear.bias
-        # On a CPU with AVX512-BF16, bitsandbytes repacks the weight in place for its inference kernel at the first
-        # eval-mode call without gradients (rounding the block scales to bf16, and only for widths that are multiples
-        # of 64); training keeps the standard layout, which every later call and backward reads.
-        layer.support_avx512bf16_for_cpu = False
         setattr(parent, attribute, layer.train(linear.training))
         state = layer.weight.quant_state
         before += weight.numel() * weight.element_size()

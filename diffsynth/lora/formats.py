@@ -23,9 +23,10 @@ then gets a diffusers-layout twin file (``training.outputs.logger``). FLUX.1's a
 ``transformer.``, which diffusers, ComfyUI and DiffSynth-Studio all take (DiffSynth-Studio the block layers only: its
 FLUX.1 loader maps no embedder and no final layer in any layout).
 
-FLUX.1's kohya files name BFL's fused layers (``lora_unet_double_blocks_0_img_attn_qkv``, ``ModuleNaming.fused``), as
-kohya's sd-scripts and the reference's ``--align_to_opensource_format`` do. The per-projection LoRAs of one fused layer
-become one LoRA of their summed rank, exactly (:func:`fuse_layers`): the downs stacked, the ups block-diagonal, zeros
+FLUX.1's and FLUX.2's kohya files name BFL's fused layers (``lora_unet_double_blocks_0_img_attn_qkv``,
+``ModuleNaming.fused``), as kohya's sd-scripts and the reference's ``--align_to_opensource_format`` do for FLUX.1, and
+as the released FLUX.2 checkpoint names them (ComfyUI reads no ``lora_unet_`` name of a diffusers FLUX.2 layer).
+The per-projection LoRAs of one fused layer become one LoRA of their summed rank, exactly (:func:`fuse_layers`): the downs stacked, the ups block-diagonal, zeros
 for a projection not trained. Their scale is folded and no ``alpha`` is written, since DiffSynth-Studio's FLUX.1 loader
 applies the first alpha it finds to every layer (and again on a second pass). Reading splits such a layer back
 (:func:`split_fused`), also one whose parts share one down (a LoRA trained on the fused layer).

@@ -25,7 +25,8 @@ keys and the model's layer names; none needs the tool installed except diffusers
 These emulations were checked once against the tools' real code on tiny models (ComfyUI a125cd84, DiffSynth-Studio
 fed7b18f, musubi-tuner 30c658c4; see the session notes of December 2026; for FLUX.1, ComfyUI's key map and
 ``load_lora`` with ``scripts/check_comfyui_flux_lora.py``, and for Wan and its control models, VACE, Fun and FLF2V,
-with ``scripts/check_comfyui_wan_lora.py``; DiffSynth-Studio's ``FluxLoRALoader`` as its
+with ``scripts/check_comfyui_wan_lora.py``, and for SD 1.5, SDXL, ERNIE-Image, FLUX.2 and Qwen-Image with
+``scripts/check_comfyui_image_lora.py``; DiffSynth-Studio's ``FluxLoRALoader`` as its
 ``load_lora`` runs it, converting twice). The strength a tool applies is measured, not assumed: each
 layer's delta as the tool builds it is compared with the delta this project reads, on a random probe vector. A tool
 patching a fused layer is measured on each diffusers layer it holds (the rows of the patch that land on it).

@@ -117,6 +117,8 @@ class FamilySpec:
         lora_tools: How the real tools load its LoRA files.
         fp8_input_casting_layers: Layers whose forward casts its input to their weight dtype (kept out of fp8).
         refused_model_ids: Repository id prefixes of the family's models this trainer does not run, and why.
+        bitsandbytes_model_ids: Repository id prefixes of its releases packed in bitsandbytes' 4-bit layout, which
+            need bitsandbytes to load whatever the flags say.
         other_denoiser_classes: Further classes of its denoisers, which share its LoRA naming, planner inputs and
             tools: diffusers classes of variants diffusers models apart (``WanVACETransformer3DModel``) and the room's
             subclasses of its class for variants with modules diffusers' class lacks (``WanFunTransformer3DModel``).
@@ -148,6 +150,7 @@ class FamilySpec:
     lora_naming: str | None = ""
     fp8_input_casting_layers: tuple[str, ...] = ()
     refused_model_ids: Mapping[str, str] = field(default_factory=dict)
+    bitsandbytes_model_ids: tuple[str, ...] = ()
     reference_flags: tuple[str, ...] = ()
     other_denoiser_classes: tuple[str, ...] = ()
     block_swap: bool = True
@@ -279,6 +282,11 @@ def scheduler_preset(name: str) -> dict[str, Any]:
 def refused_model_ids() -> dict[str, str]:
     """Every family's refused repository id prefixes and why."""
     return {prefix: why for spec in families() for prefix, why in spec.refused_model_ids.items()}
+
+
+def bitsandbytes_model_ids() -> tuple[str, ...]:
+    """Every family's repository id prefixes of releases that need bitsandbytes to load."""
+    return tuple(prefix for spec in families() for prefix in spec.bitsandbytes_model_ids)
 
 
 def register_traits() -> None:

@@ -23,8 +23,12 @@ from __future__ import annotations
 import functools
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .tiny_common import SHARD_SIZE, link_or_copy, model_index, padded, prepare_repo, seeded, write_json
+
+if TYPE_CHECKING:
+    import torch
 
 FLUX2_KLEIN_4B_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 FLUX2_KLEIN_9B_MODEL_ID = "black-forest-labs/FLUX.2-klein-9B"
@@ -118,19 +122,26 @@ def write_flux2_vae(folder: Path, seed: int) -> None:
     vae.save_pretrained(folder)
 
 
-def write_flux2_transformer(folder: Path, seed: int, double_blocks: int, single_blocks: int, text_hidden: int,
-                            guidance_embeds: bool) -> None:
-    """Writes a tiny sharded ``Flux2Transformer2DModel`` into ``folder``: 2 heads of 16, reading prompt embeddings of
-    three stacked text-encoder layers of width ``text_hidden``; ``guidance_embeds`` for a guidance-distilled model."""
+def tiny_flux2_transformer(seed: int, double_blocks: int, single_blocks: int, text_hidden: int,
+                           guidance_embeds: bool, timestep_channels: int = 32) -> torch.nn.Module:
+    """A tiny ``Flux2Transformer2DModel``: 2 heads of 16, reading prompt embeddings of three stacked text-encoder
+    layers of width ``text_hidden``; ``guidance_embeds`` for a guidance-distilled model; ``timestep_channels`` wide
+    sinusoidal embeddings of the timestep and guidance (the releases' 256, which ComfyUI fixes, or fewer)."""
     from diffusers import Flux2Transformer2DModel
 
     with seeded(seed):
-        transformer = Flux2Transformer2DModel(
+        return Flux2Transformer2DModel(
             patch_size=1, in_channels=128, num_layers=double_blocks, num_single_layers=single_blocks,
             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=3 * text_hidden,
-            timestep_guidance_channels=32, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4),
+            timestep_guidance_channels=timestep_channels, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4),
             guidance_embeds=guidance_embeds,
         )  # fmt: skip
+
+
+def write_flux2_transformer(folder: Path, seed: int, double_blocks: int, single_blocks: int, text_hidden: int,
+                            guidance_embeds: bool) -> None:
+    """Writes :func:`tiny_flux2_transformer` into ``folder``, sharded."""
+    transformer = tiny_flux2_transformer(seed, double_blocks, single_blocks, text_hidden, guidance_embeds)
     transformer.save_pretrained(folder, max_shard_size=SHARD_SIZE)
 
 

@@ -9,7 +9,10 @@ It holds ``transformer/`` and ``unconditional_transformer/`` (two ``Ideogram4Tra
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+
+import torch
 
 from .tiny_common import SHARD_SIZE, model_index, padded, prepare_repo, seeded, write_json
 from .tiny_ernie_image import tiny_flux2_vae
@@ -31,6 +34,7 @@ TRANSFORMER_CONFIG = {
 }  # fmt: skip
 BF16_REPACKAGE_ID = "DiffSynth-Studio/ideogram-4-bf16-repackage"
 FP8_ID = "ideogram-ai/ideogram-4-fp8"
+NF4_ID = "ideogram-ai/ideogram-4-nf4"
 # The Ideogram-layout releases: one head of the released 256 dims (their files do not record the rotary split).
 RELEASE_TRANSFORMER_CONFIG = {**TRANSFORMER_CONFIG, "attention_head_dim": 256, "num_attention_heads": 1,
                               "mrope_section": (24, 20, 20)}
@@ -103,18 +107,39 @@ def build_tiny_ideogram4(root: Path, seed: int = 0) -> Path:
     return repo
 
 
-def build_tiny_ideogram4_release(root: Path, model_id: str, seed: int = 0, fp8: bool = False) -> Path:
-    """Writes the tiny repo ``root/model_id`` in Ideogram's layout (float32, or fp8 with scales). Returns the repo."""
+def quantize_nf4(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` as the NF4 release stores it: the weight of every Linear (every 2-D ``.weight`` but an
+    embedding table's) replaced by exactly what bitsandbytes' ``Linear4bit.state_dict()`` writes for it, NF4 in
+    blocks of 64 without double quantization (the release's ``compress_statistics=False``); the rest unchanged."""
+    import bitsandbytes as bnb
+
+    out = {}
+    for key, value in state_dict.items():
+        module = key.removesuffix(".weight").rpartition(".")[2]
+        if not (key.endswith(".weight") and value.dim() == 2 and "embed" not in module):
+            out[key] = value
+            continue
+        layer = bnb.nn.Linear4bit(value.shape[1], value.shape[0], bias=False, compress_statistics=False,
+                                  quant_type="nf4", device="meta")
+        layer.weight = bnb.nn.Params4bit(value.contiguous(), requires_grad=False, compress_statistics=False,
+                                         quant_type="nf4").to("cpu")  # packed when moved to a device
+        out.update({f"{key.removesuffix('weight')}{name}": tensor for name, tensor in layer.state_dict().items()})
+    return out
+
+
+def build_tiny_ideogram4_release(root: Path, model_id: str, seed: int = 0, quantize: str | None = None) -> Path:
+    """Writes the tiny repo ``root/model_id`` in Ideogram's layout (float32, or ``quantize`` ``"fp8"`` with scales or
+    ``"nf4"`` packed) and a float32 VAE. Returns the repo."""
     from safetensors.torch import save_file
 
     from ..pipelines.ideogram4.original import quantize_fp8, transformer_to_original
 
     repo = prepare_repo(root, model_id)
-    quantize = quantize_fp8 if fp8 else None
-    _write_shared_parts(repo, seed, quantize)
+    quantizer = {None: None, "fp8": quantize_fp8, "nf4": quantize_nf4}[quantize]
+    _write_shared_parts(repo, seed, quantizer)
     state_dict = transformer_to_original(_transformer(seed + 7, RELEASE_TRANSFORMER_CONFIG).state_dict())
     (repo / "transformer").mkdir()
-    save_file(quantize_fp8(state_dict) if fp8 else state_dict,
+    save_file(quantizer(state_dict) if quantizer else state_dict,
               str(repo / "transformer" / "diffusion_pytorch_model.safetensors"))
     return repo
 
@@ -122,5 +147,7 @@ def build_tiny_ideogram4_release(root: Path, model_id: str, seed: int = 0, fp8: 
 IDEOGRAM4_BUILDERS = {
     "ideogram4": build_tiny_ideogram4,
     "ideogram4_bf16_repackage": lambda root, seed=0: build_tiny_ideogram4_release(root, BF16_REPACKAGE_ID, seed),
-    "ideogram4_fp8": lambda root, seed=0: build_tiny_ideogram4_release(root, FP8_ID, seed, fp8=True),
+    "ideogram4_fp8": lambda root, seed=0: build_tiny_ideogram4_release(root, FP8_ID, seed, quantize="fp8"),
 }
+if importlib.util.find_spec("bitsandbytes") is not None:  # optional (the quant extra): its tests skip without it
+    IDEOGRAM4_BUILDERS["ideogram4_nf4"] = lambda root, seed=0: build_tiny_ideogram4_release(root, NF4_ID, seed, "nf4")

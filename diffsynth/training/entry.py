@@ -62,7 +62,8 @@ def main(pipeline_class: type[BasePipeline], argv: Sequence[str] | None = None, 
     flags = flags or read_flags(argv, video=video)
     config = flags.run_config().with_pipeline_defaults(pipeline_class)
     check_inputs_used(config, pipeline_class)
-    missing = quant_package_problems(config.model.quant_options)
+    missing = quant_package_problems(config.model.quant_options, config.model.model_id_with_origin_paths,
+                                     config.model.model_paths)
     if missing:
         raise FlagError(missing)
     accelerator = make_accelerator(config.training)

@@ -24,7 +24,12 @@ from diffsynth.core.data.example_edit_dataset import build_example_edit_dataset
 from diffsynth.core.data.example_layered_dataset import build_example_layered_dataset
 from diffsynth.pipelines.qwen_image.pipeline import QwenImagePipeline
 from diffsynth.testing.tiny_models import QWEN_IMAGE_EDIT_2509_MODEL_ID, QWEN_IMAGE_MODEL_ID
-from diffsynth.testing.tiny_qwen_layered import QWEN_IMAGE_LAYERED_MODEL_ID, build_tiny_qwen_image_layered
+from diffsynth.testing.tiny_qwen_layered import (
+    QWEN_IMAGE_LAYERED_CONTROL_MODEL_ID,
+    QWEN_IMAGE_LAYERED_MODEL_ID,
+    build_tiny_qwen_image_layered,
+    build_tiny_qwen_image_layered_control,
+)
 from diffsynth.training.config.parsers import build_parser
 from tests.examples.helpers import (
     assert_deepspeed_config,
@@ -51,6 +56,7 @@ RELEASES = {
     "FireRed-Image-Edit-1.0": "FireRedTeam/FireRed-Image-Edit-1.0",
     "FireRed-Image-Edit-1.1": "FireRedTeam/FireRed-Image-Edit-1.1",
     "Qwen-Image-Layered": QWEN_IMAGE_LAYERED_MODEL_ID,
+    "Qwen-Image-Layered-Control": QWEN_IMAGE_LAYERED_CONTROL_MODEL_ID,
 }
 CONFIGS = {"accelerate_config.yaml": (2, "none"), "accelerate_config_zero2offload.yaml": (2, "cpu"),
            "accelerate_config_zero3.yaml": (3, "none")}
@@ -91,11 +97,12 @@ def commands(relative: str) -> list[tuple[Path | None, list[str]]]:
 
 def draw_dataset(argv: list[str]) -> None:
     """Draws a two-sample dataset where a command expects one: one edit image per sample in a CSV (Edit), a list in
-    JSON (2509+) for an Edit command, RGBA layers for a Layered one."""
+    JSON (2509+) for an Edit command, RGBA layers for a Layered one (one layer to extract for Layered-Control)."""
     args = build_parser().parse_args(argv)
     if not Path(args.dataset_metadata_path).is_file():
         if args.extra_inputs == "layer_num,layer_input_image":
-            build_example_layered_dataset(args.dataset_base_path)
+            build_example_layered_dataset(args.dataset_base_path,
+                                          control="layer" if "Layered-Control" in args.dataset_base_path else None)
         elif args.extra_inputs == "edit_image":
             build_example_edit_dataset(args.dataset_base_path, num_samples=2,
                                        num_edit_images=1 if args.dataset_metadata_path.endswith(".csv") else 2)
@@ -113,7 +120,7 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     ``Qwen/Qwen-Image-2512`` (the whole Qwen-Image repo), the FireRed-Image-Edit releases (the whole Edit-2509 repo,
     processor included: diffusers loads them with ``QwenImageEditPlusPipeline``) and
     ``DiffSynth-Studio/Qwen-Image-Distill-Full`` (the Qwen-Image transformer folder, as that release keeps the
-    transformer at the root); and the tiny Qwen-Image-Layered repo."""
+    transformer at the root); and the tiny Qwen-Image-Layered and Layered-Control repos."""
     firered = {f"FireRedTeam/FireRed-Image-Edit-{version}": QWEN_IMAGE_EDIT_2509_MODEL_ID for version in ("1.0", "1.1")}
     root = linked_model_root(tiny_root, tmp_path_factory.mktemp("full_model_root"),
                              {"Qwen/Qwen-Image-2512": QWEN_IMAGE_MODEL_ID, **firered})
@@ -121,6 +128,7 @@ def model_root(tiny_root, tmp_path_factory) -> Path:
     (root / "DiffSynth-Studio").mkdir(exist_ok=True)
     (root / "DiffSynth-Studio" / "Qwen-Image-Distill-Full").symlink_to(qwen / "transformer", target_is_directory=True)
     build_tiny_qwen_image_layered(root)
+    build_tiny_qwen_image_layered_control(root)
     return root
 
 
@@ -222,12 +230,6 @@ REFUSED = {
     "Qwen-Image-Blockwise-ControlNet (from scratch)": (
         refused(f"{QWEN_DIT},{QWEN_ENCODERS}", "--trainable_models", "blockwise_controlnet", "--extra_inputs",
                 "blockwise_controlnet_image"), "Blockwise ControlNet"),
-    "Qwen-Image-Layered-Control": (refused("DiffSynth-Studio/Qwen-Image-Layered-Control:transformer/"
-                                           "diffusion_pytorch_model*.safetensors,Qwen/Qwen-Image:text_encoder/"
-                                           "model*.safetensors,Qwen/Qwen-Image-Layered:vae/"
-                                           "diffusion_pytorch_model.safetensors", "--trainable_models", "dit",
-                                           "--extra_inputs", "layer_num,layer_input_image"),
-                                   "Qwen-Image-Layered-Control"),
 }
 
 

@@ -3,7 +3,7 @@
 The scripts are read, not run: line continuations are joined, each command is split as the shell would split it,
 and the words after ``train.py`` go through the trainer's own parser and cross-flag checks. A renamed flag or a
 conflicting combination therefore fails here instead of in a user's terminal. A script carried for a release the
-trainer refuses (Ideogram 4's NF4 file) must stop on that refusal and nothing else.
+trainer refuses must stop on that refusal and nothing else.
 """
 
 from __future__ import annotations

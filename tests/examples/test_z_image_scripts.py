@@ -153,9 +153,6 @@ REFUSED = {
         [*DATA, "--model_id_with_origin_paths", TURBO, *LORA, "--lora_checkpoint",
          "./models/train/Z-Image-Turbo_lora/epoch-4.safetensors", "--task", "trajectory_imitation", "--save_steps",
          "10"], "trajectory imitation"),
-    "npu_training/Z-Image-Turbo-NPU": (
-        [*DATA, "--model_id_with_origin_paths", TURBO, "--trainable_models", "dit", "--enable_npu_patch"],
-        "Ascend NPU"),
 }
 
 

@@ -111,3 +111,47 @@ def test_every_wan_control_lora_layer_is_named_as_its_weight_in_the_original_rel
             path = write_lora(tmp_path / f"{layout}.safetensors", LoRAWeights({name: layer}), layout, naming_for(model))
             comfyui = inspect_lora(path, model).result("ComfyUI")
             assert comfyui.ok and comfyui.mapped == 1, (name, layout, comfyui)
+
+
+def test_flux2_kohya_files_name_the_layers_of_the_bfl_release_checkpoint(tmp_path):
+    """FLUX.2's kohya files name BFL's layers, the names of the released ``flux2-dev.safetensors`` that ComfyUI's
+    Flux2 model holds (its key map has no ``lora_unet_`` name of a diffusers layer): diffusers' own single-file
+    converter, an independent statement of those names, turns the fused weights the file's names spell back into each
+    diffusers layer's weight, and the file reads back as the LoRA that was written."""
+    import copy
+
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+    from safetensors.torch import load_file
+
+    from diffsynth.lora import load_lora
+    from diffsynth.lora.formats import LoRALayer, LoRAWeights, write_lora
+    from diffsynth.pipelines.flux2_klein.naming import BFL_NAMING
+    from diffsynth.testing.tiny_flux2 import tiny_flux2_transformer
+
+    model = tiny_flux2_transformer(0, 1, 1, 16, guidance_embeds=True)
+    state, names = model.state_dict(), lora_layer_names(model)
+    release = {}
+    for native in {BFL_NAMING.locate(name)[0] for name in names}:
+        spec, parts = BFL_NAMING.parts(native)
+        release[f"{native}.weight"] = spec.join_rows([state[f"{part}.weight"] for part in parts])
+    converted = convert_flux2_transformer_checkpoint_to_diffusers(dict(release))
+    assert converted.keys() == {f"{name}.weight" for name in names}
+    for key, value in converted.items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0)  # rows in order, final halves swapped back
+
+    generator = torch.Generator().manual_seed(0)
+    weights = LoRAWeights({name: LoRALayer(torch.randn(2, model.get_submodule(name).in_features, generator=generator),
+                                           torch.randn(model.get_submodule(name).out_features, 2, generator=generator),
+                                           0.5) for name in names})
+    kohya = write_lora(tmp_path / "kohya.safetensors", weights, "kohya", naming_for(model))
+    stems = {key.split(".")[0] for key in load_file(str(kohya))}
+    assert stems == {"lora_unet_" + key.removesuffix(".weight").replace(".", "_") for key in release}
+    merged = {}
+    for layout in ("kohya", "universal"):
+        target = copy.deepcopy(model)
+        load_lora(target, write_lora(tmp_path / f"{layout}.safetensors", weights, layout, naming_for(model)))
+        merged[layout] = target.state_dict()
+    changed = [key for key in state if not torch.equal(merged["universal"][key], state[key])]
+    assert len(changed) == len(names)
+    for key in changed:
+        torch.testing.assert_close(merged["kohya"][key], merged["universal"][key])

@@ -135,14 +135,93 @@ def test_a_full_checkpoint_in_the_original_layout_reads_back(tmp_path):
     assert all(torch.equal(loaded[key], value) for key, value in model.state_dict().items())
 
 
-def test_the_nf4_layout_is_refused_naming_why(tmp_path):
+def _velocity(model, latents: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+    """``model``'s output for text tokens then image tokens, one segment (as the pipeline packs them)."""
+    text, image = prompt.shape[1], latents.shape[1]
+    positions = torch.arange(text + image)[None, :, None].expand(1, -1, 3)
+    indicator = torch.tensor([[3] * text + [1] * image])  # diffusers' LLM and image token indicators
+    hidden = torch.cat([latents.new_zeros(1, text, latents.shape[2]), latents], dim=1)
+    features = torch.cat([prompt, prompt.new_zeros(1, image, prompt.shape[2])], dim=1)
+    with torch.no_grad():
+        return model(hidden, torch.tensor([0.4]), features, positions, torch.ones(1, text + image, dtype=torch.long),
+                     indicator).sample
+
+
+def test_the_nf4_release_loads_packed_and_computes_its_dequantized_weights(tiny_root, tmp_path):
+    bnb = pytest.importorskip("bitsandbytes")
+    from safetensors.torch import load_file, save_file
+
+    from diffsynth.core.loader.loading import load_model_from_files
+    from diffsynth.testing.tiny_ideogram4 import NF4_ID, RELEASE_TRANSFORMER_CONFIG, _transformer
+
+    file = tiny_root / NF4_ID / "transformer" / "diffusion_pytorch_model.safetensors"
+    nf4 = load_model_from_files([file], torch.float32, "cpu")
+    linears = [module for module in nf4.modules() if isinstance(module, torch.nn.Linear)]
+    assert linears and all(isinstance(module, bnb.nn.Linear4bit) for module in linears)
+    assert nf4.layers[0].attention.to_q.weight.dtype == torch.uint8
+    # The reference: bitsandbytes' own dequantize_4bit of each tensor of the file as it is (the fused qkv whole),
+    # loaded through the bf16 repackage's reader, which splits plain rows.
+    raw = load_file(str(file))
+    blob = ".quant_state.bitsandbytes__nf4"
+    # The keys the reference's loader groups (everything after ``.weight.`` is a statistic of that packed weight):
+    # exactly bitsandbytes' non-nested three beside each uint8 weight.
+    stats = {}
+    for key in (key for key in raw if ".weight." in key):
+        weight, _, stat = key.rpartition(".weight.")
+        stats.setdefault(f"{weight}.weight", set()).add(stat)
+    assert stats and all(raw[weight].dtype == torch.uint8 for weight in stats)
+    assert all(names == {"absmax", "quant_map", blob[1:]} for names in stats.values())
+    states = {key.removesuffix(blob): bnb.functional.QuantState.from_dict(
+        {name: value for name, value in raw.items() if name.startswith(key.removesuffix(blob) + ".")}, "cpu")
+        for key in raw if key.endswith(blob)}
+    assert "layers.0.attention.qkv.weight" in states
+    dequantized = {key: bnb.functional.dequantize_4bit(value, states[key]) if key in states else value
+                   for key, value in raw.items() if ".weight." not in key}
+    save_file(dequantized, str(tmp_path / "diffusion_pytorch_model.safetensors"))
+    plain = load_model_from_files([tmp_path / "diffusion_pytorch_model.safetensors"], torch.float32, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    latents, prompt = torch.randn(1, 6, 128, generator=generator), torch.randn(1, 4, 208, generator=generator)
+    out = _velocity(nf4, latents, prompt)
+    assert (out - _velocity(plain, latents, prompt)).abs().max() < 1e-5
+    # Close to the float32 weights it was quantized from, within NF4's error (4 bits: a code step is up to a seventh
+    # of the block's largest magnitude); teeth: the weights of another seed move it far more.
+    scale = out.abs().max()
+    error = (out - _velocity(_transformer(7, RELEASE_TRANSFORMER_CONFIG), latents, prompt)).abs().max() / scale
+    other = (out - _velocity(_transformer(9, RELEASE_TRANSFORMER_CONFIG), latents, prompt)).abs().max() / scale
+    assert error < 0.15 and other > 5 * error, (error, other)
+
+
+def test_the_nf4_text_encoder_loads_packed_close_to_the_plain_one(tiny_root):
+    bnb = pytest.importorskip("bitsandbytes")
+    from diffsynth.core.loader.loading import load_model_from_files
+    from diffsynth.testing.tiny_ideogram4 import NF4_ID
+
+    nf4, plain = (load_model_from_files([tiny_root / repo / "text_encoder" / "model.safetensors"], torch.float32,
+                                        "cpu") for repo in (NF4_ID, IDEOGRAM4_MODEL_ID))
+    linears = {name: module.weight for name, module in plain.named_modules() if isinstance(module, torch.nn.Linear)}
+    packed = {name: nf4.get_submodule(name) for name in linears}
+    assert linears and all(isinstance(layer, bnb.nn.Linear4bit) for layer in packed.values())
+    # Each layer holds its own weight's blocks: their largest magnitudes (bitsandbytes' CPU dequantizer misreads rows
+    # narrower than a block, as these 16-wide ones are, so the statistics are compared, not the dequantized values).
+    for name, layer in packed.items():
+        assert layer.weight.quant_state.shape == linears[name].shape
+        assert torch.equal(layer.weight.quant_state.absmax, linears[name].reshape(-1, 64).abs().amax(dim=1)), name
+    with torch.no_grad():
+        assert torch.isfinite(nf4(input_ids=torch.arange(3, 19)[None]).last_hidden_state).all()
+
+
+@pytest.mark.parametrize("quant_type, compress, why", [("fp4", False, "quant type 'fp4'"),
+                                                       ("nf4", True, "double-quantized")])
+def test_other_4bit_layouts_are_refused_naming_why(tmp_path, quant_type, compress, why):
+    bnb = pytest.importorskip("bitsandbytes")
     from safetensors.torch import save_file
 
     from diffsynth.core.loader.errors import ModelLoadError
     from diffsynth.pipelines.ideogram4.original import identify
 
-    save_file({"llm_cond_proj.weight": torch.zeros(1, 1, dtype=torch.uint8),
-               "llm_cond_proj.weight.quant_state.bitsandbytes__nf4": torch.zeros(1, dtype=torch.uint8)},
-              str(tmp_path / "nf4.safetensors"))
-    with pytest.raises(ModelLoadError, match="bitsandbytes' NF4 layout"):
-        identify([tmp_path / "nf4.safetensors"])
+    layer = bnb.nn.Linear4bit(64, 8, bias=False, compress_statistics=compress, quant_type=quant_type, device="meta")
+    layer.weight = bnb.nn.Params4bit(torch.randn(8, 64), compress_statistics=compress, quant_type=quant_type).to("cpu")
+    save_file({f"llm_cond_proj.{key}": value for key, value in layer.state_dict().items()},
+              str(tmp_path / "other.safetensors"))
+    with pytest.raises(ModelLoadError, match=f"llm_cond_proj.weight is bitsandbytes {why}.*compress_statistics=False"):
+        identify([tmp_path / "other.safetensors"])

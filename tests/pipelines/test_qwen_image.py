@@ -130,7 +130,8 @@ def test_units_do_what_they_declare(pipes):
     ours, _ = pipes
     ours.scheduler.set_timesteps(2, 0.5, image_seq_len=4)
     shared = {"cfg_scale": 2.0, "height": 32, "width": 32, "seed": 0, "rand_device": "cpu",
-              "input_image": Image.new("RGB", (32, 32)), "denoising_strength": 0.5, "max_sequence_length": 64}
+              "input_image": Image.new("RGB", (32, 32)), "denoising_strength": 0.5, "max_sequence_length": 64,
+              "context_image": Image.new("RGB", (48, 48))}
     assert check_declarations(ours, shared, {"prompt": PROMPT}, {"negative_prompt": NEGATIVE}) == {}
 
 

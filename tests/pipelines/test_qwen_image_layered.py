@@ -90,7 +90,7 @@ def test_pil_output_is_the_composite_then_each_rgba_layer(ours):
 
 
 @pytest.mark.parametrize(("layer_num", "image", "message"), [
-    (2, None, "needs both"), (None, "image", "needs both"), (0, "image", "positive number of layers"),
+    (2, None, "needs both"), (None, "image", "needs both"), (-1, "image", "or 0 to extract one layer"),
 ])
 def test_bad_layer_inputs_are_refused_before_denoising(ours, layer_num, image, message):
     with pytest.raises(ValueError, match=message):

@@ -44,6 +44,14 @@ def positive_integer(value: Any) -> int:
     return number
 
 
+def non_negative_integer(value: Any) -> int:
+    """A cell as an int of at least 0."""
+    number = integer(value)
+    if number < 0:
+        raise ValueError("must be at least 0")
+    return number
+
+
 def real(value: Any) -> float:
     """A cell as a finite float."""
     return _number(value)

@@ -6,6 +6,9 @@ decompose) and ``layer_num`` the number of layers, as the reference implementati
 metadata is ``metadata.json``; the same seed gives the same files.
 
     python -m diffsynth.core.data.example_layered_dataset --output data/example_layered_dataset
+
+``--control layer`` (``mask``) writes Qwen-Image-Layered-Control (V2) rows instead: one layer to extract per picture,
+``layer_num`` 0 (and the layer's mask as ``context_image``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from .example_dataset import COLOURS, SHAPES, _draw_shape, _gradient
 
 JSON_METADATA_FILE = "metadata.json"
 SIZE = (96, 64)
+# Qwen-Image-Layered-Control rows: one layer to extract, or that plus its mask (V2's context_image).
+CONTROLS = ("layer", "mask")
 
 
 def draw_layers(rng: random.Random, num_layers: int) -> tuple[list[Image.Image], str]:
@@ -47,12 +52,21 @@ def draw_layers(rng: random.Random, num_layers: int) -> tuple[list[Image.Image],
 
 
 def build_example_layered_dataset(folder: str | os.PathLike, num_samples: int = 2, num_layers: int = 2,
-                                  seed: int = 0) -> Path:
+                                  seed: int = 0, control: str | None = None) -> Path:
     """Writes ``num_samples`` decompositions (RGBA PNG files) with ``metadata.json`` into ``folder``; returns it.
 
+    ``control`` writes Qwen-Image-Layered-Control rows instead: ``"layer"`` one layer to extract per row (``image``
+    a list of that layer, ``layer_num`` 0, the prompt naming the layer's shape), ``"mask"`` the same plus
+    ``context_image``, the layer's silhouette, white on black (Layered-Control V2).
+
     Raises:
-        DatasetError: A count below 1 (2 for ``num_layers``: a background and at least one shape).
+        DatasetError: A count below 1 (2 for ``num_layers``: a background and at least one shape), or an unknown
+            ``control``.
     """
+    if control is not None:
+        if control not in CONTROLS:
+            raise DatasetError(f"--control {control!r} must be one of {', '.join(CONTROLS)}")
+        return _build_control_dataset(Path(folder), num_samples, seed, control == "mask")
     for name, value, least in (("--num_samples", num_samples, 1), ("--num_layers", num_layers, 2)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise DatasetError(f"{name} {value!r} must be an integer of at least {least}")
@@ -66,6 +80,25 @@ def build_example_layered_dataset(folder: str | os.PathLike, num_samples: int = 
     return atomic_write_text(folder / JSON_METADATA_FILE, json.dumps(rows, indent=2) + "\n")
 
 
+def _build_control_dataset(folder: Path, num_samples: int, seed: int, with_mask: bool) -> Path:
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise DatasetError(f"--num_samples {num_samples!r} must be an integer of at least 1")
+    rng, rows = random.Random(seed), []
+    for index in range(num_samples):
+        (composite, _, layer), caption = draw_layers(rng, 2)
+        images = {"composite": composite, "layer": layer}
+        if with_mask:
+            images["mask"] = Image.new("RGB", SIZE)
+            images["mask"].paste((255, 255, 255), mask=layer.getchannel("A"))
+        for name, image in images.items():
+            atomic_write(folder / f"sample_{index:03d}_{name}.png",
+                         lambda temporary, image=image: image.save(temporary, format="PNG"))
+        row = {"image": [f"sample_{index:03d}_layer.png"], "prompt": caption.removeprefix("a poster with "),
+               "layer_input_image": f"sample_{index:03d}_composite.png", "layer_num": 0}
+        rows.append({**row, "context_image": f"sample_{index:03d}_mask.png"} if with_mask else row)
+    return atomic_write_text(folder / JSON_METADATA_FILE, json.dumps(rows, indent=2) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``--output DIR [--num_samples N] [--num_layers L] [--seed S]``; prints the flags."""
     parser = argparse.ArgumentParser(description="Write a small procedurally drawn layer-decomposition dataset.")
@@ -73,11 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_samples", type=int, default=2, help="how many pictures to draw (default 2)")
     parser.add_argument("--num_layers", type=int, default=2, help="layers per picture, background included (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files")
+    parser.add_argument("--control", choices=CONTROLS, default=None,
+                        help="Qwen-Image-Layered-Control rows: one layer to extract (layer), plus its mask as "
+                             "context_image (mask, for V2)")
     args = parser.parse_args(argv)
-    metadata = build_example_layered_dataset(args.output, args.num_samples, args.num_layers, args.seed)
+    metadata = build_example_layered_dataset(args.output, args.num_samples, args.num_layers, args.seed, args.control)
+    keys = ",context_image" if args.control == "mask" else ""
     print(f"wrote {args.num_samples} pictures and {JSON_METADATA_FILE} to {metadata.parent}")
     print(f"train on it with: --dataset_base_path {metadata.parent} --dataset_metadata_path {metadata} "
-          "--data_file_keys image,layer_input_image --extra_inputs layer_num,layer_input_image")
+          f"--data_file_keys image,layer_input_image{keys} --extra_inputs layer_num,layer_input_image{keys}")
     return 0
 
 

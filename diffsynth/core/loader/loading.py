@@ -27,6 +27,7 @@ from ..file_memo import one_load, read_json
 from ..model_traits import identify_original, model_modules
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .nf4_layout import linear4bit_shells
 from .original_layout import OriginalModel, leave_out
 from .pth import PTH_SUFFIX
 from .resolve import incomplete_reason, resolve_files
@@ -202,6 +203,8 @@ def _empty_model(shards: list[Path], dtype: torch.dtype,
     model = build_empty_model(library, cls, folder, dtype, config=original.config if original else None)
     if original is not None and original.absent:  # a part the files do not hold: no weights planned for it
         leave_out(model, original.absent)
+    if original is not None and original.packed:  # weights that stay 4-bit: their layers become Linear4bit
+        linear4bit_shells(model, original.packed, dtype)
     return library, model, folder, original
 
 
@@ -227,6 +230,16 @@ def _tie_weights(model: torch.nn.Module, missing: set[str]) -> None:
         tie(missing_keys=missing)
     else:
         tie()
+
+
+def _load_shared_part(model: torch.nn.Module, plan: dict, dtype: torch.dtype, fp32_modules: tuple[str, ...],
+                      shared: SharedLoad, original: OriginalModel | None) -> dict:
+    """``load_shared`` of the plan but its packed 4-bit weights; returns what is left for this process to load."""
+    # A packed weight is a Params4bit with its statistics beside the data; the shared copy holds plain tensors.
+    packed = original.packed if original is not None else frozenset()
+    remaining = load_shared(model, {key: entry for key, entry in plan.items() if key not in packed}, dtype,
+                            fp32_modules, shared)
+    return {**remaining, **{key: plan[key] for key in packed}}
 
 
 def load_model_from_files(
@@ -284,7 +297,7 @@ def load_model_from_files(
             ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
             plan = plan_keys(read_headers(shards), expected, rename=rename, ignore_unexpected=ignore)
         fp32_modules = _fp32_modules(library, model, dtype)
-        remaining = load_shared(model, plan, dtype, fp32_modules, shared) if shared is not None else plan
+        remaining = plan if shared is None else _load_shared_part(model, plan, dtype, fp32_modules, shared, original)
         assign_shards(model, remaining, dtype, target, fp32_modules=fp32_modules)
     if library == "transformers":
         _tie_weights(model, set(expected) - set(plan))

@@ -41,6 +41,8 @@ class OriginalModel:
             those describing the part, taken from the other half's model by ``join_parts``.
         others: Further models the same file holds (a release in one file): loading the file gives this model,
             ``loading.load_components`` each of them too.
+        packed: The model keys of Linear weights stored in bitsandbytes' 4-bit layout (``nf4_layout``): loading
+            makes their layers ``Linear4bit`` and assigns the packed weights.
     """
 
     kind: str
@@ -51,6 +53,7 @@ class OriginalModel:
     source: Path
     absent: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     others: tuple[OriginalModel, ...] = ()
+    packed: frozenset[str] = frozenset()
 
 
 class AbsentPart(torch.nn.Module):

@@ -19,9 +19,11 @@ loads through the same rule, with the ``config.json`` of its folder.
 The files do not record the rotary split of the head dim (``mrope_section``), its base or the norms' epsilon; the
 reader uses the release's (diffusers' defaults), which fit only the released head dim of 256.
 
-The NF4 release (``ideogram-ai/ideogram-4-nf4``) packs weights in bitsandbytes' 4-bit layout, whose tensor shapes are
-kept in a JSON blob stored as a tensor (``weight.quant_state.bitsandbytes__nf4``); no dequantizer for it is written
-here, so it is refused by name.
+The NF4 release (``ideogram-ai/ideogram-4-nf4``) packs the Linear weights of both files in bitsandbytes' 4-bit layout
+(``core.loader.nf4_layout``: ``X.weight`` packed uint8 with ``X.weight.absmax``, ``X.weight.quant_map`` and the JSON
+blob ``X.weight.quant_state.bitsandbytes__nf4`` that records the shape). They stay packed: their layers load as
+bitsandbytes ``Linear4bit``, the fused ``qkv`` split into ``to_q`` / ``to_k`` / ``to_v`` in packed form (each third
+holds whole blocks of 64), so a LoRA trains over the frozen NF4 weights as over ``--quant_options``' own.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from ...core.loader.errors import ModelLoadError
+from ...core.loader.nf4_layout import PackedWeight, check_split, is_statistic, packed_weights, unpacker
 from ...core.loader.original_layout import OriginalModel, converted_entries, single_file_entries
 from ...core.loader.state_dict import CheckpointEntry
 from ...core.file_memo import read_json
@@ -41,13 +44,9 @@ from ...core.file_memo import read_json
 _QKV = re.compile(r"^(layers\.\d+\.attention\.)qkv\.weight$")
 _OUT = re.compile(r"^(layers\.\d+\.attention\.)o\.weight$")
 _SCALE = ".weight_scale"
-_NF4 = ".quant_state.bitsandbytes__nf4"
 _TRANSFORMER_MARKER = "llm_cond_proj.weight"
 _TEXT_MARKER = "language_model.layers.0.self_attn.q_proj.weight"
 RELEASE_HEAD_DIM = 256
-NF4_REFUSAL = ("is packed in bitsandbytes' NF4 layout (Ideogram 4's NF4 release), which no reader here dequantizes "
-               "yet; load DiffSynth-Studio/ideogram-4-bf16-repackage or ideogram-ai/ideogram-4-fp8, and for memory "
-               "--fp8_models or --quant_options <model>:bitsandbytes_nf4")
 
 
 def _count(keys: list[str]) -> int:
@@ -95,18 +94,24 @@ def _third(index: int, convert: Any, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.chunk(3, dim=0)[index]
 
 
-def _sources(entries: dict[str, CheckpointEntry], rename: bool) -> dict[str, tuple[str, Any]]:
-    """``{model key: (file key, convert)}``: scales folded into their weights, and with ``rename`` the fused
-    attention split and renamed."""
+def _sources(entries: dict[str, CheckpointEntry], rename: bool,
+             packed: dict[str, PackedWeight]) -> dict[str, tuple[str, Any]]:
+    """``{model key: (file key, convert)}``: fp8 scales folded into their weights, NF4 weights read packed, and with
+    ``rename`` the fused attention split and renamed."""
     sources = {}
     for key, entry in entries.items():
-        if key.endswith(_SCALE):
+        if key.endswith(_SCALE) or is_statistic(key):
             continue
         scale = key.removesuffix(".weight") + _SCALE
         convert = partial(_dequantize, entry.file, scale) if key.endswith(".weight") and scale in entries else None
+        if key in packed:
+            convert = unpacker(packed[key])
         if rename and (match := _QKV.match(key)):
+            if key in packed:
+                check_split(packed[key], 3)
             for index, name in enumerate(("to_q", "to_k", "to_v")):
-                sources[f"{match[1]}{name}.weight"] = (key, partial(_third, index, convert))
+                third = unpacker(packed[key], index, 3) if key in packed else partial(_third, index, convert)
+                sources[f"{match[1]}{name}.weight"] = (key, third)
         elif rename and (match := _OUT.match(key)):
             sources[f"{match[1]}to_out.0.weight"] = (key, convert)
         else:
@@ -115,35 +120,38 @@ def _sources(entries: dict[str, CheckpointEntry], rename: bool) -> dict[str, tup
 
 
 def identify(files: list[Path]) -> OriginalModel | None:
-    """The Ideogram 4 model ``files`` hold (one safetensors file in Ideogram's layout: the fused transformer, or an
-    fp8 Qwen3-VL text encoder with its scales), or None for anything else. Only headers are read.
+    """The Ideogram 4 model ``files`` hold (one safetensors file in Ideogram's layout: the fused transformer, or a
+    Qwen3-VL text encoder quantized to fp8 with its scales or packed in NF4), or None for anything else. Only headers
+    are read, and the small JSON blobs of NF4 weights.
 
     Raises:
-        ModelLoadError: The file is NF4-packed, lacks tensors its structure needs, or (the text encoder) has no
-            config.json beside it.
+        ModelLoadError: The file lacks tensors its structure needs, holds 4-bit weights other than plain NF4, or (the
+            text encoder) has no config.json beside it.
     """
     found = single_file_entries(list(files))
     if found is None:
         return None
     file, entries = found
     is_transformer = _TRANSFORMER_MARKER in entries and "layers.0.attention.to_q.weight" not in entries
-    is_quantized_text = _TEXT_MARKER in entries and _TEXT_MARKER.removesuffix(".weight") + _SCALE in entries
+    marker_stem = _TEXT_MARKER.removesuffix(".weight")
+    is_quantized_text = _TEXT_MARKER in entries and any(
+        key in entries for key in (marker_stem + _SCALE, _TEXT_MARKER + ".absmax"))
     if not (is_transformer or is_quantized_text):
         return None
-    if any(key.endswith(_NF4) for key in entries):
-        raise ModelLoadError(f"{file} {NF4_REFUSAL}")
+    packed = packed_weights(file, entries)
+    sources = _sources(entries, rename=is_transformer, packed=packed)
+    packed_keys = frozenset(model_key for model_key, (key, _) in sources.items() if key in packed)
     if is_transformer:
-        sources = _sources(entries, rename=True)
-        entries = converted_entries(entries, sources)
-        config = transformer_config({key: entry.shape for key, entry in entries.items()}, file)
-        return OriginalModel(kind="dit", library="diffusers", class_name="Ideogram4Transformer2DModel", config=config,
-                             entries=entries, source=file)
+        shapes = {key: packed[key].shape if key in packed else entry.shape for key, entry in entries.items()}
+        return OriginalModel(kind="dit", library="diffusers", class_name="Ideogram4Transformer2DModel",
+                             config=transformer_config(shapes, file), entries=converted_entries(entries, sources),
+                             source=file, packed=packed_keys)
     if not (file.parent / "config.json").is_file():
-        raise ModelLoadError(f"{file} is an fp8 Qwen3-VL text encoder without a config.json beside it; download the "
-                             "release's text_encoder/ folder whole")
+        raise ModelLoadError(f"{file} is a quantized (fp8 or NF4) Qwen3-VL text encoder without a config.json beside "
+                             "it; download the release's text_encoder/ folder whole")
     return OriginalModel(kind="text_encoder", library="transformers", class_name="Qwen3VLModel",
-                         config=read_json(file.parent / "config.json"),
-                         entries=converted_entries(entries, _sources(entries, rename=False)), source=file)
+                         config=read_json(file.parent / "config.json"), entries=converted_entries(entries, sources),
+                         source=file, packed=packed_keys)
 
 
 def quantize_fp8(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -54,12 +54,14 @@ def layered_mu(height: int, width: int) -> float:
 
 
 def check_layer_num(layer_num: int | None, layer_input_image: Image.Image | None) -> None:
-    """Raises ValueError unless ``layer_num`` and ``layer_input_image`` come together, ``layer_num`` a positive int."""
+    """Raises ValueError unless ``layer_num`` and ``layer_input_image`` come together, ``layer_num`` an int of at least
+    0 (0: Qwen-Image-Layered-Control's one extracted layer)."""
     if (layer_num is None) != (layer_input_image is None):
         raise ValueError(f"layer_num={layer_num!r} with layer_input_image={'set' if layer_input_image else None}: "
                          "Qwen-Image-Layered needs both (the RGBA image to decompose and the number of layers)")
-    if layer_num is not None and (isinstance(layer_num, bool) or not isinstance(layer_num, int) or layer_num < 1):
-        raise ValueError(f"layer_num={layer_num!r} must be a positive number of layers, e.g. layer_num=3")
+    if layer_num is not None and (isinstance(layer_num, bool) or not isinstance(layer_num, int) or layer_num < 0):
+        raise ValueError(f"layer_num={layer_num!r} must be a number of layers, e.g. layer_num=3 (Qwen-Image-Layered), "
+                         "or 0 to extract one layer (Qwen-Image-Layered-Control)")
 
 
 class LayeredNoiseUnit(PipelineUnit):

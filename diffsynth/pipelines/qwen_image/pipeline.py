@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from ...core.loader import ModelConfig, model_class_name
-from ...core.data.cells import positive_integer
+from ...core.data.cells import non_negative_integer
 from ..common import (
     LatentsUnit,
     PromptUnit,
@@ -32,6 +32,7 @@ from ..common import (
     pack_latents,
     unpack_latents,
 )
+from .context import ContextImageUnit
 from .edit import (
     EDIT_CONDITION_PIXELS,
     EDIT_IMAGE_PIXELS,
@@ -126,13 +127,13 @@ class QwenImagePipeline(TextToLatentPipeline):
     default_tokenizer_config = ModelConfig(model_id="Qwen/Qwen-Image", origin_file_pattern="tokenizer/")
     default_lora_target_modules = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,"
                                    "img_mod.1,txt_mlp.net.2,txt_mod.1")
-    model_fn_params = ("prompt_emb", "prompt_emb_mask", "edit_latents", "layer_input_latents")
+    model_fn_params = ("prompt_emb", "prompt_emb_mask", "context_latents", "edit_latents", "layer_input_latents")
     #: Extra inputs that must hold loaded images (a dataset column feeding one belongs in ``--data_file_keys``).
-    image_inputs = ("edit_image", "layer_input_image")
+    image_inputs = ("edit_image", "layer_input_image", "context_image")
     #: Qwen-Image-Layered decomposes RGBA images: its dataset keeps their transparency.
     alpha_inputs = ("layer_input_image",)
     media_inputs = ("layer_num",)
-    input_types = {**TextToLatentPipeline.input_types, "layer_num": positive_integer}
+    input_types = {**TextToLatentPipeline.input_types, "layer_num": non_negative_integer}
     load_options = ("processor_config", "zero_cond_t")
     #: A batch pads prompt embeddings to its longest prompt, marking real tokens in ``encoder_hidden_states_mask``.
     padded_inputs = {"prompt_emb": "prompt_emb_mask"}
@@ -143,9 +144,10 @@ class QwenImagePipeline(TextToLatentPipeline):
     edit_condition_pixels = EDIT_CONDITION_PIXELS
     #: The Qwen2.5-VL processor that reads edit images, and its folder; loaded on first use if unset.
     extra_attributes = {"processor": None, "processor_config": None}
-    # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``).
+    # As ``common.image_units``, with Layered's noise, input images and layer input image (see ``layered.py``) and
+    # the in-context control image (``context.py``).
     unit_classes = (ShapeCheckUnit, LayeredNoiseUnit, LayeredInputImageUnit, EditImageEmbedderUnit,
-                    LayerInputImageUnit, LatentsUnit, PromptEmbedderUnit)
+                    LayerInputImageUnit, ContextImageUnit, LatentsUnit, PromptEmbedderUnit)
 
     def _after_load(self, processor_config: ModelConfig | None = None, zero_cond_t: bool | None = None) -> None:
         """What editing needs, after the models: the processor and Edit-2511's switch.
@@ -211,22 +213,24 @@ class QwenImagePipeline(TextToLatentPipeline):
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength, image_seq_len=image_seq_len)
 
     def model_fn(self, latents: torch.Tensor, timestep: torch.Tensor | float, prompt_emb: torch.Tensor,
-                 prompt_emb_mask: torch.Tensor | None = None, edit_latents: Sequence[torch.Tensor] | None = None,
-                 layer_input_latents: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+                 prompt_emb_mask: torch.Tensor | None = None, context_latents: torch.Tensor | None = None,
+                 edit_latents: Sequence[torch.Tensor] | None = None, layer_input_latents: torch.Tensor | None = None,
+                 **_: Any) -> torch.Tensor:
         """The transformer's velocity prediction for unpacked ``latents`` at ``timestep`` (scale 0 to 1000).
 
         ``latents`` are ``(B, 16, h, w)``, or ``(B, 16, frames, h, w)`` for Qwen-Image-Layered (packed frame after
-        frame, one ``img_shapes`` entry each). ``edit_latents`` (reference images) and ``layer_input_latents`` (the
-        image to decompose) are packed after the latents, each with its own ``img_shapes`` entry; the prediction
-        keeps only the latents' tokens. Extra state keys are accepted and ignored, since the loop passes the whole
-        state.
+        frame, one ``img_shapes`` entry each). ``context_latents`` (an in-context control image), ``edit_latents``
+        (reference images) and ``layer_input_latents`` (the image to decompose) are packed after the latents, in this
+        order (the reference's), each with its own ``img_shapes`` entry; the prediction keeps only the latents'
+        tokens. Extra state keys are accepted and ignored, since the loop passes the whole state.
         """
         batch, height, width = latents.shape[0], latents.shape[-2], latents.shape[-1]
         frames = latents.shape[2] if latents.dim() == 5 else 1
         timestep = torch.as_tensor(timestep, device=latents.device).to(latents.dtype).reshape(-1).expand(batch)
         tokens = [pack_frames(latents) if latents.dim() == 5 else pack_latents(latents)]
         shapes = [(1, height // 2, width // 2)] * frames
-        conditions = [*(edit_latents or ()), *(() if layer_input_latents is None else (layer_input_latents,))]
+        conditions = [*(() if context_latents is None else (context_latents,)), *(edit_latents or ()),
+                      *(() if layer_input_latents is None else (layer_input_latents,))]
         for reference in conditions:
             tokens.append(pack_latents(reference.to(latents.dtype)).expand(batch, -1, -1))
             shapes.append((1, reference.shape[-2] // 2, reference.shape[-1] // 2))
@@ -271,8 +275,8 @@ class QwenImagePipeline(TextToLatentPipeline):
                  input_image: Image.Image | None = None, denoising_strength: float = 1.0,
                  edit_image: Image.Image | Sequence[Image.Image] | None = None,
                  layer_input_image: Image.Image | None = None, layer_num: int | None = None,
-                 height: int | None = None, width: int | None = None, seed: int | None = None,
-                 rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
+                 context_image: Image.Image | None = None, height: int | None = None, width: int | None = None,
+                 seed: int | None = None, rand_device: str = "cpu", num_inference_steps: int = 30, max_sequence_length: int = 512,
                  output_type: str = "pil", progress_bar: bool = True) -> Image.Image | list[Image.Image] | torch.Tensor:
         """Generates one image, or with ``layer_input_image`` its decomposition into layers.
 
@@ -287,6 +291,10 @@ class QwenImagePipeline(TextToLatentPipeline):
             layer_input_image: Qwen-Image-Layered: the RGBA image to decompose (see ``layered.py``).
             layer_num: Qwen-Image-Layered: the number of layers; the output is a list of ``layer_num + 1`` RGBA
                 images, the composite first (a ``(layer_num + 1, 4, H, W)`` tensor for ``"pt"``).
+                Qwen-Image-Layered-Control: 0, the one layer the prompt names.
+            context_image: In-context control (Qwen-Image-In-Context-Control-Union, Qwen-Image-Layered-Control-V2,
+                each a LoRA): a control image (pose, edges, depth, a mask) read at the output size (see
+                ``context.py``).
             height: Output height in pixels, rounded to a multiple of 16. Unset: 1328, or with ``edit_image`` the
                 height of the (last) edit image scaled to about 1024 x 1024 pixels, as diffusers does, or with
                 ``layer_input_image`` its height scaled to about 640 x 640 pixels (diffusers' default bucket).
@@ -300,6 +308,9 @@ class QwenImagePipeline(TextToLatentPipeline):
         """
         check_call_inputs(prompt, output_type, max_sequence_length, TOKENIZER_MAX_LENGTH)
         check_layer_num(layer_num, layer_input_image)
+        if context_image is not None and not isinstance(context_image, Image.Image):
+            raise ValueError(f"context_image={context_image!r} must be a PIL image; open it first, e.g. "
+                             "context_image=Image.open(path)")
         if layer_input_image is not None:
             default_width, default_height = edit_image_size(layer_input_image, LAYERED_DEFAULT_PIXELS)
         elif edit_image is not None:
@@ -315,6 +326,7 @@ class QwenImagePipeline(TextToLatentPipeline):
         inputs_shared = {
             "cfg_scale": cfg_scale, "input_image": input_image, "denoising_strength": denoising_strength,
             "edit_image": edit_image, "layer_input_image": layer_input_image, "layer_num": layer_num,
+            "context_image": context_image,
             "height": height, "width": width, "seed": seed, "rand_device": rand_device,
             "max_sequence_length": max_sequence_length,
         }  # fmt: skip

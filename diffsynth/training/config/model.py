@@ -28,6 +28,7 @@ class ModelSection(Section):
     quant_options: str | None = None
     torch_dtype: str = "bfloat16"
     initialize_model_on_cpu: bool = False
+    enable_npu_patch: bool = False
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser, video: bool = False) -> None:
@@ -81,6 +82,9 @@ class ModelSection(Section):
                            help="dtype the models are loaded and computed in; LoRA weights always train in float32.")
         group.add_argument("--initialize_model_on_cpu", action="store_true",
                            help="Build the models on the CPU and move them later; slower start, lower peak VRAM.")
+        group.add_argument("--enable_npu_patch", action="store_true",
+                           help="Z-Image on Ascend NPUs (the reference's flag): its fused RMSNorm and rope operators. "
+                                "No NPU runs this trainer, so it changes nothing, as the reference's on a GPU.")
 
     @property
     def extra_input_names(self) -> list[str]:

@@ -209,8 +209,12 @@ def parse_namespace(parser: argparse.ArgumentParser, argv: Sequence[str] | None 
 
 
 def uses_bitsandbytes(namespace: argparse.Namespace) -> bool:
-    """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``), or an optimizer from
-    outside torch (``--customized_optimizer``: bitsandbytes' own, or a class that may import it)."""
+    """Whether the parsed flags may need bitsandbytes: NF4 weights (``--quant_options``, or a release packed in
+    bitsandbytes' layout among the models), or an optimizer from outside torch (``--customized_optimizer``:
+    bitsandbytes' own, or a class that may import it)."""
+    from .quant_flags import packed_releases
+
     optimizer = namespace.customized_optimizer
-    return "bitsandbytes" in (namespace.quant_options or "") or (optimizer is not None
-                                                                 and not optimizer.startswith("torch."))
+    return ("bitsandbytes" in (namespace.quant_options or "")
+            or bool(packed_releases(namespace.model_id_with_origin_paths, namespace.model_paths))
+            or (optimizer is not None and not optimizer.startswith("torch.")))

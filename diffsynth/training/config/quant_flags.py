@@ -12,6 +12,25 @@ FLAG = "--quant_options"
 EXAMPLE = "Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:bitsandbytes_nf4/img_mod.1,proj_out"
 
 
+def packed_releases(model_id_with_origin_paths: str | None, model_paths: str | None) -> list[str]:
+    """The releases packed in bitsandbytes' 4-bit layout (``FamilySpec.bitsandbytes_model_ids``) among the models the
+    flags load: they load 4-bit whatever ``--quant_options`` says, so what cannot move 4-bit weights is refused for
+    them as for it."""
+    from ...pipelines.registry import bitsandbytes_model_ids
+
+    models = f"{model_id_with_origin_paths or ''} {model_paths or ''}".lower()
+    return [prefix for prefix in bitsandbytes_model_ids() if prefix.lower() in models]
+
+
+def packed_weights_flag(model_id_with_origin_paths: str | None, model_paths: str | None,
+                        quant_options: str | None) -> str | None:
+    """What makes the run's weights 4-bit, for messages: ``--quant_options``, a packed release, or None."""
+    if quant_options:
+        return FLAG
+    packed = packed_releases(model_id_with_origin_paths, model_paths)
+    return f"the 4-bit release {packed[0]}" if packed else None
+
+
 def parse_quant_options(value: str | None) -> dict[str, QuantConfig]:
     """The entries of ``--quant_options`` by model string.
 

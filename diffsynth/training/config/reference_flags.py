@@ -55,13 +55,11 @@ UNSUPPORTED: dict[str, str] = {
     "--swanlab_project": "SwanLab logging is not supported here; use --enable_wandb_log with --wandb_project",
     "--audio_processor_path": "Wan2.2-S2V (speech-to-video), which needs the audio processor, is not supported here",
     "--framewise_decoding": "the WanToDance global model, which decodes frame by frame, is not supported here",
-    "--enable_npu_patch": "Ascend NPU patches are not supported here (the command trains on GPUs without it)",
     **dict.fromkeys([flag for flag, where in REFERENCE_FLAGS.items() if flag.startswith("--dmd2_")], _DMD2),
 }
 
 # The unsupported flags that are switches (store_true there); the others take a value.
-SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding",
-                      "--enable_npu_patch"})
+SWITCHES = frozenset({"--enable_lora_hot_loading", "--enable_swanlab_log", "--framewise_decoding"})
 
 # Differences worth knowing for flags that work.
 NOTES: dict[str, str] = {
@@ -82,6 +80,8 @@ NOTES: dict[str, str] = {
     "--extra_inputs": "a name nothing in the task reads is refused; metadata cells are typed as the pipeline reads "
                       "them (seed an int, cfg_scale a float)",
     "--preset_lora_path": "any LoRA layout the trainer reads",
+    "--enable_npu_patch": "changes nothing: Ascend's fused operators apply only on an NPU, which this trainer does not "
+                          "run on (the reference's flag does nothing on a GPU either)",
 }
 
 

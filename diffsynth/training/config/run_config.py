@@ -92,17 +92,19 @@ def _regularization_problems(training: TrainingSection, dataset: DatasetSection)
 
 
 def _quant_problems(model: ModelSection, placement: PlacementConfig) -> list[str]:
-    """4-bit weights cannot move, and the planner does not model them."""
-    if not model.quant_options:
+    """4-bit weights (``--quant_options``, or a release packed so) cannot move, and the planner does not model them."""
+    from .quant_flags import packed_weights_flag
+
+    flag = packed_weights_flag(model.model_id_with_origin_paths, model.model_paths, model.quant_options)
+    if flag is None:
         return []
-    flag = "--quant_options"
     problems = []
     for name, given in (("enable_model_cpu_offload", placement.enable_model_cpu_offload),
                         ("blocks_to_swap", placement.blocks_to_swap)):
         if given:
             problems.append(f"{flag} and --{name} cannot be combined: the offloader and block swap move plain "
                             f"weights, not 4-bit packed ones; drop --{name} (a 4-bit model needs a quarter of the "
-                            "memory of bf16), or drop the quantization")
+                            "memory of bf16), or drop the quantization (load a bf16 release)")
     for name, budget in (("vram_budget", placement.vram_budget), ("ram_budget", placement.ram_budget)):
         if budget is not None:
             problems.append(f"{flag} and --{name} cannot be combined: the memory planner does not model 4-bit "
@@ -111,14 +113,19 @@ def _quant_problems(model: ModelSection, placement: PlacementConfig) -> list[str
 
 
 def _dora_storage_problems(lora: LoraSection, model: ModelSection, training: TrainingSection) -> list[str]:
-    """DoRA on compressed weights where the flags alone tell: a training stage whose every model is stored in fp8 or
-    4-bit (a split run's stage 2 that loads the transformer alone). Otherwise which model an entry loads is read from
+    """DoRA on compressed weights where the flags alone tell: a release packed 4-bit, or a training stage whose every
+    model is stored in fp8 or 4-bit (a split run's stage 2 that loads the transformer alone). Otherwise which model an entry loads is read from
     its files' config, before any weight loads (``startup.model_checks``)."""
     if not (lora.use_dora and lora.lora_base_model) or training.stage == "data_process" or model.model_paths:
         return []
-    from .quant_flags import parse_quant_options
+    from .quant_flags import packed_releases, parse_quant_options
 
     loaded = split_csv(model.model_id_with_origin_paths)
+    packed = packed_releases(model.model_id_with_origin_paths, None)
+    if packed:
+        return [f"--use_dora with --lora_base_model {lora.lora_base_model} of the 4-bit release {packed[0]}, whose "
+                "Linear weights load packed: DoRA reads the base weights as they are every step; drop --use_dora (a "
+                "plain LoRA trains on them), or load a bf16 release"]
     compressed = {*split_csv(model.fp8_models), *parse_quant_options(model.quant_options)}
     if not loaded or not set(loaded) <= compressed:
         return []

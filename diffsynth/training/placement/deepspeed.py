@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config.errors import FlagError
+from ..config.quant_flags import packed_weights_flag
 from ..objective.training_module import DiffusionTrainingModule
 
 if TYPE_CHECKING:
@@ -167,9 +168,11 @@ def deepspeed_problems(placement: PlacementConfig, model: ModelSection, validati
     if placement.planned:
         problems.append("--vram_budget / --ram_budget choose where the weights live, and so does DeepSpeed; drop "
                         "them (ZeRO-3 partitions and offloads by its config)")
-    if model.quant_options:
-        problems.append("--quant_options and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
-                        "packed ones; drop --quant_options, or launch without the DeepSpeed accelerate config")
+    quantized = packed_weights_flag(model.model_id_with_origin_paths, model.model_paths, model.quant_options)
+    if quantized:
+        problems.append(f"{quantized} and DeepSpeed cannot be combined: ZeRO partitions plain weights, not 4-bit "
+                        "packed ones; drop the quantization (load a bf16 release), or launch without the DeepSpeed "
+                        "accelerate config")
     if validation.validation_prompts:
         problems.append(f"--validation_prompts {validation.validation_prompts}: ZeRO-3 partitions the weights "
                         "over the processes, so one process cannot render with them; drop it (render from the LoRA "

@@ -18,7 +18,7 @@ import torch
 from ...core.loader import ModelConfig
 from ...core.quant import QuantConfig, bitsandbytes_available, quantizable_layers
 from ..config.errors import split_csv
-from ..config.quant_flags import FLAG, parse_quant_options
+from ..config.quant_flags import FLAG, packed_releases, parse_quant_options
 
 if TYPE_CHECKING:
     from ..config.model import ModelSection
@@ -30,13 +30,20 @@ def _model_string(config: ModelConfig) -> str:
     return f"{config.model_id}:{config.origin_file_pattern}"
 
 
-def quant_package_problems(quant_options: str | None) -> list[str]:
-    """The optional package the methods need, when it is missing (checked at start-up, not with the flags, so that
-    example commands validate on machines without it)."""
-    if not parse_quant_options(quant_options) or bitsandbytes_available():
+def quant_package_problems(quant_options: str | None, model_id_with_origin_paths: str | None = None,
+                           model_paths: str | None = None) -> list[str]:
+    """The optional package the methods, or a release packed 4-bit among the models, need, when it is missing
+    (checked at start-up, not with the flags, so that example commands validate on machines without it)."""
+    if bitsandbytes_available():
         return []
-    return [f"{FLAG} {quant_options}: bitsandbytes_nf4 needs bitsandbytes, which is not installed; pip install "
-            "-c constraints.txt bitsandbytes, or drop the flag"]
+    problems = []
+    if parse_quant_options(quant_options):
+        problems.append(f"{FLAG} {quant_options}: bitsandbytes_nf4 needs bitsandbytes, which is not installed; pip "
+                        "install -c constraints.txt bitsandbytes, or drop the flag")
+    problems += [f"{release} is packed in bitsandbytes' 4-bit layout, which needs bitsandbytes to load; it is not "
+                 "installed: pip install -c constraints.txt bitsandbytes, or load a bf16 release"
+                 for release in packed_releases(model_id_with_origin_paths, model_paths)]
+    return problems
 
 
 def quant_model_problems(model: ModelSection, trainable: Sequence[str], configs: Sequence[ModelConfig],

@@ -5,20 +5,22 @@ import json
 import pytest
 
 from diffsynth.core.data import DatasetError, UnifiedDataset
-from diffsynth.core.data.cells import convert_row, integer, positive_integer, real, text
+from diffsynth.core.data.cells import convert_row, integer, non_negative_integer, positive_integer, real, text
 from diffsynth.core.data.example_dataset import build_example_dataset
 
-TYPES = {"seed": integer, "num_inference_steps": positive_integer, "cfg_scale": real, "rand_device": text}
+TYPES = {"seed": integer, "num_inference_steps": positive_integer, "cfg_scale": real, "rand_device": text,
+         "layer_num": non_negative_integer}
 
 
 def test_cells_convert_from_text_and_json_values():
-    rows = [{"seed": "0", "num_inference_steps": "4", "cfg_scale": "1", "rand_device": "cpu", "prompt": "7"},
+    rows = [{"seed": "0", "num_inference_steps": "4", "cfg_scale": "1", "rand_device": "cpu", "prompt": "7",
+             "layer_num": "0"},
             {"seed": 12.0, "num_inference_steps": 2, "cfg_scale": 2.5, "rand_device": " cuda "}]
     converted = [convert_row(row, TYPES) for row in rows]
     assert [problems for _, problems in converted] == [[], []]
     converted = [row for row, _ in converted]
     assert converted[0] == {"seed": 0, "num_inference_steps": 4, "cfg_scale": 1.0, "rand_device": "cpu",
-                            "prompt": "7"}  # untyped columns stay as they are
+                            "prompt": "7", "layer_num": 0}  # untyped columns stay as they are
     assert converted[1] == {"seed": 12, "num_inference_steps": 2, "cfg_scale": 2.5, "rand_device": "cuda"}
     assert type(converted[0]["seed"]) is int and type(converted[0]["cfg_scale"]) is float
 
@@ -30,6 +32,7 @@ def test_cells_convert_from_text_and_json_values():
     ("num_inference_steps", "0",
      "which must be at least 1; the pipeline reads num_inference_steps as positive integer"),
     ("cfg_scale", "nan", "which is not a finite number"),
+    ("layer_num", "-1", "which must be at least 0"),
     ("rand_device", " ", "which is not a non-empty string"),
 ])
 def test_a_bad_cell_names_its_column_and_value(column, value, fragment):

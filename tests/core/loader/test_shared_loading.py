@@ -1,5 +1,5 @@
-"""Loading once per machine: two processes share one copy equal to what each would load, fp8 included; failures on
-the loading process reach the others; one process alone loads as usual."""
+"""Loading once per machine: two processes share one copy equal to what each would load, fp8 included, a packed NF4
+release's plain tensors only; failures on the loading process reach the others; one process alone loads as usual."""
 
 import gc
 import logging
@@ -15,6 +15,7 @@ from diffsynth.core.loader import ModelLoadError, load_model_from_files
 from diffsynth.core.loader.loading import _empty_model
 from diffsynth.core.loader.shared_loading import SharedLoad, load_shared, plan_segment
 from diffsynth.core.loader.state_dict import plan_keys, read_headers
+from diffsynth.testing.tiny_ideogram4 import NF4_ID
 from diffsynth.testing.tiny_models import QWEN_IMAGE_MODEL_ID, WAN_MODEL_ID
 from diffsynth.core.shared_weights import LocalGroup, is_shared_host, memory_files_supported, shared_span
 from diffsynth.core.shared_weights.pss import segment_pss
@@ -41,7 +42,31 @@ def identical(first: torch.nn.Module, second: torch.nn.Module) -> bool:
 def every_scenario(root: str) -> dict:
     """Rank body of the one two-process run the tests below share (spawning processes costs seconds)."""
     results = {f"{name}-{fp8}": load_both_ways(root, name, fp8) for name, fp8 in SCENARIOS}
-    return {**results, "one block": share_one_block(root), "failure": fail_while_filling(root)}
+    nf4 = {"nf4": share_packed(root)} if (Path(root) / NF4_ID).is_dir() else {}
+    return {**results, **nf4, "one block": share_one_block(root), "failure": fail_while_filling(root)}
+
+
+def share_packed(root: str) -> dict:
+    """Rank body: Ideogram 4's NF4 release shares its plain tensors; its packed 4-bit weights each process loads as
+    bitsandbytes layers of its own."""
+    import diffsynth.pipelines  # noqa: F401 - registers the families' original-layout readers in this process
+
+    gc.collect()
+    file = [Path(root) / NF4_ID / "transformer" / "diffusion_pytorch_model.safetensors"]
+    model = load_model_from_files(file, torch.float32, shared=SharedLoad(LocalGroup.of_this_process()))
+    packed = {name for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"}
+    return {"shared": sorted(n for n, p in model.named_parameters() if is_shared_host(p)),
+            "packed_shared": [n for n, p in model.named_parameters() if is_shared_host(p) and
+                              n.removesuffix(".weight") in packed], "packed": len(packed),
+            "identical": identical(model, load_model_from_files(file, torch.float32))}
+
+
+def test_a_packed_4bit_release_shares_its_plain_tensors_only(two_ranks):
+    if "nf4" not in two_ranks[0]:
+        pytest.skip("the tiny NF4 release needs bitsandbytes")
+    for rank in (rank["nf4"] for rank in two_ranks):
+        assert rank["packed"] > 0 and rank["identical"] and rank["packed_shared"] == []
+        assert "layers.0.attention.norm_q.weight" in rank["shared"]  # teeth: the plain ones are shared
 
 
 @pytest.fixture(scope="module")

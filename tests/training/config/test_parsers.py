@@ -21,7 +21,7 @@ REFERENCE_DEFAULTS = {
     "quant_options": None,
     "processor_path": None, "zero_cond_t": False, "tokenizer_1_path": None, "tokenizer_2_path": None,
     "align_to_opensource_format": False,
-    "offload_models": None, "initialize_model_on_cpu": False,
+    "offload_models": None, "initialize_model_on_cpu": False, "enable_npu_patch": False,
     "learning_rate": 1e-4, "num_epochs": 1, "trainable_models": None, "find_unused_parameters": False,
     "weight_decay": 0.01, "task": "sft", "gradient_accumulation_steps": 1, "customized_optimizer": None,
     "remove_prefix_in_ckpt": "pipe.dit.", "save_steps": None,
@@ -450,6 +450,8 @@ def test_the_planner_shares_the_short_errors(capsys):
     (["--customized_optimizer", "bitsandbytes.optim.AdamW8bit"], True),
     (["--customized_optimizer", "my_package.MyOptimizer"], True),  # might import it
     (["--quant_options", "Qwen/Qwen-Image:transformer/*.safetensors:bitsandbytes_nf4"], True),
+    (["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-nf4:transformer/*.safetensors"], True),  # packed
+    (["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-fp8:transformer/*.safetensors"], False),
 ])
 def test_the_flags_say_whether_the_run_may_need_bitsandbytes(flags, uses):
     assert uses_bitsandbytes(parse_flags(flags)) is uses

@@ -54,6 +54,20 @@ def test_flag_problems_name_the_fix(capsys):
     assert "--quant_options and --vram_budget cannot be combined" in planned[0]
     (refused,) = launch_problems(run_config(["--quant_options", NF4]), FakeAccelerator(deepspeed={}))
     assert "--quant_options and DeepSpeed cannot be combined" in refused
+    # A release packed 4-bit loads so without the flag: the same refusals name it, and DoRA over it.
+    packed = ["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-nf4:transformer/*.safetensors"]
+    swapped = flag_problems([*packed, "--blocks_to_swap", "2", "--lora_base_model", "dit", "--use_dora"])
+    assert "the 4-bit release ideogram-ai/ideogram-4-nf4 and --blocks_to_swap cannot be combined" in swapped[0]
+    assert any("--use_dora with --lora_base_model dit of the 4-bit release" in problem for problem in swapped)
+    (refused,) = launch_problems(run_config(packed), FakeAccelerator(deepspeed={}))
+    assert "the 4-bit release ideogram-ai/ideogram-4-nf4 and DeepSpeed cannot be combined" in refused
+    assert run_config(["--model_id_with_origin_paths", "ideogram-ai/ideogram-4-fp8:transformer/*.safetensors",
+                       "--blocks_to_swap", "2"]).placement.blocks_to_swap == 2  # teeth: fp8 weights move
+    with pytest.MonkeyPatch.context() as patch:  # a machine without bitsandbytes stops before loading it
+        patch.setattr("diffsynth.training.placement.quant_options.bitsandbytes_available", lambda: False)
+        (missing,) = quant_package_problems(None, packed[1])
+        assert missing.startswith("ideogram-ai/ideogram-4-nf4 is packed in bitsandbytes' 4-bit layout")
+        assert quant_package_problems(None, ALL_MODELS) == []
     with pytest.raises(SystemExit):
         parse_args(["--model_id_with_origin_paths", ALL_MODELS, "--lora_base_model", "dit", "--dataset_metadata_path",
                     "m.csv", "--quant_options", f"{PATTERN['dit']}:bitsandbytes_int8"])

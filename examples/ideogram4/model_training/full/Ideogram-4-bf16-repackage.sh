@@ -2,8 +2,8 @@
 # Full training of the Ideogram 4 transformer (bf16 repackage): the reference's command (accelerate_config.yaml:
 # DeepSpeed ZeRO-2, 8 processes). Run from the repository root.
 #
-# Refused for now, before anything loads: the release keeps Ideogram's own layout (fused attention.qkv), which no
-# reader here takes yet (docs/en/Ideogram4.md). The same flags train a diffusers-layout Ideogram 4 folder.
+# The release keeps Ideogram's own layout (fused attention.qkv), read into diffusers' classes
+# (docs/en/Ideogram4.md). The same flags train a diffusers-layout Ideogram 4 folder.
 set -e
 
 accelerate launch --config_file examples/ideogram4/model_training/full/accelerate_config.yaml examples/ideogram4/model_training/train.py \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # LoRA on the Ideogram 4 transformer (fp8 release): the reference's command. Run from the repository root.
 #
-# Refused for now, before anything loads: the release keeps Ideogram's own layout (fused attention.qkv), which no
-# reader here takes yet (docs/en/Ideogram4.md). The same flags train a diffusers-layout Ideogram 4 folder.
+# The release keeps Ideogram's own layout (fused attention.qkv), read into diffusers' classes (fp8 weights
+# dequantized with their scales; docs/en/Ideogram4.md). The same flags train a diffusers-layout Ideogram 4 folder.
 # The dataset is a folder of images plus metadata.json (image, prompt). --lora_target_modules names the reference's
 # modules (attention.qkv, attention.o), mapped to diffusers' to_q/to_k/to_v and to_out.0.
 set -e

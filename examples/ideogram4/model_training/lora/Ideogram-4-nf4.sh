@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # LoRA on the Ideogram 4 transformer (nf4 release): the reference's command. Run from the repository root.
 #
-# Refused for now, before anything loads: the release keeps Ideogram's own layout (fused attention.qkv), which no
-# reader here takes yet (docs/en/Ideogram4.md). The same flags train a diffusers-layout Ideogram 4 folder.
+# The release keeps Ideogram's own layout (fused attention.qkv) with the transformer's and the text encoder's Linear
+# weights packed in bitsandbytes' NF4 layout: they load as frozen 4-bit Linear4bit layers (needs bitsandbytes), under
+# the LoRA (docs/en/Ideogram4.md).
 # The dataset is a folder of images plus metadata.json (image, prompt). --lora_target_modules names the reference's
 # modules (attention.qkv, attention.o), mapped to diffusers' to_q/to_k/to_v and to_out.0.
 set -e

@@ -1,5 +1,6 @@
 """What the Wan ``validate_lora`` and ``validate_full`` scripts share: each script names its release (``RELEASES``);
-this module gives it the flags, checks them before any model loads, loads the release's original files, merges the
+this module gives it the flags (the shared ones of ``diffsynth.training.config.validate_script`` and the clip's),
+checks them before any model loads, loads the release's original files, merges the
 trained LoRA into the transformer (for the Wan2.2 A14B experts, one LoRA each) or loads a full fine-tune's weights
 over it (``full=True``), and renders one clip with the release's control inputs.
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
+from diffsynth.training.config.validate_script import Defaults, InputFlag, Weights, add_flags, read_flags
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 DIT = "diffusion_pytorch_model*.safetensors"
@@ -34,7 +35,8 @@ EXPERTS = ("high_noise_model/" + DIT, "low_noise_model/" + DIT)
 T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 CLIP = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
 
-# The control inputs, as the pipeline's call names them: (kind, help).
+# The control inputs, as the pipeline's call names them: (kind, help). The animate kinds are videos read at the
+# animate length (num_frames - 4), the face clip at its own size.
 INPUTS = {
     "input_image": ("image", "the first frame (an image file)"),
     "end_image": ("image", "the last frame (an image file)"),
@@ -52,8 +54,6 @@ INPUTS = {
     "animate2_reference_video": ("video", "the driving clip (a video file, at least --num_frames long)"),
     "animate2_prompt_ref": ("text", "the prompt of the driving clip's pass (default: a space, the reference's)"),
 }
-# Kinds read from one file; "images" takes several.
-FILE_KINDS = ("image", "video", "animate_video", "face_video")
 
 
 class Release(NamedTuple):
@@ -135,86 +135,44 @@ def weight_flags(name: str, full: bool = False) -> tuple[str, ...]:
     return flags if RELEASES[name].experts else flags[:1]
 
 
-def build_parser(name: str, full: bool = False) -> argparse.ArgumentParser:
-    """The flags of release ``name``'s script; the defaults read the last file its ``lora/<name>.sh`` writes (with
-    ``full``: the last ``epoch-<e>.safetensors`` of its ``full/<name>.sh``)."""
-    release = RELEASES[name]
+def _weights(name: str, full: bool) -> list[Weights]:
+    """The trained files' flags; the defaults read the last file its ``lora/<name>.sh`` writes (with ``full``: the
+    last ``epoch-<e>.safetensors`` of its ``full/<name>.sh``)."""
+    release, flags = RELEASES[name], weight_flags(name, full)
     if full:
-        description = f"Render a clip with a {name} full fine-tune loaded over the released weights."
         default = f"./models/train/{name}_{{}}full/epoch-1.safetensors"
         what = f"the {release.part} weights a full fine-tune wrote (its epoch-<e>.safetensors or step-<s>.safetensors)"
     else:
-        description = f"Render a clip with a {name} LoRA merged into the model."
         default = f"./models/train/{name}_{{}}lora/epoch-4.safetensors"
         what = "LoRA .safetensors written by the trainer (or another Wan LoRA)"
-    parser = argparse.ArgumentParser(description=description)
-    flags = weight_flags(name, full)
-    if release.experts:
-        parser.add_argument(flags[0], default=default.format("high_noise_"), help=f"the high-noise expert's: {what}")
-        parser.add_argument(flags[1], default=default.format("low_noise_"),
-                            help="the low-noise expert's; 'none' renders that expert as released")
-    else:
-        parser.add_argument(flags[0], default=default.format(""), help=what)
-    if not full:
-        parser.add_argument("--lora_alpha_scale", type=float, default=1.0,
-                            help="multiplies the LoRA's own alpha / rank scale; 0 renders the base model")
-    parser.add_argument("--prompt", default="a corgi running along a sunny beach, the camera following it",
-                        help="what the clip shows")
-    parser.add_argument("--negative_prompt", default="blurry, distorted, static, low quality, watermark, subtitles",
-                        help="what to steer away from (with --cfg_scale other than 1)")
-    for key in release.inputs:
-        kind, meaning = INPUTS[key]
-        needed = " (required)" if key in release.required else ""
-        if kind == "images":
-            parser.add_argument(f"--{key}", nargs="+", default=None, help=meaning + needed)
-        else:
-            parser.add_argument(f"--{key}", type=float if kind == "number" else str, default=None,
-                                help=meaning + needed)
-    parser.add_argument("--cfg_scale", type=float, default=5.0, help="classifier-free guidance; 1 turns it off")
-    parser.add_argument("--output", default="video.mp4", help="file to write: .mp4 (H.264) or .gif")
-    parser.add_argument("--height", type=int, default=480, help="frame height in pixels (rounded to a multiple of 16)")
-    parser.add_argument("--width", type=int, default=832, help="frame width in pixels (rounded to a multiple of 16)")
+    if not release.experts:
+        return [Weights(flags[0], ("dit",), default.format(""), what)]
+    return [Weights(flags[0], ("dit",), default.format("high_noise_"), f"the high-noise expert's: {what}"),
+            Weights(flags[1], ("dit2",), default.format("low_noise_"),
+                    "the low-noise expert's; 'none' renders that expert as released")]
+
+
+def _input_flags(release: Release) -> dict[str, InputFlag]:
+    kinds = {"animate_video": "video", "face_video": "video"}
+    return {key: InputFlag(kinds.get(INPUTS[key][0], INPUTS[key][0]), INPUTS[key][1], key in release.required)
+            for key in release.inputs}
+
+
+def build_parser(name: str, full: bool = False) -> argparse.ArgumentParser:
+    """The flags of release ``name``'s script (``diffsynth.training.config.validate_script``'s, and the clip's)."""
+    what = "full fine-tune loaded over the released weights" if full else "LoRA merged into the model"
+    parser = argparse.ArgumentParser(description=f"Render a clip with a {name} {what}.")
+    defaults = Defaults(prompt="a corgi running along a sunny beach, the camera following it", output="video.mp4",
+                        negative_prompt="blurry, distorted, static, low quality, watermark, subtitles", cfg_scale=5.0,
+                        height=480, width=832, steps=50, models=model_id_with_origin_paths(name))
+    add_flags(parser, _weights(name, full), full, defaults, _input_flags(RELEASES[name]),
+              "file to write: .mp4 (H.264) or .gif", compare=False)
     parser.add_argument("--num_frames", type=int, default=81, help="frames in the clip, 4k+1 (others are rounded down)")
-    parser.add_argument("--steps", type=int, default=50, help="denoising steps")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed; the same seed gives the same clip")
     parser.add_argument("--fps", type=int, default=15, help="frame rate written into the file")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="compute device (default: cuda when available, else cpu)")
-    parser.add_argument("--torch_dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
-                        help="dtype of the weights and the computation")
-    parser.add_argument("--model_id_with_origin_paths", default=model_id_with_origin_paths(name),
-                        help="comma list of model_id:file_pattern entries, as given to the trainer")
     return parser
 
 
-def _check(parser: argparse.ArgumentParser, release: Release, args: argparse.Namespace,
-           flags: tuple[str, ...]) -> list[str]:
-    """Everything that can be wrong with the flags, reported before the models load (which takes minutes); returns
-    the files ``flags`` name, one per expert ("" for an expert rendered as released)."""
-    paths = [getattr(args, flag[2:]) for flag in flags]
-    paths = ["" if index and path.lower() == "none" else path for index, path in enumerate(paths)]
-    for flag, path in zip(flags, paths):
-        if path and not Path(path).is_file():
-            parser.error(f"{flag} {path}: no such file; pass an epoch-<e>.safetensors or step-<s>.safetensors file "
-                         "from the training run's --output_path")
-    if Path(args.output).suffix.lower() not in VIDEO_SUFFIXES:
-        parser.error(f"--output {args.output}: the suffix picks the format; end it in .mp4 or .gif")
-    if args.num_frames < 1 or args.fps < 1:
-        parser.error(f"--num_frames {args.num_frames} and --fps {args.fps} must be positive; e.g. --num_frames 81 "
-                     "--fps 15")
-    missing = [key for key in release.required if getattr(args, key) is None]
-    if missing:
-        parser.error(f"{release.model_id} needs --{' and --'.join(missing)}: "
-                     + "; ".join(f"--{key}: {INPUTS[key][1]}" for key in missing))
-    for key in release.inputs:
-        value, kind = getattr(args, key), INPUTS[key][0]
-        for path in (value or []) if kind == "images" else ([value] if kind in FILE_KINDS and value else []):
-            if not Path(path).is_file():
-                parser.error(f"--{key} {path}: no such file; pass {INPUTS[key][1]}")
-    return paths
-
-
-def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
+def _inputs(release: Release, values: Mapping[str, Any], num_frames: int, height: int, width: int) -> dict[str, Any]:
     """The call's control inputs, read from the files the flags name."""
     from PIL import Image
 
@@ -222,10 +180,10 @@ def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
     from diffsynth.core.data.operators import ResizeConfig
 
     # Animate's control clips cover the frames after the reference frame's latent slot (4 pixel frames).
-    animate_frames = max(1, (args.num_frames - 1) // 4 * 4 - 3)
+    animate_frames = max(1, (num_frames - 1) // 4 * 4 - 3)
     inputs = {}
     for key in release.inputs:
-        value, kind = getattr(args, key), INPUTS[key][0]
+        value, kind = values[key], INPUTS[key][0]
         if value is None:
             continue
         if kind == "image":
@@ -233,9 +191,9 @@ def _inputs(release: Release, args: argparse.Namespace) -> dict[str, Any]:
         elif kind == "images":
             value = [Image.open(path).convert("RGB") for path in value]
         elif kind == "video":
-            value = LoadVideo(args.num_frames).load(value, ResizeConfig(height=args.height, width=args.width))
+            value = LoadVideo(num_frames).load(value, ResizeConfig(height=height, width=width))
         elif kind == "animate_video":
-            value = LoadVideo(animate_frames).load(value, ResizeConfig(height=args.height, width=args.width))
+            value = LoadVideo(animate_frames).load(value, ResizeConfig(height=height, width=width))
         elif kind == "face_video":  # at its own size: the pipeline fits the crops to the motion encoder's
             value = LoadVideo(animate_frames).load(value, ResizeConfig())
         inputs[key] = value
@@ -251,34 +209,22 @@ def main(name: str, argv: Sequence[str] | None = None, full: bool = False,
     Returns:
         The video file written.
     """
-    from diffsynth.core import parse_model_id_with_origin_paths
-    from diffsynth.lora import load_lora
     from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline, save_video
-    from diffsynth.training.outputs.initial_weights import load_initial_weights
+    from diffsynth.training.validate import apply_weights, load_pipeline
 
     release = RELEASES[name]
     parser = build_parser(name, full)
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
-    flags = weight_flags(name, full)
-    paths = _check(parser, release, args, flags)
-    configs = parse_model_id_with_origin_paths(args.model_id_with_origin_paths)
-    pipe = WanVideoPipeline.from_pretrained(torch_dtype=args.torch_dtype, device=args.device, model_configs=configs)
-    for model, flag, path in zip(("dit", "dit2"), flags, paths):
-        if path and full:
-            try:  # the flat file names the transformer's weights, of a part too (vace_blocks..., face_adapter...)
-                count = load_initial_weights(pipe, path, f"pipe.{model}.", flag)
-            except (ValueError, RuntimeError) as error:  # a name or shape of another model
-                parser.error(f"{error}; pass the epoch-<e>.safetensors of a full fine-tune of {name}")
-            print(f"loaded {count} weights from {path} into {model}")
-        elif path:
-            layers = load_lora(getattr(pipe, model), path, alpha=args.lora_alpha_scale)
-            print(f"merged {layers} LoRA layers from {path} into {model} (scale {args.lora_alpha_scale})")
-    frames = pipe(args.prompt, negative_prompt=args.negative_prompt, cfg_scale=args.cfg_scale, height=args.height,
-                  width=args.width, num_frames=args.num_frames, seed=args.seed, num_inference_steps=args.steps,
-                  **_inputs(release, args))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_video(frames, output, fps=args.fps)
+    run = read_flags(parser, args, _weights(name, full), full, _input_flags(release), VIDEO_SUFFIXES,
+                     release.model_id)
+    if args.num_frames < 1 or args.fps < 1:
+        parser.error(f"--num_frames {args.num_frames} and --fps {args.fps} must be positive; e.g. --num_frames 81 "
+                     "--fps 15")
+    pipe = load_pipeline(WanVideoPipeline, run)
+    apply_weights(pipe, run, parser.error, name)
+    frames = pipe(**run.call, num_frames=args.num_frames,
+                  **_inputs(release, run.inputs, args.num_frames, args.height, args.width))
+    output = save_video(frames, run.output, fps=args.fps)
     print(f"{len(frames)} frames written to {output.resolve()}")
     return output

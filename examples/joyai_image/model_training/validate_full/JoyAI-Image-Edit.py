@@ -1,0 +1,28 @@
+"""Renders one image with JoyAI-Image-Edit and a full fine-tune of its transformer loaded over the released weights, to
+see what the fine-tune learned (``validate_lora/JoyAI-Image-Edit.py`` names the release; ``diffsynth.training.validate``
+does the steps).
+
+    python examples/joyai_image/model_training/validate_full/JoyAI-Image-Edit.py \
+        --checkpoint_path ./models/train/JoyAI-Image-Edit-full/epoch-1.safetensors
+
+``full/JoyAI-Image-Edit.sh`` writes that file (the transformer's trained weights under their own names); the other
+models load as it trains on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffsynth.training.validate import release_script
+
+SCRIPT = release_script(Path(__file__).parents[1] / "validate_lora" / "JoyAI-Image-Edit.py")
+SCRIPT = SCRIPT.with_full(
+    "./models/train/JoyAI-Image-Edit-full/epoch-1.safetensors",
+    output="image_full.jpg",
+    call=dict(SCRIPT.call, num_inference_steps=50),
+)
+MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Renders one image with Z-Image-Turbo-Fun-Controlnet-Union-2.1 and a full fine-tune of its ControlNet loaded over the
+released weights, to see what the fine-tune learned (``validate_lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1.py`` names
+the release; ``diffsynth.training.validate`` does the steps).
+
+    python examples/z_image/model_training/validate_full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.py \
+        --checkpoint_path ./models/train/Z-Image-Turbo-Fun-Controlnet-Union-2.1_full/epoch-1.safetensors
+
+``full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh`` writes that file (the ControlNet's trained weights under their own
+names); the other models load as it trains on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffsynth.training.validate import release_script
+
+SCRIPT = release_script(Path(__file__).parents[1] / "validate_lora" / "Z-Image-Turbo-Fun-Controlnet-Union-2.1.py")
+SCRIPT = SCRIPT.with_full(
+    "./models/train/Z-Image-Turbo-Fun-Controlnet-Union-2.1_full/epoch-1.safetensors",
+    slots=("controlnet",),
+)
+MODEL_ID_WITH_ORIGIN_PATHS = SCRIPT.models
+main = SCRIPT.main  # main(argv) renders the image and returns the file written
+
+if __name__ == "__main__":
+    main()
