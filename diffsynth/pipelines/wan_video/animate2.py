@@ -109,6 +109,17 @@ def check_animate2_inputs(pipe: WanVideoPipeline, image: Image.Image | None, vid
     return True
 
 
+def animate2_sample_problems(pipe: WanVideoPipeline, inputs: set[str]) -> list[str]:
+    """What is wrong with a sample's ``inputs`` for the loaded transformer: Animate-2 inputs for another model, or an
+    Animate-2 model without its character image and driving video."""
+    given = sorted(inputs & set(ANIMATE2_INPUTS))
+    if given and pipe.takes_animate2() is False:
+        return [f"{', '.join(given)} given, but {pipe.describe_transformer()} is not Wan2.2-Animate-2"]
+    if pipe.takes_animate2() and not set(ANIMATE2_INPUTS[:2]) <= inputs:
+        return ['Wan2.2-Animate-2 renders from "animate2_reference_image" and "animate2_reference_video": give both']
+    return []
+
+
 class Animate2ClipUnit(PipelineUnit):
     """The CLIP features of the character (``animate2_clip``) and of the reference video's first frame
     (``animate2_clip_ref``), each resized to the video's size first, as the reference does."""

@@ -4,7 +4,8 @@ The release ships each transformer as one safetensors file without a ``config.js
 (``wan_animate_2/wan_animate_2_bf16.safetensors`` and ``..._bf16_distillation.safetensors``) under the original
 names: every block is wrapped in an in-context module (``blocks.N.block.self_attn.q``). diffusers' own single-file
 converter, ``convert_wan_animate_2_transformer_to_diffusers``, gives the model's names (``blocks.N.self_attn.to_q``);
-``animate2_original_keys`` is its inverse, for writing files in the release's names. The sizes come from the
+``animate2_original_key`` is its inverse, for writing files in the release's names (a full fine-tune, the tiny
+release). The sizes come from the
 tensors' shapes; the head count, which no shape carries, from Wan's head size of 128 (the release: 5120 wide, 40
 heads).
 """
@@ -56,9 +57,3 @@ def animate2_original_key(key: str) -> str:
         return f"blocks.{match[1]}.block.{match[2]}.{layer}{match[4]}"
     return re.sub(r"^blocks\.(\d+)\.", r"blocks.\1.block.", key)
 
-
-def animate2_module_path(original: str) -> str:
-    """The model's module path of a release name (``blocks.0.block.self_attn.q`` -> ``blocks.0.self_attn.to_q``),
-    through diffusers' converter."""
-    (converted,) = animate2_model_keys([f"{original}.weight"])
-    return converted.removesuffix(".weight")

@@ -47,7 +47,14 @@ from ..common import (
     tensor_to_images,
 )
 from .animate import AnimateUnit, animate_inputs, animate_sample_problems
-from .animate2 import Animate2ClipUnit, Animate2PromptUnit, Animate2Unit, animate2_prediction, new_kv_cache
+from .animate2 import (
+    Animate2ClipUnit,
+    Animate2PromptUnit,
+    Animate2Unit,
+    animate2_prediction,
+    animate2_sample_problems,
+    new_kv_cache,
+)
 from .camera import CAMERA_SPEED
 from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
@@ -379,8 +386,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
         ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``); only a VACE
-        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's
-        (``animate_sample_problems``)."""
+        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's and Animate-2's
+        (``animate_sample_problems``, ``animate2_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -398,7 +405,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
         if "vace_video_mask" in inputs and "vace_video" not in inputs:
             problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
-        return problems + fun_sample_problems(self, inputs) + animate_sample_problems(self, inputs)
+        return [*problems, *fun_sample_problems(self, inputs), *animate_sample_problems(self, inputs),
+                *animate2_sample_problems(self, inputs)]
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
