@@ -118,6 +118,8 @@ def test_training_backpropagates_through_the_reference_pass(pipe):
         animate2_prediction(pipe.dit, timestep=torch.tensor([500.0]), animate2_kv_cache=frozen, **given)
     generation_only = gradient(frozen)
     assert both.abs().max() > 0 and (both - generation_only).abs().max() > 1e-3 * both.abs().max()
+    with pytest.raises(ValueError, match="animate2_reference_image and animate2_reference_video"):
+        pipe.model_fn(given["latents"], 500.0, given["prompt_emb"])  # a cache made without the Animate-2 inputs
 
 
 def test_a_full_fine_tune_is_written_as_the_release_file_the_loader_reads(tmp_path):

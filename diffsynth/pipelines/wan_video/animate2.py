@@ -172,14 +172,23 @@ def _grid(dit: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
 
 
 def animate2_prediction(dit: torch.nn.Module, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb: torch.Tensor,
-                        animate2_y: torch.Tensor, animate2_condition: torch.Tensor, animate2_clip: torch.Tensor | None,
-                        animate2_clip_ref: torch.Tensor | None, animate2_prompt_emb: torch.Tensor,
-                        animate2_kv_cache: Any = None, animate2_unconditional: bool = False,
-                        **_: Any) -> torch.Tensor:
+                        animate2_y: torch.Tensor | None = None, animate2_condition: torch.Tensor | None = None,
+                        animate2_clip: torch.Tensor | None = None, animate2_clip_ref: torch.Tensor | None = None,
+                        animate2_prompt_emb: torch.Tensor | None = None, animate2_kv_cache: Any = None,
+                        animate2_unconditional: bool = False, **_: Any) -> torch.Tensor:
     """The generation pass's velocity for ``latents`` ``(1, C, F, h, w)``, after the reference pass fills
     ``animate2_kv_cache`` (a ``WanAnimate2KVCache``) when it is empty or None (a fresh one: training, where the
     reference pass runs with gradients every step). ``animate2_unconditional`` is the negative CFG branch (diffusers'
-    ``is_uncondtion``)."""
+    ``is_uncondtion``).
+
+    Raises:
+        ValueError: The Animate-2 inputs are missing (a call or a cache without them).
+    """
+    if animate2_y is None or animate2_condition is None:
+        raise ValueError("the Wan2.2-Animate-2 transformer renders from animate2_reference_image and "
+                         "animate2_reference_video, and this state has neither: pass both (training: add them to "
+                         "--extra_inputs and the dataset, and rebuild a --task sft:data_process cache made without "
+                         "them)")
     device, dtype = latents.device, dit.dtype
     cache = new_kv_cache(dit) if animate2_kv_cache is None else animate2_kv_cache
     condition = animate2_condition.to(device, dtype)
