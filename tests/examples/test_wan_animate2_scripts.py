@@ -9,6 +9,7 @@ listed ``dit.blocks.N.block.self_attn.*`` layers and nothing else.
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 import pytest
@@ -16,11 +17,15 @@ import torch
 from safetensors.torch import load_file
 
 from diffsynth.pipelines.wan_video.example_animate import build_animate2_example_dataset
+from diffsynth.pipelines.wan_video.pipeline import WanVideoPipeline
 from diffsynth.testing.tiny_wan_animate2 import tiny_wan_animate2_transformer
+from diffsynth.training import entry as trainer
+from tests.conftest import reset_accelerate_state
 from tests.examples.helpers import linked_model_root
 from tests.examples.test_wan_image_scripts import WAN_ALIASES
 
-from .test_wan_scripts import VIDEO
+from .test_scripts import launch_commands, trainer_argv
+from .test_wan_scripts import VIDEO, WAN, small
 from .test_wan_vace_scripts import run_vace_script, trained_names
 
 build = functools.partial(build_animate2_example_dataset, num_videos=1, num_frames=5, size=(48, 32))
@@ -66,3 +71,26 @@ def test_the_full_scripts_train_the_listed_self_attention_layers(workdir, varian
     initial = tiny_wan_animate2_transformer(int(bool(variant))).state_dict()
     assert set(weights) == {key for key in initial if SELF_ATTENTION.match(key)}
     assert max((weights[key] - initial[key]).abs().max().item() for key in weights) > 1e-6
+
+
+def test_one_stage_training_renders_samples_from_the_animate2_inputs(workdir):
+    """The scripts' first command with the transformer added and the task one-stage: the prompt file's samples need
+    the encoders, which the split's second stage does not load."""
+    (words, _) = launch_commands((WAN / "lora/Wan2.2-Animate-2-14B.sh").read_text())
+    argv = small(trainer_argv(words)[1], {**VIDEO, "--num_frames": "5", "--task": "sft"})
+    index = argv.index("--model_id_with_origin_paths") + 1
+    argv[index] += ",Wan-AI/Wan2.2-Animate-2-14B:wan_animate_2/wan_animate_2_bf16.safetensors"
+    data = argv[argv.index("--dataset_base_path") + 1]
+    build(data)
+    entry = {"prompt": "a dancer", "animate2_reference_image": "character_000.png",
+             "animate2_reference_video": "driving_000.mp4", "animate2_prompt_ref": "a person"}
+    (workdir / data / "prompts.json").write_text(json.dumps([entry]))
+    argv += ["--validation_prompts", f"{data}/prompts.json", "--validation_epochs", "1",
+             "--validation_num_inference_steps", "1"]
+    try:
+        result = trainer.main(WanVideoPipeline, argv, video=True)
+    finally:
+        reset_accelerate_state()
+    assert result["global_step"] == 1
+    samples = workdir / argv[argv.index("--output_path") + 1] / "samples"
+    assert [path.name for path in sorted(samples.glob("*/*.mp4"))] == ["00.mp4"]

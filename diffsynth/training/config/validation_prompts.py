@@ -18,7 +18,9 @@ the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` 
 ``camera_control_direction`` and ``camera_control_speed``, and the Wan VACE inputs ``vace_video`` / ``vace_video_mask``
 (clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list), and the
 Wan2.2-Animate clips ``animate_pose_video``, ``animate_face_video``, ``animate_inpaint_video`` and
-``animate_mask_video`` (read likewise; ``input_image`` is the character); paths are relative
+``animate_mask_video`` (read likewise; ``input_image`` is the character), and Wan2.2-Animate-2's
+``animate2_reference_image``, ``animate2_reference_video`` (read likewise) and ``animate2_prompt_ref`` (a string); paths
+are relative
 to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file, every entry,
 every image (its header), and every size, which may not exceed what training itself computes (``--max_pixels``, or
 ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory plan.
@@ -47,13 +49,15 @@ if TYPE_CHECKING:
 #: The entries' image inputs (the list-valued ones may hold several paths), video inputs (a clip's path, read at the
 #: render's size and frame count) and the values passed to the pipeline as they are (Wan Fun Control-Camera's motion),
 #: as the pipelines' calls name them.
-IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image")
+IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image",
+              "animate2_reference_image")
 LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image")
 VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask", "animate_pose_video", "animate_face_video",
-              "animate_inpaint_video", "animate_mask_video")
+              "animate_inpaint_video", "animate_mask_video", "animate2_reference_video")
 CAMERA_KEYS = ("camera_control_direction", "camera_control_speed")
+TEXT_KEYS = ("animate2_prompt_ref",)
 FILE_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
-INPUT_KEYS = (*FILE_KEYS, *CAMERA_KEYS)
+INPUT_KEYS = (*FILE_KEYS, *CAMERA_KEYS, *TEXT_KEYS)
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", *INPUT_KEYS)
 DEFAULT_FPS = 16  # Wan's frame rate
 #: Suffixes that make a ``--validation_prompts`` value a file's path even when no such file exists (a mistyped path
@@ -90,6 +94,9 @@ class ValidationPrompt:
     animate_face_video: Path | None = None
     animate_inpaint_video: Path | None = None
     animate_mask_video: Path | None = None
+    animate2_reference_image: Path | None = None
+    animate2_reference_video: Path | None = None
+    animate2_prompt_ref: str | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
@@ -167,8 +174,9 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
                 if key not in PROMPT_KEYS]
     if not isinstance(entry.get("prompt"), str) or not entry["prompt"].strip():
         problems.append('needs a non-empty "prompt" string')
-    if not isinstance(entry.get("negative_prompt", ""), str):
-        problems.append('"negative_prompt" must be a string')
+    for key in ("negative_prompt", *TEXT_KEYS):
+        if not isinstance(entry.get(key, ""), str):
+            problems.append(f'"{key}" must be a string')
     for key in ("height", "width", "num_frames", "fps"):
         value = entry.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -336,7 +344,8 @@ class ValidationConfig:
             arguments["cfg_scale"] = self.cfg_scale
         if self.max_frames is not None:
             arguments["num_frames"] = prompt.num_frames or self.max_frames
-        arguments.update({key: getattr(prompt, key) for key in CAMERA_KEYS if getattr(prompt, key) is not None})
+        arguments.update({key: getattr(prompt, key) for key in (*CAMERA_KEYS, *TEXT_KEYS)
+                          if getattr(prompt, key) is not None})
         return arguments
 
 
