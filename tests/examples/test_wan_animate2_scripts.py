@@ -3,7 +3,8 @@ run as written on the tiny release through the trainer's ``main``: stage 1 (``--
 the T5, CLIP and Wan2.1 VAE files, stage 2 trains the release's single-file transformer on that cache. Only the sizes,
 epochs and repeats are made small, the dataset is drawn at the path each names. The LoRA trains ``self_attn.q,k,v``
 through both passes and loads fully into diffusers' transformer by ``load_lora_adapter``; the full fine-tune trains the
-listed ``dit.blocks.N.block.self_attn.*`` layers and nothing else.
+listed ``dit.blocks.N.block.self_attn.*`` layers and nothing else. A one-stage run renders samples from a prompt file
+naming the Animate-2 inputs, and block swap trains the same LoRA.
 """
 
 from __future__ import annotations
@@ -73,11 +74,12 @@ def test_the_full_scripts_train_the_listed_self_attention_layers(workdir, varian
     assert max((weights[key] - initial[key]).abs().max().item() for key in weights) > 1e-6
 
 
-def test_one_stage_training_renders_samples_from_the_animate2_inputs(workdir):
+def test_one_stage_training_renders_samples_and_block_swap_gives_the_plain_lora(workdir):
     """The scripts' first command with the transformer added and the task one-stage: the prompt file's samples need
-    the encoders, which the split's second stage does not load."""
+    the encoders, which the split's second stage does not load. Swapping a block (its K/V cache handed over by
+    keyword) trains the same LoRA."""
     (words, _) = launch_commands((WAN / "lora/Wan2.2-Animate-2-14B.sh").read_text())
-    argv = small(trainer_argv(words)[1], {**VIDEO, "--num_frames": "5", "--task": "sft"})
+    argv = small(trainer_argv(words)[1], {**VIDEO, "--num_frames": "5", "--task": "sft", "--learning_rate": "1e-2"})
     index = argv.index("--model_id_with_origin_paths") + 1
     argv[index] += ",Wan-AI/Wan2.2-Animate-2-14B:wan_animate_2/wan_animate_2_bf16.safetensors"
     data = argv[argv.index("--dataset_base_path") + 1]
@@ -85,12 +87,18 @@ def test_one_stage_training_renders_samples_from_the_animate2_inputs(workdir):
     entry = {"prompt": "a dancer", "animate2_reference_image": "character_000.png",
              "animate2_reference_video": "driving_000.mp4", "animate2_prompt_ref": "a person"}
     (workdir / data / "prompts.json").write_text(json.dumps([entry]))
-    argv += ["--validation_prompts", f"{data}/prompts.json", "--validation_epochs", "1",
-             "--validation_num_inference_steps", "1"]
-    try:
-        result = trainer.main(WanVideoPipeline, argv, video=True)
-    finally:
-        reset_accelerate_state()
-    assert result["global_step"] == 1
-    samples = workdir / argv[argv.index("--output_path") + 1] / "samples"
-    assert [path.name for path in sorted(samples.glob("*/*.mp4"))] == ["00.mp4"]
+    argv += ["--seed", "3"]
+    samples = ["--validation_prompts", f"{data}/prompts.json", "--validation_epochs", "1",
+               "--validation_num_inference_steps", "1"]
+    loras = []
+    for name, extra in (("plain", samples), ("swap", ["--blocks_to_swap", "1"])):
+        try:
+            result = trainer.main(WanVideoPipeline, [*argv, *extra, "--output_path", name], video=True)
+        finally:
+            reset_accelerate_state()
+        assert result["global_step"] == 1
+        loras.append(load_file(str(workdir / name / "epoch-0.safetensors")))
+    assert [path.name for path in sorted((workdir / "plain/samples").glob("*/*.mp4"))] == ["00.mp4"]
+    assert set(loras[0]) == set(loras[1])
+    assert max((loras[0][key] - loras[1][key]).abs().max().item() for key in loras[0]) < 1e-5
+    assert max(loras[0][key].abs().max().item() for key in loras[0] if ".lora_B." in key) > 1e-3  # it trained
