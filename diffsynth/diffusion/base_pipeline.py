@@ -324,8 +324,11 @@ class BasePipeline(torch.nn.Module):
 
     @classmethod
     def host_model(cls, name: str) -> str:
-        """The model that holds ``name``: its host for a part (``model_parts``), else ``name`` itself."""
-        return cls.model_parts[name][0] if name in cls.model_parts else name
+        """The model that holds ``name``: its host for a part (``model_parts``), the model a submodule path
+        ``<model>.<path>`` starts with (the reference's ``dit.blocks.0.block.self_attn.q``), else ``name`` itself."""
+        if name in cls.model_parts:
+            return cls.model_parts[name][0]
+        return name.split(".", 1)[0]
 
     @classmethod
     def part_scope(cls, name: str, model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -336,6 +339,8 @@ class BasePipeline(torch.nn.Module):
             ValueError: ``name`` is a part that ``model`` lacks.
         """
         present = {child for child, _ in model.named_children()}
+        if "." in name and name not in cls.model_parts:  # a submodule path: that module alone
+            return (name.split(".", 1)[1],), ()
         if name in cls.model_parts:
             host, children = cls.model_parts[name]
             missing = [child for child in children if child not in present]

@@ -67,6 +67,7 @@ from .tiny_wan import (
     build_tiny_wan_i2v,
 )
 from .tiny_wan_animate import WAN_ANIMATE_BUILDERS
+from .tiny_wan_animate2 import WAN_ANIMATE2_BUILDERS
 from .tiny_wan_flf2v import WAN_FLF2V_BUILDERS
 from .tiny_wan_vace import WAN_VACE_BUILDERS
 from .tiny_stable_diffusion import STABLE_DIFFUSION_BUILDERS
@@ -282,6 +283,7 @@ BUILDERS = {
     **WAN_FLF2V_BUILDERS,
     **WAN_VACE_BUILDERS,
     **WAN_ANIMATE_BUILDERS,
+    **WAN_ANIMATE2_BUILDERS,
     **FLUX1_BUILDERS,
     **FLUX2_BUILDERS,
     "flux2_dev": build_tiny_flux2_dev,

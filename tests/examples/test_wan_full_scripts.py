@@ -109,9 +109,6 @@ def refused(models: str, *flags: str) -> list[str]:
 
 DANCER = ("wantodance_music_path,wantodance_reference_image,wantodance_fps,wantodance_keyframes,"
           "wantodance_keyframes_mask")
-ANIMATE_2 = ("Wan-AI/Wan2.2-Animate-2-14B:videomodel/Wan-AI/models_t5_umt5-xxl-enc-bf16.pth,Wan-AI/Wan2.2-Animate-2-14B:"
-             "videomodel/Wan-AI/models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth,"
-             "Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth")
 # The distinguishing flags of the reference's full/ Wan scripts for releases not supported here (each script's first
 # command; the Wan2.2 experts' second commands differ only in low_noise_model/), and what the refusal line names.
 # The Fun Control and Control-Camera scripts run: tests/examples/test_wan_fun_scripts.py.
@@ -130,13 +127,6 @@ REFUSED = {
     "Wan2.1-1.3b-speedcontrol-v1": (
         refused(wan_files("Wan-AI/Wan2.1-T2V-1.3B") + ",DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1:model.safetensors",
                 "--trainable_models", "motion_controller", "--extra_inputs", "motion_bucket_id"), "speed-control"),
-    "Wan2.2-Animate-2-14B": (refused(ANIMATE_2, "--extra_inputs", "animate2_prompt_ref,animate2_reference_image,"
-                                     "animate2_reference_video", "--task", "sft:data_process"), "Wan2.2-Animate"),
-    "Wan2.2-Animate-2-14B-Distilled": (
-        refused("Wan-AI/Wan2.2-Animate-2-14B:wan_animate_2/wan_animate_2_bf16_distillation.safetensors",
-                "--trainable_models", "dit.blocks.0.block.self_attn.q", "--extra_inputs",
-                "animate2_prompt_ref,animate2_reference_image,animate2_reference_video", "--task", "sft:train"),
-        "Wan2.2-Animate"),
     "Wan2.2-S2V-14B": (refused("Wan-AI/Wan2.2-S2V-14B:diffusion_pytorch_model*.safetensors,Wan-AI/Wan2.2-S2V-14B:"
                                "wav2vec2-large-xlsr-53-english/model.safetensors,"
                                + wan_files("Wan-AI/Wan2.2-S2V-14B").split(",", 1)[1], "--audio_processor_path",

@@ -47,6 +47,8 @@ def fun_kind(dit: torch.nn.Module | None) -> str | None:
     config = dit.config
     if config.get("camera_channels"):
         return "camera"
+    if "in_channels" not in config:  # Wan2.2-Animate-2's config names its widths in_dim / out_dim
+        return None
     extra = config.in_channels - config.out_channels
     return "control" if extra in (2 * CONTROL_CHANNELS, 2 * CONTROL_CHANNELS + MASK_CHANNELS) else None
 

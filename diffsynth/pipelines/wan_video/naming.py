@@ -16,6 +16,12 @@ NAMING = ModuleNaming(
         "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
         # Only in VACE blocks: the first one's input projection, every one's hint projection.
         "proj_in": "before_proj", "proj_out": "after_proj",
+        # Wan2.2-Animate-2 (WanAnimate2Transformer3DModel): diffusers keeps the original module tree, less the
+        # in-context wrapper of each block (blocks.N.block), and renames the attention projections only.
+        **{f"{attention}.{ours}": f"block.{attention}.{theirs}" for attention in ("self_attn", "cross_attn")
+           for ours, theirs in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"), ("to_out.0", "o"))},
+        "cross_attn.add_k_proj": "block.cross_attn.k_img", "cross_attn.add_v_proj": "block.cross_attn.v_img",
+        "ffn.0": "block.ffn.0", "ffn.2": "block.ffn.2",
     },
     top_layers={
         "patch_embedding": "patch_embedding", "proj_out": "head.head",

@@ -9,7 +9,8 @@ Wan code rather than diffusers folders:
 - ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth``;
 - ``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`` (Wan2.1 image-to-video and Wan2.2-Animate).
 
-A DiT whose tensors hold the Animate modules (``original_animate.py``) is read into ``WanAnimateTransformer3DModel``.
+A DiT whose tensors hold the Animate modules (``original_animate.py``) is read into ``WanAnimateTransformer3DModel``;
+the Animate-2 release's lone safetensors file (``original_animate2.py``) into ``WanAnimate2Transformer3DModel``.
 
 ``identify`` tells from the files themselves (the config's class, the tensor names of a ``.pth``) which of these a
 set of files is, and returns the class to build, its config and where each of its tensors comes from. The class is
@@ -36,6 +37,13 @@ from .original_animate import (
     animate_sources,
     animate_to_original,
     is_animate,
+)
+from .original_animate2 import (
+    ANIMATE2_DIT_CLASS,
+    animate2_config,
+    animate2_model_keys,
+    animate2_original_key,
+    is_animate2,
 )
 from .original_encoders import clip_config, clip_model_keys, is_clip, is_umt5, umt5_config, umt5_model_keys
 from .original_vace import (
@@ -111,6 +119,8 @@ def identify(files: list[Path]) -> OriginalModel | None:
     if len(folders) != 1:
         return None
     folder = folders.pop()
+    if len(shards) == 1 and not (folder / "config.json").exists():
+        return _identify_single_file(shards[0])
     config = _original_dit_config(folder)
     if config is None:
         return None
@@ -130,6 +140,16 @@ def identify(files: list[Path]) -> OriginalModel | None:
         kind="dit", library="diffusers", class_name=class_name, config=model_config,
         entries=renamed_entries(entries, dit_model_keys(list(entries))), source=folder,
     )  # fmt: skip
+
+
+def _identify_single_file(file: Path) -> OriginalModel | None:
+    """A lone safetensors file without a config: the Animate-2 release's transformer, or None."""
+    entries = read_headers([file])
+    if not is_animate2(entries):
+        return None
+    shapes = {key: entry.shape for key, entry in entries.items()}
+    return OriginalModel(kind="dit", library="diffusers", class_name=ANIMATE2_DIT_CLASS, config=animate2_config(shapes),
+                         entries=renamed_entries(entries, animate2_model_keys(list(entries))), source=file)
 
 
 def _animate_model_sources(config: dict[str, Any]) -> dict[str, tuple[str, Any]]:
@@ -269,17 +289,23 @@ def original_dit_config_json(config: dict[str, Any], model_type: str) -> dict[st
 
 def dit_to_original(state_dict: dict[str, Any]) -> dict[str, Any]:
     """A ``WanTransformer3DModel`` state dict under the original release's names (a full fine-tune's original layout);
-    a ``WanAnimateTransformer3DModel``'s Animate tensors as ``original_animate.animate_to_original`` writes them."""
+    a ``WanAnimateTransformer3DModel``'s Animate tensors as ``original_animate.animate_to_original`` writes them; a
+    ``WanAnimate2Transformer3DModel``'s (its self-attention is ``self_attn``, not ``attn1``) under the release's names."""
+    if any(".self_attn.to_q." in key for key in state_dict):
+        return {animate2_original_key(key): tensor for key, tensor in state_dict.items()}
     plain = {key: tensor for key, tensor in state_dict.items() if not key.startswith(ANIMATE_PREFIXES)}
     names = dit_original_keys(list(plain))
     animate = animate_to_original(state_dict) if len(plain) < len(state_dict) else {}
     return {**{names[key]: tensor for key, tensor in plain.items()}, **animate}
 
 
-def dit_original_config(model: Any) -> dict[str, Any]:
+def dit_original_config(model: Any) -> dict[str, Any] | None:
     """The ``config.json`` of the original release folder of ``model`` (a ``WanTransformer3DModel``). Its
-    ``model_type`` is informational: loaders read the weights' shapes."""
+    ``model_type`` is informational: loaders read the weights' shapes. None for Wan2.2-Animate-2, released as one file
+    without a config."""
     config = dict(model.config)
+    if "refer_offset_t" in config:
+        return None
     if "motion_encoder_size" in config:
         return original_dit_config_json(config, "animate")
     if "vace_layers" in config:

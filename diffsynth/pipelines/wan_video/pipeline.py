@@ -47,6 +47,14 @@ from ..common import (
     tensor_to_images,
 )
 from .animate import AnimateUnit, animate_inputs, animate_sample_problems
+from .animate2 import (
+    Animate2ClipUnit,
+    Animate2PromptUnit,
+    Animate2Unit,
+    animate2_prediction,
+    animate2_sample_problems,
+    new_kv_cache,
+)
 from .camera import CAMERA_SPEED
 from .fun_control import FunCameraUnit, FunControlUnit, FunReferenceUnit, fun_kind, fun_sample_problems
 from .image import ImageConditionUnit, ImageEmbedderUnit, clip_image_processor, is_original_layout, load_image_processor
@@ -58,6 +66,7 @@ from .units import (
     InputVideoEmbedderUnit,
     NoiseUnit,
     PromptEmbedderUnit,
+    first_frame_inputs,
     round_frames,
 )
 from .vace import VaceUnit, vace_inputs
@@ -70,12 +79,15 @@ PATCH_SIZE = 2
 # The boundary of the Wan2.2 A14B experts (``boundary`` in wan/configs/wan_{t2v,i2v}_A14B.py of Wan-Video/Wan2.2).
 T2V_BOUNDARY_RATIO = 0.875
 I2V_BOUNDARY_RATIO = 0.9
+# The arguments of WanVideoPipeline.__call__ that are not the units' shared state.
+_NOT_SHARED = ("self", "prompt", "negative_prompt", "num_inference_steps", "output_type", "progress_bar")
 
 MODEL_ROLES = {
     "WanTransformer3DModel": "dit",
     "WanFunTransformer3DModel": "dit",
     "WanVACETransformer3DModel": "dit",
     "WanAnimateTransformer3DModel": "dit",
+    "WanAnimate2Transformer3DModel": "dit",
     "AutoencoderKLWan": "vae",
     "UMT5EncoderModel": "text_encoder",
     "CLIPVisionModel": "image_encoder",
@@ -88,13 +100,16 @@ class WanVideoPipeline(TextToLatentPipeline):
     model_roles = MODEL_ROLES
     model_fn_params = ("prompt_emb", "y", "clip_feature", "first_frame_latents", "boundary_ratio", "reference_latents",
                        "camera_latents", "vace_context", "vace_scale", "pose_latents", "face_pixel_values",
-                       "blank_face")
+                       "blank_face", "animate2_y", "animate2_condition", "animate2_clip", "animate2_clip_ref",
+                       "animate2_prompt_emb", "animate2_unconditional")
     training_columns = ("video", "prompt")
     # Extra inputs a sample may leave out: the reference takes the first (last) frame of the video for them.
     derived_inputs = ("input_image", "end_image")
     # The reference's Wan commands name layers as in the original Wan code; suffixes match self- and cross-attention.
     lora_target_aliases = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "ffn.0": "ffn.net.0.proj",
-                           "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj"}
+                           "ffn.2": "ffn.net.2", "k_img": "add_k_proj", "v_img": "add_v_proj",
+                           # Wan2.2-Animate-2's commands name its self-attention (diffusers keeps self_attn)
+                           **{f"self_attn.{name}": f"self_attn.to_{name}" for name in "qkv"}}
     default_lora_target_modules = "q,k,v,o,ffn.0,ffn.2"
     # The reference loads VACE's blocks as a model of their own, pipe.vace; diffusers keeps them in the transformer.
     # Likewise Animate's pose embedding, motion and face encoders and face adapter, pipe.animate_adapter there.
@@ -108,8 +123,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     extra_attributes = {"dit2": None, "image_processor": None}
     # The image-condition unit runs next to the video encoder, so the VAE is onloaded once for both.
     unit_classes = (ShapeCheckUnit, FrameCountUnit, NoiseUnit, InputVideoEmbedderUnit, ImageConditionUnit, AnimateUnit,
-                    VaceUnit, LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, FunControlUnit, FunCameraUnit,
-                    FunReferenceUnit)
+                    Animate2Unit, VaceUnit, LatentsUnit, PromptEmbedderUnit, ImageEmbedderUnit, Animate2ClipUnit,
+                    Animate2PromptUnit, FunControlUnit, FunCameraUnit, FunReferenceUnit)
 
     def _after_load(self, image_processor_config: ModelConfig | None = None) -> None:
         """Loads the CLIP image processor after the models.
@@ -136,7 +151,10 @@ class WanVideoPipeline(TextToLatentPipeline):
         text_encoder = roles.get("text_encoder")
         if text_encoder is not None and "tokenizer" not in roles and tokenizer_config is None \
                 and is_original_layout(text_encoder):
-            companions = {"tokenizer": sibling_folder(text_encoder, UMT5_TOKENIZER_FOLDER, beside_suffix=".pth")}
+            # Wan2.2-Animate-2 keeps its T5 in videomodel/Wan-AI/ with the tokenizer beside it, in umt5-xxl/.
+            folder = str(Path(text_encoder.origin_file_pattern or "").parent)
+            folder = UMT5_TOKENIZER_FOLDER if folder == "." else f"{folder}/{Path(UMT5_TOKENIZER_FOLDER).name}"
+            companions = {"tokenizer": sibling_folder(text_encoder, folder, beside_suffix=".pth")}
             companions = {name: config for name, config in companions.items() if config is not None}
         else:
             companions = super()._companions(roles, tokenizer_config)
@@ -177,7 +195,7 @@ class WanVideoPipeline(TextToLatentPipeline):
         """Latent channels: the VAE's ``z_dim``, else the transformer's output channels."""
         if self.vae is not None:
             return self.vae.config.z_dim
-        return self.dit.config.out_channels if self.dit is not None else 16
+        return self.dit.config.get("out_channels", self.dit.config.get("out_dim")) if self.dit is not None else 16
 
     def spatial_compression(self) -> int:
         """Pixels per latent pixel: 8 for the Wan2.1 VAE, 16 for the Wan2.2 VAE."""
@@ -205,6 +223,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             return "channels" if self.image_encoder is not None else None
         if self.takes_animate():
             return "animate"
+        if self.takes_animate2():  # its character is animate2_reference_image
+            return None
         if self.dit.config.in_channels != self.dit.config.out_channels:
             return "channels"
         return "first_frame" if self.dit.config.out_channels == WAN22_LATENT_CHANNELS else None
@@ -219,7 +239,7 @@ class WanVideoPipeline(TextToLatentPipeline):
         """Whether the transformer reads ``clip_feature`` (its ``image_dim`` is set)."""
         if self.dit is None:
             return self.image_encoder is not None
-        return self.dit.config.image_dim is not None
+        return self.dit.config.get("image_dim") is not None
 
     def takes_two_images(self) -> bool:
         """Whether the transformer's image cross-attention reads two images' CLIP tokens (Wan2.1-FLF2V: learned
@@ -238,10 +258,16 @@ class WanVideoPipeline(TextToLatentPipeline):
             return None
         return "motion_encoder_size" in self.dit.config
 
+    def takes_animate2(self) -> bool | None:
+        """Whether the transformer is Wan2.2-Animate-2's (``animate2.py``); None without one."""
+        return None if self.dit is None else "refer_offset_t" in self.dit.config
+
     def describe_transformer(self) -> str:
         """The transformer's image-related config, for error messages."""
         if self.dit is None:
             return "the pipeline (no transformer loaded, no image encoder)"
+        if self.takes_animate2():
+            return "the transformer (Wan2.2-Animate-2)"
         return (f"the transformer (in_channels={self.dit.config.in_channels}, out_channels="
                 f"{self.dit.config.out_channels}, image_dim={self.dit.config.image_dim})")
 
@@ -312,6 +338,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             ValueError: The channels given (latents plus ``y``) are not the transformer's ``in_channels``.
         """
         dit = self.expert(timestep, boundary_ratio)
+        if self.takes_animate2():
+            return animate2_prediction(dit, latents, timestep, prompt_emb, **_)
         timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(latents.shape[0])
         hidden = latents if y is None else torch.cat([latents, y.to(latents.dtype)], dim=1)
         if clip_feature is not None and dit.config.get("pos_embed_seq_len") is not None:
@@ -329,7 +357,7 @@ class WanVideoPipeline(TextToLatentPipeline):
                              f"{0 if y is None else y.shape[1]}); an image-to-video transformer needs input_image, "
                              "a text-to-video one must not get it")
         if dit.config.out_channels == WAN22_LATENT_CHANNELS and y is None:
-            hidden, timestep = _first_frame_inputs(hidden, timestep, first_frame_latents)
+            hidden, timestep = first_frame_inputs(hidden, timestep, first_frame_latents)
         control = {name: value for name, value in (("reference_latents", reference_latents),
                                                    ("camera_latents", camera_latents)) if value is not None}
         if vace_context is not None:
@@ -348,7 +376,8 @@ class WanVideoPipeline(TextToLatentPipeline):
         if first is not None:
             latents = torch.cat([first.to(latents), latents[:, :, 1:]], dim=2)
         # The frames of VACE's reference images, or Animate's character frame.
-        skipped = (inputs_shared.get("vace_reference_frames") or 0) + (inputs_shared.get("pose_latents") is not None)
+        skipped = (inputs_shared.get("vace_reference_frames") or 0) + (inputs_shared.get("pose_latents") is not None) \
+            + (inputs_shared.get("animate2_condition") is not None)
         latents = latents[:, :, skipped:]
         mean, inverse_std = self.latent_statistics(latents)
         video = self.vae.decode(latents / inverse_std + mean, return_dict=False)[0]
@@ -357,8 +386,8 @@ class WanVideoPipeline(TextToLatentPipeline):
     def sample_input_problems(self, inputs: set[str]) -> list[str]:
         """An image-to-video transformer needs ``input_image``; a text-to-video one refuses it; no Wan takes
         ``edit_image``; the Fun inputs go to the Fun models that read them (``fun_sample_problems``); only a VACE
-        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's
-        (``animate_sample_problems``)."""
+        transformer takes the VACE inputs, and a mask only with its video; likewise Animate's and Animate-2's
+        (``animate_sample_problems``, ``animate2_sample_problems``)."""
         problems = []
         mode = self.image_conditioning()
         if self.needs_input_image() and "input_image" not in inputs:
@@ -376,7 +405,8 @@ class WanVideoPipeline(TextToLatentPipeline):
             problems.append(f"{', '.join(given)} given, but {self.describe_transformer()} has no VACE blocks")
         if "vace_video_mask" in inputs and "vace_video" not in inputs:
             problems.append('"vace_video_mask" marks which parts of "vace_video" to keep: give "vace_video" too')
-        return problems + fun_sample_problems(self, inputs) + animate_sample_problems(self, inputs)
+        return [*problems, *fun_sample_problems(self, inputs), *animate_sample_problems(self, inputs),
+                *animate2_sample_problems(self, inputs)]
 
     def save_output(self, output: Sequence[Image.Image], stem: Path, fps: int = 16) -> Path:
         """Writes a video's frames as ``<stem>.mp4`` at ``fps`` frames per second (``save_video``)."""
@@ -397,7 +427,10 @@ class WanVideoPipeline(TextToLatentPipeline):
                  vace_scale: float = 1.0, animate_pose_video: Sequence[Image.Image] | None = None,
                  animate_face_video: Sequence[Image.Image] | None = None,
                  animate_inpaint_video: Sequence[Image.Image] | None = None,
-                 animate_mask_video: Sequence[Image.Image] | None = None) -> list[Image.Image] | torch.Tensor:
+                 animate_mask_video: Sequence[Image.Image] | None = None,
+                 animate2_reference_image: Image.Image | None = None,
+                 animate2_reference_video: Sequence[Image.Image] | None = None, animate2_prompt_ref: str = " ",
+                 animate2_refert_images: Sequence[Image.Image] | None = None) -> list[Image.Image] | torch.Tensor:
         """Generates one video.
 
         Args:
@@ -438,7 +471,13 @@ class WanVideoPipeline(TextToLatentPipeline):
             animate_face_video: Wan2.2-Animate: the face crops, as many.
             animate_inpaint_video: Wan2.2-Animate replacement mode: the background frames, as many.
             animate_mask_video: Wan2.2-Animate replacement mode: white where the character goes, as many.
+            animate2_reference_image: Wan2.2-Animate-2 (``animate2.py``): the character.
+            animate2_reference_video: Wan2.2-Animate-2: the driving video, at least ``num_frames`` frames.
+            animate2_prompt_ref: Wan2.2-Animate-2: the prompt of the reference video's pass.
+            animate2_refert_images: Wan2.2-Animate-2: frames continuing a previous clip (known first frames).
         """
+        # Every argument but the prompts and the output options is the units' shared state.
+        inputs_shared = {name: value for name, value in locals().items() if name not in _NOT_SHARED}
         check_call_inputs(prompt, output_type)
         if boundary_ratio is not None and not 0 < boundary_ratio < 1:
             raise ValueError(f"boundary_ratio={boundary_ratio!r} must lie between 0 and 1, e.g. 0.875")
@@ -446,33 +485,11 @@ class WanVideoPipeline(TextToLatentPipeline):
         latent_shape = self.latent_shape(round_size(height, multiple), round_size(width, multiple),
                                          round_frames(num_frames))
         self.set_inference_timesteps(num_inference_steps, denoising_strength, latent_shape=latent_shape)
-        inputs_shared = {
-            "cfg_scale": cfg_scale, "input_video": input_video, "input_image": input_image,
-            "end_image": end_image, "denoising_strength": denoising_strength,
-            "height": height, "width": width, "num_frames": num_frames, "seed": seed, "rand_device": rand_device,
-            "max_sequence_length": max_sequence_length, "boundary_ratio": boundary_ratio,
-            "control_video": control_video, "reference_image": reference_image,
-            "camera_control_direction": camera_control_direction, "camera_control_speed": camera_control_speed,
-            "camera_control_origin": camera_control_origin,
-            "vace_video": vace_video, "vace_video_mask": vace_video_mask,
-            "vace_reference_image": vace_reference_image, "vace_scale": vace_scale,
-            "animate_pose_video": animate_pose_video, "animate_face_video": animate_face_video,
-            "animate_inpaint_video": animate_inpaint_video, "animate_mask_video": animate_mask_video,
-        }  # fmt: skip
+        # Animate-2's reference pass fills it once; every step and both CFG branches read it.
+        inputs_shared["animate2_kv_cache"] = new_kv_cache(self.dit) if self.takes_animate2() else None
         # diffusers' Animate pipeline blanks the face in the negative branch.
-        negative = {"negative_prompt": negative_prompt, **({"blank_face": True} if animate_face_video else {})}
+        negative = {"negative_prompt": negative_prompt, **({"blank_face": True} if animate_face_video else {}),
+                    **({"animate2_unconditional": True} if animate2_reference_video else {})}
         video = self.denoise(inputs_shared, {"prompt": prompt}, negative, progress_bar=progress_bar)
         return video if output_type == "pt" else tensor_to_images(video[0])
 
-
-def _first_frame_inputs(hidden: torch.Tensor, timestep: torch.Tensor,
-                        first_frame_latents: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token timesteps ``(B, tokens)`` for a Wan2.2-latent transformer, and the latents with the condition as
-    their first frame; that frame's tokens get timestep 0 (diffusers' ``expand_timesteps`` mask)."""
-    batch, _, frames, height, width = hidden.shape
-    per_frame = timestep.reshape(batch, 1).expand(batch, frames).clone()
-    if first_frame_latents is not None:
-        hidden = torch.cat([first_frame_latents.to(hidden), hidden[:, :, 1:]], dim=2)
-        per_frame[:, 0] = 0
-    tokens = (height // PATCH_SIZE) * (width // PATCH_SIZE)
-    return hidden, per_frame.repeat_interleave(tokens, dim=1)

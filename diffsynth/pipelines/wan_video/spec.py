@@ -63,7 +63,7 @@ SPEC = FamilySpec(
                "PAI/Wan2.1-Fun-V1.1-1.3B-Control-Camera", "PAI/Wan2.1-Fun-V1.1-14B-Control-Camera",
                "PAI/Wan2.2-Fun-A14B-Control", "PAI/Wan2.2-Fun-A14B-Control-Camera", "Wan-AI/Wan2.1-VACE-1.3B",
                "Wan-AI/Wan2.1-VACE-14B", "iic/VACE-Wan2.1-1.3B-Preview", "PAI/Wan2.2-VACE-Fun-A14B",
-               "Wan-AI/Wan2.2-Animate-14B"),
+               "Wan-AI/Wan2.2-Animate-14B", "Wan-AI/Wan2.2-Animate-2-14B"),
     releases=(
         Release("wan2.1-t2v-14b", dict(_WAN21_T2V, num_attention_heads=40, ffn_dim=13824, num_layers=40),
                 ("Wan-AI/Wan2.1-T2V-14B*",)),
@@ -92,11 +92,6 @@ SPEC = FamilySpec(
     scheduler_presets={"wan": dict(shift=5.0)},
     lora_tools=LoraTools("WanLoraLoaderMixin"),
     refused_model_ids={
-        # diffusers 0.42.1 carries WanAnimate2Transformer3DModel and its modular pipelines; what is missing is this
-        # pipeline's side (docs/en/Wan_Control.md, Animate-2), and its flex attention has no backward on CPU.
-        "Wan-AI/Wan2.2-Animate-2-": "Wan2.2-Animate-2 is not supported here yet: its reference-video pass (the "
-                                    "animate2_reference_video K/V cache every step attends to) is not built into this "
-                                    "pipeline or its training step; Wan-AI/Wan2.2-Animate-14B trains",
         "Wan-AI/Wan2.2-S2V-": "Wan2.2-S2V (speech-to-video) is not supported here",
         "Wan-AI/Wan-Dancer-": "Wan-Dancer (music-to-dance video, the WanToDance models) is not supported here",
         "DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-": "the Wan2.1 speed-control motion adapter is not supported here",
@@ -106,5 +101,6 @@ SPEC = FamilySpec(
                      "--framewise_decoding"),
     example_folder="examples/wanvideo/model_training",
     docs_page="Wan.md",
-    other_denoiser_classes=("WanVACETransformer3DModel", "WanFunTransformer3DModel", "WanAnimateTransformer3DModel"),
+    other_denoiser_classes=("WanVACETransformer3DModel", "WanFunTransformer3DModel", "WanAnimateTransformer3DModel",
+                            "WanAnimate2Transformer3DModel"),
 )

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 VAE_TEMPORAL_SCALE = 4
+_PATCH_SIZE = 2  # the Wan transformers' 2x2 patch
 
 
 def clean_prompt(text: str) -> str:
@@ -66,15 +67,18 @@ class FrameCountUnit(PipelineUnit):
 
 class NoiseUnit(PipelineUnit):
     """Draws the initial noise ``(1, C, (num_frames - 1) / 4 + 1, height / s, width / s)`` (the VAE's latent channels
-    ``C`` and spatial compression ``s``)."""
+    ``C`` and spatial compression ``s``); with ``animate2_reference_video`` one latent frame more, the character's
+    (drawn at the full length, as the reference draws it)."""
 
     def __init__(self) -> None:
-        super().__init__(input_params=("height", "width", "num_frames", "seed", "rand_device"),
-                         output_params=("noise",))
+        super().__init__(input_params=("height", "width", "num_frames", "seed", "rand_device",
+                                       "animate2_reference_video"), output_params=("noise",))
 
     def process(self, pipe: WanVideoPipeline, height: int, width: int, num_frames: int, seed: int | None,
-                rand_device: str | torch.device | None) -> dict:
-        return {"noise": draw_noise(pipe, pipe.latent_shape(height, width, num_frames), seed, rand_device)}
+                rand_device: str | torch.device | None, animate2_reference_video: list | None) -> dict:
+        shape = list(pipe.latent_shape(height, width, num_frames))
+        shape[2] += animate2_reference_video is not None
+        return {"noise": draw_noise(pipe, tuple(shape), seed, rand_device)}
 
 
 class InputVideoEmbedderUnit(PipelineUnit):
@@ -123,3 +127,16 @@ class PromptEmbedderUnit(PromptUnit):
         embeddings = torch.zeros_like(hidden)
         embeddings[:, :kept] = hidden[:, :kept]
         return {"prompt_emb": embeddings.to(pipe.torch_dtype)}
+
+
+def first_frame_inputs(hidden: torch.Tensor, timestep: torch.Tensor,
+                       first_frame_latents: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token timesteps ``(B, tokens)`` for a Wan2.2-latent transformer, and the latents with the condition as
+    their first frame; that frame's tokens get timestep 0 (diffusers' ``expand_timesteps`` mask)."""
+    batch, _, frames, height, width = hidden.shape
+    per_frame = timestep.reshape(batch, 1).expand(batch, frames).clone()
+    if first_frame_latents is not None:
+        hidden = torch.cat([first_frame_latents.to(hidden), hidden[:, :, 1:]], dim=2)
+        per_frame[:, 0] = 0
+    tokens = (height // _PATCH_SIZE) * (width // _PATCH_SIZE)
+    return hidden, per_frame.repeat_interleave(tokens, dim=1)

@@ -33,7 +33,8 @@ class ValidationSection(Section):
                                 "end_image, reference_image, control_video, camera_control_direction, "
                                 "camera_control_speed, vace_video, vace_video_mask, vace_reference_image, "
                                 "animate_pose_video, animate_face_video, animate_inpaint_video, "
-                                "animate_mask_video, eligen_entity_prompts, eligen_entity_masks. A value "
+                                "animate_mask_video, animate2_reference_image, animate2_reference_video, "
+                                "animate2_prompt_ref, eligen_entity_prompts, eligen_entity_masks. A value "
                                 "that names no file is the prompt, unless it looks like a path (a "
                                 ".txt / .json / .csv suffix, or one word with a /): then it is an error. Checked "
                                 "before the models load.")

@@ -18,12 +18,13 @@ the Wan Fun Control inputs ``control_video`` (a clip of at least ``num_frames`` 
 ``camera_control_direction`` and ``camera_control_speed``, and the Wan VACE inputs ``vace_video`` / ``vace_video_mask``
 (clips read at the render's size and frame count) and ``vace_reference_image`` (a path or a list), and the
 Wan2.2-Animate clips ``animate_pose_video``, ``animate_face_video``, ``animate_inpaint_video`` and
-``animate_mask_video`` (read likewise; ``input_image`` is the character), and Qwen-Image EliGen's
-``eligen_entity_prompts`` (a list of prompts) and ``eligen_entity_masks`` (a list of mask paths, one per prompt); paths
-are relative to the file's folder. Everything is checked when the flags are parsed, before any model loads: the file,
-every entry, every image (its header), and every size, which may not exceed what training itself computes
-(``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the run's memory
-plan.
+``animate_mask_video`` (read likewise; ``input_image`` is the character), Wan2.2-Animate-2's
+``animate2_reference_image``, ``animate2_reference_video`` (read likewise) and ``animate2_prompt_ref`` (a string), and
+Qwen-Image EliGen's ``eligen_entity_prompts`` (a list of prompts) and ``eligen_entity_masks`` (a list of mask paths,
+one per prompt); paths are relative to the file's folder. Everything is checked when the flags are parsed, before any
+model loads: the file, every entry, every image (its header), and every size, which may not exceed what training
+itself computes (``--max_pixels``, or ``--height`` x ``--width``; ``--num_frames``), so that rendering stays within the
+run's memory plan.
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ if TYPE_CHECKING:
 #: render's size and frame count) and the values passed to the pipeline as they are (Wan Fun Control-Camera's motion),
 #: as the pipelines' calls name them.
 IMAGE_KEYS = ("edit_image", "input_image", "end_image", "reference_image", "vace_reference_image",
-              "eligen_entity_masks")
+              "eligen_entity_masks", "animate2_reference_image")
 LIST_IMAGE_KEYS = ("edit_image", "vace_reference_image", "eligen_entity_masks")
 VIDEO_KEYS = ("control_video", "vace_video", "vace_video_mask", "animate_pose_video", "animate_face_video",
-              "animate_inpaint_video", "animate_mask_video")
+              "animate_inpaint_video", "animate_mask_video", "animate2_reference_video")
 CAMERA_KEYS = ("camera_control_direction", "camera_control_speed")
-#: Values passed as they are: the camera's motion and EliGen's entity prompts (as a list).
-PLAIN_KEYS = (*CAMERA_KEYS, "eligen_entity_prompts")
+#: Values passed as they are: the camera's motion, EliGen's entity prompts (as a list) and Animate-2's reference
+#: prompt; the last also checked to be text (``TEXT_KEYS``).
+TEXT_KEYS = ("animate2_prompt_ref",)
+PLAIN_KEYS = (*CAMERA_KEYS, "eligen_entity_prompts", *TEXT_KEYS)
 FILE_KEYS = (*IMAGE_KEYS, *VIDEO_KEYS)
 INPUT_KEYS = (*FILE_KEYS, *PLAIN_KEYS)
 PROMPT_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames", "fps", "seed", *INPUT_KEYS)
@@ -97,6 +100,9 @@ class ValidationPrompt:
     animate_mask_video: Path | None = None
     eligen_entity_prompts: tuple[str, ...] | None = None
     eligen_entity_masks: tuple[Path, ...] | None = None
+    animate2_reference_image: Path | None = None
+    animate2_reference_video: Path | None = None
+    animate2_prompt_ref: str | None = None
 
     def images(self) -> list[Path]:
         """Every image file the entry names."""
@@ -174,8 +180,9 @@ def _entry(entry: Any, folder: Path) -> ValidationPrompt:
                 if key not in PROMPT_KEYS]
     if not isinstance(entry.get("prompt"), str) or not entry["prompt"].strip():
         problems.append('needs a non-empty "prompt" string')
-    if not isinstance(entry.get("negative_prompt", ""), str):
-        problems.append('"negative_prompt" must be a string')
+    for key in ("negative_prompt", *TEXT_KEYS):
+        if not isinstance(entry.get(key, ""), str):
+            problems.append(f'"{key}" must be a string')
     for key in ("height", "width", "num_frames", "fps"):
         value = entry.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

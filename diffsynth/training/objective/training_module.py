@@ -195,7 +195,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             model = self._model(name, "--trainable_models")
             inside, outside = self.pipe.part_scope(name, model)
             for child in inside or ("",):
-                model.get_submodule(child).requires_grad_(True)
+                _submodule(model, child, name).requires_grad_(True)
             for child in outside:
                 model.get_submodule(child).requires_grad_(False)
             model.train()
@@ -404,5 +404,24 @@ def _preprocessor_identity(component: Any) -> str | None:
     return None
 
 
-def _checkpoint_block(block: torch.nn.Module, *args: Any, offload: bool) -> Any:
-    return gradient_checkpoint_forward(block, True, offload, *args)
+def _submodule(model: torch.nn.Module, path: str, flag_value: str) -> torch.nn.Module:
+    """``model``'s module at ``path``, in the model's names or its release's (the family's LoRA naming maps them).
+
+    Raises:
+        ValueError: Neither names a module of ``model``.
+    """
+    from ...lora import naming_for
+
+    for candidate in (path, naming_for(model).to_diffusers(path)):
+        try:
+            if candidate is not None:
+                return model.get_submodule(candidate)
+        except AttributeError:
+            continue
+    raise ValueError(f"--trainable_models {flag_value}: {type(model).__name__} has no module {path!r} (in its own "
+                     "or its release's names); name a module it has, e.g. dit.blocks.0")
+
+
+def _checkpoint_block(block: torch.nn.Module, *args: Any, offload: bool, **kwargs: Any) -> Any:
+    # Keyword inputs too: Wan2.2-Animate-2's transformer hands its blocks the K/V cache and the pass by keyword.
+    return gradient_checkpoint_forward(block, True, offload, *args, **kwargs)

@@ -78,7 +78,12 @@ class _OriginalLayout:
     """How one class's original release stores it: the converter, and whether it is a folder with a config."""
 
     convert: Converter
-    folder_config: Callable[[torch.nn.Module], dict[str, Any]] | None  # None: a single file without config
+    folder_config: Callable[[torch.nn.Module], dict[str, Any] | None] | None  # None: a single file without config
+
+    def config_of(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """The ``config.json`` of ``model``'s original folder; None where its release is one file (the family's
+        function may say so for one class: Wan2.2-Animate-2's single-file transformer)."""
+        return None if self.folder_config is None else self.folder_config(model)
 
 
 def _original_layout(model: torch.nn.Module) -> _OriginalLayout | None:
@@ -117,7 +122,8 @@ def full_checkpoint_paths(output_path: str | os.PathLike, name: str, model_name:
     if ORIGINAL in formats:
         layout = _original_layout(model)
         stem = Path(output_path) / f"{name}.{model_name}{ORIGINAL_SUFFIX}"
-        paths[ORIGINAL] = stem if layout is None or layout.folder_config else stem.with_name(stem.name + ".safetensors")
+        folder = layout is None or layout.config_of(model) is not None
+        paths[ORIGINAL] = stem if folder else stem.with_name(stem.name + ".safetensors")
     return paths
 
 
@@ -358,11 +364,13 @@ def _original_writer(model: torch.nn.Module, source: _BlockSource,
     layout = _original_layout(model)
     weights_name, _ = _library_files(model)
 
+    config = layout.config_of(model)
+
     def write(target: Path | None) -> None:
-        file = None if target is None else target / weights_name if layout.folder_config else target
+        file = None if target is None else target / weights_name if config is not None else target
         _stream_blocks(source, layout.convert, lambda plan: [(file, plan)], metadata)
-        if target is not None and layout.folder_config is not None:
-            atomic_write_json(target / "config.json", layout.folder_config(model))
+        if target is not None and config is not None:
+            atomic_write_json(target / "config.json", config)
 
     return write
 

@@ -185,9 +185,9 @@ def _block_sequence(model: nn.Module) -> BlockSequence:
     return find_block_sequence(model)
 
 
-def _checkpoint_block(block: nn.Module, *args: Any) -> Any:
+def _checkpoint_block(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # The dry run checkpoints as the trainer does; activation offload is predicted from it (meta has no host copy).
-    return gradient_checkpoint_forward(block, True, False, *args)
+    return gradient_checkpoint_forward(block, True, False, *args, **kwargs)
 
 
 def plan_modes(placement: PlacementConfig) -> tuple[list[str], list[str]]:

@@ -50,6 +50,9 @@ INPUTS = {
     "animate_pose_video": ("animate_video", "the driving pose clip (a video file, at least --num_frames - 4 long)"),
     "animate_face_video": ("face_video", "the driving face crops, one a frame (a video file, at least --num_frames - 4 "
                                          "long)"),
+    "animate2_reference_image": ("image", "the character (an image file)"),
+    "animate2_reference_video": ("video", "the driving clip (a video file, at least --num_frames long)"),
+    "animate2_prompt_ref": ("text", "the prompt of the driving clip's pass (default: a space, the reference's)"),
 }
 
 
@@ -64,6 +67,7 @@ class Release(NamedTuple):
     experts: bool = False
     vae: str = "Wan2.1_VAE.pth"
     part: str = "dit"
+    entries: tuple[str, ...] = ()  # model_id:pattern entries of a release that loads files of two repositories
 
     def files(self) -> tuple[str, ...]:
         return (*(EXPERTS if self.experts else (DIT,)), T5, self.vae, *((CLIP,) if self.clip else ()))
@@ -77,6 +81,16 @@ _CAMERA = dict(inputs=("input_image", "camera_control_direction", "camera_contro
 _VACE = dict(inputs=("vace_video", "vace_video_mask", "vace_reference_image"), part="vace")
 _I2V = dict(inputs=("input_image",), required=("input_image",))
 _ANIMATE = ("input_image", "animate_pose_video", "animate_face_video")
+_ANIMATE2 = ("animate2_reference_image", "animate2_reference_video", "animate2_prompt_ref")
+
+
+def _animate2(transformer: str) -> Release:
+    """Wan2.2-Animate-2: its transformer file and encoders, and Wan2.1-T2V-14B's VAE, as its scripts load them."""
+    repo = "Wan-AI/Wan2.2-Animate-2-14B"
+    entries = (f"{repo}:videomodel/Wan-AI/{T5}", f"{repo}:videomodel/Wan-AI/{CLIP}",
+               "Wan-AI/Wan2.1-T2V-14B:Wan2.1_VAE.pth", f"{repo}:wan_animate_2/{transformer}")
+    return Release(repo, _ANIMATE2, _ANIMATE2[:2], clip=True, entries=entries)
+
 
 RELEASES = {
     "Wan2.1-T2V-1.3B": Release("Wan-AI/Wan2.1-T2V-1.3B"),
@@ -87,6 +101,8 @@ RELEASES = {
     # One transformer for text and image to video: the image is optional.
     "Wan2.2-TI2V-5B": Release("Wan-AI/Wan2.2-TI2V-5B", ("input_image",), vae="Wan2.2_VAE.pth"),
     "Wan2.2-Animate-14B": Release("Wan-AI/Wan2.2-Animate-14B", _ANIMATE, _ANIMATE, clip=True, part="animate_adapter"),
+    "Wan2.2-Animate-2-14B": _animate2("wan_animate_2_bf16.safetensors"),
+    "Wan2.2-Animate-2-14B-Distilled": _animate2("wan_animate_2_bf16_distillation.safetensors"),
     "Wan2.1-FLF2V-14B-720P": Release("Wan-AI/Wan2.1-FLF2V-14B-720P", ("input_image", "end_image"),
                                      ("input_image", "end_image"), clip=True),
     **{name: Release(f"PAI/{name}", clip=True, **_INP) for name in (
@@ -110,7 +126,7 @@ RELEASES = {
 def model_id_with_origin_paths(name: str) -> str:
     """The ``--model_id_with_origin_paths`` of release ``name``'s files, as its training script loads them."""
     release = RELEASES[name]
-    return ",".join(f"{release.model_id}:{pattern}" for pattern in release.files())
+    return ",".join(release.entries or (f"{release.model_id}:{pattern}" for pattern in release.files()))
 
 
 def weight_flags(name: str, full: bool = False) -> tuple[str, ...]:
