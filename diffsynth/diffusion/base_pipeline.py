@@ -324,8 +324,7 @@ class BasePipeline(torch.nn.Module):
 
     @classmethod
     def host_model(cls, name: str) -> str:
-        """The model that holds ``name``: its host for a part (``model_parts``), the model a submodule path
-        ``<model>.<path>`` starts with (the reference's ``dit.blocks.0.block.self_attn.q``), else ``name`` itself."""
+        """The model holding ``name``: a part's host (``model_parts``), a ``<model>.<path>``'s model, else ``name``."""
         if name in cls.model_parts:
             return cls.model_parts[name][0]
         return name.split(".", 1)[0]

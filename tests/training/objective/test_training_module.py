@@ -62,7 +62,8 @@ def test_stages_run_complementary_units(pipe):
     assert full.active_model_names() == ["vae", "text_encoder", "dit"]
     cached = stage_one.process_sample(SAMPLE)
     assert {scope: sorted(values) for scope, values in cached.items()} == {
-        "shared": ["context_latents", "edit_latents", "input_latents", "layer_input_latents"],
+        "shared": ["blockwise_controlnet_conditioning", "context_latents", "edit_latents", "input_latents",
+                   "layer_input_latents"],
         "posi": ["entity_masks", "entity_prompt_emb", "prompt_emb", "prompt_emb_mask"], "nega": []}
     assert cached["shared"]["input_latents"].shape == (1, 16, 6, 4)
     # a text-to-image sample has no reference images, nor an image to decompose into layers, nor EliGen entities

@@ -36,7 +36,8 @@ def test_guidance_and_the_seed_matter_to_distillation_only():
     sft = inputs_that_matter(pipe.units, FlowMatchSFTLoss.required_keys(pipe))
     distill = inputs_that_matter(pipe.units, DirectDistillLoss.required_keys(pipe))
     assert {"input_image", "edit_image", "layer_input_image", "context_image", "height", "width", "max_sequence_length",
-            "eligen_entity_prompts", "eligen_entity_masks", "eligen_enable_on_negative"} == sft
+            "eligen_entity_prompts", "eligen_entity_masks", "eligen_enable_on_negative", "blockwise_controlnet_inputs",
+            "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask"} == sft
     # Layered's layer count shapes the seeded noise a distilled sampler starts from
     assert distill - sft == {*DISTILL, "layer_num"}
     assert "edit_image" not in inputs_that_matter(WanVideoPipeline().units,
