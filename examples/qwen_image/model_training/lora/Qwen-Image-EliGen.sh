@@ -1,4 +1,13 @@
-modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "qwen_image/Qwen-Image-EliGen/*" --local_dir ./data/diffsynth_example_dataset
+#!/usr/bin/env bash
+# Qwen-Image EliGen: a LoRA that draws each entity prompt inside its mask's region (the reference's command). Run
+# from the repository root.
+#
+# The dataset: metadata.json rows with image, prompt, eligen_entity_prompts (a list) and eligen_entity_masks (a list
+# of mask paths, one per prompt) (docs/en/Qwen_Image.md#regional-prompts-eligen). The model files are read from
+# DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing. The reference downloads its example
+# with
+#   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "qwen_image/Qwen-Image-EliGen/*" --local_dir ./data/diffsynth_example_dataset
+set -e
 
 accelerate launch examples/qwen_image/model_training/train.py \
   --dataset_base_path data/diffsynth_example_dataset/qwen_image/Qwen-Image-EliGen \

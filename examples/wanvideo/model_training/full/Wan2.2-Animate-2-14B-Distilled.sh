@@ -1,4 +1,14 @@
-modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.2-Animate-2-14B-Distilled/*" --local_dir ./data/diffsynth_example_dataset
+#!/usr/bin/env bash
+# Wan2.2-Animate-2-14B (its distilled file): full training of every block's self-attention (q, k, v) as the
+# reference (DiffSynth-Studio) trains it, in two stages: the encoders and the VAE fill a cache, then the listed weights
+# train from it (full/accelerate_config_14B.yaml). Run from the repository root.
+#
+# --trainable_models names submodules in the release's names (dit.blocks.N.block.self_attn.q) (docs/en/Wan_Control.md).
+# The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and downloaded there when missing. The
+# dataset: metadata.json rows with video, prompt, animate2_reference_image, animate2_reference_video and
+# animate2_prompt_ref. The reference downloads its example with
+#   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.2-Animate-2-14B-Distilled/*" --local_dir ./data/diffsynth_example_dataset
+set -e
 
 accelerate launch examples/wanvideo/model_training/train.py \
   --dataset_base_path data/diffsynth_example_dataset/wanvideo/Wan2.2-Animate-2-14B-Distilled \

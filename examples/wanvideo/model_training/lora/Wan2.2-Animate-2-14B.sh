@@ -1,4 +1,15 @@
-modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.2-Animate-2-14B/*" --local_dir ./data/diffsynth_example_dataset
+#!/usr/bin/env bash
+# Wan2.2-Animate-2-14B: a LoRA on the transformer's self-attention (q, k, v), as the reference (DiffSynth-Studio)
+# trains it, in two stages: the T5 and CLIP encoders and the VAE fill a cache, then the transformer trains from it
+# (full/accelerate_config_14B.yaml). Run from the repository root.
+#
+# The transformer is the release's single file (wan_animate_2/wan_animate_2_bf16.safetensors, original names) read
+# into diffusers' WanAnimate2Transformer3DModel; each step runs the reference-video pass and the cached pass, both
+# trained (docs/en/Wan_Control.md). The model files are read from DIFFSYNTH_MODEL_BASE_PATH (default ./models) and
+# downloaded there when missing. The dataset: metadata.json rows with video, prompt, animate2_reference_image,
+# animate2_reference_video and animate2_prompt_ref. The reference downloads its example with
+#   modelscope download --dataset DiffSynth-Studio/diffsynth_example_dataset --include "wanvideo/Wan2.2-Animate-2-14B/*" --local_dir ./data/diffsynth_example_dataset
+set -e
 
 accelerate launch examples/wanvideo/model_training/train.py \
   --dataset_base_path data/diffsynth_example_dataset/wanvideo/Wan2.2-Animate-2-14B \
