@@ -172,3 +172,15 @@ def test_a_control_script_refuses_missing_inputs_before_loading(tmp_path, monkey
         script.main(["--lora_path", "lora.safetensors", "--input_image", "first.png", "--end_image", "gone.png",
                      *RENDER])
     assert "--end_image gone.png: no such file" in capsys.readouterr().err
+
+
+def test_animate_replacement_mode_takes_its_two_clips_together(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("lora.safetensors", "look.png", "clip.mp4"):
+        (tmp_path / name).touch()
+    with pytest.raises(SystemExit):
+        control_script("Wan2.2-Animate-14B").main([
+            "--lora_path", "lora.safetensors", "--input_image", "look.png", "--animate_pose_video", "clip.mp4",
+            "--animate_face_video", "clip.mp4", "--animate_mask_video", "clip.mp4", *RENDER])
+    assert "replacement mode takes --animate_inpaint_video (the background) and --animate_mask_video together" in \
+        capsys.readouterr().err

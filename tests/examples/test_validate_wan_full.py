@@ -82,9 +82,11 @@ RUNS = {
     "experts": ("validate_full", "Wan2.2-T2V-A14B", []),
     "vace": ("validate_full", "Wan2.1-VACE-1.3B", ["--vace_video", "clip.mp4", "--vace_reference_image", "look.png"]),
     # Animate renders num_frames - 4 frames (the reference image's latent slot is dropped).
+    # In replacement mode: the background and mask clips are read like the pose clip.
     "animate": ("validate_full", "Wan2.2-Animate-14B", ["--input_image", "look.png", "--animate_pose_video",
                                                          "clip.mp4", "--animate_face_video", "clip.mp4",
-                                                         "--num_frames", "9"]),
+                                                         "--animate_inpaint_video", "clip.mp4",
+                                                         "--animate_mask_video", "clip.mp4", "--num_frames", "9"]),
     "wan2.2-vae": ("validate_lora", "Wan2.2-TI2V-5B", ["--input_image", "look.png"]),
 }
 

@@ -50,6 +50,10 @@ INPUTS = {
     "animate_pose_video": ("animate_video", "the driving pose clip (a video file, at least --num_frames - 4 long)"),
     "animate_face_video": ("face_video", "the driving face crops, one a frame (a video file, at least --num_frames - 4 "
                                          "long)"),
+    "animate_inpaint_video": ("animate_video", "replacement mode: the background clip the character is put into (a "
+                                               "video file, as long as the pose clip)"),
+    "animate_mask_video": ("animate_video", "replacement mode: white where the character goes (a video file, as long "
+                                            "as the pose clip)"),
     "animate2_reference_image": ("image", "the character (an image file)"),
     "animate2_reference_video": ("video", "the driving clip (a video file, at least --num_frames long)"),
     "animate2_prompt_ref": ("text", "the prompt of the driving clip's pass (default: a space, the reference's)"),
@@ -81,6 +85,7 @@ _CAMERA = dict(inputs=("input_image", "camera_control_direction", "camera_contro
 _VACE = dict(inputs=("vace_video", "vace_video_mask", "vace_reference_image"), part="vace")
 _I2V = dict(inputs=("input_image",), required=("input_image",))
 _ANIMATE = ("input_image", "animate_pose_video", "animate_face_video")
+_REPLACEMENT = ("animate_inpaint_video", "animate_mask_video")  # both or neither (the pipeline checks)
 _ANIMATE2 = ("animate2_reference_image", "animate2_reference_video", "animate2_prompt_ref")
 
 
@@ -100,7 +105,8 @@ RELEASES = {
     "Wan2.2-I2V-A14B": Release("Wan-AI/Wan2.2-I2V-A14B", experts=True, **_I2V),
     # One transformer for text and image to video: the image is optional.
     "Wan2.2-TI2V-5B": Release("Wan-AI/Wan2.2-TI2V-5B", ("input_image",), vae="Wan2.2_VAE.pth"),
-    "Wan2.2-Animate-14B": Release("Wan-AI/Wan2.2-Animate-14B", _ANIMATE, _ANIMATE, clip=True, part="animate_adapter"),
+    "Wan2.2-Animate-14B": Release("Wan-AI/Wan2.2-Animate-14B", (*_ANIMATE, *_REPLACEMENT), _ANIMATE, clip=True,
+                                  part="animate_adapter"),
     "Wan2.2-Animate-2-14B": _animate2("wan_animate_2_bf16.safetensors"),
     "Wan2.2-Animate-2-14B-Distilled": _animate2("wan_animate_2_bf16_distillation.safetensors"),
     "Wan2.1-FLF2V-14B-720P": Release("Wan-AI/Wan2.1-FLF2V-14B-720P", ("input_image", "end_image"),
@@ -221,6 +227,9 @@ def main(name: str, argv: Sequence[str] | None = None, full: bool = False,
     if args.num_frames < 1 or args.fps < 1:
         parser.error(f"--num_frames {args.num_frames} and --fps {args.fps} must be positive; e.g. --num_frames 81 "
                      "--fps 15")
+    if set(_REPLACEMENT) <= set(release.inputs) and len({run.inputs[key] is None for key in _REPLACEMENT}) == 2:
+        parser.error("replacement mode takes --animate_inpaint_video (the background) and --animate_mask_video "
+                     "together; give both, or neither to animate the character")
     pipe = load_pipeline(WanVideoPipeline, run)
     apply_weights(pipe, run, parser.error, name)
     frames = pipe(**run.call, num_frames=args.num_frames,
