@@ -155,3 +155,31 @@ def test_the_planner_gives_the_animate_transformer_its_pose_and_face_inputs():
     assert inputs["face_pixel_values"].shape == (1, 3, FRAMES, 8, 8)
     inputs["encoder_hidden_states_image"] = torch.empty(1, 17, 32, device="meta")  # the tiny CLIP's tokens
     assert dit(**inputs)[0].shape == (1, 16, 3, 4, 6)
+
+
+def test_fp8_storage_holds_the_animate_modules_in_fp8():
+    """``--fp8_models`` on the Animate transformer: its pose embedding, face encoder and face adapter are stored in fp8
+    too, and the forward with every Animate input runs within fp8's rounding of the full-precision one."""
+    from diffsynth.core.fp8 import holds_fp8_layers, store_model_in_fp8
+    from diffsynth.pipelines.wan_video.planning import planner_inputs
+    from diffsynth.testing.tiny_wan_animate import tiny_wan_animate_transformer
+
+    dit = tiny_wan_animate_transformer(0).requires_grad_(False)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {key: torch.randn(value.shape, generator=generator) if isinstance(value, torch.Tensor) else value
+              for key, value in planner_inputs(dit.to("meta"), HEIGHT, WIDTH, FRAMES + 4, torch.float32, 1,
+                                               16).items()}
+    dit = tiny_wan_animate_transformer(0).requires_grad_(False)
+    inputs["encoder_hidden_states_image"] = torch.randn(1, 17, 32, generator=generator)  # the tiny CLIP's tokens
+    inputs["timestep"] = torch.tensor([500.0])
+    with torch.no_grad():
+        full = dit(**inputs)[0]
+        store_model_in_fp8(dit)
+        rounded = dit(**inputs)[0]
+    for name in ("pose_patch_embedding", "face_encoder", "face_adapter"):
+        assert holds_fp8_layers(dit.get_submodule(name)), name
+    # The motion encoder's layers are diffusers' own MotionConv2d / MotionLinear (no Linear or Conv subclasses, their
+    # weights read by functional calls): kept in their dtype, a small part of the model.
+    assert not holds_fp8_layers(dit.motion_encoder)
+    error = ((rounded - full).norm() / full.norm()).item()
+    assert 1e-4 < error < 0.06, error  # fp8's rounding: in effect, and no more
