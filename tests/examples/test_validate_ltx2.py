@@ -110,3 +110,20 @@ def test_bad_flags_fail_before_loading(name, flags, message, tmp_path, monkeypat
     with pytest.raises(SystemExit):
         script("validate_lora", name).main(["--lora_path", "lora.safetensors", *RENDER, *flags])
     assert message in capsys.readouterr().err
+
+
+def test_the_input_scripts_render_with_their_inputs_and_the_no_audio_one_without_sound(trained, tmp_path, capsys):
+    from PIL import Image
+
+    from diffsynth.core.data.example_dataset import build_example_video_dataset
+
+    metadata = build_example_video_dataset(tmp_path / "clips", num_videos=1, num_frames=5, size=(32, 32))
+    Image.new("RGB", (32, 32), (220, 40, 40)).save(tmp_path / "first.png")
+    runs = {"LTX-2-T2AV_noaudio": [], "LTX-2.3-I2AV": ["--input_image", str(tmp_path / "first.png")],
+            "LTX-2-T2AV-IC-LoRA": ["--in_context_videos", str(metadata.parent / "video_000.mp4")]}
+    for name, flags in runs.items():
+        video = script("validate_lora", name).main(["--lora_path", str(trained["lora"]), "--lora_alpha_scale", "0",
+                                                     "--output", str(tmp_path / f"{name}.mp4"), *RENDER, *flags])
+        frames, sound = decode(video)
+        assert frames.shape == (5, 32, 32, 3) and sound == (0 if "noaudio" in name else 1), name
+    assert "5 frames without sound written to" in capsys.readouterr().out
