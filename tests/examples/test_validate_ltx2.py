@@ -70,8 +70,9 @@ def trained(base, tmp_path) -> dict[str, Path]:
     generator = torch.Generator().manual_seed(0)
     width = weights["model.diffusion_model.transformer_blocks.0.attn1.to_q.weight"].shape[1]
     layer = "diffusion_model.transformer_blocks.0.attn1.to_q"
-    save_file({f"{layer}.lora_A.weight": torch.randn(2, width, generator=generator),
-               f"{layer}.lora_B.weight": torch.randn(width, 2, generator=generator)}, str(tmp_path / "lora.safetensors"))
+    lora = {f"{layer}.lora_A.weight": torch.randn(2, width, generator=generator),
+            f"{layer}.lora_B.weight": torch.randn(width, 2, generator=generator)}
+    save_file(lora, str(tmp_path / "lora.safetensors"))
     released = weights["model.diffusion_model.proj_out.weight"]
     moved = released + torch.randn(released.shape, generator=generator)
     save_file({"proj_out.weight": moved.contiguous()}, str(tmp_path / "full.safetensors"))

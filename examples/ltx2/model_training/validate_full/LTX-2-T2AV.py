@@ -4,8 +4,8 @@ weights, to see what the fine-tune learned (``validate_lora/ltx2_validate.py``: 
     python examples/ltx2/model_training/validate_full/LTX-2-T2AV.py \
         --checkpoint_path ./models/train/LTX2-T2AV_full/epoch-1.safetensors
 
-``full/LTX-2-T2AV-splited.sh`` writes that file (the transformer's trained weights under their own names); the other models load from
-the release's files, as the reference's script loads them.
+``full/LTX-2-T2AV-splited.sh`` writes that file (the transformer's trained weights under their own names); the
+other models load from the release's files, as the reference's script loads them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ weights, to see what the fine-tune learned (``validate_lora/ltx2_validate.py``: 
         --checkpoint_path ./models/train/LTX2.3-I2AV-full/epoch-4.safetensors \
         --input_image first_frame.png
 
-``full/LTX-2.3-I2AV-splited.sh`` writes that file (the transformer's trained weights under their own names); the other models load from
-the release's files, as the reference's script loads them.
+``full/LTX-2.3-I2AV-splited.sh`` writes that file (the transformer's trained weights under their own names); the
+other models load from the release's files, as the reference's script loads them.
 """
 
 from __future__ import annotations

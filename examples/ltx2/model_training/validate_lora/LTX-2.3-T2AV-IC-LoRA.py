@@ -1,5 +1,5 @@
-"""Renders one clip and its sound with LTX-2.3-T2AV-IC-LoRA and a trained LoRA merged into its transformer, to see what the
-LoRA learned (``ltx2_validate.py``: the flags, their checks and the steps).
+"""Renders one clip and its sound with LTX-2.3-T2AV-IC-LoRA and a trained LoRA merged into its transformer, to see what
+the LoRA learned (``ltx2_validate.py``: the flags, their checks and the steps).
 
     python examples/ltx2/model_training/validate_lora/LTX-2.3-T2AV-IC-LoRA.py \
         --lora_path ./models/train/LTX2.3-T2AV-IC-LoRA/epoch-4.safetensors \

@@ -9,9 +9,9 @@ The no-audio release loads no audio decoder or vocoder: its clip is written with
 release takes the first frame (``--input_image``); the IC-LoRA releases take the reference clip(s) the LoRA learned to
 follow (``--in_context_videos``, given to the transformer ``--in_context_downsample_factor`` times smaller).
 
-JoyAI-Echo's reference scripts sample with the reference's distilled two-stage sampler, which this package does not
-have; its scripts here render with the one-stage flow-matching sampler, at the few steps and without the guidance a
-distilled model is sampled with (``--steps`` and ``--cfg_scale`` change that).
+JoyAI-Echo's reference scripts sample with the reference's distilled sampler (``use_distilled_pipeline``), which
+this package does not have; its scripts here render with the one-stage flow-matching sampler, at the few steps
+and without the guidance a distilled model is sampled with (``--steps`` and ``--cfg_scale`` change that).
 """
 
 from __future__ import annotations
