@@ -14,6 +14,7 @@ packing into the full video's 128-aligned buffer only adds masked padding.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,9 +27,16 @@ from diffusers.models.transformers.transformer_wan_animate_2 import (
 
 def incontext_mask(grid: torch.Tensor, reference_grid: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``(f*h*w, f*h*w + rf*rh*rw)`` booleans, True where a generation token (``grid`` = ``(f, h, w)``) attends: every
-    generation token, and the reference tokens (``reference_grid``) of the previous latent frame's index."""
-    frames, height, width = grid.tolist()
-    ref_frames, ref_height, ref_width = reference_grid.tolist()
+    generation token, and the reference tokens (``reference_grid``) of the previous latent frame's index. Built once
+    per shape: every block of every step reads the same mask (it is never written to)."""
+    return _incontext_mask(tuple(grid.tolist()), tuple(reference_grid.tolist()), device)
+
+
+@functools.lru_cache(maxsize=4)
+def _incontext_mask(grid: tuple[int, int, int], reference_grid: tuple[int, int, int],
+                    device: torch.device) -> torch.Tensor:
+    frames, height, width = grid
+    ref_frames, ref_height, ref_width = reference_grid
     query_frame = torch.arange(frames * height * width, device=device) // (height * width)
     reference_frame = torch.arange(ref_frames * ref_height * ref_width, device=device) // (ref_height * ref_width) + 1
     generation = torch.ones(len(query_frame), len(query_frame), dtype=torch.bool, device=device)
