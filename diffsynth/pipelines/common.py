@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,32 @@ logger = logging.getLogger(__name__)
 
 # Pixels per latent token side: the VAEs downsample by 8 and the transformers patch 2x2 latents.
 SIZE_MULTIPLE = 16
+
+
+@dataclass
+class ControlNetInput:
+    """One ControlNet input, as the reference spells it (its one class for every family's ControlNets). Each pipeline
+    reads the fields its ControlNets have and refuses, by name, a field it cannot honour.
+
+    Attributes:
+        controlnet_id: Which loaded ControlNet reads it (their load order).
+        scale: Multiplies the ControlNet's contribution; 0 turns it off.
+        start: Where in the schedule it starts acting (1.0: from the first step).
+        end: Where it stops (0.0: to the last step).
+        image: The control image (edges, depth, a pose; Tile: a low-resolution image; Inpaint: the image to fill).
+        inpaint_image: An image to inpaint from, for the ControlNets that read one.
+        inpaint_mask: The region to fill (white), as an image.
+        processor_id: An annotator the reference runs on ``image`` first.
+    """
+
+    controlnet_id: int = 0
+    scale: float = 1.0
+    start: float = 1.0
+    end: float = 0.0
+    image: Image.Image | None = None
+    inpaint_image: Image.Image | None = None
+    inpaint_mask: Image.Image | None = None
+    processor_id: str | None = None
 
 
 def round_size(value: int, multiple: int = SIZE_MULTIPLE) -> int:

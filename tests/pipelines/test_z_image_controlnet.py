@@ -105,6 +105,8 @@ def test_bad_control_input_is_named(pipes, tiny_root):
     image = control((1, 2, 3))
     with pytest.raises(ValueError, match=r"inpaint_image=\.\.\., inpaint_mask=\.\.\.\) is not supported"):
         ours(PROMPT, controlnet_inputs=[ControlNetInput(inpaint_image=image, inpaint_mask=image)], **SIZE)
+    with pytest.raises(ValueError, match=r"start=0.5, end=0.0, processor_id=None\) is not supported here"):
+        ours(PROMPT, controlnet_inputs=[ControlNetInput(image=image, start=0.5)], **SIZE)
     with pytest.raises(ValueError, match="must be one ControlNetInput"):
         ours(PROMPT, controlnet_inputs=[ControlNetInput(image=image)] * 2, **SIZE)
     plain = load_ours(tiny_root, "z_image", entries(UNION)[1:])

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +36,7 @@ import torch
 from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
-from ..common import pack_latents
+from ..common import ControlNetInput, pack_latents
 
 if TYPE_CHECKING:
     from .pipeline import QwenImagePipeline
@@ -46,30 +45,6 @@ BLOCKWISE_ENTRY = "DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-Canny:model.
 _HOOKED = "_blockwise_hooks"
 _RESIDUALS = "_blockwise_residuals"
 
-
-@dataclass
-class ControlNetInput:
-    """One Blockwise ControlNet input, as the reference spells it.
-
-    Attributes:
-        controlnet_id: Which loaded ControlNet reads it (their load order).
-        scale: Multiplies its residuals; 0 turns it off.
-        start: Not supported here (a step window); must stay 1.0.
-        end: Not supported here (a step window); must stay 0.0.
-        image: The control image (edges, depth, or for Inpaint the image to fill).
-        inpaint_image: Not read by the Blockwise ControlNets; must stay None.
-        inpaint_mask: Inpaint: the region to fill (white), as an image.
-        processor_id: Not read by the Blockwise ControlNets; must stay None.
-    """
-
-    controlnet_id: int = 0
-    scale: float = 1.0
-    start: float = 1.0
-    end: float = 0.0
-    image: Image.Image | None = None
-    inpaint_image: Image.Image | None = None
-    inpaint_mask: Image.Image | None = None
-    processor_id: str | None = None
 
 
 def blockwise_inputs(blockwise_controlnet_inputs: Sequence[ControlNetInput] | ControlNetInput | None,

@@ -27,13 +27,13 @@ inpaint channels are zeros (the reference fills them with the VAE latents of a b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
 
 from ...diffusion.base_pipeline import PipelineUnit
+from ..common import ControlNetInput
 
 if TYPE_CHECKING:
     from .pipeline import ZImagePipeline
@@ -43,22 +43,6 @@ LENT_PARTS = ("t_scale", "t_embedder", "all_x_embedder", "cap_embedder", "rope_e
               "context_refiner", "x_pad_token", "cap_pad_token")
 CONTROLNET_ENTRY = "PAI/Z-Image-Turbo-Fun-Controlnet-Union-2.1:Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors"
 
-
-@dataclass
-class ControlNetInput:
-    """One control input, as the reference spells it.
-
-    Attributes:
-        image: The control image (a depth map, edges, a pose, or for Tile a low-resolution image).
-        scale: Multiplies the ControlNet's hints (diffusers' ``controlnet_conditioning_scale``); 0 turns it off.
-        inpaint_image: Not supported here (inpainting); must stay None.
-        inpaint_mask: Not supported here (inpainting); must stay None.
-    """
-
-    image: Image.Image | None = None
-    scale: float = 1.0
-    inpaint_image: Image.Image | None = None
-    inpaint_mask: Image.Image | None = None
 
 
 def lend_transformer(controlnet: torch.nn.Module, dit: torch.nn.Module) -> None:
@@ -88,6 +72,10 @@ def control_input(controlnet_inputs: Sequence[ControlNetInput] | ControlNetInput
     if given.inpaint_image is not None or given.inpaint_mask is not None:
         raise ValueError("ControlNetInput(inpaint_image=..., inpaint_mask=...) is not supported here: the Z-Image Fun "
                          "ControlNet runs from a control image; leave inpaint_image and inpaint_mask unset")
+    if (given.controlnet_id, given.start, given.end, given.processor_id) != (0, 1.0, 0.0, None):
+        raise ValueError(f"ControlNetInput(controlnet_id={given.controlnet_id}, start={given.start}, end={given.end}, "
+                         f"processor_id={given.processor_id!r}) is not supported here: Z-Image loads one ControlNet "
+                         "for the whole schedule; leave those fields at their defaults")
     if not isinstance(given.image, Image.Image):
         raise ValueError(f"ControlNetInput(image={given.image!r}) must be a PIL image, e.g. Image.open(path)")
     return given.image, float(given.scale)
